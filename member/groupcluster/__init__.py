@@ -1,0 +1,1 @@
+"""groupcluster: group communication and a data grid for Python."""

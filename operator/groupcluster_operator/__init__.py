@@ -1,0 +1,1 @@
+"""groupcluster_operator: the kopf operator for GroupCluster resources."""
