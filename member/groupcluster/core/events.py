@@ -1,0 +1,174 @@
+"""Typed control events that travel between layers (messages travel separately, in batches).
+
+Down events go from the application or an upper layer towards the transport; up events go towards the
+application. Events that reach the top of the stack become outputs of the stack for its driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .address import Address
+from .digest import Digest
+from .message import Message
+from .view import View
+
+
+class Event:
+    """Base of all control events."""
+
+    __slots__ = ()
+
+
+# ---- down events --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Connect(Event):
+    """Join the group (sent down by the stack on start)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect(Event):
+    """Leave the group gracefully."""
+
+
+@dataclass(frozen=True, slots=True)
+class FindMembers(Event):
+    """Ask discovery for the members it can find; answered later by :class:`MembersFound` going up."""
+
+    purpose: str = "join"  # "join" or "merge"
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateHosts(Event):
+    """New candidate endpoints from a discovery source outside the stack (a file, the Kubernetes API)."""
+
+    hosts: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GetDigest(Event):
+    """Returns NAKACK's current :class:`Digest` synchronously."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetDigest(Event):
+    """Replace NAKACK's receive windows with ``digest`` (a joiner's start points)."""
+
+    digest: Digest
+
+
+@dataclass(frozen=True, slots=True)
+class MergeDigest(Event):
+    """Add windows for members new to us after a merge, starting after their digest entries."""
+
+    digest: Digest
+
+
+@dataclass(frozen=True, slots=True)
+class Stability(Event):
+    """STABLE found seqnos delivered everywhere (GC) and the highest seqnos anyone received (find lost tails)."""
+
+    view_id: object
+    stable: Digest
+
+
+@dataclass(frozen=True, slots=True)
+class GetHosts(Event):
+    """Returns the endpoints discovery knows (used by MERGE to probe members outside the view)."""
+
+
+# ---- events both ways -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ViewChange(Event):
+    """A new view: sent down by GMS before it is installed above, and up to the application."""
+
+    view: View
+
+
+@dataclass(frozen=True, slots=True)
+class SetLocalAddress(Event):
+    address: Address
+
+
+# ---- up events ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryResponse:
+    """One answer to discovery: who answered, whom it considers coordinator, and its view id if joined."""
+
+    address: Address
+    coordinator: Address | None
+    view_id: object | None
+    is_coordinator: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MembersFound(Event):
+    purpose: str
+    responses: tuple[DiscoveryResponse, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect(Event):
+    """Failure detection believes ``member`` crashed (after verification)."""
+
+    member: Address
+
+
+@dataclass(frozen=True, slots=True)
+class Unsuspect(Event):
+    member: Address
+
+
+@dataclass(frozen=True, slots=True)
+class MergeNeeded(Event):
+    """MERGE saw several coordinators (or inconsistent views); GMS decides whether to lead a merge."""
+
+    coordinators: tuple[Address, ...]
+    views: tuple[View, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class Joined(Event):
+    view: View
+
+
+@dataclass(frozen=True, slots=True)
+class JoinFailed(Event):
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Left(Event):
+    """The member has left the group (its leave completed, or it stopped)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Backpressure(Event):
+    """Flow control: ``blocked`` True means the application should stop sending until it turns False."""
+
+    blocked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Block(Event):
+    """FLUSH: stop sending (the application may still send during the callback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unblock(Event):
+    """FLUSH: sending may resume."""
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver(Event):
+    """A batch of application messages delivered, in order."""
+
+    messages: list[Message]

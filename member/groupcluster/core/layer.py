@@ -1,0 +1,151 @@
+"""The Layer interface: one sans-IO protocol state machine in a stack.
+
+Messages travel down one at a time (``down``) and up as batches from one sender (``up``); control events
+travel with ``down_event`` (which may return a value, e.g. a digest) and ``up_event``. A layer never does
+I/O or reads the clock: it gets ``now``, a seeded RNG and timers from its :class:`LayerContext`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections import Counter
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from .address import Address
+from .events import Event
+from .message import Message
+
+if TYPE_CHECKING:
+    from .stack import Stack
+
+
+@dataclasses.dataclass(frozen=True)
+class NoConfig:
+    """For layers without parameters."""
+
+
+class LayerContext:
+    """What the stack lends a layer: identity, time, a seeded RNG, timers and counters."""
+
+    __slots__ = ("_stack", "index", "log", "metrics", "rng")
+
+    def __init__(self, stack: Stack, index: int, rng: random.Random, log: logging.Logger) -> None:
+        self._stack = stack
+        self.index = index
+        self.rng = rng
+        self.metrics: Counter[str] = stack.metrics
+        self.log = log
+
+    @property
+    def now(self) -> float:
+        return self._stack.now
+
+    @property
+    def local_address(self) -> Address:
+        return self._stack.local_address
+
+    @property
+    def cluster(self) -> str:
+        return self._stack.cluster
+
+    def set_timer(self, key: Hashable, delay: float) -> None:
+        self._stack._set_timer(self.index, key, self._stack.now + delay)
+
+    def cancel_timer(self, key: Hashable) -> None:
+        self._stack._cancel_timer(self.index, key)
+
+    def has_timer(self, key: Hashable) -> bool:
+        return (self.index, key) in self._stack._timer_index
+
+    def transmit(self, endpoint: tuple[str, int], data: bytes) -> None:
+        """Bottom layer only: hand bytes to the driver for sending."""
+        self._stack._transmit(endpoint, data)
+
+    def output(self, event: Event) -> None:
+        """Hand an event to the driver (used by the top of the stack)."""
+        self._stack._outputs.append(event)
+
+
+class Layer:
+    """Base class: by default every call passes straight through."""
+
+    NAME: ClassVar[str] = ""
+    PROTO_ID: ClassVar[int] = 0
+    Config: ClassVar[type] = NoConfig
+    IS_TRANSPORT: ClassVar[bool] = False
+
+    def __init__(self, config: Any, ctx: LayerContext) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.above: Layer = None  # type: ignore[assignment]  # wired by the Stack
+        self.below: Layer = None  # type: ignore[assignment]
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Called once, bottom-up, when the stack starts."""
+
+    def stop(self) -> None:
+        """Called once, top-down, when the stack stops."""
+
+    def end_of_step(self) -> bool:
+        """Called after every driver step, top-down: flush what was batched during the step.
+
+        Return True if this produced work for other layers (the stack then runs another round).
+        """
+        return False
+
+    # -- traffic ---------------------------------------------------------------------------------------
+    def down(self, msg: Message) -> None:
+        self.below.down(msg)
+
+    def up(self, batch: list[Message]) -> None:
+        self.above.up(batch)
+
+    def down_event(self, event: Event) -> Any:
+        return self.below.down_event(event)
+
+    def up_event(self, event: Event) -> None:
+        self.above.up_event(event)
+
+    def on_timer(self, key: Hashable) -> None:
+        """A timer set with :meth:`set_timer` fired."""
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.ctx._stack.now
+
+    @property
+    def local_address(self) -> Address:
+        return self.ctx._stack.local_address
+
+    def set_timer(self, key: Hashable, delay: float) -> None:
+        self.ctx.set_timer(key, delay)
+
+    def cancel_timer(self, key: Hashable) -> None:
+        self.ctx.cancel_timer(key)
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.ctx.metrics[f"{self.NAME}.{name}"] += n
+
+    def describe_state(self) -> dict[str, Any]:
+        """A small JSON-able summary for status pages and debugging."""
+        return {}
+
+
+LAYER_TYPES: dict[str, type[Layer]] = {}
+L = TypeVar("L", bound=type[Layer])
+
+
+def register_layer(cls: L) -> L:
+    """Class decorator: make a layer available to stack configurations under ``cls.NAME``."""
+    if not cls.NAME:
+        raise RuntimeError(f"{cls.__qualname__} has no NAME")
+    existing = LAYER_TYPES.get(cls.NAME)
+    if existing is not None and existing is not cls:
+        raise RuntimeError(f"layer name {cls.NAME!r} is claimed by {existing.__qualname__} and {cls.__qualname__}")
+    LAYER_TYPES[cls.NAME] = cls
+    return cls

@@ -1,0 +1,103 @@
+"""Messages and per-layer headers.
+
+A message carries a payload, a destination (``None`` for a multicast to the group), the sender (set by the
+transport) and one header per protocol id. Header classes register their protocol id at import, so two
+layers claiming the same id fail loudly before anything runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, TypeVar
+
+from .address import Address
+from .errors import WireError
+
+# Flags: bits a layer reads to decide whether a message is its business.
+NO_RELIABILITY = 1  # bypass NAKACK/UNICAST (heartbeats, discovery, retransmission traffic)
+NO_FLOW_CONTROL = 2  # bypass credit-based flow control (control traffic)
+OOB = 4  # deliver without waiting for FIFO order (control messages that must not queue)
+NO_FRAG = 8  # never fragment
+ALL_FLAGS = NO_RELIABILITY | NO_FLOW_CONTROL | OOB | NO_FRAG
+
+
+class Header:
+    """Base of every protocol header: a small immutable value with a compact wire form."""
+
+    PROTO_ID: ClassVar[int]
+    __slots__ = ()
+
+    def to_wire(self) -> list[Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_wire(cls, data: Any) -> Header:
+        raise NotImplementedError
+
+
+HEADER_TYPES: dict[int, type[Header]] = {}
+H = TypeVar("H", bound=type[Header])
+
+
+def register_header(cls: H) -> H:
+    """Class decorator: bind a header class to its protocol id, refusing collisions."""
+    pid = cls.PROTO_ID
+    existing = HEADER_TYPES.get(pid)
+    if existing is not None and existing is not cls:
+        raise RuntimeError(
+            f"protocol id {pid} is claimed by both {existing.__module__}.{existing.__qualname__} "
+            f"and {cls.__module__}.{cls.__qualname__}"
+        )
+    HEADER_TYPES[pid] = cls
+    return cls
+
+
+def decode_header(pid: int, data: Any) -> Header:
+    cls = HEADER_TYPES.get(pid)
+    if cls is None:
+        raise WireError(f"header: unknown protocol id {pid}")
+    return cls.from_wire(data)
+
+
+class Message:
+    """One message. Layers add headers on the way down and read them on the way up."""
+
+    __slots__ = ("dest", "flags", "headers", "payload", "src")
+
+    def __init__(
+        self,
+        dest: Address | None = None,
+        payload: bytes = b"",
+        *,
+        src: Address | None = None,
+        flags: int = 0,
+        headers: dict[int, Header] | None = None,
+    ) -> None:
+        self.dest = dest
+        self.src = src
+        self.payload = payload
+        self.flags = flags
+        self.headers: dict[int, Header] = headers if headers is not None else {}
+
+    @property
+    def is_multicast(self) -> bool:
+        return self.dest is None
+
+    def put_header(self, header: Header) -> Message:
+        self.headers[header.PROTO_ID] = header
+        return self
+
+    def get_header(self, pid: int) -> Header | None:
+        return self.headers.get(pid)
+
+    def copy(self) -> Message:
+        """A shallow copy with its own header dict (headers themselves are immutable)."""
+        return Message(self.dest, self.payload, src=self.src, flags=self.flags, headers=dict(self.headers))
+
+    def size(self) -> int:
+        """Payload size in bytes, the unit of flow control and fragmentation."""
+        return len(self.payload)
+
+    def __repr__(self) -> str:
+        hdrs = ", ".join(f"{type(h).__name__}" for h in self.headers.values())
+        dest = "all" if self.dest is None else str(self.dest)
+        return f"Message({self.src}->{dest}, {len(self.payload)}B, flags={self.flags}, [{hdrs}])"

@@ -1,0 +1,68 @@
+"""Strict validators for decoded wire values: each names the field that is wrong and why."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .address import Address
+from .errors import WireError
+
+MAX_HOST_LEN = 255
+MAX_INT = 2**63 - 1
+
+
+def as_int(value: Any, field: str, lo: int = 0, hi: int = MAX_INT) -> int:
+    if type(value) is not int:
+        raise WireError(f"{field}: expected an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise WireError(f"{field}: {value} is outside [{lo}, {hi}]")
+    return value
+
+
+def as_bool(value: Any, field: str) -> bool:
+    if type(value) is not bool:
+        raise WireError(f"{field}: expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def as_str(value: Any, field: str, max_len: int = 1024) -> str:
+    if type(value) is not str:
+        raise WireError(f"{field}: expected a string, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise WireError(f"{field}: string of {len(value)} characters exceeds the limit of {max_len}")
+    return value
+
+
+def as_bytes(value: Any, field: str, max_len: int) -> bytes:
+    if type(value) is not bytes:
+        raise WireError(f"{field}: expected bytes, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise WireError(f"{field}: {len(value)} bytes exceed the limit of {max_len}")
+    return value
+
+
+def as_list(value: Any, field: str, max_len: int, exact: int | None = None) -> list[Any]:
+    if type(value) is not list:
+        raise WireError(f"{field}: expected a list, got {type(value).__name__}")
+    if exact is not None and len(value) != exact:
+        raise WireError(f"{field}: expected {exact} items, got {len(value)}")
+    if len(value) > max_len:
+        raise WireError(f"{field}: {len(value)} items exceed the limit of {max_len}")
+    return value
+
+
+def as_address(value: Any, field: str) -> Address:
+    items = as_list(value, field, 3, exact=3)
+    return Address(
+        as_str(items[0], f"{field}.host", MAX_HOST_LEN),
+        as_int(items[1], f"{field}.port", 0, 65535),
+        as_int(items[2], f"{field}.incarnation"),
+    )
+
+
+def as_optional_address(value: Any, field: str) -> Address | None:
+    return None if value is None else as_address(value, field)
+
+
+def as_address_list(value: Any, field: str, max_len: int = 4096) -> tuple[Address, ...]:
+    return tuple(as_address(v, f"{field}[{i}]") for i, v in enumerate(as_list(value, field, max_len)))

@@ -1,0 +1,3 @@
+"""Protocol layers, one module each. Importing this package registers every layer by name."""
+
+from . import transport  # noqa: F401

@@ -1,0 +1,1 @@
+"""Deterministic simulation: virtual clock and network, fault injection, histories and property checkers."""

@@ -1,0 +1,62 @@
+"""Named stack configurations (bottom first), and loading a stack configuration from YAML.
+
+``fifo`` is reliable FIFO multicast and unicast with membership, merge, fragmentation and flow control.
+Later issues add ``vsync`` (FLUSH), ``total-order`` (SEQUENCER) and ``grid``.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .core.errors import ConfigError
+
+FIFO: list[dict[str, Any]] = [
+    {"layer": "transport"},
+    {"layer": "discovery"},
+    {"layer": "merge"},
+    {"layer": "fd"},
+    {"layer": "nakack"},
+    {"layer": "unicast"},
+    {"layer": "stable"},
+    {"layer": "gms"},
+    {"layer": "flow"},
+    {"layer": "frag"},
+]
+
+PRESETS: dict[str, list[dict[str, Any]]] = {"fifo": FIFO}
+
+
+def preset(name: str, overrides: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """A copy of preset ``name`` with per-layer parameter overrides ``{layer: {key: value}}``."""
+    if name not in PRESETS:
+        raise ConfigError(f"stack: unknown preset {name!r}; allowed values: {', '.join(sorted(PRESETS))}")
+    spec = copy.deepcopy(PRESETS[name])
+    for layer_name, params in (overrides or {}).items():
+        entry = next((e for e in spec if e["layer"] == layer_name), None)
+        if entry is None:
+            raise ConfigError(
+                f"stack overrides: layer {layer_name!r} is not in preset {name!r}; "
+                f"allowed values: {', '.join(e['layer'] for e in spec)}"
+            )
+        entry.update(params)
+    return spec
+
+
+def load_stack_file(path: str | Path) -> list[dict[str, Any]]:
+    """Read a YAML stack file: either a list of layers or ``{preset: NAME, overrides: {...}}``."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"stack file {path}: {exc}") from None
+    if isinstance(data, dict) and "preset" in data:
+        extra = set(data) - {"preset", "overrides"}
+        if extra:
+            raise ConfigError(f"stack file {path}: unknown key(s) {sorted(extra)}; allowed keys: overrides, preset")
+        return preset(data["preset"], data.get("overrides"))
+    if not isinstance(data, list):
+        raise ConfigError(f"stack file {path}: expected a list of layers or a mapping with 'preset'")
+    return data
