@@ -53,7 +53,9 @@ def resolve_config(spec: Sequence[LayerSpec]) -> list[tuple[type[Layer], Any]]:
         params = {k: v for k, v in entry.items() if k != "layer"}
         resolved.append((cls, parse_params(cls.Config, params, f"stack[{i}] ({name})")))
     if not resolved[0][0].IS_TRANSPORT:
-        raise ConfigError(f"stack[0].layer: the bottom layer must be a transport, got {resolved[0][0].NAME!r}")
+        raise ConfigError(
+            f"stack[0].layer: the bottom layer must be a transport, got {resolved[0][0].NAME!r}"
+        )
     names = [cls.NAME for cls, _ in resolved]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

@@ -26,7 +26,9 @@ _MESSAGE_OVERHEAD = 48
 
 @dataclass(frozen=True)
 class TransportConfig:
-    max_frame_size: int = param("60KiB", "size", doc="largest frame sent; bigger batches are split", minimum=512)
+    max_frame_size: int = param(
+        "60KiB", "size", doc="largest frame sent; bigger batches are split", minimum=512
+    )
     max_receive_frame: int = param("4MiB", "size", doc="largest frame accepted from a peer", minimum=512)
     max_messages_per_frame: int = param(65536, "int", doc="most messages accepted in one frame", minimum=1)
 

@@ -89,15 +89,29 @@ class History:
 
     # Recording helpers used by drivers -----------------------------------------------------------------
     def send(self, t: float, member: Address, msg_id: str, dest: Address | None, view: View | None) -> None:
-        self.add(t, member, "send", msg=msg_id, dest=None if dest is None else str(dest),
-                 view=view_id_json(view.view_id if view else None))
+        self.add(
+            t,
+            member,
+            "send",
+            msg=msg_id,
+            dest=None if dest is None else str(dest),
+            view=view_id_json(view.view_id if view else None),
+        )
 
     def deliver(self, t: float, member: Address, sender: Address, msg_id: str, dest: Address | None) -> None:
-        self.add(t, member, "deliver", sender=str(sender), msg=msg_id, dest=None if dest is None else str(dest))
+        self.add(
+            t, member, "deliver", sender=str(sender), msg=msg_id, dest=None if dest is None else str(dest)
+        )
 
     def view(self, t: float, member: Address, view: View) -> None:
-        self.add(t, member, "view", view_id=view_id_json(view.view_id), members=[str(m) for m in view.members],
-                 merge=view.is_merge)
+        self.add(
+            t,
+            member,
+            "view",
+            view_id=view_id_json(view.view_id),
+            members=[str(m) for m in view.members],
+            merge=view.is_merge,
+        )
 
     def __iter__(self) -> Iterator[HistoryEvent]:
         return iter(self.events)
