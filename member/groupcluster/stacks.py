@@ -55,9 +55,7 @@ def load_stack_file(path: str | Path) -> list[dict[str, Any]]:
     if isinstance(data, dict) and "preset" in data:
         extra = set(data) - {"preset", "overrides"}
         if extra:
-            raise ConfigError(
-                f"stack file {path}: unknown key(s) {sorted(extra)}; allowed keys: overrides, preset"
-            )
+            raise ConfigError(f"stack file {path}: unknown key(s) {sorted(extra)}; allowed keys: overrides, preset")
         return preset(data["preset"], data.get("overrides"))
     if not isinstance(data, list):
         raise ConfigError(f"stack file {path}: expected a list of layers or a mapping with 'preset'")

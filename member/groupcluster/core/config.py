@@ -16,9 +16,7 @@ from .units import parse_duration, parse_size
 KINDS = ("duration", "size", "int", "float", "bool", "str", "choice", "hosts", "strs")
 
 
-def param(
-    default: Any, kind: str, *, doc: str = "", choices: tuple[str, ...] = (), minimum: float = 0
-) -> Any:
+def param(default: Any, kind: str, *, doc: str = "", choices: tuple[str, ...] = (), minimum: float = 0) -> Any:
     """Declare one layer parameter. ``kind`` is one of :data:`KINDS`."""
     assert kind in KINDS, kind
     meta = {"kind": kind, "doc": doc, "choices": choices, "minimum": minimum}
@@ -52,9 +50,7 @@ def _convert(value: Any, meta: Mapping[str, Any], where: str) -> Any:
         return value
     elif kind == "choice":
         if value not in meta["choices"]:
-            raise ConfigError(
-                f"{where}: {value!r} is not allowed; allowed values: {', '.join(meta['choices'])}"
-            )
+            raise ConfigError(f"{where}: {value!r} is not allowed; allowed values: {', '.join(meta['choices'])}")
         return value
     elif kind == "strs":
         if isinstance(value, str):

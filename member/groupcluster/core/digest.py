@@ -19,9 +19,7 @@ class Digest(Mapping[Address, tuple[int, int]]):
 
     __slots__ = ("_entries",)
 
-    def __init__(
-        self, entries: Mapping[Address, tuple[int, int]] | Iterable[tuple[Address, tuple[int, int]]]
-    ):
+    def __init__(self, entries: Mapping[Address, tuple[int, int]] | Iterable[tuple[Address, tuple[int, int]]]):
         self._entries: dict[Address, tuple[int, int]] = dict(entries)
 
     def __getitem__(self, key: Address) -> tuple[int, int]:

@@ -146,8 +146,6 @@ def register_layer(cls: L) -> L:
         raise RuntimeError(f"{cls.__qualname__} has no NAME")
     existing = LAYER_TYPES.get(cls.NAME)
     if existing is not None and existing is not cls:
-        raise RuntimeError(
-            f"layer name {cls.NAME!r} is claimed by {existing.__qualname__} and {cls.__qualname__}"
-        )
+        raise RuntimeError(f"layer name {cls.NAME!r} is claimed by {existing.__qualname__} and {cls.__qualname__}")
     LAYER_TYPES[cls.NAME] = cls
     return cls

@@ -9,6 +9,7 @@ view changes, joined/left, backpressure). Everything inside is deterministic giv
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import random
 from collections import Counter
@@ -53,9 +54,7 @@ def resolve_config(spec: Sequence[LayerSpec]) -> list[tuple[type[Layer], Any]]:
         params = {k: v for k, v in entry.items() if k != "layer"}
         resolved.append((cls, parse_params(cls.Config, params, f"stack[{i}] ({name})")))
     if not resolved[0][0].IS_TRANSPORT:
-        raise ConfigError(
-            f"stack[0].layer: the bottom layer must be a transport, got {resolved[0][0].NAME!r}"
-        )
+        raise ConfigError(f"stack[0].layer: the bottom layer must be a transport, got {resolved[0][0].NAME!r}")
     names = [cls.NAME for cls, _ in resolved]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -125,7 +124,7 @@ class Stack:
         self._top = _Top(None, LayerContext(self, n, random.Random(0), base_log))
         self._bottom = _Bottom(None, LayerContext(self, -1, random.Random(0), base_log))
         chain = [self._bottom, *self.layers, self._top]
-        for lower, upper in zip(chain, chain[1:], strict=False):
+        for lower, upper in itertools.pairwise(chain):
             lower.above = upper
             upper.below = lower
         self._step_enders = [
@@ -164,7 +163,7 @@ class Stack:
         self._advance(now)
         timers = self._timers
         while timers and timers[0][0] <= now:
-            deadline, _, index, key, alive = heapq.heappop(timers)
+            _deadline, _, index, key, alive = heapq.heappop(timers)
             if not alive:
                 continue
             del self._timer_index[(index, key)]

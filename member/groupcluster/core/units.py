@@ -36,8 +36,7 @@ def parse_duration(value: object, *, where: str = "value") -> float:
             if factor is not None:
                 return float(number) * factor
     raise ConfigError(
-        f"{where}: expected a duration such as '3s' or '250ms' (units: {', '.join(_DURATION_UNITS)}), "
-        f"got {value!r}"
+        f"{where}: expected a duration such as '3s' or '250ms' (units: {', '.join(_DURATION_UNITS)}), got {value!r}"
     )
 
 

@@ -77,9 +77,7 @@ def decode_frame(
     parts = as_list(frame, "frame", 4, exact=4)
     version = as_int(parts[0], "frame.version")
     if version != FORMAT_VERSION:
-        raise WireError(
-            f"frame.version: unsupported format version {version} (this member speaks {FORMAT_VERSION})"
-        )
+        raise WireError(f"frame.version: unsupported format version {version} (this member speaks {FORMAT_VERSION})")
     cluster = as_str(parts[1], "frame.cluster", MAX_CLUSTER_NAME)
     if cluster != expected_cluster:
         raise WireError(f"frame.cluster: frame belongs to cluster {cluster!r}, not {expected_cluster!r}")

@@ -26,9 +26,7 @@ _MESSAGE_OVERHEAD = 48
 
 @dataclass(frozen=True)
 class TransportConfig:
-    max_frame_size: int = param(
-        "60KiB", "size", doc="largest frame sent; bigger batches are split", minimum=512
-    )
+    max_frame_size: int = param("60KiB", "size", doc="largest frame sent; bigger batches are split", minimum=512)
     max_receive_frame: int = param("4MiB", "size", doc="largest frame accepted from a peer", minimum=512)
     max_messages_per_frame: int = param(65536, "int", doc="most messages accepted in one frame", minimum=1)
 
@@ -42,9 +40,7 @@ class Transport(Layer):
 
     def __init__(self, config: TransportConfig, ctx: Any) -> None:
         super().__init__(config, ctx)
-        self.limits = WireLimits(
-            max_frame_bytes=config.max_receive_frame, max_messages=config.max_messages_per_frame
-        )
+        self.limits = WireLimits(max_frame_bytes=config.max_receive_frame, max_messages=config.max_messages_per_frame)
         self.targets: tuple[tuple[str, int], ...] = ()
         # Multicast bundles keep the targets current when each message was sent: a view message must
         # still reach the members of the old view even if the new view is installed within the same step.

@@ -99,9 +99,7 @@ class History:
         )
 
     def deliver(self, t: float, member: Address, sender: Address, msg_id: str, dest: Address | None) -> None:
-        self.add(
-            t, member, "deliver", sender=str(sender), msg=msg_id, dest=None if dest is None else str(dest)
-        )
+        self.add(t, member, "deliver", sender=str(sender), msg=msg_id, dest=None if dest is None else str(dest))
 
     def view(self, t: float, member: Address, view: View) -> None:
         self.add(
