@@ -1,0 +1,54 @@
+"""The ``groupcluster`` command: a dispatcher over subcommands that live next to what they run.
+
+Each subcommand module exposes ``add_arguments(parser)`` and ``run(args) -> int``; modules are imported
+only when their subcommand is used, so ``groupcluster sim`` does not import aiohttp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "member": ("groupcluster.runtime.member_cli", "run one member process"),
+    "demo": ("groupcluster.runtime.demo", "run a local cluster on loopback and show that nothing is lost"),
+    "sim": ("groupcluster.sim.cli", "deterministic simulation with fault injection and property checks"),
+    "check": ("groupcluster.sim.check_cli", "run the property checkers over recorded history files"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="groupcluster", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subs.required = True
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub = subs.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(_module=module_name)
+        if name in sys.argv[1:3] or "-h" in sys.argv or "--help" in sys.argv:
+            # Only the chosen subcommand's module is imported (and any, for --help).
+            try:
+                importlib.import_module(module_name).add_arguments(sub)
+            except ModuleNotFoundError as exc:
+                if exc.name != module_name:
+                    raise
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:])
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    module = importlib.import_module(args._module)
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
