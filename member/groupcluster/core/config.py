@@ -20,9 +20,9 @@ def param(default: Any, kind: str, *, doc: str = "", choices: tuple[str, ...] = 
     """Declare one layer parameter. ``kind`` is one of :data:`KINDS`."""
     assert kind in KINDS, kind
     meta = {"kind": kind, "doc": doc, "choices": choices, "minimum": minimum}
-    if isinstance(default, list | dict | tuple) and kind in ("hosts", "strs"):
-        return dataclasses.field(default_factory=lambda: tuple(default), metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+    # Defaults are written in readable units too ("3s"); store them converted, as parsed values are.
+    converted = _convert(default, meta, "default")
+    return dataclasses.field(default=converted, metadata=meta)
 
 
 def _convert(value: Any, meta: Mapping[str, Any], where: str) -> Any:

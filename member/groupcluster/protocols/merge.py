@@ -1,0 +1,126 @@
+"""MERGE: notice that the group is split (several coordinators) and tell GMS, which runs the merge.
+
+Every coordinator sends an INFO (its view id) at random intervals to every endpoint discovery knows, members
+of other partitions included. A coordinator that hears of another coordinator whose view differs from its
+own reports it with :class:`MergeNeeded` at the next check; GMS lets the lowest coordinator lead the merge.
+A member in our view that sends INFO as a coordinator has a view of its own (it was excluded), which is the
+same situation and is reported the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..core import protocol_ids
+from ..core.address import Address
+from ..core.config import param
+from ..core.events import Event, GetHosts, MergeNeeded, ViewChange
+from ..core.layer import Layer, register_layer
+from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
+from ..core.validate import as_list
+from ..core.view import View, ViewId
+
+
+@register_header
+class MergeHeader(Header):
+    """INFO: the sender coordinates the view with this id."""
+
+    PROTO_ID = protocol_ids.MERGE
+    __slots__ = ("view_id",)
+
+    def __init__(self, view_id: ViewId) -> None:
+        self.view_id = view_id
+
+    def to_wire(self) -> list[Any]:
+        return [self.view_id.to_wire()]
+
+    @classmethod
+    def from_wire(cls, data: Any) -> MergeHeader:
+        items = as_list(data, "merge", 1, exact=1)
+        return cls(ViewId.from_wire(items[0], "merge.view_id"))
+
+
+@dataclass(frozen=True)
+class MergeConfig:
+    min_interval: float = param("1s", "duration", doc="shortest time between two INFO rounds of a coordinator")
+    max_interval: float = param("3s", "duration", doc="longest time between two INFO rounds of a coordinator")
+    check_interval: float = param("4s", "duration", doc="how often collected INFOs are checked for other groups")
+
+
+@register_layer
+class Merge(Layer):
+    NAME = "merge"
+    PROTO_ID = protocol_ids.MERGE
+    Config = MergeConfig
+
+    def __init__(self, config: MergeConfig, ctx: Any) -> None:
+        super().__init__(config, ctx)
+        self.view: View | None = None
+        self.seen: dict[Address, ViewId] = {}
+
+    def start(self) -> None:
+        self._schedule_info()
+        self.set_timer("check", self.config.check_interval)
+
+    def _schedule_info(self) -> None:
+        lo, hi = self.config.min_interval, max(self.config.max_interval, self.config.min_interval)
+        self.set_timer("info", lo + (hi - lo) * self.ctx.rng.random())
+
+    @property
+    def _is_coordinator(self) -> bool:
+        return self.view is not None and self.view.coordinator == self.local_address
+
+    def down_event(self, event: Event) -> Any:
+        if isinstance(event, ViewChange):
+            self.view = event.view
+            self.seen.clear()
+        return self.below.down_event(event)
+
+    def up(self, batch: list[Message]) -> None:
+        pid = protocol_ids.MERGE
+        out: list[Message] | None = None
+        for i, msg in enumerate(batch):
+            hdr = msg.headers.get(pid)
+            if hdr is None:
+                if out is not None:
+                    out.append(msg)
+                continue
+            if out is None:
+                out = batch[:i]
+            self._on_info(msg.src, hdr)  # type: ignore[arg-type]
+        if out is None:
+            out = batch
+        if out:
+            self.above.up(out)
+
+    def _on_info(self, sender: Address, hdr: MergeHeader) -> None:
+        if not self._is_coordinator or self.view is None or hdr.view_id == self.view.view_id:
+            return
+        self.seen[sender] = hdr.view_id
+
+    def on_timer(self, key: object) -> None:
+        if key == "info":
+            self._send_info()
+            self._schedule_info()
+        elif key == "check":
+            if self._is_coordinator and self.seen:
+                coords = tuple(sorted(self.seen))
+                self.count("merge_needed")
+                self.above.up_event(MergeNeeded(coords))
+            self.seen.clear()
+            self.set_timer("check", self.config.check_interval)
+
+    def _send_info(self) -> None:
+        if not self._is_coordinator or self.view is None:
+            return
+        hosts = self.below.down_event(GetHosts()) or ()
+        me = self.local_address.endpoint
+        hdr = MergeHeader(self.view.view_id)
+        for host, port in hosts:
+            if (host, port) == me:
+                continue
+            self.below.down(
+                Message(Address(host, port), flags=NO_RELIABILITY | NO_FLOW_CONTROL, headers={protocol_ids.MERGE: hdr})
+            )
+        self.count("info_sent")

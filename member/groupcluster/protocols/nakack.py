@@ -1,0 +1,334 @@
+"""NAKACK: reliable FIFO multicast by sequence numbers, negative acknowledgements and retransmission.
+
+Every multicast gets the sender's next seqno; each receiver keeps a window per view member and delivers in
+seqno order. Gaps are detected on arrival and requested from the original sender after they have persisted
+for one retransmission interval (so reordering alone causes no requests). The sender keeps what it sent until
+STABLE reports it delivered everywhere. A lost *last* message is found through the stability digest's highest
+received seqnos (seed 002's fix), and a request for a message already collected as stable is answered with
+"gone up to N", so a member that was not in the view back then skips instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..core import protocol_ids
+from ..core.address import Address
+from ..core.config import param
+from ..core.digest import Digest
+from ..core.events import Event, GetDigest, MergeDigest, SetDigest, Stability, ViewChange
+from ..core.layer import Layer, register_layer
+from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
+from ..core.validate import as_address, as_int, as_list
+
+MSG, XMIT_REQ, XMIT_RSP, XMIT_GONE = 0, 1, 2, 3
+_MAX_RANGES = 256
+
+
+@register_header
+class NakAckHeader(Header):
+    """MSG(seqno) | XMIT_REQ(sender, ranges) | XMIT_RSP(seqno, sender) | XMIT_GONE(sender, upto)."""
+
+    PROTO_ID = protocol_ids.NAKACK
+    __slots__ = ("kind", "ranges", "sender", "seqno")
+
+    def __init__(
+        self, kind: int, seqno: int = 0, sender: Address | None = None, ranges: tuple[tuple[int, int], ...] = ()
+    ) -> None:
+        self.kind = kind
+        self.seqno = seqno
+        self.sender = sender
+        self.ranges = ranges
+
+    def to_wire(self) -> list[Any]:
+        if self.kind == MSG:
+            return [MSG, self.seqno]
+        if self.kind == XMIT_REQ:
+            assert self.sender is not None
+            return [XMIT_REQ, self.sender.to_wire(), [list(r) for r in self.ranges]]
+        assert self.sender is not None
+        return [self.kind, self.seqno, self.sender.to_wire()]
+
+    @classmethod
+    def from_wire(cls, data: Any) -> NakAckHeader:
+        if type(data) is list and len(data) == 2 and data[0] == MSG:
+            seqno = data[1]
+            if type(seqno) is not int or seqno < 1:
+                as_int(seqno, "nakack.seqno", 1)
+            return cls(MSG, seqno)
+        items = as_list(data, "nakack", 3, exact=3)
+        kind = as_int(items[0], "nakack.kind", 0, 3)
+        if kind == XMIT_REQ:
+            sender = as_address(items[1], "nakack.sender")
+            ranges = []
+            for i, r in enumerate(as_list(items[2], "nakack.ranges", _MAX_RANGES)):
+                lo, hi = as_list(r, f"nakack.ranges[{i}]", 2, exact=2)
+                lo = as_int(lo, f"nakack.ranges[{i}].lo", 1)
+                hi = as_int(hi, f"nakack.ranges[{i}].hi", lo)
+                ranges.append((lo, hi))
+            return cls(XMIT_REQ, sender=sender, ranges=tuple(ranges))
+        if kind in (XMIT_RSP, XMIT_GONE):
+            return cls(kind, as_int(items[1], "nakack.seqno", 1), as_address(items[2], "nakack.sender"))
+        from ..core.errors import WireError
+
+        raise WireError(f"nakack.kind: {kind} is not valid in this form")
+
+    def __repr__(self) -> str:
+        return f"NakAckHeader({self.kind}, {self.seqno}, {self.sender}, {self.ranges})"
+
+
+class Window:
+    """Receive window of one sender: delivered prefix, highest known seqno, out-of-order buffer."""
+
+    __slots__ = ("buffer", "delivered", "missing_before", "received")
+
+    def __init__(self, delivered: int = 0, received: int | None = None) -> None:
+        self.delivered = delivered
+        self.received = delivered if received is None else max(received, delivered)
+        self.buffer: dict[int, Message] = {}
+        # Seqnos missing at the previous retransmission tick: only those still missing are requested.
+        self.missing_before: frozenset[int] = frozenset()
+
+    def missing(self, limit: int) -> list[int]:
+        out = []
+        buf = self.buffer
+        for s in range(self.delivered + 1, self.received + 1):
+            if s not in buf:
+                out.append(s)
+                if len(out) >= limit:
+                    break
+        return out
+
+
+def _ranges(seqnos: list[int]) -> tuple[tuple[int, int], ...]:
+    ranges: list[tuple[int, int]] = []
+    for s in seqnos:
+        if ranges and ranges[-1][1] == s - 1:
+            ranges[-1] = (ranges[-1][0], s)
+        else:
+            ranges.append((s, s))
+    return tuple(ranges[:_MAX_RANGES])
+
+
+@dataclass(frozen=True)
+class NakAckConfig:
+    xmit_interval: float = param("200ms", "duration", doc="how often gaps are checked and requested")
+    max_xmit_batch: int = param(4096, "int", doc="most seqnos requested from one sender per interval", minimum=1)
+    max_buffered: int = param(1_000_000, "int", doc="most out-of-order messages kept per sender", minimum=16)
+
+
+@register_layer
+class NakAck(Layer):
+    NAME = "nakack"
+    PROTO_ID = protocol_ids.NAKACK
+    Config = NakAckConfig
+
+    def __init__(self, config: NakAckConfig, ctx: Any) -> None:
+        super().__init__(config, ctx)
+        self.seqno = 0  # highest seqno this member sent
+        self.sent: dict[int, Message] = {}  # retained for retransmission until stable
+        self.gone_upto = 0  # own seqnos collected as stable (cannot be retransmitted)
+        self.windows: dict[Address, Window] = {}
+        self.members: tuple[Address, ...] = ()
+        self.is_member = False
+
+    def start(self) -> None:
+        self.set_timer("xmit", self.config.xmit_interval)
+
+    # -- down ----------------------------------------------------------------------------------------
+    def down(self, msg: Message) -> None:
+        if msg.dest is None and not msg.flags & NO_RELIABILITY:
+            self.seqno += 1
+            msg.headers[protocol_ids.NAKACK] = NakAckHeader(MSG, self.seqno)
+            self.sent[self.seqno] = msg
+        self.below.down(msg)
+
+    def down_event(self, event: Event) -> Any:
+        if isinstance(event, GetDigest):
+            return self.digest()
+        if isinstance(event, ViewChange):
+            self._on_view(event.view.members)
+        elif isinstance(event, SetDigest):
+            self._set_digest(event.digest, replace=True)
+            return None
+        elif isinstance(event, MergeDigest):
+            self._set_digest(event.digest, replace=False)
+            return None
+        elif isinstance(event, Stability):
+            self._on_stability(event.stable)
+            return None
+        return self.below.down_event(event)
+
+    def digest(self) -> Digest:
+        me = self.local_address
+        entries = {m: (w.delivered, w.received) for m, w in self.windows.items() if m != me}
+        entries[me] = (self.seqno, self.seqno)
+        return Digest(entries)
+
+    def _on_view(self, members: tuple[Address, ...]) -> None:
+        self.members = members
+        self.is_member = True
+        me = self.local_address
+        wanted = set(members)
+        for m in list(self.windows):
+            if m not in wanted:
+                del self.windows[m]
+        for m in members:
+            if m not in self.windows:
+                self.windows[m] = Window(self.seqno if m == me else 0)
+
+    def _set_digest(self, digest: Digest, *, replace: bool) -> None:
+        me = self.local_address
+        if replace:
+            self.windows = {m: w for m, w in self.windows.items() if m == me}
+        for m, (delivered, received) in digest.items():
+            if m == me:
+                continue
+            if replace or m not in self.windows:
+                self.windows[m] = Window(delivered, received)
+        if me not in self.windows:
+            self.windows[me] = Window(self.seqno)
+
+    def _on_stability(self, stable: Digest) -> None:
+        me = self.local_address
+        if me in stable:
+            upto = stable.delivered(me)
+            if upto > self.gone_upto:
+                sent = self.sent
+                for s in range(self.gone_upto + 1, upto + 1):
+                    sent.pop(s, None)
+                self.gone_upto = upto
+        for m, (_, received) in stable.items():
+            w = self.windows.get(m)
+            if w is not None and m != me and received > w.received:
+                # Seed 002: someone received seqnos we never heard of — the last message(s) were lost to us.
+                w.received = received
+                self.count("tail_gaps_found")
+
+    # -- up ------------------------------------------------------------------------------------------
+    def up(self, batch: list[Message]) -> None:
+        out: list[Message] = []
+        windows = self.windows
+        pid = protocol_ids.NAKACK
+        for msg in batch:
+            hdr = msg.headers.get(pid)
+            if hdr is None:
+                out.append(msg)
+                continue
+            kind = hdr.kind
+            if kind == MSG:
+                w = windows.get(msg.src)  # type: ignore[arg-type]
+                if w is None:
+                    self.count("dropped_non_member")
+                    continue
+                self._add(w, hdr.seqno, msg, out)
+            elif kind == XMIT_RSP:
+                w = windows.get(hdr.sender)
+                if w is None:
+                    continue
+                msg.src = hdr.sender
+                msg.dest = None
+                msg.flags &= ~NO_RELIABILITY
+                self.count("xmit_received")
+                self._add(w, hdr.seqno, msg, out)
+            elif kind == XMIT_REQ:
+                self._serve_xmit(msg.src, hdr)  # type: ignore[arg-type]
+            elif kind == XMIT_GONE:
+                w = windows.get(hdr.sender)
+                if w is not None and hdr.seqno > w.delivered:
+                    self.count("skipped_stable", hdr.seqno - w.delivered)
+                    for s in range(w.delivered + 1, hdr.seqno + 1):
+                        w.buffer.pop(s, None)
+                    w.delivered = hdr.seqno
+                    w.received = max(w.received, hdr.seqno)
+                    self._drain(w, out)
+        if out:
+            self.above.up(out)
+
+    def _add(self, w: Window, seqno: int, msg: Message, out: list[Message]) -> None:
+        if seqno <= w.delivered:
+            self.count("duplicates")
+            return
+        if seqno == w.delivered + 1 and not w.buffer:
+            # Fast path: in order and nothing buffered.
+            w.delivered = seqno
+            if seqno > w.received:
+                w.received = seqno
+            out.append(msg)
+            return
+        if seqno in w.buffer:
+            self.count("duplicates")
+            return
+        if len(w.buffer) >= self.config.max_buffered:
+            self.count("dropped_buffer_full")
+            return
+        w.buffer[seqno] = msg
+        if seqno > w.received:
+            w.received = seqno
+        self._drain(w, out)
+
+    @staticmethod
+    def _drain(w: Window, out: list[Message]) -> None:
+        buf = w.buffer
+        nxt = w.delivered + 1
+        while nxt in buf:
+            out.append(buf.pop(nxt))
+            nxt += 1
+        w.delivered = nxt - 1
+
+    # -- retransmission ----------------------------------------------------------------------------------
+    def _serve_xmit(self, requester: Address, hdr: NakAckHeader) -> None:
+        if hdr.sender != self.local_address:
+            return
+        gone = False
+        for lo, hi in hdr.ranges:
+            for s in range(lo, min(hi, self.seqno) + 1):
+                orig = self.sent.get(s)
+                if orig is None:
+                    gone = gone or s <= self.gone_upto
+                    continue
+                copy = orig.copy()
+                copy.dest = requester
+                copy.flags |= NO_RELIABILITY | NO_FLOW_CONTROL
+                copy.headers[protocol_ids.NAKACK] = NakAckHeader(XMIT_RSP, s, self.local_address)
+                self.below.down(copy)
+                self.count("xmit_sent")
+        if gone:
+            self.below.down(
+                Message(
+                    requester,
+                    flags=NO_RELIABILITY | NO_FLOW_CONTROL,
+                    headers={protocol_ids.NAKACK: NakAckHeader(XMIT_GONE, self.gone_upto, self.local_address)},
+                )
+            )
+
+    def on_timer(self, key: object) -> None:
+        if key != "xmit":
+            return
+        me = self.local_address
+        for m, w in self.windows.items():
+            if m == me or w.received <= w.delivered:
+                w.missing_before = frozenset()
+                continue
+            missing = w.missing(self.config.max_xmit_batch)
+            prev = w.missing_before
+            w.missing_before = frozenset(missing)
+            request = [s for s in missing if s in prev]
+            if request:
+                self.count("xmit_requests")
+                self.below.down(
+                    Message(
+                        m,
+                        flags=NO_RELIABILITY | NO_FLOW_CONTROL,
+                        headers={protocol_ids.NAKACK: NakAckHeader(XMIT_REQ, sender=m, ranges=_ranges(request))},
+                    )
+                )
+        self.set_timer("xmit", self.config.xmit_interval)
+
+    def describe_state(self) -> dict[str, Any]:
+        return {
+            "seqno": self.seqno,
+            "retained": len(self.sent),
+            "windows": {str(m): [w.delivered, w.received, len(w.buffer)] for m, w in self.windows.items()},
+        }

@@ -1,0 +1,226 @@
+"""UNICAST: reliable FIFO unicast between two members, by seqnos per connection and cumulative acks.
+
+A connection is (sender, receiver, conn_id); the sender picks a new conn_id whenever it starts a connection
+afresh. Every data message also carries the lowest seqno the sender still holds unacknowledged, so a receiver
+without state for the connection knows where to start without an extra round trip. Acks are cumulative and
+sent once per step per peer; unacknowledged messages are resent every ``xmit_interval``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..core import protocol_ids
+from ..core.address import Address
+from ..core.config import param
+from ..core.errors import WireError
+from ..core.events import Event, ViewChange
+from ..core.layer import Layer, register_layer
+from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
+from ..core.validate import as_int, as_list
+
+DATA, ACK = 0, 1
+_CONN_MAX = 2**31 - 1
+
+
+@register_header
+class UnicastHeader(Header):
+    """DATA(conn_id, seqno, low) | ACK(conn_id, seqno)."""
+
+    PROTO_ID = protocol_ids.UNICAST
+    __slots__ = ("conn_id", "kind", "low", "seqno")
+
+    def __init__(self, kind: int, conn_id: int, seqno: int, low: int = 0) -> None:
+        self.kind = kind
+        self.conn_id = conn_id
+        self.seqno = seqno
+        self.low = low
+
+    def to_wire(self) -> list[Any]:
+        if self.kind == DATA:
+            return [DATA, self.conn_id, self.seqno, self.low]
+        return [ACK, self.conn_id, self.seqno]
+
+    @classmethod
+    def from_wire(cls, data: Any) -> UnicastHeader:
+        items = as_list(data, "unicast", 4)
+        kind = as_int(items[0] if items else None, "unicast.kind", 0, 1)
+        if kind == DATA:
+            if len(items) != 4:
+                raise WireError("unicast: DATA needs 4 fields")
+            seqno = as_int(items[2], "unicast.seqno", 1)
+            return cls(
+                DATA,
+                as_int(items[1], "unicast.conn_id", 0, _CONN_MAX),
+                seqno,
+                as_int(items[3], "unicast.low", 1, seqno),
+            )
+        if len(items) != 3:
+            raise WireError("unicast: ACK needs 3 fields")
+        return cls(ACK, as_int(items[1], "unicast.conn_id", 0, _CONN_MAX), as_int(items[2], "unicast.seqno"))
+
+
+class _SendConn:
+    __slots__ = ("conn_id", "created", "last_ack", "next_seqno", "unacked")
+
+    def __init__(self, conn_id: int, now: float) -> None:
+        self.conn_id = conn_id
+        self.next_seqno = 1
+        self.unacked: dict[int, Message] = {}  # insertion order == seqno order
+        self.created = now
+        self.last_ack = now
+
+
+class _RecvConn:
+    __slots__ = ("buffer", "conn_id", "delivered")
+
+    def __init__(self, conn_id: int, delivered: int) -> None:
+        self.conn_id = conn_id
+        self.delivered = delivered
+        self.buffer: dict[int, Message] = {}
+
+
+@dataclass(frozen=True)
+class UnicastConfig:
+    xmit_interval: float = param("200ms", "duration", doc="resend unacknowledged messages this often")
+    max_xmit_per_interval: int = param(4096, "int", doc="most messages resent to one peer per interval", minimum=1)
+    give_up_after: float = param(
+        "60s", "duration", doc="drop a connection to a non-member that acknowledged nothing for this long"
+    )
+
+
+@register_layer
+class Unicast(Layer):
+    NAME = "unicast"
+    PROTO_ID = protocol_ids.UNICAST
+    Config = UnicastConfig
+
+    def __init__(self, config: UnicastConfig, ctx: Any) -> None:
+        super().__init__(config, ctx)
+        self.send_conns: dict[Address, _SendConn] = {}
+        self.recv_conns: dict[Address, _RecvConn] = {}
+        self.ack_due: set[Address] = set()
+        self.members: frozenset[Address] = frozenset()
+
+    def start(self) -> None:
+        self.set_timer("xmit", self.config.xmit_interval)
+
+    def down(self, msg: Message) -> None:
+        dest = msg.dest
+        if dest is None or msg.flags & NO_RELIABILITY:
+            self.below.down(msg)
+            return
+        conn = self.send_conns.get(dest)
+        if conn is None:
+            conn = self.send_conns[dest] = _SendConn(self.ctx.rng.randrange(_CONN_MAX), self.now)
+        seqno = conn.next_seqno
+        conn.next_seqno = seqno + 1
+        low = next(iter(conn.unacked), seqno)
+        msg.headers[protocol_ids.UNICAST] = UnicastHeader(DATA, conn.conn_id, seqno, low)
+        conn.unacked[seqno] = msg
+        self.below.down(msg)
+
+    def up(self, batch: list[Message]) -> None:
+        out: list[Message] = []
+        pid = protocol_ids.UNICAST
+        for msg in batch:
+            hdr = msg.headers.get(pid)
+            if hdr is None:
+                out.append(msg)
+                continue
+            src = msg.src
+            assert src is not None
+            if hdr.kind == ACK:
+                self._on_ack(src, hdr)
+                continue
+            conn = self.recv_conns.get(src)
+            if conn is None or conn.conn_id != hdr.conn_id:
+                conn = self.recv_conns[src] = _RecvConn(hdr.conn_id, hdr.low - 1)
+            self.ack_due.add(src)
+            seqno = hdr.seqno
+            if seqno <= conn.delivered or seqno in conn.buffer:
+                self.count("duplicates")
+                continue
+            if seqno == conn.delivered + 1 and not conn.buffer:
+                conn.delivered = seqno
+                out.append(msg)
+                continue
+            conn.buffer[seqno] = msg
+            nxt = conn.delivered + 1
+            while nxt in conn.buffer:
+                out.append(conn.buffer.pop(nxt))
+                nxt += 1
+            conn.delivered = nxt - 1
+        if out:
+            self.above.up(out)
+
+    def _on_ack(self, src: Address, hdr: UnicastHeader) -> None:
+        conn = self.send_conns.get(src)
+        if conn is None or conn.conn_id != hdr.conn_id:
+            return
+        conn.last_ack = self.now
+        unacked = conn.unacked
+        while unacked:
+            first = next(iter(unacked))
+            if first > hdr.seqno:
+                break
+            del unacked[first]
+
+    def end_of_step(self) -> bool:
+        if not self.ack_due:
+            return False
+        due, self.ack_due = self.ack_due, set()
+        for src in sorted(due):
+            conn = self.recv_conns.get(src)
+            if conn is None:
+                continue
+            self.below.down(
+                Message(
+                    src,
+                    flags=NO_RELIABILITY | NO_FLOW_CONTROL,
+                    headers={protocol_ids.UNICAST: UnicastHeader(ACK, conn.conn_id, conn.delivered)},
+                )
+            )
+        return True
+
+    def down_event(self, event: Event) -> Any:
+        if isinstance(event, ViewChange):
+            new = frozenset(event.view.members)
+            # Connections to members that were in the view and are gone now are closed; connections to
+            # members never in our view (joiners, other partitions) are kept until they time out.
+            for gone in self.members - new:
+                self.send_conns.pop(gone, None)
+                self.recv_conns.pop(gone, None)
+            self.members = new
+        return self.below.down_event(event)
+
+    def on_timer(self, key: object) -> None:
+        if key != "xmit":
+            return
+        now = self.now
+        limit = self.config.max_xmit_per_interval
+        for dest, conn in list(self.send_conns.items()):
+            if not conn.unacked:
+                continue
+            if dest not in self.members and now - conn.last_ack > self.config.give_up_after:
+                self.count("gave_up")
+                del self.send_conns[dest]
+                continue
+            low = next(iter(conn.unacked))
+            pid = protocol_ids.UNICAST
+            for i, (seqno, msg) in enumerate(conn.unacked.items()):
+                if i >= limit:
+                    break
+                # A fresh header: ``low`` must be current, or a receiver that lost its state would wait for
+                # seqnos the sender already dropped.
+                msg.headers[pid] = UnicastHeader(DATA, conn.conn_id, seqno, low)
+                self.below.down(msg)
+                self.count("xmit_sent")
+        self.set_timer("xmit", self.config.xmit_interval)
+
+    def describe_state(self) -> dict[str, Any]:
+        return {
+            "send": {str(d): len(c.unacked) for d, c in self.send_conns.items()},
+            "recv": {str(s): c.delivered for s, c in self.recv_conns.items()},
+        }
