@@ -1,0 +1,206 @@
+"""GMS: founding a group, joins with a race-free digest, bundling, crash removal, takeover, leave, headers."""
+
+from __future__ import annotations
+
+import pytest
+from groupcluster.core import protocol_ids
+from groupcluster.core.digest import Digest
+from groupcluster.core.errors import WireError
+from groupcluster.core.events import (
+    Disconnect,
+    DiscoveryResponse,
+    FindMembers,
+    Joined,
+    Left,
+    MembersFound,
+    Suspect,
+    ViewChange,
+)
+from groupcluster.core.message import Message
+from groupcluster.core.view import View, ViewId
+from groupcluster.protocols import gms as _gms  # noqa: F401
+from groupcluster.protocols import nakack as _nakack  # noqa: F401
+from groupcluster.protocols import unicast as _unicast  # noqa: F401
+from groupcluster.protocols.gms import JOIN_REQ, JOIN_RSP, LEAVE_REQ, VIEW, VIEW_ACK, GmsHeader
+from groupcluster.protocols.nakack import MSG, NakAckHeader
+from groupcluster.protocols.unicast import DATA, UnicastHeader
+
+from .harness import ME, PEERS, LayerHarness, sent_with
+
+P1, P2, P3 = PEERS[0], PEERS[1], PEERS[2]
+GID = protocol_ids.GMS
+SPEC = [
+    {"layer": "probe"},
+    {"layer": "nakack"},
+    {"layer": "unicast"},
+    {"layer": "gms", "view_bundling": "20ms", "view_ack_timeout": "500ms"},
+]
+
+
+def founded() -> LayerHarness:
+    """A member that found nobody and founded the group (it is coordinator of [ME])."""
+    h = LayerHarness(SPEC)
+    assert any(isinstance(e, FindMembers) for e in h.probe().log.down_events)
+    h.probe().inject_up_event(MembersFound("join", ()))
+    h.stack._end_step()
+    h._collect()
+    return h
+
+
+def unicast_to(seqno: int, hdr: GmsHeader, conn: int = 5) -> Message:
+    return Message(ME, headers={GID: hdr, protocol_ids.UNICAST: UnicastHeader(DATA, conn, seqno, seqno)})
+
+
+def gms_sent(h: LayerHarness) -> list[tuple[tuple[str, int], GmsHeader]]:
+    return sent_with(h.take_sent(), GID)
+
+
+def test_first_member_founds_the_group() -> None:
+    h = founded()
+    joined = h.take_events(Joined)
+    assert len(joined) == 1 and joined[0].view.members == (ME,)
+    assert h.layer("gms").is_coordinator
+
+
+def test_join_response_digest_counts_the_view_message_itself() -> None:
+    """Seed 002's race: the joiner's digest must include the coordinator's view message (no '+1' kludge)."""
+    h = founded()
+    h.send(b"before")  # coordinator seqno 1
+    h.take_sent()
+    h.receive(P1, [unicast_to(1, GmsHeader(JOIN_REQ, seqno=0))])
+    h.advance(0.03)  # view bundling
+    rsps = [hdr for ep, hdr in gms_sent(h) if hdr.kind == JOIN_RSP and ep == P1.endpoint]
+    assert len(rsps) == 1
+    # The view went out as NAKACK multicast number 2 (to the old view, i.e. only looped back here).
+    nakack = h.layer("nakack")
+    view_seqno = nakack.seqno
+    assert view_seqno == 2 and nakack.sent[2].headers[GID].kind == VIEW
+    assert rsps[0].view.members == (ME, P1)
+    assert rsps[0].digest[ME] == (view_seqno, view_seqno)
+    assert rsps[0].digest[P1] == (0, 0)
+
+
+def test_concurrent_joins_are_bundled_into_one_view() -> None:
+    h = founded()
+    h.receive(P1, [unicast_to(1, GmsHeader(JOIN_REQ))])
+    h.receive(P2, [unicast_to(1, GmsHeader(JOIN_REQ), conn=6)])
+    h.advance(0.03)
+    rsps = [(ep, hdr.view.members) for ep, hdr in gms_sent(h) if hdr.kind == JOIN_RSP]
+    assert sorted(rsps) == [(P1.endpoint, (ME, P1, P2)), (P2.endpoint, (ME, P1, P2))]
+    assert h.metric("gms.views_sent") == 1
+
+
+def test_requests_during_an_installation_use_the_temporary_membership() -> None:
+    """Seed 002: a join processed before the previous view is acknowledged must not drop earlier joiners."""
+    h = founded()
+    h.receive(P1, [unicast_to(1, GmsHeader(JOIN_REQ))])
+    h.advance(0.03)
+    h.take_sent()
+    # P1 has not acknowledged yet (it is a joiner: it is not awaited); P2 joins now.
+    h.receive(P2, [unicast_to(1, GmsHeader(JOIN_REQ), conn=6)])
+    h.advance(0.03)
+    views = [hdr.view for _, hdr in gms_sent(h) if hdr.kind == VIEW]
+    assert views and views[-1].members == (ME, P1, P2)
+
+
+def coordinator_of(members: tuple) -> LayerHarness:
+    h = founded()
+    for i, p in enumerate(members, start=1):
+        h.receive(p, [unicast_to(1, GmsHeader(JOIN_REQ), conn=10 + i)])
+        h.advance(0.03)
+        pending = h.layer("gms").pending
+        # Acknowledge the view so the coordinator is free for the next request.
+        for q in sorted(pending.awaiting) if pending else ():
+            ack = GmsHeader(VIEW_ACK, view_id=pending.view.view_id)
+            h.receive(q, [unicast_to(i, ack, conn=100 + members.index(q))])
+        assert h.layer("gms").pending is None
+    h.take_events()
+    h.take_sent()
+    return h
+
+
+def test_suspected_member_is_removed_by_the_coordinator() -> None:
+    h = coordinator_of((P1, P2))
+    assert h.layer("gms").view.members == (ME, P1, P2)
+    h.probe().inject_up_event(Suspect(P2))
+    h.stack._end_step()
+    h.advance(0.03)
+    views = [e.view for e in h.take_events(ViewChange)]
+    assert views and views[-1].members == (ME, P1)
+
+
+def participant(view_members: tuple) -> LayerHarness:
+    """A member that joined a group whose coordinator is view_members[0]."""
+    h = LayerHarness(SPEC)
+    h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P1, P1, None, True),)))
+    h.stack._end_step()
+    h._collect()
+    reqs = [(ep, hdr) for ep, hdr in gms_sent(h) if hdr.kind == JOIN_REQ]
+    assert reqs and reqs[0][0] == P1.endpoint
+    view = View(ViewId(3, P1), view_members)
+    digest = Digest({m: (0, 0) for m in view_members})
+    h.receive(P1, [unicast_to(1, GmsHeader(JOIN_RSP, view=view, digest=digest))])
+    assert h.take_events(Joined)
+    h.take_events()
+    return h
+
+
+def test_next_member_takes_over_when_the_coordinator_is_suspected() -> None:
+    h = participant((P1, ME, P2))
+    h.probe().inject_up_event(Suspect(P1))
+    h.stack._end_step()
+    h.advance(0.03)
+    views = [hdr.view for _, hdr in gms_sent(h) if hdr.kind == VIEW]
+    assert views and views[-1].members == (ME, P2)
+    assert views[-1].view_id.seq == 4 and views[-1].view_id.creator == ME
+
+
+def test_graceful_leave_completes_when_the_view_without_us_arrives() -> None:
+    h = participant((P1, ME, P2))
+    h.control(Disconnect())
+    assert [ep for ep, hdr in gms_sent(h) if hdr.kind == LEAVE_REQ] == [P1.endpoint]
+    view = View(ViewId(4, P1), (P1, P2))
+    msg = Message(None, headers={GID: GmsHeader(VIEW, view=view), protocol_ids.NAKACK: NakAckHeader(MSG, 1)})
+    h.receive(P1, [msg])
+    left = h.take_events(Left)
+    assert len(left) == 1 and left[0].reason == "left"
+
+
+def test_excluded_member_continues_as_a_singleton() -> None:
+    h = participant((P1, ME, P2))
+    view = View(ViewId(4, P1), (P1, P2))
+    msg = Message(None, headers={GID: GmsHeader(VIEW, view=view), protocol_ids.NAKACK: NakAckHeader(MSG, 1)})
+    h.receive(P1, [msg])
+    views = [e.view for e in h.take_events(ViewChange)]
+    assert views[-1].members == (ME,) and views[-1].view_id.seq == 5
+    assert not h.take_events(Left)
+
+
+def test_stale_views_are_ignored() -> None:
+    h = participant((P1, ME, P2))
+    old = View(ViewId(2, P1), (P1, ME))
+    msg = Message(None, headers={GID: GmsHeader(VIEW, view=old), protocol_ids.NAKACK: NakAckHeader(MSG, 1)})
+    h.receive(P1, [msg])
+    assert h.take_events(ViewChange) == []
+    assert h.metric("gms.views_ignored") == 1
+
+
+@pytest.mark.parametrize(
+    "wire, message",
+    [
+        ([VIEW, None, None, None, None, None, None, 0], "without a view"),
+        ([99, None, None, None, None, None, None, 0], "gms.kind"),
+        ([VIEW, [[1, ["h", 1, 1]], [], []], None, None, None, None, None, 0], "cannot be empty"),
+        ([JOIN_REQ, None, None, None, None, None, None, -1], "gms.seqno"),
+    ],
+)
+def test_malformed_gms_headers_are_rejected_with_the_field_named(wire: list, message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        GmsHeader.from_wire(wire)
+
+
+def test_gms_header_round_trip() -> None:
+    view = View(ViewId(7, P1), (P1, ME), ((P1,), (ME,)))
+    hdr = GmsHeader(JOIN_RSP, view=view, digest=Digest({P1: (3, 4), ME: (0, 0)}), seqno=2)
+    back = GmsHeader.from_wire(hdr.to_wire())
+    assert back.view == view and back.digest == hdr.digest and back.seqno == 2

@@ -1,0 +1,68 @@
+"""UNICAST: reliable FIFO unicast, cumulative acks per step, retransmission until acknowledged."""
+
+from __future__ import annotations
+
+from groupcluster.core import protocol_ids
+from groupcluster.core.message import Message
+from groupcluster.protocols import unicast as _unicast  # noqa: F401
+from groupcluster.protocols.unicast import ACK, DATA, UnicastHeader
+
+from .harness import ME, PEERS, LayerHarness, sent_with
+
+P1 = PEERS[0]
+PID = protocol_ids.UNICAST
+
+
+def data(seqno: int, conn: int = 7, low: int = 1) -> Message:
+    return Message(ME, f"u{seqno}".encode(), headers={PID: UnicastHeader(DATA, conn, seqno, low)})
+
+
+def make() -> LayerHarness:
+    h = LayerHarness([{"layer": "unicast", "xmit_interval": "100ms"}])
+    h.install_view([ME, P1])
+    h.take_sent()
+    return h
+
+
+def test_fifo_delivery_and_one_cumulative_ack_per_step() -> None:
+    h = make()
+    h.receive(P1, [data(2), data(1), data(3)])
+    assert [m.payload for m in h.take_delivered()] == [b"u1", b"u2", b"u3"]
+    acks = [hdr for _, hdr in sent_with(h.take_sent(), PID) if hdr.kind == ACK]
+    assert len(acks) == 1 and acks[0].seqno == 3 and acks[0].conn_id == 7
+
+
+def test_duplicates_are_dropped_but_reacknowledged() -> None:
+    h = make()
+    h.receive(P1, [data(1)])
+    h.take_sent()
+    h.receive(P1, [data(1)])
+    assert [m.payload for m in h.take_delivered()] == [b"u1"]
+    assert h.metric("unicast.duplicates") == 1
+    assert [hdr.kind for _, hdr in sent_with(h.take_sent(), PID)] == [ACK]
+
+
+def test_new_connection_starts_at_the_senders_lowest_unacknowledged_seqno() -> None:
+    h = make()
+    h.receive(P1, [data(41, conn=9, low=40), data(40, conn=9, low=40)])
+    assert [m.payload for m in h.take_delivered()] == [b"u40", b"u41"]
+
+
+def test_unacknowledged_messages_are_resent_until_acked() -> None:
+    h = make()
+    h.send(b"hello", dest=P1)
+    first = sent_with(h.take_sent(), PID)
+    assert [(ep, hdr.kind, hdr.seqno) for ep, hdr in first] == [(P1.endpoint, DATA, 1)]
+    conn = first[0][1].conn_id
+    h.advance(0.1)
+    assert [hdr.seqno for _, hdr in sent_with(h.take_sent(), PID)] == [1]
+    h.receive(P1, [Message(ME, headers={PID: UnicastHeader(ACK, conn, 1)})])
+    h.advance(0.3)
+    assert sent_with(h.take_sent(), PID) == []
+
+
+def test_connection_state_of_a_member_that_left_the_view_is_dropped() -> None:
+    h = make()
+    h.send(b"x", dest=P1)
+    h.install_view([ME], seq=2)
+    assert P1 not in h.layer("unicast").send_conns
