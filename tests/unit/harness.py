@@ -15,6 +15,8 @@ Typical use::
     got = h.take_delivered()                # messages that came out of the top
     events = h.take_events()                # up events that came out of the top (Suspect, MembersFound, ...)
 
+After calling a layer directly (``h.layer("fd").up(batch)``), ``h.collect()`` picks up what it produced.
+
 A :class:`Probe` layer (``{"layer": "probe"}``) can be placed anywhere in the spec to record what passes it
 and to answer down events (e.g. stand in for discovery or NAKACK below the layer under test).
 """
@@ -91,7 +93,7 @@ class Probe(Layer):
             self.below.down(msg)
 
     def up(self, batch: list[Message]) -> None:
-        self.log.up.append(list(batch))
+        self.log.up.append(batch)  # the list object itself: tests can check that a layer did not copy it
         self.above.up(batch)
 
     def down_event(self, event: Event) -> Any:
@@ -216,12 +218,14 @@ class LayerHarness:
     def advance(self, seconds: float) -> None:
         """Move the clock forward, firing every timer on its own deadline (re-armed timers included)."""
         target = self.now + seconds
-        while True:
+        for _ in range(1_000_000):
             deadline = self.stack.next_deadline()
             if deadline is None or deadline > target:
                 break
             self.now = max(self.now, deadline)
             self.fire()
+        else:
+            raise RuntimeError(f"timers keep firing at t={self.now}: a layer re-arms a timer without delay")
         self.now = target
         self.fire()
 
@@ -233,6 +237,11 @@ class LayerHarness:
         return [key for (_index, key) in self.stack._timer_index]
 
     # -- outputs -----------------------------------------------------------------------------------
+    def collect(self) -> LayerHarness:
+        """Pick up outputs produced outside the harness's own calls (e.g. after calling a layer directly)."""
+        self._collect()
+        return self
+
     def _collect(self) -> None:
         for out in self.stack.drain():
             if isinstance(out, Transmit):

@@ -7,19 +7,28 @@ A layer declares ``Config`` as a dataclass built with :func:`param`; :func:`pars
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigError
 from .units import parse_duration, parse_size
 
-KINDS = ("duration", "size", "int", "float", "bool", "str", "choice", "hosts", "strs")
+KINDS = ("duration", "size", "int", "float", "bool", "str", "choice", "hosts", "strs", "custom")
 
 
-def param(default: Any, kind: str, *, doc: str = "", choices: tuple[str, ...] = (), minimum: float = 0) -> Any:
-    """Declare one layer parameter. ``kind`` is one of :data:`KINDS`."""
+def param(
+    default: Any,
+    kind: str,
+    *,
+    doc: str = "",
+    choices: tuple[str, ...] = (),
+    minimum: float = 0,
+    parser: Callable[[Any, str], Any] | None = None,
+) -> Any:
+    """Declare one layer parameter. ``kind`` is one of :data:`KINDS`; "custom" needs ``parser(value, where)``."""
     assert kind in KINDS, kind
-    meta = {"kind": kind, "doc": doc, "choices": choices, "minimum": minimum}
+    assert (kind == "custom") == (parser is not None), "a 'custom' parameter needs a parser, and only it"
+    meta = {"kind": kind, "doc": doc, "choices": choices, "minimum": minimum, "parser": parser}
     # Defaults are written in readable units too ("3s"); store them converted, as parsed values are.
     converted = _convert(default, meta, "default")
     return dataclasses.field(default=converted, metadata=meta)
@@ -60,6 +69,8 @@ def _convert(value: Any, meta: Mapping[str, Any], where: str) -> Any:
         return tuple(v.strip() for v in value)
     elif kind == "hosts":
         return parse_hosts(value, where)
+    elif kind == "custom":
+        return meta["parser"](value, where)
     else:  # pragma: no cover - guarded by param()
         raise AssertionError(kind)
     if out < minimum:

@@ -104,9 +104,13 @@ def decode_frame(
             cls = header_types.get(pid) if type(pid) is int else None
             if cls is None:
                 raise WireError(f"frame.messages[{i}].headers: unknown protocol id {pid!r}")
+            if pid in headers:
+                raise WireError(f"frame.messages[{i}].headers: protocol id {pid} appears twice")
             try:
                 headers[pid] = cls.from_wire(raw_headers[j + 1])
             except WireError as exc:
                 raise WireError(f"frame.messages[{i}].headers[{cls.__name__}]: {exc}") from None
+            except Exception as exc:  # a header class must never turn bad input into a crash
+                raise WireError(f"frame.messages[{i}].headers[{cls.__name__}]: {type(exc).__name__}: {exc}") from None
         out.append(Message(dest, payload, src=sender, flags=flags, headers=headers))
     return sender, out

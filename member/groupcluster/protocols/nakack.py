@@ -290,7 +290,9 @@ class NakAck(Layer):
                     continue
                 copy = orig.copy()
                 copy.dest = requester
-                copy.flags |= NO_RELIABILITY | NO_FLOW_CONTROL
+                # Not NO_FLOW_CONTROL: the receiver's flow layer must count the retransmission it delivers,
+                # or the sender's credits leak under loss.
+                copy.flags |= NO_RELIABILITY
                 copy.headers[protocol_ids.NAKACK] = NakAckHeader(XMIT_RSP, s, self.local_address)
                 self.below.down(copy)
                 self.count("xmit_sent")
