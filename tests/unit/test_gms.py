@@ -204,3 +204,17 @@ def test_gms_header_round_trip() -> None:
     hdr = GmsHeader(JOIN_RSP, view=view, digest=Digest({P1: (3, 4), ME: (0, 0)}), seqno=2)
     back = GmsHeader.from_wire(hdr.to_wire())
     assert back.view == view and back.digest == hdr.digest and back.seqno == 2
+
+
+def test_messages_that_arrive_before_our_join_response_are_delivered_once_joined() -> None:
+    """Seed 22 of the simulator: the coordinator unicast to a joiner that had not yet installed the view."""
+    h = LayerHarness(SPEC)
+    h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P1, P1, None, True),)))
+    h.stack._end_step()
+    h._collect()
+    early = Message(ME, b"early", headers={protocol_ids.UNICAST: UnicastHeader(DATA, 5, 1, 1)})
+    h.receive(P1, [early])
+    assert h.take_delivered() == []
+    view = View(ViewId(3, P1), (P1, ME))
+    h.receive(P1, [unicast_to(2, GmsHeader(JOIN_RSP, view=view, digest=Digest({P1: (0, 0), ME: (0, 0)})))])
+    assert [m.payload for m in h.take_delivered()] == [b"early"]

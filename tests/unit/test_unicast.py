@@ -66,3 +66,23 @@ def test_connection_state_of_a_member_that_left_the_view_is_dropped() -> None:
     h.send(b"x", dest=P1)
     h.install_view([ME], seq=2)
     assert P1 not in h.layer("unicast").send_conns
+
+
+def test_a_late_retransmission_of_an_older_connection_is_not_redelivered() -> None:
+    h = make()
+    h.receive(P1, [data(1, conn=3)])
+    h.receive(P1, [data(1, conn=4)])  # P1 started a new connection (e.g. after a view change)
+    assert [m.payload for m in h.take_delivered()] == [b"u1", b"u1"]
+    h.receive(P1, [data(2, conn=3, low=1)])  # stale, from the old connection
+    h.receive(P1, [data(2, conn=4)])
+    assert [m.payload for m in h.take_delivered()] == [b"u2"]
+    assert h.metric("unicast.stale_connection") == 1
+
+
+def test_receive_side_remembers_a_departed_member_so_old_messages_stay_delivered() -> None:
+    h = make()
+    h.receive(P1, [data(1, conn=3), data(2, conn=3)])
+    h.take_delivered()
+    h.install_view([ME], seq=2)
+    h.receive(P1, [data(2, conn=3, low=1)])  # late duplicate after P1 left our view
+    assert h.take_delivered() == []

@@ -151,6 +151,9 @@ class GmsConfig:
     leave_timeout: float = param("2s", "duration", doc="resend a leave request after this long")
     max_leave_attempts: int = param(3, "int", doc="leave anyway after this many unanswered requests", minimum=1)
     merge_timeout: float = param("5s", "duration", doc="a merge not finished by then is cancelled")
+    max_early_messages: int = param(
+        100_000, "int", doc="messages kept that arrive while joining, before our view does", minimum=0
+    )
 
 
 @dataclass
@@ -191,6 +194,7 @@ class Gms(Layer):
         # Set when every member before us in the view is suspected: we act as coordinator until our view.
         self.acting_coordinator = False
         # Client state.
+        self.early: list[Message] = []  # messages received while joining, delivered once joined
         self.join_attempts = 0
         self.join_target: Address | None = None
         self.leave_attempts = 0
@@ -242,8 +246,17 @@ class Gms(Layer):
             self._handle(msg.src, hdr)  # type: ignore[arg-type]
         if out is None:
             out = batch
-        if out and self.state in ("member", "leaving"):
+        if not out:
+            return
+        if self.state in ("member", "leaving"):
             self.above.up(out)
+        elif self.state == "joining":
+            # The coordinator installs a view with us before our JOIN_RSP arrives, and members may already
+            # send to us (UNICAST has acknowledged these): keep them for when we have the view.
+            room = self.config.max_early_messages - len(self.early)
+            if len(out) > room:
+                self.count("early_dropped", len(out) - max(room, 0))
+            self.early.extend(out[: max(room, 0)])
 
     def up_event(self, event: Event) -> None:
         if isinstance(event, MembersFound):
@@ -454,6 +467,10 @@ class Gms(Layer):
             self.cancel_timer("join")
             self.cancel_timer("rediscover")
             self.above.up_event(Joined(view))
+            early, self.early = self.early, []
+            early = [m for m in early if m.src in view.members]
+            if early:
+                self.above.up(early)
         if view.coordinator == me:
             # Members suspected before we became coordinator are removed in our first view.
             for s in sorted(self.suspects):

@@ -1,7 +1,8 @@
 """UNICAST: reliable FIFO unicast between two members, by seqnos per connection and cumulative acks.
 
-A connection is (sender, receiver, conn_id); the sender picks a new conn_id whenever it starts a connection
-afresh. Every data message also carries the lowest seqno the sender still holds unacknowledged, so a receiver
+A connection is (sender, receiver, conn_id); the sender numbers its connections upwards, and a receiver never
+goes back to an older connection, so a stale retransmission from a closed connection cannot reset a live one
+(which would redeliver or skip messages). Every data message also carries the lowest seqno the sender still holds unacknowledged, so a receiver
 without state for the connection knows where to start without an extra round trip. Acks are cumulative and
 sent once per step per peer; unacknowledged messages are resent every ``xmit_interval``.
 """
@@ -22,6 +23,7 @@ from ..core.validate import as_int, as_list
 
 DATA, ACK = 0, 1
 _CONN_MAX = 2**31 - 1
+_MAX_RECV_CONNS = 4096  # receive-side state kept for peers outside the view
 
 
 @register_header
@@ -102,6 +104,7 @@ class Unicast(Layer):
         self.recv_conns: dict[Address, _RecvConn] = {}
         self.ack_due: set[Address] = set()
         self.members: frozenset[Address] = frozenset()
+        self.next_conn_id = 1
 
     def start(self) -> None:
         self.set_timer("xmit", self.config.xmit_interval)
@@ -113,7 +116,8 @@ class Unicast(Layer):
             return
         conn = self.send_conns.get(dest)
         if conn is None:
-            conn = self.send_conns[dest] = _SendConn(self.ctx.rng.randrange(_CONN_MAX), self.now)
+            conn = self.send_conns[dest] = _SendConn(self.next_conn_id, self.now)
+            self.next_conn_id += 1
         seqno = conn.next_seqno
         conn.next_seqno = seqno + 1
         low = next(iter(conn.unacked), seqno)
@@ -135,8 +139,11 @@ class Unicast(Layer):
                 self._on_ack(src, hdr)
                 continue
             conn = self.recv_conns.get(src)
-            if conn is None or conn.conn_id != hdr.conn_id:
+            if conn is None or hdr.conn_id > conn.conn_id:
                 conn = self.recv_conns[src] = _RecvConn(hdr.conn_id, hdr.low - 1)
+            elif hdr.conn_id < conn.conn_id:
+                self.count("stale_connection")
+                continue
             self.ack_due.add(src)
             seqno = hdr.seqno
             if seqno <= conn.delivered or seqno in conn.buffer:
@@ -187,12 +194,18 @@ class Unicast(Layer):
     def down_event(self, event: Event) -> Any:
         if isinstance(event, ViewChange):
             new = frozenset(event.view.members)
-            # Connections to members that were in the view and are gone now are closed; connections to
-            # members never in our view (joiners, other partitions) are kept until they time out.
+            # Sending to members that left the view stops; connections to members never in our view (joiners,
+            # other partitions) are kept until they time out. A receive side is kept (its buffer dropped): it
+            # remembers the connection id, so a late retransmission of the old connection is not redelivered.
             for gone in self.members - new:
                 self.send_conns.pop(gone, None)
-                self.recv_conns.pop(gone, None)
+                conn = self.recv_conns.get(gone)
+                if conn is not None:
+                    conn.buffer.clear()
             self.members = new
+            if len(self.recv_conns) > _MAX_RECV_CONNS:
+                for src in [s for s in self.recv_conns if s not in new][: len(self.recv_conns) - _MAX_RECV_CONNS]:
+                    del self.recv_conns[src]
         return self.below.down_event(event)
 
     def on_timer(self, key: object) -> None:
