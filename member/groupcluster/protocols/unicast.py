@@ -2,9 +2,10 @@
 
 A connection is (sender, receiver, conn_id); the sender numbers its connections upwards, and a receiver never
 goes back to an older connection, so a stale retransmission from a closed connection cannot reset a live one
-(which would redeliver or skip messages). Every data message also carries the lowest seqno the sender still holds unacknowledged, so a receiver
-without state for the connection knows where to start without an extra round trip. Acks are cumulative and
-sent once per step per peer; unacknowledged messages are resent every ``xmit_interval``.
+(which would redeliver or skip messages). Every data message also carries the lowest seqno the sender still
+holds unacknowledged, so a receiver without state for the connection knows where to start without an extra
+round trip. Acks are cumulative and sent once per step per peer; unacknowledged messages are resent every
+``xmit_interval``.
 """
 
 from __future__ import annotations
