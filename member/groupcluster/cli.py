@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub = subs.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(_module=module_name)
-        if name in sys.argv[1:3] or "-h" in sys.argv or "--help" in sys.argv:
+        if name in sys.argv[1:] or "-h" in sys.argv or "--help" in sys.argv:
             # Only the chosen subcommand's module is imported (and any, for --help).
             try:
                 importlib.import_module(module_name).add_arguments(sub)

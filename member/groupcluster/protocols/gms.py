@@ -193,6 +193,7 @@ class Gms(Layer):
         self.merge_counter = 0
         # Set when every member before us in the view is suspected: we act as coordinator until our view.
         self.acting_coordinator = False
+        self.leave_after_pending = False
         # Client state.
         self.early: list[Message] = []  # messages received while joining, delivered once joined
         self.join_attempts = 0
@@ -355,6 +356,11 @@ class Gms(Layer):
             cached = self.join_rsp_cache.get(joiner)
             if cached is not None:
                 self._send(joiner, GmsHeader(JOIN_RSP, view=cached[0], digest=cached[1]))
+            else:
+                # A member of our view that is still joining never got its JOIN_RSP (its coordinator died
+                # first). No digest from back then exists here, so remove it; its next JOIN_REQ adds it anew.
+                self.count("stale_joiners_removed")
+                self._enqueue("suspect", joiner)
             return
         # A new incarnation on an endpoint means the old one is gone: remove it in the same view.
         for m in self.view.members:
@@ -376,6 +382,8 @@ class Gms(Layer):
         base = self.tmp_members or self.view.members
         requests, self.queue = self.queue, []
         removed = {m for kind, m, _ in requests if kind in ("leave", "suspect") and m in base}
+        if self.state == "leaving":
+            removed.add(me)  # we became coordinator while leaving: our own view must not contain us
         joiners: dict[Address, int] = {}
         for kind, m, seqno in requests:
             if kind == "join" and m not in base and m not in removed:
@@ -409,6 +417,9 @@ class Gms(Layer):
         self.cancel_timer("ack")
         if pending is None:
             return
+        if self.leave_after_pending:
+            self._left("left")
+            return
         if pending.awaiting:
             self.count("view_ack_timeouts")
         self.join_rsp_cache = {j: (pending.view, pending.join_digest) for j in pending.joiners}
@@ -438,7 +449,11 @@ class Gms(Layer):
         me = self.local_address
         if me not in view.members:
             if self.state == "leaving":
-                self._left("left")
+                if self.pending is not None and self.pending.view.view_id == view.view_id:
+                    # Our own view without us: stay (and retransmit it) until the members acknowledged it.
+                    self.leave_after_pending = True
+                else:
+                    self._left("left")
             else:
                 # Excluded (e.g. falsely suspected): carry on alone; MERGE brings us back.
                 self.count("excluded")
@@ -475,6 +490,8 @@ class Gms(Layer):
             # Members suspected before we became coordinator are removed in our first view.
             for s in sorted(self.suspects):
                 self._enqueue("suspect", s)
+            if self.state == "leaving":
+                self._enqueue("leave", me)
         else:
             self.queue.clear()
             self.pending = None
