@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from . import build
@@ -34,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "pin":
         build.pin()
         return 0
-    cp = ControlPlane(None if args.state_dir is None else os.path.abspath(args.state_dir))  # type: ignore[arg-type]
+    cp = ControlPlane(args.state_dir)
     if args.cmd == "up":
         try:
             kc = cp.up(timeout=args.timeout)

@@ -51,8 +51,8 @@ def _free_port() -> int:
 class ControlPlane:
     """One local cluster rooted at a state directory."""
 
-    def __init__(self, state_dir: Path | None = None) -> None:
-        self.dir = (state_dir or default_state_dir()).resolve()
+    def __init__(self, state_dir: Path | str | None = None) -> None:
+        self.dir = Path(state_dir).resolve() if state_dir else default_state_dir()
         self.pki = self.dir / "pki"
         self.logs = self.dir / "logs"
         self.pids = self.dir / "pids"
@@ -374,6 +374,7 @@ class ControlPlane:
                 f"--cluster-signing-cert-file={certs['ca']}",
                 f"--cluster-signing-key-file={certs['ca_key']}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--cert-dir={self.dir / 'kube-controller-manager-certs'}",
                 "--controllers=*",
                 "--leader-elect=false",
                 "--v=1",
@@ -391,6 +392,7 @@ class ControlPlane:
                 f"--authorization-kubeconfig={sc_kc}",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={ports['scheduler']}",
+                f"--cert-dir={self.dir / 'kube-scheduler-certs'}",
                 "--leader-elect=false",
                 "--v=1",
             ],

@@ -421,7 +421,12 @@ class PodWorker:
         self.initialized = False
         self.deleting = False
         self.gone = False
-        self.conditions: dict[str, dict[str, Any]] = {}
+        # Keep the scheduler's PodScheduled condition (its transition time) as it wrote it.
+        self.conditions: dict[str, dict[str, Any]] = {
+            c["type"]: c
+            for c in pod.get("status", {}).get("conditions", [])
+            if c.get("type") == "PodScheduled"
+        }
         self.task: asyncio.Task[None] | None = None
         self.last_reported: Any = None
         self.token_task: asyncio.Task[None] | None = None
@@ -504,6 +509,7 @@ class PodWorker:
 
     # -------------------------------------------------------------- volumes
     async def _prepare_volumes(self) -> None:
+        await self.agent._prefetch_env_objects(self.pod)
         ns = self.pod["metadata"]["namespace"]
         vols_dir = self.dir / "volumes"
         vols_dir.mkdir(parents=True, exist_ok=True)
@@ -634,14 +640,7 @@ class PodWorker:
         self.init_containers = [Container(self, c, init=True) for c in self.spec.get("initContainers", [])]
         self.containers = [Container(self, c) for c in self.spec.get("containers", [])]
         reporter = asyncio.create_task(self._reporter())
-        try:
-            await self._prepare_volumes()
-        except (ApiError, aiohttp.ClientError, OSError, KeyError) as e:
-            log.warning("pod %s: volumes failed: %s", self.key, e)
-            for c in self.containers:
-                c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
-            self.changed()
-            await self.stop_event.wait()
+        await self._prepare_volumes_retrying()
         for ic in self.init_containers:
             if self.stop_event.is_set():
                 break
@@ -676,6 +675,23 @@ class PodWorker:
             if self.deleting and not self.gone:
                 await self._finalize_delete()
         reporter.cancel()
+
+    async def _prepare_volumes_retrying(self) -> None:
+        """Retry like the kubelet: right after binding, the Node authorizer may not yet know that this
+        pod is ours (its graph is fed by informers) and refuses the token or configMap for a moment."""
+        delay = 0.2
+        while not self.stop_event.is_set():
+            try:
+                await self._prepare_volumes()
+                return
+            except (ApiError, aiohttp.ClientError, OSError, KeyError) as e:
+                log.info("pod %s: volumes not ready yet (retrying in %.1fs): %s", self.key, delay, e)
+                for c in self.containers:
+                    c.state = {"waiting": {"reason": "ContainerCreating", "message": str(e)[:200]}}
+                self.changed()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop_event.wait(), delay)
+                delay = min(delay * 2, 10.0)
 
     async def _stop_containers(self, grace: float | None = None) -> None:
         if grace is None:
@@ -904,6 +920,9 @@ class Agent:
                     "GET", f"/api/v1/namespaces/{ns}/{kind}/{name}"
                 )
             except ApiError as e:
+                # A missing object leaves the variable unset (optional refs); refusals are retried.
+                if e.status != 404:
+                    raise
                 log.warning("pod %s/%s: %s %s: %s", ns, pod["metadata"]["name"], kind, name, e)
 
     # -------------------------------------------------------------- node
@@ -1033,7 +1052,6 @@ class Agent:
             # Never started here and already going: nothing to stop, just let it go.
             await PodWorker(self, pod)._finalize_delete()
             return
-        await self._prefetch_env_objects(pod)
         w = PodWorker(self, pod)
         self.workers[uid] = w
         w.task = asyncio.create_task(w.run())
