@@ -175,6 +175,13 @@ class ControlPlane:
         )
         out["kubelet_client_crt"], out["kubelet_client_key"] = crt, key
         out["sa_key"], out["sa_pub"] = pki.service_account_keys(self.pki)
+        # A separate CA for the aggregation layer's front proxy, as kubeadm sets it up; without it the
+        # components log errors about the empty requestheader client CA.
+        fp = pki.CA(self.pki, "front-proxy-ca", "localkube-front-proxy-ca")
+        out["front_proxy_ca"] = fp.cert_path
+        out["front_proxy_crt"], out["front_proxy_key"] = fp.issue(
+            "front-proxy-client", "front-proxy-client", client=True
+        )
         server = f"https://127.0.0.1:{api_port}"
         idents = {
             "admin": ("kubernetes-admin", ("system:masters",)),
@@ -342,6 +349,13 @@ class ControlPlane:
                 f"--service-account-key-file={certs['sa_pub']}",
                 f"--service-account-signing-key-file={certs['sa_key']}",
                 "--authorization-mode=Node,RBAC",
+                f"--requestheader-client-ca-file={certs['front_proxy_ca']}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={certs['front_proxy_crt']}",
+                f"--proxy-client-key-file={certs['front_proxy_key']}",
                 # The default plugins stay on; NodeRestriction (as kubeadm enables it) keeps the agent honest.
                 "--enable-admission-plugins=NodeRestriction",
                 # The `kubernetes` Endpoints would carry 127.0.0.1, which Endpoints validation rejects.

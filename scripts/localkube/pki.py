@@ -40,12 +40,13 @@ def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
 
 
 class CA:
-    """A self-signed CA kept on disk as ca.crt / ca.key."""
+    """A self-signed CA kept on disk as <stem>.crt / <stem>.key."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, stem: str = "ca", cn: str = "localkube-ca") -> None:
         self.dir = directory
-        self.cert_path = directory / "ca.crt"
-        self.key_path = directory / "ca.key"
+        self.cn = cn
+        self.cert_path = directory / f"{stem}.crt"
+        self.key_path = directory / f"{stem}.key"
         if not self.cert_path.exists():
             self._create()
         self.cert = x509.load_pem_x509_certificate(self.cert_path.read_bytes())
@@ -57,7 +58,7 @@ class CA:
         self.dir.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
-        name = _name("localkube-ca")
+        name = _name(self.cn)
         cert = (
             x509.CertificateBuilder()
             .subject_name(name)

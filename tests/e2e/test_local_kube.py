@@ -15,6 +15,10 @@ import yaml
 
 from .conftest import Kube, wait_for
 
+# pytest-timeout counts the session fixture's set-up in the first test: on a machine whose cache lacks the
+# binaries that set-up includes the cold build (several minutes), so allow for it.
+pytestmark = pytest.mark.timeout(1800)
+
 
 def _http_ok(ip: str, port: int) -> bool:
     try:
