@@ -500,9 +500,9 @@ class PodWorker:
                     )
                 env[name] = podspec.resource_field_ref(target, ref, self.agent.allocatable)
             elif "configMapKeyRef" in vf or "secretKeyRef" in vf:
-                v = self.agent.key_ref(self.pod["metadata"]["namespace"], vf)
-                if v is not None:
-                    env[name] = v
+                ref_value = self.agent.key_ref(self.pod["metadata"]["namespace"], vf)
+                if ref_value is not None:
+                    env[name] = ref_value
             else:
                 env[name] = ""
         return env
@@ -1123,7 +1123,7 @@ class Agent:
     async def serve_kubelet_api(self) -> web.AppRunner:
         app = web.Application()
         app.router.add_get("/containerLogs/{ns}/{pod}/{container}", self._logs)
-        app.router.add_get("/healthz", lambda r: web.Response(text="ok"))
+        app.router.add_get("/healthz", _healthz)
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.args.ca)
         ctx.load_cert_chain(self.args.serving_cert, self.args.serving_key)
         # Only holders of a certificate from the cluster CA (the apiserver) may read logs.
@@ -1157,6 +1157,10 @@ class Agent:
                 *(w.task for w in list(self.workers.values()) if w.task), return_exceptions=True
             )
             await runner.cleanup()
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
 
 
 def _mem_kib() -> int:

@@ -80,11 +80,12 @@ def test_deployment_ready_scale_and_garbage_collection(kube: Kube, namespace: st
 
     kube.kubectl("scale", "deployment/web", "-n", ns, "--replicas=2")
     kube.kubectl("rollout", "status", "deployment/web", "-n", ns, "--timeout=60s", timeout=90)
-    pods = wait_for(
-        "2 ready pods",
-        lambda: (p := _pods(kube, ns, "app=web")) and len(p) == 2 and all(map(_ready, p)) and p,
-        60,
-    )
+
+    def two_ready() -> list[dict[str, Any]] | None:
+        p = _pods(kube, ns, "app=web")
+        return p if len(p) == 2 and all(map(_ready, p)) else None
+
+    pods = wait_for("2 ready pods", two_ready, 60)
     ips = {p["status"]["podIP"] for p in pods}
     assert len(ips) == 2, ips
     assert all(_http_ok(i, 8080) for i in ips)
@@ -260,7 +261,11 @@ def test_restart_policy_liveness_and_graceful_deletion(kube: Kube, namespace: st
                     "name": "main",
                     "image": "busybox",
                     "command": ["sleep", "600"],
-                    "livenessProbe": {"tcpSocket": {"port": 9}, "periodSeconds": 1, "failureThreshold": 1},
+                    "livenessProbe": {
+                        "httpGet": {"port": 9, "path": "/healthz"},
+                        "periodSeconds": 1,
+                        "failureThreshold": 1,
+                    },
                 }
             ],
             "terminationGracePeriodSeconds": 1,
@@ -351,3 +356,32 @@ def test_helm_installs_into_the_cluster(kube: Kube, namespace: str, tmp_path: Pa
     assert release in kube.helm("list", "-n", namespace).stdout
     kube.helm("uninstall", release, "-n", namespace, "--wait")
     assert kube.kubectl("get", "configmap", f"{release}-cm", "-n", namespace, check=False).returncode != 0
+
+
+def test_readiness_gates_ready_until_http_probe_passes(kube: Kube, namespace: str) -> None:
+    ns = namespace
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "slow", "namespace": ns},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "python:3.11-slim",
+                    "command": ["sh", "-c", "sleep 3; exec python3 -m http.server --bind $(POD_IP) 8080"],
+                    "readinessProbe": {"httpGet": {"port": "web"}, "periodSeconds": 1},
+                    "ports": [{"name": "web", "containerPort": 8080}],
+                }
+            ]
+        },
+    }
+    kube.kubectl("create", "-f", "-", input=json.dumps(pod))
+    running = wait_for(
+        "slow running",
+        lambda: (p := kube.json("get", "pod", "slow", "-n", ns))["status"].get("phase") == "Running" and p,
+        30,
+    )
+    assert not _ready(running), "Ready before the readiness probe could pass"
+    ready = wait_for("slow ready", lambda: _ready(p := kube.json("get", "pod", "slow", "-n", ns)) and p, 30)
+    assert _http_ok(ready["status"]["podIP"], 8080)
