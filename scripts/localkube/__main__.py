@@ -1,9 +1,13 @@
-"""Command line of the local Kubernetes environment: ``scripts/local-kube build|up|down|status|pin|env``."""
+"""Command line of the local Kubernetes environment (scripts/local-kube).
+
+Subcommands: build, bin-dir, pin, up, down, status, kubectl, helm.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import build
@@ -22,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--timeout", type=float, default=180.0)
     sub.add_parser("down", help="stop everything this instance started")
     sub.add_parser("status", help="show processes and API health as JSON")
+    for tool in ("kubectl", "helm"):
+        t = sub.add_parser(tool, help=f"run the built {tool} against this instance", add_help=False)
+        t.add_argument("rest", nargs=argparse.REMAINDER)
     args = p.parse_args(argv)
 
     if args.cmd == "build":
@@ -48,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "down":
         cp.down()
         return 0
+    if args.cmd in ("kubectl", "helm"):
+        binary = str(build.bin_dir() / args.cmd)
+        os.execv(binary, [binary, f"--kubeconfig={cp.kubeconfig}", *args.rest])
     if args.cmd == "status":
         st = cp.status()
         print(json.dumps(st, indent=2))
