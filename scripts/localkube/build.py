@@ -213,6 +213,9 @@ def _k8s_ldflags(version: str) -> str:
 
 def build(force: bool = False) -> Path:
     """Build whatever binaries are missing from the cache; return the bin directory."""
+    if shutil.which("go") is None and os.access("/usr/local/go/bin/go", os.X_OK):
+        # The official Go tarball's place; a non-login shell (CI) may not have it on PATH.
+        os.environ["PATH"] = "/usr/local/go/bin" + os.pathsep + os.environ.get("PATH", "")
     if shutil.which("go") is None:
         raise SystemExit("local-kube build: the `go` toolchain is not on PATH (Go >= 1.26 is needed)")
     v = read_versions()
