@@ -47,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:
             print(f"local-kube up: {e}", file=sys.stderr)
             return 1
-        print(
-            f"local-kube up: API {cp.state()['server']}, node {cp.state()['node']} Ready; logs in {cp.logs}"
-        )
+        print(f"local-kube up: API {cp.state()['server']}, node {cp.state()['node']} Ready; logs in {cp.logs}")
         print(kc)
         return 0
     if args.cmd == "down":

@@ -188,9 +188,7 @@ def check_pins(v: dict[str, str]) -> None:
                 lines.add(" ".join(body.split()))
         for pair in pairs:
             if pair not in lines:
-                raise SystemExit(
-                    f"{gomod} does not pin `{pair}` from {VERSIONS_FILE}: run `scripts/local-kube pin`"
-                )
+                raise SystemExit(f"{gomod} does not pin `{pair}` from {VERSIONS_FILE}: run `scripts/local-kube pin`")
 
 
 def _k8s_ldflags(version: str) -> str:

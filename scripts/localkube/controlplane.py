@@ -246,9 +246,7 @@ class ControlPlane:
             pid = self._pid(name)
             if pid is not None and not self._alive(pid):
                 tail = self._log_tail(name)
-                raise RuntimeError(
-                    f"{name} exited during start-up; end of {self.logs / (name + '.log')}:\n{tail}"
-                )
+                raise RuntimeError(f"{name} exited during start-up; end of {self.logs / (name + '.log')}:\n{tail}")
 
     def _log_tail(self, name: str, lines: int = 25) -> str:
         try:
@@ -271,16 +269,13 @@ class ControlPlane:
         bins = build.bin_dir()
         missing = build.missing_binaries()
         if missing:
-            raise SystemExit(
-                f"local-kube up: missing {', '.join(missing)} in {bins}; run `scripts/local-kube build`"
-            )
+            raise SystemExit(f"local-kube up: missing {', '.join(missing)} in {bins}; run `scripts/local-kube build`")
         v = build.read_versions()
         self.dir.mkdir(parents=True, exist_ok=True)
         for p in self.pids.glob("*.pid"):
             p.unlink()
         ports = {
-            n: _free_port()
-            for n in ("etcd", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kubelet")
+            n: _free_port() for n in ("etcd", "etcd_peer", "apiserver", "controller_manager", "scheduler", "kubelet")
         }
         server = f"https://127.0.0.1:{ports['apiserver']}"
         st: dict[str, Any] = {

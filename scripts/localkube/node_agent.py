@@ -95,9 +95,7 @@ class Api:
         """Yield watch events (dicts) until the server ends the stream."""
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=None, sock_read=LEASE_SECONDS * 10)
-        async with self.session.get(
-            self.server + path, params={**params, "watch": "1"}, timeout=timeout
-        ) as r:
+        async with self.session.get(self.server + path, params={**params, "watch": "1"}, timeout=timeout) as r:
             if r.status != 200:
                 raise ApiError(r.status, await r.text(), f"WATCH {path}")
             buf = b""
@@ -202,9 +200,7 @@ class Container:
                 }
             else:
                 assert self.proc is not None
-                self.start_id = (
-                    f"localkube://{self.pod.uid[:8]}-{self.name}-{self.restart_count}-{self.proc.pid}"
-                )
+                self.start_id = f"localkube://{self.pod.uid[:8]}-{self.name}-{self.restart_count}-{self.proc.pid}"
                 self.state = {"running": {"startedAt": started_at}}
                 self._start_probes()
                 self.pod.changed()
@@ -423,9 +419,7 @@ class PodWorker:
         self.gone = False
         # Keep the scheduler's PodScheduled condition (its transition time) as it wrote it.
         self.conditions: dict[str, dict[str, Any]] = {
-            c["type"]: c
-            for c in pod.get("status", {}).get("conditions", [])
-            if c.get("type") == "PodScheduled"
+            c["type"]: c for c in pod.get("status", {}).get("conditions", []) if c.get("type") == "PodScheduled"
         }
         self.task: asyncio.Task[None] | None = None
         self.last_reported: Any = None
@@ -488,16 +482,12 @@ class PodWorker:
                 continue
             vf = e.get("valueFrom", {})
             if "fieldRef" in vf:
-                env[name] = podspec.field_ref(
-                    pod_for_refs, vf["fieldRef"]["fieldPath"], self.agent.node_name, HOST_IP
-                )
+                env[name] = podspec.field_ref(pod_for_refs, vf["fieldRef"]["fieldPath"], self.agent.node_name, HOST_IP)
             elif "resourceFieldRef" in vf:
                 ref = vf["resourceFieldRef"]
                 target = c
                 if ref.get("containerName"):
-                    target = next(
-                        (x for x in self.spec.get("containers", []) if x["name"] == ref["containerName"]), c
-                    )
+                    target = next((x for x in self.spec.get("containers", []) if x["name"] == ref["containerName"]), c)
                 env[name] = podspec.resource_field_ref(target, ref, self.agent.allocatable)
             elif "configMapKeyRef" in vf or "secretKeyRef" in vf:
                 ref_value = self.agent.key_ref(self.pod["metadata"]["namespace"], vf)
@@ -513,11 +503,7 @@ class PodWorker:
         ns = self.pod["metadata"]["namespace"]
         vols_dir = self.dir / "volumes"
         vols_dir.mkdir(parents=True, exist_ok=True)
-        mounts = {
-            m["name"]: m["mountPath"]
-            for c in self.spec.get("containers", [])
-            for m in c.get("volumeMounts", [])
-        }
+        mounts = {m["name"]: m["mountPath"] for c in self.spec.get("containers", []) for m in c.get("volumeMounts", [])}
         for vol in self.spec.get("volumes", []):
             vname = vol["name"]
             d = vols_dir / vname
@@ -530,9 +516,7 @@ class PodWorker:
                 files.update(await self._object_files(ns, "configmaps", vol["configMap"]))
             elif "secret" in vol:
                 files.update(
-                    await self._object_files(
-                        ns, "secrets", {**vol["secret"], "name": vol["secret"]["secretName"]}
-                    )
+                    await self._object_files(ns, "secrets", {**vol["secret"], "name": vol["secret"]["secretName"]})
                 )
             elif "downwardAPI" in vol:
                 files.update(self._downward_files(vol["downwardAPI"].get("items", [])))
@@ -581,8 +565,7 @@ class PodWorker:
             (
                 v["name"]
                 for v in self.spec.get("volumes", [])
-                if "projected" in v
-                and any("serviceAccountToken" in s for s in v["projected"].get("sources", []))
+                if "projected" in v and any("serviceAccountToken" in s for s in v["projected"].get("sources", []))
             ),
             None,
         )
@@ -783,9 +766,7 @@ class PodWorker:
         terminal = phase in ("Succeeded", "Failed")
         conds = [
             self._condition("PodReadyToStartContainers", bool(self.ip) and not terminal),
-            self._condition(
-                "Initialized", self.initialized, "" if self.initialized else "ContainersNotInitialized"
-            ),
+            self._condition("Initialized", self.initialized, "" if self.initialized else "ContainersNotInitialized"),
             self._condition(
                 "Ready",
                 all_ready,
@@ -888,9 +869,7 @@ class Agent:
 
     def key_ref(self, ns: str, vf: dict[str, Any]) -> str | None:
         kind, ref = (
-            ("configmaps", vf["configMapKeyRef"])
-            if "configMapKeyRef" in vf
-            else ("secrets", vf["secretKeyRef"])
+            ("configmaps", vf["configMapKeyRef"]) if "configMapKeyRef" in vf else ("secrets", vf["secretKeyRef"])
         )
         obj = self.objects.get((ns, kind, ref["name"]))
         if not obj:
@@ -916,9 +895,7 @@ class Agent:
                     refs.add(("secrets", vf["secretKeyRef"]["name"]))
         for kind, name in refs:
             try:
-                self.objects[(ns, kind, name)] = await self.api.request(
-                    "GET", f"/api/v1/namespaces/{ns}/{kind}/{name}"
-                )
+                self.objects[(ns, kind, name)] = await self.api.request("GET", f"/api/v1/namespaces/{ns}/{kind}/{name}")
             except ApiError as e:
                 # A missing object leaves the variable unset (optional refs); refusals are retried.
                 if e.status != 404:
@@ -1142,9 +1119,7 @@ class Agent:
             await self.register()
             runner = await self.serve_kubelet_api()
             tasks = [asyncio.create_task(self.heartbeat()), asyncio.create_task(self.watch_pods())]
-            log.info(
-                "node %s registered; kubelet endpoint 127.0.0.1:%s", self.node_name, self.args.kubelet_port
-            )
+            log.info("node %s registered; kubelet endpoint 127.0.0.1:%s", self.node_name, self.args.kubelet_port)
             await self.stopping.wait()
             for t in tasks:
                 t.cancel()
@@ -1153,9 +1128,7 @@ class Agent:
                 *(w.stop_now(min(w.grace(), 10.0)) for w in list(self.workers.values())),
                 return_exceptions=True,
             )
-            await asyncio.gather(
-                *(w.task for w in list(self.workers.values()) if w.task), return_exceptions=True
-            )
+            await asyncio.gather(*(w.task for w in list(self.workers.values()) if w.task), return_exceptions=True)
             await runner.cleanup()
 
 
@@ -1204,9 +1177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.pod_subnet.startswith("127."):
         p.error("--pod-subnet must be inside 127.0.0.0/8")
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     asyncio.run(Agent(args).run())
     return 0
 

@@ -120,9 +120,7 @@ class CA:
             .not_valid_after(now + _VALIDITY)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
@@ -141,9 +139,7 @@ def service_account_keys(directory: Path) -> tuple[Path, Path]:
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         _write_key(priv, key)
         pub.write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
+            key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         )
     return priv, pub
 
@@ -157,12 +153,8 @@ def write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, u
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": "localkube", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}
-        ],
-        "users": [
-            {"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}
-        ],
+        "clusters": [{"name": "localkube", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}],
+        "users": [{"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
         "contexts": [{"name": "localkube", "context": {"cluster": "localkube", "user": user}}],
         "current-context": "localkube",
         "preferences": {},

@@ -118,9 +118,7 @@ def field_ref(pod: Mapping[str, Any], path: str, node_name: str, host_ip: str) -
     return str(simple[path])
 
 
-def resource_field_ref(
-    container: Mapping[str, Any], ref: Mapping[str, Any], node_alloc: Mapping[str, str]
-) -> str:
+def resource_field_ref(container: Mapping[str, Any], ref: Mapping[str, Any], node_alloc: Mapping[str, str]) -> str:
     """A resourceFieldRef value: the container's request/limit, or the node's allocatable when unset
     (the kubelet's rule for limits), divided by the divisor and rounded up."""
     res = ref.get("resource", "")

@@ -51,9 +51,7 @@ class Kube:
         cmd = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
         res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
         if check and res.returncode != 0:
-            raise AssertionError(
-                f"{' '.join(cmd[1:])} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
-            )
+            raise AssertionError(f"{' '.join(cmd[1:])} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
         return res
 
     def json(self, *args: str) -> Any:
@@ -71,9 +69,7 @@ class Kube:
             env[var] = str(self.state_dir / "helm" / sub)
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if check and res.returncode != 0:
-            raise AssertionError(
-                f"helm {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
-            )
+            raise AssertionError(f"helm {' '.join(args)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
         return res
 
     @property
@@ -121,18 +117,14 @@ def wait_for(what: str, fn: Callable[[], T | None], timeout: float = 60, interva
         if val:
             return val
         time.sleep(interval)
-    raise AssertionError(
-        f"timed out after {timeout}s waiting for {what}" + (f" (last: {last})" if last else "")
-    )
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f" (last: {last})" if last else ""))
 
 
 @pytest.fixture(scope="session")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
     if build.missing_binaries():
         # A cold machine builds here (minutes, once); a broken toolchain fails loudly, it does not skip.
-        res = subprocess.run(
-            [str(LOCAL_KUBE), "build"], env=_local_kube_env(), text=True, capture_output=True
-        )
+        res = subprocess.run([str(LOCAL_KUBE), "build"], env=_local_kube_env(), text=True, capture_output=True)
         if res.returncode != 0:
             pytest.fail(f"scripts/local-kube build failed:\n{res.stdout}\n{res.stderr}", pytrace=False)
     state_dir = tmp_path_factory.mktemp("localkube")
@@ -145,13 +137,9 @@ def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
         assert kubeconfig.is_file(), res.stdout
         yield Kube(kubeconfig=kubeconfig, bin_dir=build.bin_dir(), state_dir=state_dir)
     finally:
-        down = subprocess.run(
-            [*cmd, "down"], env=_local_kube_env(), text=True, capture_output=True, timeout=120
-        )
+        down = subprocess.run([*cmd, "down"], env=_local_kube_env(), text=True, capture_output=True, timeout=120)
         left = ControlPlane(state_dir).owned_pids()
-        assert down.returncode == 0 and not left, (
-            f"local-kube down left {left}:\n{down.stdout}\n{down.stderr}"
-        )
+        assert down.returncode == 0 and not left, f"local-kube down left {left}:\n{down.stdout}\n{down.stderr}"
 
 
 @pytest.fixture

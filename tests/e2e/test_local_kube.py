@@ -106,9 +106,7 @@ def _token_kubeconfig(kube: Kube, tmp_path: Path, token: str) -> Path:
     cfg = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {"name": "c", "cluster": {"server": kube.server, "certificate-authority": str(kube.ca_file)}}
-        ],
+        "clusters": [{"name": "c", "cluster": {"server": kube.server, "certificate-authority": str(kube.ca_file)}}],
         "users": [{"name": "u", "user": {"token": token}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
         "current-context": "c",
@@ -126,9 +124,7 @@ def test_rbac_denies_service_account_without_role(kube: Kube, namespace: str, tm
 
     denied = kube.kubectl(f"--kubeconfig={tk}", "get", "pods", "-n", ns, check=False)
     assert denied.returncode != 0
-    assert "Forbidden" in denied.stderr and f"system:serviceaccount:{ns}:nobody" in denied.stderr, (
-        denied.stderr
-    )
+    assert "Forbidden" in denied.stderr and f"system:serviceaccount:{ns}:nobody" in denied.stderr, denied.stderr
 
     # The same identity is allowed once a Role grants it: the denial above was RBAC, not authentication.
     kube.kubectl("create", "role", "pod-reader", "-n", ns, "--verb=get,list", "--resource=pods")
@@ -199,9 +195,7 @@ def test_pod_token_downward_api_and_logs(kube: Kube, namespace: str) -> None:
     done = wait_for(
         "pod finished",
         lambda: (
-            (p := kube.json("get", "pod", "client", "-n", ns))["status"].get("phase")
-            in ("Succeeded", "Failed")
-            and p
+            (p := kube.json("get", "pod", "client", "-n", ns))["status"].get("phase") in ("Succeeded", "Failed") and p
         ),
         60,
     )
@@ -242,9 +236,7 @@ def test_restart_policy_liveness_and_graceful_deletion(kube: Kube, namespace: st
     )
     failed = wait_for(
         "Never fails",
-        lambda: (
-            (p := kube.json("get", "pod", "crash-never", "-n", ns))["status"].get("phase") == "Failed" and p
-        ),
+        lambda: (p := kube.json("get", "pod", "crash-never", "-n", ns))["status"].get("phase") == "Failed" and p,
         30,
     )
     assert failed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
@@ -299,9 +291,7 @@ def test_restart_policy_liveness_and_graceful_deletion(kube: Kube, namespace: st
     )
     pod = wait_for(
         "stubborn running",
-        lambda: (
-            (p := kube.json("get", "pod", "stubborn", "-n", ns))["status"].get("phase") == "Running" and p
-        ),
+        lambda: (p := kube.json("get", "pod", "stubborn", "-n", ns))["status"].get("phase") == "Running" and p,
         30,
     )
     uid = pod["metadata"]["uid"]
@@ -348,9 +338,7 @@ def test_helm_installs_into_the_cluster(kube: Kube, namespace: str, tmp_path: Pa
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
         "data:\n  greeting: {{ .Values.greeting | quote }}\n"
     )
-    kube.helm(
-        "install", release, str(chart), "-n", namespace, "--set", "greeting=hi", "--wait", "--timeout=60s"
-    )
+    kube.helm("install", release, str(chart), "-n", namespace, "--set", "greeting=hi", "--wait", "--timeout=60s")
     cm = kube.json("get", "configmap", f"{release}-cm", "-n", namespace)
     assert cm["data"]["greeting"] == "hi"
     assert release in kube.helm("list", "-n", namespace).stdout

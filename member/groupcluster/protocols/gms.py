@@ -151,6 +151,9 @@ class GmsConfig:
     leave_timeout: float = param("2s", "duration", doc="resend a leave request after this long")
     max_leave_attempts: int = param(3, "int", doc="leave anyway after this many unanswered requests", minimum=1)
     merge_timeout: float = param("5s", "duration", doc="a merge not finished by then is cancelled")
+    orphan_timeout: float = param(
+        "6s", "duration", doc="coordinator suspected and no new view for this long: continue alone until merged"
+    )
     max_early_messages: int = param(
         100_000, "int", doc="messages kept that arrive while joining, before our view does", minimum=0
     )
@@ -194,6 +197,7 @@ class Gms(Layer):
         # Set when every member before us in the view is suspected: we act as coordinator until our view.
         self.acting_coordinator = False
         self.leave_after_pending = False
+        self.cancel_timer("orphan")
         # Client state.
         self.early: list[Message] = []  # messages received while joining, delivered once joined
         self.join_attempts = 0
@@ -456,10 +460,7 @@ class Gms(Layer):
                     self._left("left")
             else:
                 # Excluded (e.g. falsely suspected): carry on alone; MERGE brings us back.
-                self.count("excluded")
-                self.ctx.log.info("excluded by view %s; continuing as a singleton until merged", view)
-                self.max_seq += 1
-                self._install(View(ViewId(self.max_seq, me), (me,)))
+                self._continue_alone("excluded", f"excluded by view {view}")
             return
         if digest is not None:
             self.below.down_event(MergeDigest(digest))
@@ -525,6 +526,10 @@ class Gms(Layer):
                 self._enqueue("suspect", s)
         elif alive:
             self._send(alive[0], GmsHeader(SUSPECT, member=member))
+            if member == view.coordinator and not self.ctx.has_timer("orphan"):
+                # If no successor installs a view for us (it may have moved on to another view), we are
+                # orphaned: continue alone and let MERGE bring us back.
+                self.set_timer("orphan", self.config.orphan_timeout)
 
     def _on_suspect_report(self, member: Address | None) -> None:
         """Another member suspects ``member``; only the coordinator acts on it."""
@@ -533,6 +538,13 @@ class Gms(Layer):
         if member in self.view.members:
             self.suspects.add(member)
             self._enqueue("suspect", member)
+
+    def _continue_alone(self, counter: str, reason: str) -> None:
+        """We are out of our group's view (or it has no coordinator for us): be a singleton until merged."""
+        self.count(counter)
+        self.ctx.log.info("%s: continuing alone until merged", reason)
+        self.max_seq += 1
+        self._install(View(ViewId(self.max_seq, self.local_address), (self.local_address,)))
 
     # -- leaving -------------------------------------------------------------------------------------
     def _leave(self) -> None:
@@ -566,6 +578,11 @@ class Gms(Layer):
 
     # -- merge ---------------------------------------------------------------------------------------
     def _on_merge_needed(self, event: MergeNeeded) -> None:
+        view = self.view
+        if view is not None and self.state == "member" and not self.is_coordinator:
+            if view.coordinator in event.coordinators:
+                self._continue_alone("orphaned", "our coordinator announces a view without us")
+            return
         if not self.is_coordinator or self.pending is not None or self.merge is not None or self.view is None:
             return
         me = self.local_address
@@ -647,6 +664,10 @@ class Gms(Layer):
             self._process_queue()
         elif key == "ack":
             self._finish_pending()
+        elif key == "orphan":
+            view = self.view
+            if view is not None and self.state == "member" and view.coordinator in self.suspects:
+                self._continue_alone("orphaned", "coordinator suspected and no new view came")
         elif key in ("join", "rediscover"):
             if self.state == "joining":
                 self._discover()

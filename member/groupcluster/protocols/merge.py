@@ -4,7 +4,10 @@ Every coordinator sends an INFO (its view id) at random intervals to every endpo
 of other partitions included. A coordinator that hears of another coordinator whose view differs from its
 own reports it with :class:`MergeNeeded` at the next check; GMS lets the lowest coordinator lead the merge.
 A member in our view that sends INFO as a coordinator has a view of its own (it was excluded), which is the
-same situation and is reported the same way.
+same situation and is reported the same way. A participant whose own coordinator keeps announcing a different
+view (for ``orphan_after``) was dropped without hearing of it — the view that excluded it was lost and
+nothing in that view reaches it any more — so it reports its coordinator, and GMS continues alone until a
+merge brings it back.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class MergeConfig:
     min_interval: float = param("1s", "duration", doc="shortest time between two INFO rounds of a coordinator")
     max_interval: float = param("3s", "duration", doc="longest time between two INFO rounds of a coordinator")
     check_interval: float = param("4s", "duration", doc="how often collected INFOs are checked for other groups")
+    orphan_after: float = param(
+        "2s", "duration", doc="our coordinator announced another view for this long: we were dropped"
+    )
 
 
 @register_layer
@@ -58,6 +64,8 @@ class Merge(Layer):
         super().__init__(config, ctx)
         self.view: View | None = None
         self.seen: dict[Address, ViewId] = {}
+        # (our view id, first time) when our coordinator announced another view while we are a participant.
+        self.coord_moved: tuple[ViewId, float] | None = None
 
     def start(self) -> None:
         self._schedule_info()
@@ -75,6 +83,7 @@ class Merge(Layer):
         if isinstance(event, ViewChange):
             self.view = event.view
             self.seen.clear()
+            self.coord_moved = None
         return self.below.down_event(event)
 
     def up(self, batch: list[Message]) -> None:
@@ -95,9 +104,14 @@ class Merge(Layer):
             self.above.up(out)
 
     def _on_info(self, sender: Address, hdr: MergeHeader) -> None:
-        if not self._is_coordinator or self.view is None or hdr.view_id == self.view.view_id:
+        view = self.view
+        if view is None or hdr.view_id == view.view_id:
             return
-        self.seen[sender] = hdr.view_id
+        if self._is_coordinator:
+            self.seen[sender] = hdr.view_id
+        elif sender == view.coordinator and hdr.view_id.seq >= view.view_id.seq:
+            moved = self.coord_moved
+            self.coord_moved = moved if moved is not None and moved[0] == view.view_id else (view.view_id, self.now)
 
     def on_timer(self, key: object) -> None:
         if key == "info":
@@ -108,6 +122,17 @@ class Merge(Layer):
                 coords = tuple(sorted(self.seen))
                 self.count("merge_needed")
                 self.above.up_event(MergeNeeded(coords))
+            moved = self.coord_moved
+            if (
+                moved is not None
+                and self.view is not None
+                and not self._is_coordinator
+                and moved[0] == self.view.view_id
+                and self.now - moved[1] >= self.config.orphan_after
+            ):
+                self.count("coordinator_moved_on")
+                self.coord_moved = None
+                self.above.up_event(MergeNeeded((self.view.coordinator,)))
             self.seen.clear()
             self.set_timer("check", self.config.check_interval)
 
