@@ -1,13 +1,12 @@
 """MERGE: notice that the group is split (several coordinators) and tell GMS, which runs the merge.
 
-Every coordinator sends an INFO (its view id) at random intervals to every endpoint discovery knows, members
-of other partitions included. A coordinator that hears of another coordinator whose view differs from its
-own reports it with :class:`MergeNeeded` at the next check; GMS lets the lowest coordinator lead the merge.
-A member in our view that sends INFO as a coordinator has a view of its own (it was excluded), which is the
-same situation and is reported the same way. A participant whose own coordinator keeps announcing a different
-view (for ``orphan_after``) was dropped without hearing of it — the view that excluded it was lost and
-nothing in that view reaches it any more — so it reports its coordinator, and GMS continues alone until a
-merge brings it back.
+Every member (as in JGroups MERGE3) sends an INFO — its view id and its coordinator — at random intervals to
+every endpoint discovery knows, members of other partitions included. A coordinator that hears of another
+coordinator whose view differs from its own reports it with :class:`MergeNeeded` at the next check; GMS lets
+the lowest coordinator lead the merge. A participant whose own coordinator keeps announcing a different view
+(for ``orphan_after``) was dropped without hearing of it — the view that excluded it was lost, or its
+coordinator never installed the view that made it coordinator — so it reports its coordinator, and GMS
+continues alone until a merge brings it back.
 """
 
 from __future__ import annotations
@@ -21,27 +20,28 @@ from ..core.config import param
 from ..core.events import Event, GetHosts, MergeNeeded, ViewChange
 from ..core.layer import Layer, register_layer
 from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
-from ..core.validate import as_list
+from ..core.validate import as_address, as_list
 from ..core.view import View, ViewId
 
 
 @register_header
 class MergeHeader(Header):
-    """INFO: the sender coordinates the view with this id."""
+    """INFO: the sender's view id and coordinator."""
 
     PROTO_ID = protocol_ids.MERGE
-    __slots__ = ("view_id",)
+    __slots__ = ("coordinator", "view_id")
 
-    def __init__(self, view_id: ViewId) -> None:
+    def __init__(self, view_id: ViewId, coordinator: Address) -> None:
         self.view_id = view_id
+        self.coordinator = coordinator
 
     def to_wire(self) -> list[Any]:
-        return [self.view_id.to_wire()]
+        return [self.view_id.to_wire(), self.coordinator.to_wire()]
 
     @classmethod
     def from_wire(cls, data: Any) -> MergeHeader:
-        items = as_list(data, "merge", 1, exact=1)
-        return cls(ViewId.from_wire(items[0], "merge.view_id"))
+        items = as_list(data, "merge", 2, exact=2)
+        return cls(ViewId.from_wire(items[0], "merge.view_id"), as_address(items[1], "merge.coordinator"))
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,9 @@ class Merge(Layer):
         if view is None or hdr.view_id == view.view_id:
             return
         if self._is_coordinator:
-            self.seen[sender] = hdr.view_id
-        elif sender == view.coordinator and hdr.view_id.seq >= view.view_id.seq:
+            if hdr.coordinator != self.local_address:
+                self.seen[hdr.coordinator] = hdr.view_id
+        elif sender == view.coordinator:
             moved = self.coord_moved
             self.coord_moved = moved if moved is not None and moved[0] == view.view_id else (view.view_id, self.now)
 
@@ -137,11 +138,11 @@ class Merge(Layer):
             self.set_timer("check", self.config.check_interval)
 
     def _send_info(self) -> None:
-        if not self._is_coordinator or self.view is None:
+        if self.view is None:
             return
         hosts = self.below.down_event(GetHosts()) or ()
         me = self.local_address.endpoint
-        hdr = MergeHeader(self.view.view_id)
+        hdr = MergeHeader(self.view.view_id, self.view.coordinator)
         for host, port in hosts:
             if (host, port) == me:
                 continue
