@@ -145,3 +145,17 @@ def test_malformed_nakack_header_drops_the_frame_without_crashing() -> None:
     assert h.metric("transport.bad_frames") == 1
     h.receive(P1, [mcast(1)])
     assert payloads(h.take_delivered()) == [b"m1"]
+
+
+def test_a_member_that_comes_back_is_not_redelivered_what_we_already_delivered() -> None:
+    """Simulator seed 5504: a merge digest started a returning member's window below what we had delivered."""
+    from groupcluster.core.events import MergeDigest
+
+    h = make()
+    h.receive(P1, [mcast(1), mcast(2), mcast(3)])
+    assert payloads(h.take_delivered()) == [b"m1", b"m2", b"m3"]
+    h.install_view([ME, P2], seq=2)  # P1 excluded
+    h.control(MergeDigest(Digest({P1: (1, 1)})))  # its subgroup had delivered only up to 1
+    h.install_view([ME, P2, P1], seq=3)
+    h.receive(P1, [mcast(2), mcast(3), mcast(4)])
+    assert payloads(h.take_delivered()) == [b"m4"]

@@ -24,6 +24,7 @@ from ..core.validate import as_address, as_int, as_list
 
 MSG, XMIT_REQ, XMIT_RSP, XMIT_GONE = 0, 1, 2, 3
 _MAX_RANGES = 256
+_MAX_RETIRED = 4096  # departed members whose delivered seqno is remembered
 
 
 @register_header
@@ -130,6 +131,9 @@ class NakAck(Layer):
         self.sent: dict[int, Message] = {}  # retained for retransmission until stable
         self.gone_upto = 0  # own seqnos collected as stable (cannot be retransmitted)
         self.windows: dict[Address, Window] = {}
+        # Highest seqno delivered from members whose window was removed: if one comes back (merge, rejoin),
+        # its new window never starts below this, whatever a digest says, so nothing is delivered twice.
+        self.retired: dict[Address, int] = {}
         self.members: tuple[Address, ...] = ()
         self.is_member = False
 
@@ -173,20 +177,34 @@ class NakAck(Layer):
         wanted = set(members)
         for m in list(self.windows):
             if m not in wanted:
-                del self.windows[m]
+                self._retire(m)
         for m in members:
             if m not in self.windows:
-                self.windows[m] = Window(self.seqno if m == me else 0)
+                self.windows[m] = Window(self.seqno) if m == me else self._new_window(m, 0, 0)
+
+    def _retire(self, member: Address) -> None:
+        w = self.windows.pop(member)
+        self.retired[member] = max(w.delivered, self.retired.get(member, 0))
+        if len(self.retired) > _MAX_RETIRED:
+            del self.retired[next(iter(self.retired))]
+
+    def _new_window(self, member: Address, delivered: int, received: int) -> Window:
+        floor = self.retired.pop(member, 0)
+        if floor > delivered:
+            self.count("start_raised_to_delivered")
+            delivered = floor
+        return Window(delivered, received)
 
     def _set_digest(self, digest: Digest, *, replace: bool) -> None:
         me = self.local_address
         if replace:
-            self.windows = {m: w for m, w in self.windows.items() if m == me}
+            for m in [m for m in self.windows if m != me]:
+                self._retire(m)
         for m, (delivered, received) in digest.items():
             if m == me:
                 continue
-            if replace or m not in self.windows:
-                self.windows[m] = Window(delivered, received)
+            if m not in self.windows:
+                self.windows[m] = self._new_window(m, delivered, received)
         if me not in self.windows:
             self.windows[me] = Window(self.seqno)
 
