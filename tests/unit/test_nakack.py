@@ -46,11 +46,23 @@ def test_duplicates_are_dropped_and_counted() -> None:
     assert h.metric("nakack.duplicates") == 3
 
 
-def test_messages_from_non_members_are_dropped() -> None:
+def test_messages_from_senders_without_a_window_are_kept_until_their_window_exists() -> None:
+    """A joiner gets multicasts from members that installed the new view before the joiner did."""
     h = make()
-    h.receive(PEERS[5], [mcast(1)])
+    stranger = PEERS[5]
+    h.receive(stranger, [mcast(2), mcast(1)])
     assert h.take_delivered() == []
-    assert h.metric("nakack.dropped_non_member") == 1
+    h.install_view([ME, P1, P2, stranger], seq=2)
+    assert payloads(h.take_delivered()) == [b"m1", b"m2"]
+    assert h.metric("nakack.strangers_replayed") == 2
+
+
+def test_kept_stranger_messages_are_bounded() -> None:
+    h = LayerHarness([{"layer": "nakack", "max_stranger_messages": 3}])
+    h.install_view([ME, P1])
+    h.receive(PEERS[5], [mcast(i) for i in range(1, 6)])
+    assert h.layer("nakack").stranger_count <= 3
+    assert h.metric("nakack.dropped_non_member") >= 2
 
 
 def test_persistent_gap_is_requested_from_the_sender_and_filled_by_retransmission() -> None:

@@ -117,6 +117,9 @@ class NakAckConfig:
     xmit_interval: float = param("200ms", "duration", doc="how often gaps are checked and requested")
     max_xmit_batch: int = param(4096, "int", doc="most seqnos requested from one sender per interval", minimum=1)
     max_buffered: int = param(1_000_000, "int", doc="most out-of-order messages kept per sender", minimum=16)
+    max_stranger_messages: int = param(
+        20_000, "int", doc="multicasts kept from senders we have no window for yet (a joiner's first view)"
+    )
 
 
 @register_layer
@@ -136,6 +139,9 @@ class NakAck(Layer):
         self.retired: dict[Address, int] = {}
         self.members: tuple[Address, ...] = ()
         self.is_member = False
+        self.strangers: dict[Address, list[tuple[int, Message]]] = {}
+        self.stranger_count = 0
+        self.replay_due = False
 
     def start(self) -> None:
         self.set_timer("xmit", self.config.xmit_interval)
@@ -153,6 +159,8 @@ class NakAck(Layer):
             return self.digest()
         if isinstance(event, ViewChange):
             self._on_view(event.view.members)
+            # Replayed at the end of the step, after the layers above have installed the view.
+            self.replay_due = bool(self.strangers)
         elif isinstance(event, SetDigest):
             self._set_digest(event.digest, replace=True)
             return None
@@ -238,7 +246,7 @@ class NakAck(Layer):
             if kind == MSG:
                 w = windows.get(msg.src)  # type: ignore[arg-type]
                 if w is None:
-                    self.count("dropped_non_member")
+                    self._keep_stranger(msg, hdr.seqno)
                     continue
                 self._add(w, hdr.seqno, msg, out)
             elif kind == XMIT_RSP:
@@ -263,6 +271,39 @@ class NakAck(Layer):
                     self._drain(w, out)
         if out:
             self.above.up(out)
+
+    def _keep_stranger(self, msg: Message, seqno: int) -> None:
+        """A multicast from a sender we have no window for yet (members that installed a view with us send
+        before our own view arrives): keep it, bounded, for when the window is created."""
+        limit = self.config.max_stranger_messages
+        if limit == 0:
+            self.count("dropped_non_member")
+            return
+        if self.stranger_count >= limit:
+            evicted = self.strangers.pop(next(iter(self.strangers)))
+            self.stranger_count -= len(evicted)
+            self.count("dropped_non_member", len(evicted))
+        self.strangers.setdefault(msg.src, []).append((seqno, msg))  # type: ignore[arg-type]
+        self.stranger_count += 1
+
+    def end_of_step(self) -> bool:
+        if not self.replay_due:
+            return False
+        self.replay_due = False
+        return self._replay_strangers()
+
+    def _replay_strangers(self) -> bool:
+        out: list[Message] = []
+        for m in [m for m in self.strangers if m in self.windows]:
+            kept = self.strangers.pop(m)
+            self.stranger_count -= len(kept)
+            w = self.windows[m]
+            for seqno, msg in sorted(kept, key=lambda item: item[0]):
+                self._add(w, seqno, msg, out)
+            self.count("strangers_replayed", len(kept))
+        if out:
+            self.above.up(out)
+        return bool(out)
 
     def _add(self, w: Window, seqno: int, msg: Message, out: list[Message]) -> None:
         if seqno <= w.delivered:
