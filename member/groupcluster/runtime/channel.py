@@ -1,0 +1,430 @@
+"""The Channel: the application's handle on one member of a group.
+
+::
+
+    ch = await Channel.connect("orders", bind=("127.0.0.1", 7800), initial_hosts=["127.0.0.1:7801"])
+    ch.on_message(lambda msg: print(msg.src, msg.payload))
+    ch.on_view(lambda view: print("view", view))
+    ch.send(b"hello")                  # to everyone (the group view), including ourselves
+    ch.send(b"hi", dest=ch.view.members[1])
+    await ch.send_async(b"more")       # waits while flow control asks senders to hold back
+    await ch.leave()
+
+Design: callbacks, run on the event loop thread in delivery order. Pass them to :meth:`Channel.connect` to
+see everything from the first view on (registering them after ``connect`` returns misses what was delivered
+in between). ``on_message`` is called once per
+message, ``on_messages`` once per delivered batch (cheaper at high rates), ``on_view`` once per installed
+view, ``on_event`` for other stack events (backpressure, flush Block/Unblock, ...). A callback must not
+block; an exception in a callback is logged and does not disturb the member.
+
+``send`` never blocks: messages sent within one event-loop iteration are handed to the stack together in
+one step (``loop.call_soon``), so they share frames. ``send_async`` first waits while the stack reports
+``Backpressure(True)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.address import Address
+from ..core.errors import ConfigError, GroupClusterError
+from ..core.events import Backpressure, Deliver, Event, Joined, JoinFailed, Left, UpdateHosts, ViewChange
+from ..core.layer import LAYER_TYPES
+from ..core.message import Message
+from ..core.view import View
+from ..stacks import PRESETS, preset
+from .driver import Driver, parse_endpoint
+from .file_discovery import FileDiscovery
+from .recorder import Recorder
+
+log = logging.getLogger("groupcluster.channel")
+
+StackSpec = str | Sequence[Mapping[str, Any]]
+HostsArg = Iterable[str | tuple[str, int]]
+
+
+class ChannelError(GroupClusterError):
+    """Connecting, joining or leaving failed; the message says why."""
+
+
+class ChannelClosed(ChannelError):
+    """The channel was closed (or has left); it cannot send any more."""
+
+
+def build_spec(stack: StackSpec, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """A bottom-first layer list from a preset name or a list, with ``{layer: {key: value}}`` overrides."""
+    if isinstance(stack, str):
+        if stack not in PRESETS:
+            raise ConfigError(f"stack: unknown preset {stack!r}; allowed values: {', '.join(sorted(PRESETS))}")
+        return preset(stack, {k: dict(v) for k, v in (overrides or {}).items()})
+    if not isinstance(stack, Sequence) or not stack:
+        raise ConfigError("stack: expected a preset name or a non-empty list of layers, bottom first")
+    spec = [dict(entry) if isinstance(entry, Mapping) else entry for entry in stack]
+    for layer_name, params in (overrides or {}).items():
+        entry = next((e for e in spec if isinstance(e, dict) and e.get("layer") == layer_name), None)
+        if entry is None:
+            listed = ", ".join(str(e.get("layer")) for e in spec if isinstance(e, dict))
+            raise ConfigError(f"stack overrides: layer {layer_name!r} is not in the stack; allowed values: {listed}")
+        entry.update(params)
+    return spec  # type: ignore[return-value]
+
+
+def parse_hosts(hosts: HostsArg) -> tuple[tuple[str, int], ...]:
+    out: list[tuple[str, int]] = []
+    for h in hosts:
+        if isinstance(h, str):
+            out.append(parse_endpoint(h, "initial_hosts"))
+        elif isinstance(h, tuple) and len(h) == 2 and isinstance(h[0], str) and isinstance(h[1], int):
+            out.append(h)
+        else:
+            raise ConfigError(f"initial_hosts: expected 'host:port' strings or (host, port) tuples, got {h!r}")
+    return tuple(dict.fromkeys(out))
+
+
+def _inject_hosts(spec: list[dict[str, Any]], hosts: tuple[tuple[str, int], ...]) -> bool:
+    """Give the discovery layer its static host list unless the configuration already sets one."""
+    for entry in spec:
+        cls = LAYER_TYPES.get(entry.get("layer"))  # type: ignore[arg-type]
+        if cls is None or not dataclasses.is_dataclass(cls.Config):
+            continue
+        for f in dataclasses.fields(cls.Config):
+            if f.metadata.get("kind") == "hosts":
+                if f.name not in entry:
+                    entry[f.name] = [f"{h}:{p}" for h, p in hosts]
+                return True
+    return False
+
+
+class Channel:
+    """One member of a group. Create with :meth:`connect`."""
+
+    def __init__(self, driver: Driver, *, recorder: Recorder | None = None) -> None:
+        self.driver = driver
+        self.cluster = driver.cluster
+        self.recorder = recorder
+        self.view: View | None = None
+        self.joined = False
+        self.blocked = False
+        self.closed = False
+        self.leaving = False
+        self.left_reason: str | None = None
+        self.sent = 0
+        self.delivered = 0
+        self.views_installed = 0
+        self._loop = asyncio.get_running_loop()
+        self._outbox: list[Message] = []
+        self._send_scheduled = False
+        self._unblocked = asyncio.Event()
+        self._unblocked.set()
+        self._joined: asyncio.Future[View | None] = self._loop.create_future()
+        self._left: asyncio.Future[str] = self._loop.create_future()
+        self._view_changed = asyncio.Event()
+        self._on_message: list[Callable[[Message], Any]] = []
+        self._on_messages: list[Callable[[list[Message]], Any]] = []
+        self._on_view: list[Callable[[View], Any]] = []
+        self._on_event: list[Callable[[Event], Any]] = []
+        self.file_discovery: FileDiscovery | None = None
+        self.has_membership = driver.stack.layer("gms") is not None
+        driver.on_events = self._on_events
+
+    # -- creation --------------------------------------------------------------------------------------
+    @classmethod
+    async def connect(
+        cls,
+        cluster: str,
+        bind: tuple[str, int] = ("127.0.0.1", 7800),
+        initial_hosts: HostsArg = (),
+        stack: StackSpec = "fifo",
+        transport: str = "udp",
+        record: str | Path | None = None,
+        hosts_file: str | Path | None = None,
+        stack_overrides: Mapping[str, Mapping[str, Any]] | None = None,
+        *,
+        join_timeout: float = 30.0,
+        incarnation: int | None = None,
+        seed: int | None = None,
+        on_message: Callable[[Message], Any] | None = None,
+        on_messages: Callable[[list[Message]], Any] | None = None,
+        on_view: Callable[[View], Any] | None = None,
+        on_event: Callable[[Event], Any] | None = None,
+    ) -> Channel:
+        """Bind, start the stack and return once joined (a ChannelError says why if not within ``join_timeout``).
+
+        ``stack`` is a preset name ("fifo") or a bottom-first list of ``{"layer": name, **params}``;
+        ``initial_hosts`` go to the discovery layer; ``hosts_file`` is a shared file of endpoints polled every
+        second (our endpoint is added to it); ``record`` is a history file (JSON lines) to append to.
+        Callbacks given here are registered before the stack starts, so they see every delivery and view,
+        including those that happen between joining and this coroutine returning (callbacks registered later
+        with :meth:`on_message` etc. only see what comes after).
+        Configuration errors raise :class:`~groupcluster.core.errors.ConfigError` naming the key.
+        """
+        if not isinstance(cluster, str) or not cluster:
+            raise ConfigError(f"cluster: expected a non-empty name, got {cluster!r}")
+        spec = build_spec(stack, stack_overrides)
+        hosts = parse_hosts(initial_hosts)
+        hosts_in_config = _inject_hosts(spec, hosts) if hosts else True
+        driver = Driver(spec, cluster=cluster, bind=bind, transport=transport, incarnation=incarnation, seed=seed)
+        try:
+            await driver.open()
+        except OSError as exc:
+            raise ChannelError(f"cannot bind {transport} {bind[0]}:{bind[1]}: {exc.strerror or exc}") from None
+        try:
+            recorder = Recorder(record, driver.address) if record is not None else None
+        except OSError as exc:
+            driver.close()
+            raise ChannelError(f"cannot open the history file {record}: {exc.strerror or exc}") from None
+        ch = cls(driver, recorder=recorder)
+        for register, fn in (
+            (ch.on_message, on_message),
+            (ch.on_messages, on_messages),
+            (ch.on_view, on_view),
+            (ch.on_event, on_event),
+        ):
+            if fn is not None:
+                register(fn)  # type: ignore[operator]
+        try:
+            ch._start(hosts if not hosts_in_config else (), hosts_file)
+            await ch._wait_joined(join_timeout, hosts, hosts_file)
+        except OSError as exc:  # the hosts file could not be written or read
+            ch.close()
+            raise ChannelError(f"hosts file {hosts_file}: {exc.strerror or exc}") from None
+        except BaseException:
+            ch.close()
+            raise
+        return ch
+
+    def _start(self, extra_hosts: tuple[tuple[str, int], ...], hosts_file: str | Path | None) -> None:
+        if self.recorder is not None:
+            self.recorder.start(self._loop)
+            self.recorder.start_event()
+        # Hosts go to the stack before it starts, so the very first discovery round already probes them.
+        if hosts_file is not None:
+            self.file_discovery = FileDiscovery(
+                hosts_file, self.address.endpoint, self.driver.control, extra_hosts=extra_hosts
+            )
+            self.file_discovery.start()
+        elif extra_hosts:
+            self.driver.control(UpdateHosts(extra_hosts))
+        self.driver.start()
+
+    async def _wait_joined(
+        self, timeout: float, hosts: tuple[tuple[str, int], ...], hosts_file: str | Path | None
+    ) -> None:
+        if not self.has_membership:
+            return  # nothing to join: a bare stack is usable as soon as it runs
+        try:
+            await asyncio.wait_for(asyncio.shield(self._joined), timeout)
+        except TimeoutError:
+            where = ", ".join(f"{h}:{p}" for h, p in hosts) or "none"
+            raise ChannelError(
+                f"{self.address} did not join cluster {self.cluster!r} within {timeout:g}s "
+                f"(initial hosts: {where}; hosts file: {hosts_file or 'none'})"
+            ) from None
+
+    # -- identity and state ------------------------------------------------------------------------------
+    @property
+    def address(self) -> Address:
+        return self.driver.address
+
+    @property
+    def members(self) -> tuple[Address, ...]:
+        return self.view.members if self.view is not None else ()
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.view is not None and self.view.coordinator == self.address
+
+    def metrics(self) -> dict[str, int]:
+        """Protocol and runtime counters (e.g. ``transport.bad_frames``, ``runtime.udp_send_errors``)."""
+        return self.driver.all_metrics()
+
+    # -- callbacks -------------------------------------------------------------------------------------
+    def on_message(self, fn: Callable[[Message], Any]) -> None:
+        """Call ``fn(message)`` for every delivered message (``message.src`` is the sender)."""
+        self._on_message.append(fn)
+
+    def on_messages(self, fn: Callable[[list[Message]], Any]) -> None:
+        """Call ``fn(batch)`` for every delivered batch of messages."""
+        self._on_messages.append(fn)
+
+    def on_view(self, fn: Callable[[View], Any]) -> None:
+        """Call ``fn(view)`` for every view installed (the first is the view we joined)."""
+        self._on_view.append(fn)
+
+    def on_event(self, fn: Callable[[Event], Any]) -> None:
+        """Call ``fn(event)`` for other stack events (Backpressure, Block, Unblock, ...)."""
+        self._on_event.append(fn)
+
+    async def wait_for_view(self, predicate: Callable[[View], bool], timeout: float) -> View:
+        """Wait until the installed view satisfies ``predicate``; TimeoutError after ``timeout`` seconds."""
+
+        async def waiter() -> View:
+            while self.view is None or not predicate(self.view):
+                if self.closed:
+                    raise ChannelClosed("the channel is closed")
+                self._view_changed.clear()
+                await self._view_changed.wait()
+            return self.view
+
+        return await asyncio.wait_for(waiter(), timeout)
+
+    # -- sending ---------------------------------------------------------------------------------------
+    def send(self, payload: bytes, dest: Address | None = None, flags: int = 0) -> None:
+        """Queue ``payload`` for the group (``dest`` None) or one member; it leaves in this loop iteration."""
+        if self.closed or self.leaving:
+            raise ChannelClosed("the channel is closed" if self.closed else "the channel is leaving")
+        if type(payload) is not bytes:
+            if not isinstance(payload, bytes | bytearray | memoryview):
+                raise TypeError(f"payload: expected bytes, got {type(payload).__name__}")
+            payload = bytes(payload)
+        self._outbox.append(Message(dest, payload, flags=flags))
+        if not self._send_scheduled:
+            self._send_scheduled = True
+            self._loop.call_soon(self._flush_sends)
+
+    def send_many(self, payloads: Iterable[bytes], dest: Address | None = None) -> None:
+        """Queue several payloads at once (same as calling :meth:`send` for each)."""
+        if self.closed or self.leaving:
+            raise ChannelClosed("the channel is closed" if self.closed else "the channel is leaving")
+        self._outbox.extend(Message(dest, p) for p in payloads)
+        if not self._send_scheduled:
+            self._send_scheduled = True
+            self._loop.call_soon(self._flush_sends)
+
+    async def send_async(self, payload: bytes, dest: Address | None = None, flags: int = 0) -> None:
+        """Like :meth:`send`, but first waits while flow control holds senders back."""
+        while self.blocked and not self.closed:
+            await self._unblocked.wait()
+        self.send(payload, dest, flags)
+
+    async def wait_unblocked(self) -> None:
+        """Return once flow control lets senders go on (at once if it does already)."""
+        while self.blocked and not self.closed:
+            await self._unblocked.wait()
+
+    def _flush_sends(self) -> None:
+        self._send_scheduled = False
+        if not self._outbox or self.closed:
+            self._outbox.clear()
+            return
+        msgs, self._outbox = self._outbox, []
+        if self.recorder is not None:
+            self.recorder.sends(msgs, self.view)
+        self.sent += len(msgs)
+        self.driver.send_many(msgs)
+
+    # -- events from the stack -------------------------------------------------------------------------
+    def _on_events(self, events: list[Event]) -> None:
+        for ev in events:
+            kind = type(ev)
+            if kind is Deliver:
+                self._deliver(ev.messages)  # type: ignore[attr-defined]
+            elif kind is ViewChange:
+                self._install(ev.view)  # type: ignore[attr-defined]
+            elif kind is Joined:
+                self._install(ev.view)  # type: ignore[attr-defined]
+                self.joined = True
+                if not self._joined.done():
+                    self._joined.set_result(ev.view)  # type: ignore[attr-defined]
+            elif kind is JoinFailed:
+                log.warning("%s: join failed: %s", self.address, ev.reason)  # type: ignore[attr-defined]
+                if not self._joined.done():
+                    self._joined.set_exception(
+                        ChannelError(f"{self.address} could not join {self.cluster!r}: {ev.reason}")  # type: ignore[attr-defined]
+                    )
+            elif kind is Left:
+                self.left_reason = ev.reason  # type: ignore[attr-defined]
+                if self.recorder is not None:
+                    self.recorder.event("left", reason=ev.reason)  # type: ignore[attr-defined]
+                if not self._left.done():
+                    self._left.set_result(ev.reason)  # type: ignore[attr-defined]
+            else:
+                if kind is Backpressure:
+                    self.blocked = ev.blocked  # type: ignore[attr-defined]
+                    if self.blocked:
+                        self._unblocked.clear()
+                    else:
+                        self._unblocked.set()
+                for fn in self._on_event:
+                    self._call(fn, ev)
+
+    def _deliver(self, msgs: list[Message]) -> None:
+        self.delivered += len(msgs)
+        if self.recorder is not None:
+            self.recorder.delivers(msgs)
+        for batch_fn in self._on_messages:
+            self._call(batch_fn, msgs)
+        for fn in self._on_message:
+            try:
+                for msg in msgs:
+                    fn(msg)
+            except Exception:
+                log.exception("%s: on_message callback raised", self.address)
+
+    def _install(self, view: View) -> None:
+        if self.view is not None and self.view.view_id == view.view_id:
+            return
+        self.view = view
+        self.views_installed += 1
+        if self.recorder is not None:
+            self.recorder.view(view)
+        self._view_changed.set()
+        for fn in self._on_view:
+            self._call(fn, view)
+
+    def _call(self, fn: Callable[[Any], Any], arg: Any) -> None:
+        try:
+            fn(arg)
+        except Exception:
+            log.exception("%s: callback %r raised", self.address, fn)
+
+    # -- leaving ---------------------------------------------------------------------------------------
+    async def leave(self, timeout: float = 10.0) -> bool:
+        """Leave the group gracefully and close; returns False if the leave did not complete in time."""
+        if self.closed:
+            return self._left.done()
+        self._flush_sends()
+        self.leaving = True
+        if self.recorder is not None:
+            self.recorder.event("leave")
+        ok = True
+        if self.has_membership:
+            self.driver.leave()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._left), timeout)
+            except TimeoutError:
+                ok = False
+                log.warning("%s: leave did not complete within %gs; closing anyway", self.address, timeout)
+        self.close()
+        return ok
+
+    def close(self) -> None:
+        """Stop at once: no leave protocol, sockets closed, the history flushed."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.file_discovery is not None:
+            self.file_discovery.stop()
+        self.driver.close()
+        if self.recorder is not None:
+            self.recorder.close()
+        self._unblocked.set()
+        self._view_changed.set()
+        for fut in (self._joined, self._left):
+            if not fut.done():
+                fut.set_exception(ChannelClosed("the channel was closed"))
+                with contextlib.suppress(BaseException):
+                    fut.exception()  # mark retrieved: nobody may be waiting
+
+    async def __aenter__(self) -> Channel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if not self.closed:
+            await self.leave()

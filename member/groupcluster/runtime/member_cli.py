@@ -1,0 +1,384 @@
+"""``groupcluster member``: run one member process, optionally with a built-in multicast test workload.
+
+The member joins ``--cluster`` at ``--bind`` (finding the others through ``--hosts`` and/or a shared
+``--hosts-file``), then optionally multicasts ``--send-count`` test messages (ids ``0``, ``1``, ... at the
+start of each payload, see :func:`groupcluster.sim.history.make_payload`) once the view has
+``--start-when-members`` members. ``--status-file`` is rewritten about every 0.5 s with the view, counts and
+counters as JSON, for scripts, tests and the demo. ``--record`` appends the member's history as JSON lines.
+
+SIGTERM or SIGINT, ``--exit-after-delivered`` and ``--run-for`` end the member with a graceful leave (exit
+status 0). A bad stack configuration prints one line naming the key and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..core.address import Address
+from ..core.errors import ConfigError
+from ..core.message import Message
+from ..core.stack import resolve_config
+from ..core.view import View
+from ..sim.history import make_payload, view_id_json
+from ..stacks import PRESETS, load_stack_file
+from .channel import Channel, ChannelError, build_spec
+from .driver import TRANSPORTS, parse_endpoint
+
+log = logging.getLogger("groupcluster.member")
+
+STATUS_INTERVAL = 0.5
+# Messages handed to the stack per event-loop iteration by an unlimited-rate workload: large enough to fill
+# frames, small enough that receiving and timers interleave with sending.
+SEND_CHUNK = 200
+
+
+def _endpoint_arg(text: str) -> tuple[str, int]:
+    try:
+        return parse_endpoint(text, "HOST:PORT")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _hosts_arg(text: str) -> tuple[tuple[str, int], ...]:
+    try:
+        return tuple(parse_endpoint(h, "host") for h in text.split(",") if h.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (expected h:p,h:p)") from None
+
+
+def _rate_arg(text: str) -> float | None:
+    if text == "unlimited":
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = -1.0
+    if not rate > 0:
+        raise argparse.ArgumentTypeError(f"expected messages per second (> 0) or 'unlimited', got {text!r}")
+    return rate
+
+
+def _count_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _set_arg(text: str) -> tuple[str, str, Any]:
+    key, sep, value = text.partition("=")
+    layer, dot, name = key.partition(".")
+    if not sep or not dot or not layer or not name:
+        raise argparse.ArgumentTypeError(f"expected LAYER.KEY=VALUE (e.g. fd.timeout=2s), got {text!r}")
+    try:
+        parsed = yaml.safe_load(value) if value else ""
+    except yaml.YAMLError:
+        parsed = value
+    return layer, name, parsed
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", required=True, help="cluster name (members of other clusters are ignored)")
+    parser.add_argument("--bind", required=True, type=_endpoint_arg, metavar="HOST:PORT", help="our endpoint")
+    parser.add_argument("--hosts", type=_hosts_arg, default=(), metavar="H:P,H:P", help="initial members to probe")
+    parser.add_argument("--hosts-file", metavar="PATH", help="shared hosts file: we add ourselves and poll it")
+    parser.add_argument("--transport", choices=TRANSPORTS, default="udp", help="udp (default) or tcp")
+    parser.add_argument(
+        "--stack",
+        default="fifo",
+        metavar="fifo|PATH.yaml",
+        help=f"preset ({', '.join(sorted(PRESETS))}) or a YAML stack file (default fifo)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        type=_set_arg,
+        action="append",
+        default=[],
+        metavar="LAYER.KEY=VALUE",
+        help="override one layer parameter, e.g. fd.timeout=2s (repeatable)",
+    )
+    parser.add_argument("--record", metavar="FILE", help="append our history (JSON lines) to FILE")
+    parser.add_argument("--status-file", metavar="PATH", help="rewrite a JSON status here about every 0.5 s")
+    parser.add_argument(
+        "--join-timeout", type=_positive_float, default=60.0, metavar="SECONDS", help="give up joining after this long"
+    )
+    work = parser.add_argument_group("test workload")
+    work.add_argument("--send-count", type=_count_arg, default=0, metavar="N", help="multicast N test messages")
+    work.add_argument("--payload-size", type=_count_arg, default=100, metavar="BYTES", help="default 100")
+    work.add_argument(
+        "--send-rate", type=_rate_arg, default=None, metavar="MSGS/S", help="messages per second or 'unlimited'"
+    )
+    work.add_argument(
+        "--start-when-members", type=_count_arg, default=1, metavar="K", help="send once the view has K members"
+    )
+    work.add_argument(
+        "--exit-after-delivered", type=_count_arg, metavar="N", help="leave after sending and delivering N messages"
+    )
+    work.add_argument("--run-for", type=_positive_float, metavar="SECONDS", help="leave after this long")
+
+
+def load_spec(stack: str, overrides: list[tuple[str, str, Any]]) -> list[dict[str, Any]]:
+    """The stack configuration from a preset name or a YAML file, plus ``--set`` overrides, validated."""
+    by_layer: dict[str, dict[str, Any]] = {}
+    for layer, key, value in overrides:
+        by_layer.setdefault(layer, {})[key] = value
+    if stack in PRESETS:
+        spec = build_spec(stack, by_layer)
+        where = f"preset {stack}"
+    else:
+        if not Path(stack).is_file():
+            raise ConfigError(
+                f"--stack: {stack!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a readable file"
+            )
+        spec = build_spec(load_stack_file(stack), by_layer)
+        where = stack
+    try:
+        resolve_config(spec)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return spec
+
+
+class Member:
+    """The running member: its channel, workload, status file and exit conditions."""
+
+    def __init__(self, args: argparse.Namespace, spec: list[dict[str, Any]]) -> None:
+        self.args = args
+        self.spec = spec
+        self.ch: Channel | None = None
+        self.stop = asyncio.Event()
+        self.stop_reason = ""
+        self.sent = 0
+        self.send_done = args.send_count == 0
+        self.delivered: Counter[Address] = Counter()
+        self.delivered_total = 0
+        self.first_delivery: float | None = None
+        self.last_delivery: float | None = None
+        # CPU seconds of this process at the first and last delivery: what delivering cost, whatever the load.
+        self.cpu_at_first_delivery: float | None = None
+        self.cpu_at_last_delivery: float | None = None
+        self.send_started: float | None = None
+        self.send_finished: float | None = None
+        self.left = False
+        self.started = time.time()
+
+    # -- deliveries ------------------------------------------------------------------------------------
+    def on_batch(self, msgs: list[Message]) -> None:
+        now = time.time()
+        cpu = time.process_time()
+        if self.first_delivery is None:
+            self.first_delivery = now
+            self.cpu_at_first_delivery = cpu
+        self.last_delivery = now
+        self.cpu_at_last_delivery = cpu
+        counts = self.delivered
+        # The transport decodes a frame's sender once, so runs of one sender share one Address object.
+        src: Address | None = None
+        n = 0
+        for msg in msgs:
+            s = msg.src
+            if s is not src:
+                if n:
+                    counts[src] += n  # type: ignore[index]
+                src, n = s, 0
+            n += 1
+        if n:
+            counts[src] += n  # type: ignore[index]
+        self.delivered_total += len(msgs)
+        self._check_done()
+
+    @property
+    def done(self) -> bool:
+        target = self.args.exit_after_delivered
+        return self.send_done and (target is None or self.delivered_total >= target)
+
+    def _check_done(self) -> None:
+        if self.args.exit_after_delivered is not None and self.done and not self.stop.is_set():
+            self.stop_reason = f"delivered {self.delivered_total} messages"
+            self.stop.set()
+
+    def on_view(self, view: View) -> None:
+        if self.ch is not None:  # the first view is printed as "joined"
+            print(f"member {self.ch.address}: view {view}", flush=True)
+
+    # -- workload --------------------------------------------------------------------------------------
+    async def workload(self, ch: Channel) -> None:
+        args = self.args
+        if args.send_count == 0:
+            return
+        want = args.start_when_members
+        await ch.wait_for_view(lambda v: len(v) >= want, timeout=10**9)
+        loop = asyncio.get_running_loop()
+        size = args.payload_size
+        total = args.send_count
+        rate = args.send_rate
+        start = loop.time()
+        self.send_started = time.time()
+        while self.sent < total:
+            await ch.wait_unblocked()
+            if rate is None:
+                n = min(SEND_CHUNK, total - self.sent)
+            else:
+                due = min(total, int((loop.time() - start) * rate) + 1)
+                n = min(SEND_CHUNK, due - self.sent)
+                if n <= 0:
+                    await asyncio.sleep(min(0.01, max(0.001, (self.sent + 1) / rate - (loop.time() - start))))
+                    continue
+            first = self.sent
+            ch.send_many([make_payload(str(i), size) for i in range(first, first + n)])
+            self.sent += n
+            await asyncio.sleep(0)
+        self.send_done = True
+        self.send_finished = time.time()
+        self._check_done()
+
+    # -- status ----------------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        ch = self.ch
+        view = ch.view if ch is not None else None
+        return {
+            "time": time.time(),
+            "pid": os.getpid(),
+            "cpu_seconds": round(time.process_time(), 3),
+            "cluster": self.args.cluster,
+            "transport": self.args.transport,
+            "address": str(ch.address) if ch is not None else None,
+            "joined": ch is not None and ch.joined,
+            "view": None
+            if view is None
+            else {
+                "id": view_id_json(view.view_id),
+                "members": [str(m) for m in view.members],
+                "coordinator": str(view.coordinator),
+            },
+            "views_installed": ch.views_installed if ch is not None else 0,
+            "sent": self.sent,
+            "send_count": self.args.send_count,
+            "send_done": self.send_done,
+            "delivered": {str(a): n for a, n in sorted(self.delivered.items())},
+            "delivered_total": self.delivered_total,
+            "first_delivery": self.first_delivery,
+            "last_delivery": self.last_delivery,
+            "cpu_at_first_delivery": self.cpu_at_first_delivery,
+            "cpu_at_last_delivery": self.cpu_at_last_delivery,
+            "send_started": self.send_started,
+            "send_finished": self.send_finished,
+            "blocked": ch.blocked if ch is not None else False,
+            "done": self.done,
+            "left": self.left,
+            "metrics": ch.metrics() if ch is not None else {},
+        }
+
+    def write_status(self) -> None:
+        path = self.args.status_file
+        if not path:
+            return
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(self.status(), fh)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("cannot write status file %s: %s", path, exc)
+
+    async def status_loop(self) -> None:
+        while True:
+            self.write_status()
+            await asyncio.sleep(STATUS_INTERVAL)
+
+    # -- main ------------------------------------------------------------------------------------------
+    async def main(self) -> int:
+        args = self.args
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        connect = asyncio.ensure_future(
+            Channel.connect(
+                args.cluster,
+                bind=args.bind,
+                initial_hosts=args.hosts,
+                stack=self.spec,
+                transport=args.transport,
+                record=args.record,
+                hosts_file=args.hosts_file,
+                join_timeout=args.join_timeout,
+                on_messages=self.on_batch,
+                on_view=self.on_view,
+            )
+        )
+        stopper = asyncio.ensure_future(self.stop.wait())
+        await asyncio.wait({connect, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not connect.done():
+            connect.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ChannelError):
+                await connect
+            print(f"member: stopped before joining ({self.stop_reason})", flush=True)
+            return 0
+        stopper.cancel()
+        ch = self.ch = connect.result()  # raises ChannelError / ConfigError to run()
+        print(f"member {ch.address}: joined {ch.view}", flush=True)
+        tasks = [loop.create_task(self.status_loop()), loop.create_task(self.workload(ch))]
+        if args.run_for is not None:
+            loop.call_later(args.run_for, self._time_up)
+        try:
+            await self.stop.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            ok = await ch.leave()
+            self.left = ok
+            self.write_status()
+        print(f"member {ch.address}: left ({self.stop_reason}{'' if ok else '; leave timed out'})", flush=True)
+        return 0
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if not self.stop.is_set():
+            self.stop_reason = f"{sig.name}"
+            self.stop.set()
+
+    def _time_up(self) -> None:
+        if not self.stop.is_set():
+            self.stop_reason = f"ran for {self.args.run_for:g}s"
+            self.stop.set()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.hosts_file is None and not args.hosts:
+        log.info("no --hosts and no --hosts-file: this member can only start a group of its own")
+    try:
+        spec = load_spec(args.stack, args.overrides)
+        return asyncio.run(Member(args, spec).main())
+    except ConfigError as exc:
+        # One line, even when the message quotes a multi-line YAML parser error.
+        print(f"groupcluster member: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except ChannelError as exc:
+        print(f"groupcluster member: error: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,69 @@
+"""Seeds that once broke a property replay here, so the bug they found stays fixed.
+
+Every seed that fails during development is added to :data:`REGRESSIONS` with what it found and the
+scenario it ran under; each entry replays exactly that run (``groupcluster sim --seeds 1 --start <seed>
+--safety-time 15 --send-rate 8`` shows a ``MID`` entry in full).
+"""
+
+from __future__ import annotations
+
+from groupcluster.sim.scenario import Scenario, run_seed
+
+from .simtoy import TOY_STACK
+
+# Scenarios are pinned, not the current defaults: a seed replays its original run only with its scenario.
+EARLY = Scenario(safety_time=10.0, send_rate=5.0)  # the first defaults
+MID = Scenario(safety_time=15.0, send_rate=8.0)  # the defaults while the fifo layers were debugged
+LATE8 = Scenario(members=8, safety_time=25.0, send_rate=10.0)  # the current defaults, 8 members
+
+JOINER_UNICAST = "a unicast to a joiner arriving before its JOIN_RSP was acked by UNICAST, then dropped by GMS"
+LEAVER_DUPLICATES = "a removed (leaving) member's unicast retransmission re-opened a closed connection: delivered twice"
+JOINER_STUCK = "JOIN_RSP lost while the coordinator already added the joiner: it stays 'joining' forever"
+VIEW_LOST = "a member missed a VIEW (ack timeout) and is never brought up to date; STABLE stalls, lost tails stay lost"
+ORPHAN = "a member dropped from its coordinator's view (or whose coordinator's successor moved on) never rejoins"
+TWO_GROUPS = (
+    "a restarted member joined two groups at once (views from two coordinators); a unicast sent to it in the "
+    "second group's view before it installed that view was never delivered"
+)
+RETURNING = "NAKACK: a returning member's window started below what was already delivered (duplicates, FIFO breaks)"
+
+# (seed, scenario, what the seed found)
+REGRESSIONS: list[tuple[int, Scenario, str]] = [
+    (19, EARLY, JOINER_UNICAST),
+    (11, MID, JOINER_UNICAST),
+    (73, EARLY, LEAVER_DUPLICATES),
+    (131, EARLY, LEAVER_DUPLICATES + " (also out of FIFO order)"),
+    (30, MID, LEAVER_DUPLICATES),
+    (32, MID, LEAVER_DUPLICATES),
+    (47, EARLY, JOINER_STUCK),
+    (156, MID, JOINER_STUCK),
+    (298, MID, JOINER_STUCK),
+    (373, EARLY, VIEW_LOST),
+    (170, MID, VIEW_LOST),
+    (182, MID, ORPHAN),
+    (185, MID, ORPHAN),
+    (387, MID, ORPHAN),
+    (5504, MID, RETURNING),
+    (6106, MID, RETURNING),
+    (6379, MID, RETURNING),
+    (6654, MID, RETURNING),
+    (255, LATE8, TWO_GROUPS),
+]
+
+
+def test_regression_seeds_pass() -> None:
+    failures = []
+    for seed, scenario, note in REGRESSIONS:
+        result = run_seed(seed, scenario)
+        if result.violations:
+            failures.append(f"seed {seed} ({note}): " + "; ".join(str(v) for v in result.violations[:3]))
+    assert not failures, "\n".join(failures)
+
+
+def test_replaying_a_seed_reproduces_its_failure_exactly() -> None:
+    # The mechanism the list relies on: a failing seed, run again, fails the same way with the same history.
+    broken = Scenario(members=3, stack=[*TOY_STACK, {"layer": "toy_duplicator"}], safety_time=3.0)
+    first = run_seed(42, broken, digest=True)
+    assert first.violations
+    again = run_seed(42, broken, digest=True)
+    assert (again.violations, again.digest, again.events) == (first.violations, first.digest, first.events)
