@@ -44,6 +44,13 @@ def founded() -> LayerHarness:
     h.probe().inject_up_event(MembersFound("join", ()))
     h.stack._end_step()
     h._collect()
+    # Nobody answered once: it asks again before founding (members started together must not split).
+    assert not h.layer("gms").view
+    h.advance(1.0)
+    assert sum(isinstance(e, FindMembers) for e in h.probe().log.down_events) == 2
+    h.probe().inject_up_event(MembersFound("join", ()))
+    h.stack._end_step()
+    h._collect()
     return h
 
 

@@ -330,7 +330,10 @@ class Gms(Layer):
             self.set_timer("join", self.config.join_timeout)
             return
         others = [r.address for r in event.responses if r.address != me]
-        if not others or me < min(others) or self.join_attempts >= self.config.max_join_attempts:
+        # Nobody answered: ask once more before founding a group, so members started together (whose first
+        # requests crossed while they were still starting) find each other instead of splitting.
+        alone = not others and self.join_attempts >= 2
+        if alone or (others and me < min(others)) or self.join_attempts >= self.config.max_join_attempts:
             # Nobody is coordinator and we are the lowest (or we waited long enough): found the group.
             self._install(View(ViewId(self.max_seq + 1, me), (me,)))
             return

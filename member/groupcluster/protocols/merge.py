@@ -46,9 +46,9 @@ class MergeHeader(Header):
 
 @dataclass(frozen=True)
 class MergeConfig:
-    min_interval: float = param("1s", "duration", doc="shortest time between two INFO rounds of a coordinator")
-    max_interval: float = param("3s", "duration", doc="longest time between two INFO rounds of a coordinator")
-    check_interval: float = param("4s", "duration", doc="how often collected INFOs are checked for other groups")
+    min_interval: float = param("500ms", "duration", doc="shortest time between two INFO rounds of a member")
+    max_interval: float = param("1500ms", "duration", doc="longest time between two INFO rounds of a member")
+    check_interval: float = param("2s", "duration", doc="how often collected INFOs are checked for other groups")
     orphan_after: float = param(
         "2s", "duration", doc="our coordinator announced another view for this long: we were dropped"
     )
