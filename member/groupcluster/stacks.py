@@ -1,7 +1,7 @@
 """Named stack configurations (bottom first), and loading a stack configuration from YAML.
 
-``fifo`` is reliable FIFO multicast and unicast with membership, merge, fragmentation and flow control.
-Later issues add ``vsync`` (FLUSH), ``total-order`` (SEQUENCER) and ``grid``.
+``fifo`` is reliable FIFO multicast and unicast with membership, merge, fragmentation and flow control;
+``vsync`` adds FLUSH before every view change (virtual synchrony); ``total-order`` adds SEQUENCER.
 """
 
 from __future__ import annotations
@@ -27,7 +27,31 @@ FIFO: list[dict[str, Any]] = [
     {"layer": "frag"},
 ]
 
-PRESETS: dict[str, list[dict[str, Any]]] = {"fifo": FIFO}
+# Virtual synchrony: every view change is preceded by a flush, so survivors deliver the same messages in the
+# old view; NAKACK keeps delivered messages so any member can retransmit for one that crashed.
+VSYNC: list[dict[str, Any]] = [
+    {"layer": "transport"},
+    {"layer": "discovery"},
+    {"layer": "merge"},
+    {"layer": "fd"},
+    {"layer": "nakack", "retain_delivered": True},
+    {"layer": "unicast"},
+    {"layer": "stable"},
+    {"layer": "gms", "use_flush": True},
+    {"layer": "flow"},
+    {"layer": "frag"},
+    {"layer": "flush"},
+]
+
+# Total order: SEQUENCER above GMS (the coordinator numbers every multicast).
+TOTAL_ORDER: list[dict[str, Any]] = [
+    *[dict(e) for e in FIFO if e["layer"] not in ("flow", "frag")],
+    {"layer": "sequencer"},
+    {"layer": "flow"},
+    {"layer": "frag"},
+]
+
+PRESETS: dict[str, list[dict[str, Any]]] = {"fifo": FIFO, "vsync": VSYNC, "total-order": TOTAL_ORDER}
 
 
 def preset(name: str, overrides: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:

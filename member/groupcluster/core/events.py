@@ -75,6 +75,54 @@ class Stability(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class FlushHold(Event):
+    """FLUSH: hold delivery at what has been delivered so far; returns NAKACK's digest (the member's report)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FlushTarget(Event):
+    """FLUSH: deliver exactly up to ``target`` per sender; fetch what is missing from ``holders[sender]``."""
+
+    target: Digest
+    holders: tuple[tuple[Address, Address], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushRelease(Event):
+    """FLUSH: lift the delivery holds of ``members`` (all members when empty)."""
+
+    members: tuple[Address, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FlushRequest(Event):
+    """GMS asks FLUSH (above it) to quiet ``participants`` before a view change; answered by FlushCompleted."""
+
+    flush_id: tuple[Address, int]
+    participants: tuple[Address, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushCompleted(Event):
+    """FLUSH tells GMS (below it) that every participant delivered the same old-view messages."""
+
+    flush_id: tuple[Address, int]
+
+
+@dataclass(frozen=True, slots=True)
+class FlushFailed(Event):
+    """FLUSH tells GMS that ``missing`` did not answer in time (they are suspected; GMS flushes again)."""
+
+    flush_id: tuple[Address, int]
+    missing: tuple[Address, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockOk(Event):
+    """The application finished its block() work (sent down after a :class:`Block` output)."""
+
+
+@dataclass(frozen=True, slots=True)
 class GetHosts(Event):
     """Returns the endpoints discovery knows (used by MERGE to probe members outside the view)."""
 

@@ -36,6 +36,9 @@ from ..core.events import (
     Disconnect,
     Event,
     FindMembers,
+    FlushCompleted,
+    FlushFailed,
+    FlushRequest,
     GetDigest,
     Joined,
     Left,
@@ -151,6 +154,10 @@ class GmsConfig:
     leave_timeout: float = param("2s", "duration", doc="resend a leave request after this long")
     max_leave_attempts: int = param(3, "int", doc="leave anyway after this many unanswered requests", minimum=1)
     merge_timeout: float = param("5s", "duration", doc="a merge not finished by then is cancelled")
+    use_flush: bool = param(False, "bool", doc="flush the old view before every view change (virtual synchrony)")
+    flush_guard_timeout: float = param(
+        "6s", "duration", doc="flush again if FLUSH neither completed nor failed a flush within this time"
+    )
     orphan_timeout: float = param(
         "6s", "duration", doc="coordinator suspected and no new view for this long: continue alone until merged"
     )
@@ -197,6 +204,10 @@ class Gms(Layer):
         # Set when every member before us in the view is suspected: we act as coordinator until our view.
         self.acting_coordinator = False
         self.leave_after_pending = False
+        # FLUSH (use_flush): the flush in progress, and whether the queue may now become a view.
+        self.flushing: tuple[Address, int] | None = None
+        self.flush_ready = False
+        self.flush_counter = 0
         self.cancel_timer("orphan")
         # Client state.
         self.early: list[Message] = []  # messages received while joining, delivered once joined
@@ -233,6 +244,25 @@ class Gms(Layer):
             return None
         if isinstance(event, Disconnect):
             self._leave()
+            return None
+        if isinstance(event, FlushCompleted):
+            if event.flush_id == self.flushing:
+                self.cancel_timer("flush")
+                self.flushing = None
+                self.flush_ready = True
+                self._process_queue()
+            return None
+        if isinstance(event, FlushFailed):
+            if event.flush_id == self.flushing:
+                self.cancel_timer("flush")
+                self.flushing = None
+                self.count("flush_failures")
+                for m in event.missing:
+                    if m != self.local_address:
+                        self.suspects.add(m)
+                        self._enqueue("suspect", m)
+                if not self.ctx.has_timer("bundle"):
+                    self.set_timer("bundle", self.config.view_bundling)
             return None
         return self.below.down_event(event)
 
@@ -384,9 +414,21 @@ class Gms(Layer):
     def _process_queue(self) -> None:
         if not self.queue or not self.is_coordinator or self.pending is not None or self.merge is not None:
             return
+        if self.flushing is not None:
+            return  # requests keep queueing (bundled) until the flush completes
         assert self.view is not None
         me = self.local_address
         base = self.tmp_members or self.view.members
+        if self.config.use_flush and not self.flush_ready:
+            participants = tuple(m for m in base if m not in self.suspects)
+            if len(participants) > 1:
+                self.flush_counter += 1
+                self.flushing = (me, self.flush_counter)
+                # Never wait on FLUSH forever: if neither FlushCompleted nor FlushFailed comes, flush again.
+                self.set_timer("flush", self.config.flush_guard_timeout)
+                self.above.up_event(FlushRequest(self.flushing, participants))
+                return
+        flushed, self.flush_ready = self.flush_ready, False
         requests, self.queue = self.queue, []
         removed = {m for kind, m, _ in requests if kind in ("leave", "suspect") and m in base}
         if self.state == "leaving":
@@ -396,8 +438,9 @@ class Gms(Layer):
             if kind == "join" and m not in base and m not in removed:
                 joiners[m] = seqno
         members = tuple(m for m in base if m not in removed) + tuple(joiners)
-        if members == base:
+        if members == base and not flushed:
             return
+        # After a flush the members are blocked until a view arrives: install one even if nothing changed.
         if not members:
             self._left("left")
             return
@@ -490,6 +533,13 @@ class Gms(Layer):
             early = [m for m in early if m.src in view.members]
             if early:
                 self.above.up(early)
+        if self.flushing is not None:
+            # A view (e.g. a merge) arrived during our flush: that round is void; flush again for the queue.
+            self.flushing = None
+            self.flush_ready = False
+            self.cancel_timer("flush")
+            if self.queue and not self.ctx.has_timer("bundle"):
+                self.set_timer("bundle", self.config.view_bundling)
         if view.coordinator == me:
             # Members suspected before we became coordinator are removed in our first view.
             for s in sorted(self.suspects):
@@ -499,6 +549,8 @@ class Gms(Layer):
         else:
             self.queue.clear()
             self.pending = None
+            self.flushing = None
+            self.flush_ready = False
             self.cancel_timer("ack")
 
     def _cast_view(self, view: View, digest: Digest | None) -> None:
@@ -667,6 +719,12 @@ class Gms(Layer):
             self._process_queue()
         elif key == "ack":
             self._finish_pending()
+        elif key == "flush":
+            if self.flushing is not None:
+                self.count("flush_guard_timeouts")
+                self.flushing = None
+                self.flush_ready = False
+                self._process_queue()
         elif key == "orphan":
             view = self.view
             if view is not None and self.state == "member" and view.coordinator in self.suspects:

@@ -17,7 +17,17 @@ from ..core import protocol_ids
 from ..core.address import Address
 from ..core.config import param
 from ..core.digest import Digest
-from ..core.events import Event, GetDigest, MergeDigest, SetDigest, Stability, ViewChange
+from ..core.events import (
+    Event,
+    FlushHold,
+    FlushRelease,
+    FlushTarget,
+    GetDigest,
+    MergeDigest,
+    SetDigest,
+    Stability,
+    ViewChange,
+)
 from ..core.layer import Layer, register_layer
 from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
 from ..core.validate import as_address, as_int, as_list
@@ -80,14 +90,20 @@ class NakAckHeader(Header):
 
 
 class Window:
-    """Receive window of one sender: delivered prefix, highest known seqno, out-of-order buffer."""
+    """Receive window of one sender: delivered prefix, highest known seqno, out-of-order buffer.
 
-    __slots__ = ("buffer", "delivered", "missing_before", "received")
+    ``cap`` (FLUSH) holds delivery at a seqno; ``store`` keeps delivered messages for retransmission on the
+    sender's behalf (only with ``retain_delivered``).
+    """
+
+    __slots__ = ("buffer", "cap", "delivered", "missing_before", "received", "store")
 
     def __init__(self, delivered: int = 0, received: int | None = None) -> None:
         self.delivered = delivered
         self.received = delivered if received is None else max(received, delivered)
         self.buffer: dict[int, Message] = {}
+        self.cap: int | None = None
+        self.store: dict[int, Message] = {}
         # Seqnos missing at the previous retransmission tick: only those still missing are requested.
         self.missing_before: frozenset[int] = frozenset()
 
@@ -117,6 +133,9 @@ class NakAckConfig:
     xmit_interval: float = param("200ms", "duration", doc="how often gaps are checked and requested")
     max_xmit_batch: int = param(4096, "int", doc="most seqnos requested from one sender per interval", minimum=1)
     max_buffered: int = param(1_000_000, "int", doc="most out-of-order messages kept per sender", minimum=16)
+    retain_delivered: bool = param(
+        False, "bool", doc="keep delivered messages of others until stable (FLUSH retransmits for crashed senders)"
+    )
     max_stranger_messages: int = param(
         20_000, "int", doc="multicasts kept from senders we have no window for yet (a joiner's first view)"
     )
@@ -142,6 +161,8 @@ class NakAck(Layer):
         self.strangers: dict[Address, list[tuple[int, Message]]] = {}
         self.stranger_count = 0
         self.replay_due = False
+        self.drain_due = False  # a cap moved: deliver what it released at the end of the step
+        self.xmit_from: dict[Address, Address] = {}  # FLUSH: whom to ask for a sender's messages instead of it
 
     def start(self) -> None:
         self.set_timer("xmit", self.config.xmit_interval)
@@ -170,7 +191,41 @@ class NakAck(Layer):
         elif isinstance(event, Stability):
             self._on_stability(event.stable)
             return None
+        elif isinstance(event, FlushHold):
+            me = self.local_address
+            for m, w in self.windows.items():
+                if m != me:
+                    w.cap = w.delivered
+            return self.digest()
+        elif isinstance(event, FlushTarget):
+            self._on_flush_target(event)
+            return None
+        elif isinstance(event, FlushRelease):
+            wanted = set(event.members)
+            for m, w in self.windows.items():
+                if not wanted or m in wanted:
+                    w.cap = None
+            self.xmit_from = {s: h for s, h in self.xmit_from.items() if wanted and s not in wanted}
+            self.drain_due = True
+            return None
         return self.below.down_event(event)
+
+    def _on_flush_target(self, event: FlushTarget) -> None:
+        me = self.local_address
+        holders = dict(event.holders)
+        for m, (delivered, _) in event.target.items():
+            w = self.windows.get(m)
+            if w is None or m == me:
+                continue
+            # Deliver exactly this much of m's stream in the old view: more may exist only at a member that
+            # the flush did not hear from, and delivering it here alone would break virtual synchrony.
+            w.cap = delivered
+            if delivered > w.received:
+                w.received = delivered
+            holder = holders.get(m)
+            if holder is not None and holder != m:
+                self.xmit_from[m] = holder
+        self.drain_due = True
 
     def digest(self) -> Digest:
         me = self.local_address
@@ -181,6 +236,12 @@ class NakAck(Layer):
     def _on_view(self, members: tuple[Address, ...]) -> None:
         self.members = members
         self.is_member = True
+        # A new view ends any flush: holds and stand-in retransmitters are gone.
+        self.xmit_from.clear()
+        for w in self.windows.values():
+            if w.cap is not None:
+                w.cap = None
+                self.drain_due = True
         me = self.local_address
         wanted = set(members)
         for m in list(self.windows):
@@ -225,6 +286,11 @@ class NakAck(Layer):
                 for s in range(self.gone_upto + 1, upto + 1):
                     sent.pop(s, None)
                 self.gone_upto = upto
+        for m, (stable_upto, _) in stable.items():
+            w = self.windows.get(m)
+            if w is not None and w.store:
+                for s in [s for s in w.store if s <= stable_upto]:
+                    del w.store[s]
         for m, (_, received) in stable.items():
             w = self.windows.get(m)
             if w is not None and m != me and received > w.received:
@@ -287,10 +353,20 @@ class NakAck(Layer):
         self.stranger_count += 1
 
     def end_of_step(self) -> bool:
-        if not self.replay_due:
-            return False
-        self.replay_due = False
-        return self._replay_strangers()
+        busy = False
+        if self.drain_due:
+            self.drain_due = False
+            out: list[Message] = []
+            for w in self.windows.values():
+                if w.buffer:
+                    self._drain(w, out)
+            if out:
+                self.above.up(out)
+                busy = True
+        if self.replay_due:
+            self.replay_due = False
+            busy = self._replay_strangers() or busy
+        return busy
 
     def _replay_strangers(self) -> bool:
         out: list[Message] = []
@@ -309,7 +385,9 @@ class NakAck(Layer):
         if seqno <= w.delivered:
             self.count("duplicates")
             return
-        if seqno == w.delivered + 1 and not w.buffer:
+        if self.config.retain_delivered:
+            w.store[seqno] = msg
+        if seqno == w.delivered + 1 and not w.buffer and (w.cap is None or seqno <= w.cap):
             # Fast path: in order and nothing buffered.
             w.delivered = seqno
             if seqno > w.received:
@@ -331,14 +409,18 @@ class NakAck(Layer):
     def _drain(w: Window, out: list[Message]) -> None:
         buf = w.buffer
         nxt = w.delivered + 1
-        while nxt in buf:
+        cap = w.cap
+        while nxt in buf and (cap is None or nxt <= cap):
             out.append(buf.pop(nxt))
             nxt += 1
         w.delivered = nxt - 1
 
     # -- retransmission ----------------------------------------------------------------------------------
     def _serve_xmit(self, requester: Address, hdr: NakAckHeader) -> None:
-        if hdr.sender != self.local_address:
+        sender = hdr.sender
+        assert sender is not None
+        if sender != self.local_address:
+            self._serve_for(requester, sender, hdr.ranges)
             return
         gone = False
         for lo, hi in hdr.ranges:
@@ -364,6 +446,23 @@ class NakAck(Layer):
                 )
             )
 
+    def _serve_for(self, requester: Address, sender: Address, ranges: tuple[tuple[int, int], ...]) -> None:
+        """Retransmit another member's messages we delivered (FLUSH reconciliation after it crashed)."""
+        w = self.windows.get(sender)
+        if w is None or not w.store:
+            return
+        for lo, hi in ranges:
+            for s in range(lo, min(hi, w.delivered) + 1):
+                orig = w.store.get(s)
+                if orig is None:
+                    continue
+                copy = orig.copy()
+                copy.dest = requester
+                copy.flags |= NO_RELIABILITY
+                copy.headers[protocol_ids.NAKACK] = NakAckHeader(XMIT_RSP, s, sender)
+                self.below.down(copy)
+                self.count("xmit_sent_for_others")
+
     def on_timer(self, key: object) -> None:
         if key != "xmit":
             return
@@ -380,7 +479,7 @@ class NakAck(Layer):
                 self.count("xmit_requests")
                 self.below.down(
                     Message(
-                        m,
+                        self.xmit_from.get(m, m),
                         flags=NO_RELIABILITY | NO_FLOW_CONTROL,
                         headers={protocol_ids.NAKACK: NakAckHeader(XMIT_REQ, sender=m, ranges=_ranges(request))},
                     )

@@ -416,6 +416,55 @@ def check_liveness_delivery(
 
 Checker = Callable[[HistoryIndex], list[Violation]]
 
+
+def check_virtual_synchrony(history: History | HistoryIndex) -> list[Violation]:
+    """Members that install the same view V2 right after the same view V1 delivered the same multicasts in V1.
+
+    A member's deliveries between installing V1 and installing its next view count as delivered in V1. Only
+    members that moved on to the same next view are compared (a member that crashed in V1 has no next view).
+    """
+    idx = _index(history)
+    views_at: dict[str, list[tuple[int, VidKey]]] = {
+        m: [(pos, vid) for pos, vid, _ in vs] for m, vs in idx.views.items()
+    }
+    # (member, index of its view) -> the multicasts it delivered while in that view
+    delivered: dict[tuple[str, int], set[tuple[str, str]]] = {}
+    positions = {m: [pos for pos, _ in vs] for m, vs in views_at.items()}
+    for d in idx.deliveries:
+        if d.dest is not None:
+            continue
+        k = bisect.bisect_right(positions.get(d.receiver, []), d.pos) - 1
+        if k >= 0:
+            delivered.setdefault((d.receiver, k), set()).add((d.sender, d.msg))
+    # (V1, V2) -> [(member, its deliveries in V1)]
+    groups: dict[tuple[VidKey, VidKey], list[tuple[str, set[tuple[str, str]]]]] = {}
+    for member, vs in views_at.items():
+        for k in range(len(vs) - 1):
+            groups.setdefault((vs[k][1], vs[k + 1][1]), []).append((member, delivered.get((member, k), set())))
+    out: list[Violation] = []
+    for (v1, v2), members in groups.items():
+        first_member, first = members[0]
+        for member, got in members[1:]:
+            if got != first:
+                only_first = sorted(first - got)[:3]
+                only_other = sorted(got - first)[:3]
+                out.append(
+                    Violation(
+                        "virtual-synchrony",
+                        member,
+                        f"moved from view {_fmt_vid(v1)} to {_fmt_vid(v2)} like {first_member} but delivered other "
+                        f"messages in {_fmt_vid(v1)}: {len(first - got)} only at {first_member} (e.g. {only_first}), "
+                        f"{len(got - first)} only here (e.g. {only_other})",
+                    )
+                )
+    return out
+
+
+# Properties that only some stacks promise, by stack preset name.
+STACK_CHECKERS: dict[str, dict[str, Checker]] = {
+    "vsync": {"virtual-synchrony": check_virtual_synchrony},
+}
+
 SAFETY_CHECKERS: dict[str, Checker] = {
     "view-agreement": check_view_agreement,
     "fifo": check_fifo,
@@ -444,12 +493,18 @@ def check_safety(history: History | HistoryIndex, skip: Iterable[str] = ()) -> l
 
 
 def check_all(
-    history: History | HistoryIndex, *, live: Iterable[str] | None = None, converged_at: float | None = None
+    history: History | HistoryIndex,
+    *,
+    live: Iterable[str] | None = None,
+    converged_at: float | None = None,
+    stack: str | None = None,
 ) -> list[Violation]:
-    """Safety checkers plus merge convergence, and liveness delivery when ``converged_at`` is given."""
+    """Safety checkers (plus those of ``stack``), merge convergence, and liveness delivery after ``converged_at``."""
     idx = _index(history)
     live_list = list(idx.live_members() if live is None else live)
     out = check_safety(idx)
+    for checker in STACK_CHECKERS.get(stack or "", {}).values():
+        out.extend(checker(idx))
     out.extend(check_merge_convergence(idx, live_list))
     if converged_at is not None:
         out.extend(check_liveness_delivery(idx, converged_at, live_list))

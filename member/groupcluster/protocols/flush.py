@@ -1,0 +1,362 @@
+"""FLUSH: virtual synchrony — before a view change, every surviving member delivers the same old-view messages.
+
+Seeds 000 and 001 describe JGroups' FLUSH (START_FLUSH, block(), FLUSH_OK, FLUSH_COMPLETED, STOP_FLUSH);
+JGroups dropped it in 5.4 as slow and prone to hangs. This one takes two rounds before the view change and
+can never block the group forever:
+
+1. The flush coordinator (the GMS coordinator, asked by GMS through :class:`FlushRequest`) sends
+   START_FLUSH to every participant — the old view minus suspected members; flush control goes by reliable
+   unicast, since multicasts would queue behind the delivery holds.
+2. Each participant passes :class:`Block` up to the application (which may still send), and when block() is
+   done (:class:`BlockOk`, or at once with ``block_ok: auto``) it closes its latch for *its own* multicasts,
+   holds delivery at what it delivered so far, and answers FLUSH_OK with its NAKACK digest.
+3. With every FLUSH_OK in, the coordinator sends FLUSH_TARGET: per sender the highest seqno any
+   participant has, and a participant holding it. Each member delivers exactly that much of every stream —
+   fetching what it lacks from the holder, which matters for senders that crashed — then answers
+   FLUSH_COMPLETED. A participant that stays silent past ``start_flush_timeout`` is reported to GMS
+   (:class:`FlushFailed`), which suspects it and flushes again without it.
+4. GMS installs the new view; installing it unblocks every member (:class:`Unblock`) and releases the
+   multicasts queued behind the latch, which go out in the new view. There is no STOP round: the view is it.
+
+Seed 000's open question — a message sent after block() returns but before the latch closes — cannot arise:
+the latch for a member's own multicasts closes in the same step in which block() is reported done, before
+FLUSH_OK leaves, so every old-view multicast of a member precedes its digest. Multicasts sent later wait in
+the layer and are sent in the new view. Unicasts always pass (virtual synchrony concerns multicasts).
+A member blocked longer than ``timeout`` (the coordinator died and nobody restarted the flush) unblocks by
+itself; a new coordinator restarts the flush with a new flush id, which supersedes the old one everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core import protocol_ids
+from ..core.address import Address
+from ..core.config import param
+from ..core.digest import Digest
+from ..core.errors import WireError
+from ..core.events import (
+    Backpressure,
+    Block,
+    BlockOk,
+    Event,
+    FlushCompleted,
+    FlushFailed,
+    FlushHold,
+    FlushRelease,
+    FlushRequest,
+    FlushTarget,
+    GetDigest,
+    Unblock,
+    ViewChange,
+)
+from ..core.layer import Layer, register_layer
+from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
+from ..core.validate import as_address, as_address_list, as_int, as_list
+from ..core.view import View
+
+START_FLUSH, FLUSH_OK, FLUSH_TARGET, FLUSH_COMPLETED = 0, 1, 2, 3
+KIND_NAMES = ("START_FLUSH", "FLUSH_OK", "FLUSH_TARGET", "FLUSH_COMPLETED")
+FlushId = tuple[Address, int]
+
+
+@register_header
+class FlushHeader(Header):
+    PROTO_ID = protocol_ids.FLUSH
+    __slots__ = ("digest", "flush_id", "holders", "kind", "participants")
+
+    def __init__(
+        self,
+        kind: int,
+        flush_id: FlushId,
+        *,
+        participants: tuple[Address, ...] = (),
+        digest: Digest | None = None,
+        holders: tuple[tuple[Address, Address], ...] = (),
+    ) -> None:
+        self.kind = kind
+        self.flush_id = flush_id
+        self.participants = participants
+        self.digest = digest
+        self.holders = holders
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.kind,
+            [self.flush_id[0].to_wire(), self.flush_id[1]],
+            [m.to_wire() for m in self.participants],
+            None if self.digest is None else self.digest.to_wire(),
+            [[s.to_wire(), h.to_wire()] for s, h in self.holders],
+        ]
+
+    @classmethod
+    def from_wire(cls, data: Any) -> FlushHeader:
+        items = as_list(data, "flush", 5, exact=5)
+        kind = as_int(items[0], "flush.kind", 0, len(KIND_NAMES) - 1)
+        fid = as_list(items[1], "flush.flush_id", 2, exact=2)
+        flush_id = (as_address(fid[0], "flush.flush_id.coordinator"), as_int(fid[1], "flush.flush_id.counter"))
+        holders = []
+        for i, pair in enumerate(as_list(items[4], "flush.holders", 4096)):
+            s, h = as_list(pair, f"flush.holders[{i}]", 2, exact=2)
+            holders.append((as_address(s, f"flush.holders[{i}].sender"), as_address(h, f"flush.holders[{i}].holder")))
+        hdr = cls(
+            kind,
+            flush_id,
+            participants=as_address_list(items[2], "flush.participants"),
+            digest=None if items[3] is None else Digest.from_wire(items[3], "flush.digest"),
+            holders=tuple(holders),
+        )
+        if kind in (FLUSH_OK, FLUSH_TARGET) and hdr.digest is None:
+            raise WireError(f"flush: {KIND_NAMES[kind]} without a digest")
+        if kind == START_FLUSH and not hdr.participants:
+            raise WireError("flush: START_FLUSH without participants")
+        return hdr
+
+
+@dataclass(frozen=True)
+class FlushConfig:
+    timeout: float = param("8s", "duration", doc="longest a member stays blocked; then it unblocks by itself")
+    start_flush_timeout: float = param(
+        "2s", "duration", doc="a participant silent this long in a flush round is reported as failed"
+    )
+    block_ok: str = param(
+        "auto", "choice", choices=("auto", "app"), doc="auto: block() is done at once; app: wait for BlockOk"
+    )
+    max_queued: int = param("16MiB", "size", doc="multicasts queued behind the latch before backpressure")
+
+
+@dataclass
+class _Round:
+    """A flush as a participant sees it."""
+
+    flush_id: FlushId
+    coordinator: Address
+    participants: tuple[Address, ...]
+    ok_sent: bool = False
+    target: Digest | None = None
+    completed: bool = False
+
+
+@dataclass
+class _Coordinating:
+    """A flush this member coordinates."""
+
+    flush_id: FlushId
+    participants: tuple[Address, ...]
+    oks: dict[Address, Digest] = field(default_factory=dict)
+    completed: set[Address] = field(default_factory=set)
+    target_sent: bool = False
+
+
+@register_layer
+class Flush(Layer):
+    NAME = "flush"
+    PROTO_ID = protocol_ids.FLUSH
+    Config = FlushConfig
+
+    def __init__(self, config: FlushConfig, ctx: Any) -> None:
+        super().__init__(config, ctx)
+        self.view: View | None = None
+        self.latched = False
+        self.queue: list[Message] = []
+        self.queued_bytes = 0
+        self.backpressure = False
+        self.round: _Round | None = None
+        self.coordinating: _Coordinating | None = None
+
+    # -- application side ----------------------------------------------------------------------------
+    def down(self, msg: Message) -> None:
+        if self.latched and msg.dest is None and not msg.flags & NO_RELIABILITY:
+            self.queue.append(msg)
+            self.queued_bytes += len(msg.payload)
+            if not self.backpressure and self.queued_bytes > self.config.max_queued:
+                self.backpressure = True
+                self.above.up_event(Backpressure(True))
+            return
+        self.below.down(msg)
+
+    def down_event(self, event: Event) -> Any:
+        if isinstance(event, BlockOk):
+            self._block_done()
+            return None
+        if isinstance(event, FlushCompleted | FlushFailed):  # pragma: no cover - those travel down from here only
+            return self.below.down_event(event)
+        return self.below.down_event(event)
+
+    # -- from below ----------------------------------------------------------------------------------
+    def up(self, batch: list[Message]) -> None:
+        pid = protocol_ids.FLUSH
+        out: list[Message] | None = None
+        for i, msg in enumerate(batch):
+            hdr = msg.headers.get(pid)
+            if hdr is None:
+                if out is not None:
+                    out.append(msg)
+                continue
+            if out is None:
+                out = batch[:i]
+            self._handle(msg.src, hdr)  # type: ignore[arg-type]
+        if out is None:
+            out = batch
+        if out:
+            self.above.up(out)
+        r = self.round
+        if r is not None and r.target is not None and not r.completed:
+            self._check_complete()
+
+    def up_event(self, event: Event) -> None:
+        if isinstance(event, FlushRequest):
+            self._start(event.flush_id, event.participants)
+            return
+        if isinstance(event, ViewChange):
+            self.view = event.view
+            self.coordinating = None
+            self.above.up_event(event)
+            self._unblock("view installed")
+            return
+        self.above.up_event(event)
+
+    def _handle(self, src: Address, hdr: FlushHeader) -> None:
+        kind = hdr.kind
+        if kind == START_FLUSH:
+            self._on_start(src, hdr)
+        elif kind == FLUSH_OK:
+            c = self.coordinating
+            if c is not None and c.flush_id == hdr.flush_id and src in c.participants and hdr.digest is not None:
+                c.oks[src] = hdr.digest
+                self._maybe_send_target()
+        elif kind == FLUSH_TARGET:
+            r = self.round
+            if r is not None and r.flush_id == hdr.flush_id and hdr.digest is not None and not r.completed:
+                r.target = hdr.digest
+                self.below.down_event(FlushTarget(hdr.digest, hdr.holders))
+                self._check_complete()
+        elif kind == FLUSH_COMPLETED:
+            c = self.coordinating
+            if c is not None and c.flush_id == hdr.flush_id and src in c.participants:
+                c.completed.add(src)
+                if c.completed >= set(c.participants):
+                    self.coordinating = None
+                    self.cancel_timer("coordinate")
+                    self.count("flushes_completed")
+                    self.below.down_event(FlushCompleted(c.flush_id))
+
+    # -- coordinator -----------------------------------------------------------------------------------
+    def _start(self, flush_id: FlushId, participants: tuple[Address, ...]) -> None:
+        self.coordinating = _Coordinating(flush_id, participants)
+        self.count("flushes_started")
+        for p in participants:
+            self._send(p, FlushHeader(START_FLUSH, flush_id, participants=participants))
+        self.set_timer("coordinate", self.config.start_flush_timeout)
+
+    def _maybe_send_target(self) -> None:
+        c = self.coordinating
+        if c is None or c.target_sent or set(c.oks) < set(c.participants):
+            return
+        best: dict[Address, tuple[int, Address]] = {}
+        for member in c.participants:
+            for sender, (delivered, _) in c.oks[member].items():
+                cur = best.get(sender)
+                # The sender itself holds its whole stream; otherwise any participant with the most.
+                if cur is None or delivered > cur[0] or (delivered == cur[0] and member == sender):
+                    best[sender] = (delivered, member)
+        target = Digest({s: (d, d) for s, (d, _) in best.items()})
+        holders = tuple((s, h) for s, (_, h) in best.items() if h != s)
+        c.target_sent = True
+        for p in c.participants:
+            self._send(
+                p, FlushHeader(FLUSH_TARGET, c.flush_id, participants=c.participants, digest=target, holders=holders)
+            )
+        self.set_timer("coordinate", self.config.start_flush_timeout)
+
+    # -- participant -----------------------------------------------------------------------------------
+    def _on_start(self, src: Address, hdr: FlushHeader) -> None:
+        me = self.local_address
+        if me not in hdr.participants:
+            return
+        r = self.round
+        if r is not None and r.flush_id == hdr.flush_id:
+            return
+        # A new flush (possibly from a new coordinator after a crash) supersedes the old one.
+        if r is not None:
+            self.below.down_event(FlushRelease())
+        self.round = _Round(hdr.flush_id, src, hdr.participants)
+        self.set_timer("blocked", self.config.timeout)
+        if self.latched:
+            self._block_done()  # the application is blocked already (an earlier round was superseded)
+            return
+        self.above.up_event(Block())
+        if self.config.block_ok == "auto":
+            self._block_done()
+
+    def _block_done(self) -> None:
+        r = self.round
+        if r is None or r.ok_sent:
+            return
+        r.ok_sent = True
+        self.latched = True
+        digest = self.below.down_event(FlushHold())
+        if not isinstance(digest, Digest):
+            digest = self.below.down_event(GetDigest())
+        self._send(r.coordinator, FlushHeader(FLUSH_OK, r.flush_id, digest=digest))
+
+    def _check_complete(self) -> None:
+        r = self.round
+        if r is None or r.target is None or r.completed:
+            return
+        digest = self.below.down_event(GetDigest())
+        if not isinstance(digest, Digest):
+            return
+        for sender, (want, _) in r.target.items():
+            if sender in digest and digest.delivered(sender) < want:
+                return
+        r.completed = True
+        # Old-view streams of participants are complete: later messages from them are new-view control
+        # traffic (the view itself), which must flow. Non-participants stay held until the view removes them.
+        self.below.down_event(FlushRelease(r.participants))
+        self._send(r.coordinator, FlushHeader(FLUSH_COMPLETED, r.flush_id))
+
+    def _unblock(self, reason: str) -> None:
+        self.cancel_timer("blocked")
+        was_blocked = self.round is not None or self.latched
+        self.round = None
+        if not was_blocked:
+            return
+        self.latched = False
+        self.below.down_event(FlushRelease())
+        queued, self.queue = self.queue, []
+        self.queued_bytes = 0
+        for msg in queued:
+            self.below.down(msg)
+        if self.backpressure:
+            self.backpressure = False
+            self.above.up_event(Backpressure(False))
+        self.above.up_event(Unblock())
+        self.count("unblocked")
+
+    def on_timer(self, key: object) -> None:
+        if key == "blocked":
+            self.count("block_timeouts")
+            self.ctx.log.warning("blocked by a flush for %.1fs without a new view: unblocking", self.config.timeout)
+            self._unblock("timeout")
+        elif key == "coordinate":
+            c = self.coordinating
+            if c is None:
+                return
+            waiting_for = c.completed if c.target_sent else set(c.oks)
+            missing = tuple(m for m in c.participants if m not in waiting_for)
+            self.coordinating = None
+            self.count("flushes_failed")
+            self.below.down_event(FlushFailed(c.flush_id, missing))
+
+    def _send(self, dest: Address, hdr: FlushHeader) -> None:
+        # Flush control travels as reliable unicasts: multicasts would queue behind the delivery holds.
+        self.below.down(Message(dest, flags=NO_FLOW_CONTROL, headers={protocol_ids.FLUSH: hdr}))
+
+    def describe_state(self) -> dict[str, Any]:
+        return {
+            "latched": self.latched,
+            "queued": len(self.queue),
+            "round": None if self.round is None else str(self.round.flush_id),
+        }
