@@ -238,7 +238,9 @@ class LayerHarness:
 
     # -- outputs -----------------------------------------------------------------------------------
     def collect(self) -> LayerHarness:
-        """Pick up outputs produced outside the harness's own calls (e.g. after calling a layer directly)."""
+        """Pick up outputs produced outside the harness's own calls (e.g. after calling a layer directly),
+        ending the step first as a driver would (bundled frames go out)."""
+        self.stack._end_step()
         self._collect()
         return self
 

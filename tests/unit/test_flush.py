@@ -1,0 +1,173 @@
+"""FLUSH: latch, digests and targets, reconciliation holds, completion, failure reporting, timeouts, headers."""
+
+from __future__ import annotations
+
+import pytest
+from groupcluster.core import protocol_ids
+from groupcluster.core.digest import Digest
+from groupcluster.core.errors import WireError
+from groupcluster.core.events import Block, FlushCompleted, FlushFailed, FlushRequest, Unblock, ViewChange
+from groupcluster.core.message import Message
+from groupcluster.core.view import View, ViewId
+from groupcluster.protocols import flush as _flush  # noqa: F401
+from groupcluster.protocols import nakack as _nakack  # noqa: F401
+from groupcluster.protocols import unicast as _unicast  # noqa: F401
+from groupcluster.protocols.flush import FLUSH_COMPLETED, FLUSH_OK, FLUSH_TARGET, START_FLUSH, FlushHeader
+from groupcluster.protocols.nakack import MSG, XMIT_RSP, NakAckHeader
+from groupcluster.protocols.unicast import DATA, UnicastHeader
+
+from .harness import ME, PEERS, LayerHarness
+
+P1, P2, P3 = PEERS[0], PEERS[1], PEERS[2]
+FID = (P1, 1)
+SPEC = [
+    {"layer": "nakack", "retain_delivered": True, "xmit_interval": "100ms"},
+    {"layer": "unicast"},
+    {"layer": "probe"},
+    {"layer": "flush", "timeout": "5s", "start_flush_timeout": "1s"},
+]
+_conn = iter(range(1, 1_000_000))
+
+
+def control(sender, hdr: FlushHeader) -> Message:
+    """A flush control message from ``sender`` as it arrives: a reliable unicast (each on a fresh connection,
+    so tests need not track per-sender seqnos)."""
+    return Message(ME, headers={protocol_ids.FLUSH: hdr, protocol_ids.UNICAST: UnicastHeader(DATA, next(_conn), 1, 1)})
+
+
+def mcast(seqno: int) -> Message:
+    return Message(None, f"m{seqno}".encode(), headers={protocol_ids.NAKACK: NakAckHeader(MSG, seqno)})
+
+
+def flush_sent(h: LayerHarness) -> list[tuple[tuple[str, int], FlushHeader]]:
+    return [(ep, m.headers[protocol_ids.FLUSH]) for ep, m in h.take_sent() if protocol_ids.FLUSH in m.headers]
+
+
+def member() -> LayerHarness:
+    h = LayerHarness(SPEC)
+    h.install_view([P1, ME, P2, P3])
+    h.take_sent()
+    h.take_events()
+    return h
+
+
+def start(h: LayerHarness, participants=(P1, ME, P2)) -> None:
+    h.receive(P1, [control(P1, FlushHeader(START_FLUSH, FID, participants=participants))])
+
+
+def test_start_flush_blocks_reports_the_digest_and_latches_own_multicasts() -> None:
+    h = member()
+    h.receive(P2, [mcast(1), mcast(2)])
+    h.send(b"before")
+    h.take_delivered()
+    start(h)
+    assert any(isinstance(e, Block) for e in h.take_events())
+    oks = [(ep, hdr) for ep, hdr in flush_sent(h) if hdr.kind == FLUSH_OK]
+    assert len(oks) == 1 and oks[0][0] == P1.endpoint
+    assert oks[0][1].digest[P2][0] == 2 and oks[0][1].digest[ME][0] == 1
+    # Seed 000's open question: a multicast after block() returned waits; it is not sent in the old view.
+    h.send(b"after block")
+    h.send(b"a unicast passes", dest=P2)
+    sent = h.take_sent()
+    assert [m.payload for _, m in sent if m.payload] == [b"a unicast passes"]
+
+
+def test_target_makes_the_member_fetch_and_deliver_exactly_up_to_it_then_complete() -> None:
+    h = member()
+    h.receive(P3, [mcast(1)])
+    start(h)
+    h.take_sent()
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0), P3: (3, 3)})  # P3 crashed; P2 holds up to 3
+    h.receive(
+        P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target, holders=((P3, P2),)))]
+    )
+    assert not [hdr for _, hdr in flush_sent(h) if hdr.kind == FLUSH_COMPLETED]
+    h.advance(0.25)
+    reqs = [(ep, m) for ep, m in h.take_sent() if protocol_ids.NAKACK in m.headers]
+    assert reqs and all(ep == P2.endpoint for ep, _ in reqs), "missing messages are asked from the holder"
+    # The holder retransmits on P3's behalf; one message beyond the target arrived from P3 and is held.
+    rsp = [
+        Message(ME, f"m{s}".encode(), headers={protocol_ids.NAKACK: NakAckHeader(XMIT_RSP, s, P3)}) for s in (2, 3, 4)
+    ]
+    h.receive(P2, rsp)
+    assert [m.payload for m in h.take_delivered()] == [b"m1", b"m2", b"m3"]
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+
+
+def test_new_view_unblocks_and_sends_the_queued_multicasts() -> None:
+    h = member()
+    start(h)
+    h.send(b"queued")
+    h.take_sent()
+    h.take_events()
+    h.install_view([P1, ME, P2], seq=2, down=True, up=True)
+    assert any(isinstance(e, Unblock) for e in h.take_events())
+    assert [m.payload for _, m in h.take_sent() if m.payload] == [b"queued", b"queued"]  # to P1 and P2
+
+
+def test_member_blocked_too_long_unblocks_by_itself() -> None:
+    h = member()
+    start(h)
+    h.send(b"queued")
+    h.take_events()
+    h.advance(5.1)
+    assert any(isinstance(e, Unblock) for e in h.take_events())
+    assert h.metric("flush.block_timeouts") == 1
+
+
+def coordinator() -> LayerHarness:
+    h = LayerHarness([*SPEC], me=ME)
+    h.install_view([ME, P1, P2])
+    h.take_sent()
+    return h
+
+
+def test_coordinator_runs_both_rounds_and_reports_completion_below() -> None:
+    h = coordinator()
+    h.receive(P1, [mcast(1), mcast(2)])
+    h.receive(P2, [mcast(1)])
+    h.probe().inject_up_event(FlushRequest((ME, 1), (ME, P1, P2)))
+    h.collect()
+    starts = [ep for ep, hdr in flush_sent(h) if hdr.kind == START_FLUSH]
+    assert sorted(starts) == [P1.endpoint, P2.endpoint]  # and to itself by loopback
+    fid = (ME, 1)
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_OK, fid, digest=Digest({ME: (0, 0), P1: (2, 2), P2: (0, 1)})))])
+    h.receive(P2, [control(P2, FlushHeader(FLUSH_OK, fid, digest=Digest({ME: (0, 0), P1: (1, 2), P2: (1, 1)})))])
+    targets = [(ep, hdr) for ep, hdr in flush_sent(h) if hdr.kind == FLUSH_TARGET]
+    assert sorted(ep for ep, _ in targets) == [P1.endpoint, P2.endpoint]
+    target = targets[0][1].digest
+    assert (target[P1][0], target[P2][0], target[ME][0]) == (2, 1, 0)  # the most anyone has, per sender
+    assert not any(isinstance(e, FlushCompleted) for e in h.probe().log.down_events)
+    for p in (P1, P2):
+        h.receive(p, [control(p, FlushHeader(FLUSH_COMPLETED, fid))])
+    assert any(isinstance(e, FlushCompleted) and e.flush_id == fid for e in h.probe().log.down_events)
+
+
+def test_coordinator_reports_silent_participants() -> None:
+    h = coordinator()
+    h.probe().inject_up_event(FlushRequest((ME, 1), (ME, P1, P2)))
+    h.collect()
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_OK, (ME, 1), digest=Digest({ME: (0, 0), P1: (0, 0)})))])
+    h.advance(1.1)
+    failed = [e for e in h.probe().log.down_events if isinstance(e, FlushFailed)]
+    assert failed and failed[0].missing == (P2,)
+
+
+@pytest.mark.parametrize(
+    "wire, message",
+    [
+        ([FLUSH_OK, [["h", 1, 1], 1], [], None, []], "without a digest"),
+        ([START_FLUSH, [["h", 1, 1], 1], [], None, []], "without participants"),
+        ([9, [["h", 1, 1], 1], [], None, []], "flush.kind"),
+    ],
+)
+def test_malformed_flush_headers_are_rejected(wire: list, message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        FlushHeader.from_wire(wire)
+
+
+def test_view_change_event_reaches_the_application() -> None:
+    h = member()
+    h.install_view([P1, ME], seq=3)
+    assert any(isinstance(e, ViewChange) and e.view.members == (P1, ME) for e in h.take_events())
+    assert View(ViewId(3, P1), (P1, ME)).coordinator == P1
