@@ -171,3 +171,20 @@ def test_view_change_event_reaches_the_application() -> None:
     h.install_view([P1, ME], seq=3)
     assert any(isinstance(e, ViewChange) and e.view.members == (P1, ME) for e in h.take_events())
     assert View(ViewId(3, P1), (P1, ME)).coordinator == P1
+
+
+def test_next_view_multicasts_arriving_before_our_view_are_delivered_after_it() -> None:
+    """Real-process run: a member that installed the new view first multicast before ours arrived."""
+    h = member()
+    start(h)
+    h.take_sent()
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h.receive(P2, [mcast(1)])  # P2 is already in the next view
+    assert h.take_delivered() == []
+    h.take_events()
+    h.install_view([P1, ME, P2], seq=2)
+    events = h.take_events()
+    assert any(isinstance(e, ViewChange) for e in events)
+    assert [m.payload for m in h.take_delivered()] == [b"m1"]

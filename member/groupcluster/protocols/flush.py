@@ -17,6 +17,8 @@ can never block the group forever:
    (:class:`FlushFailed`), which suspects it and flushes again without it.
 4. GMS installs the new view; installing it unblocks every member (:class:`Unblock`) and releases the
    multicasts queued behind the latch, which go out in the new view. There is no STOP round: the view is it.
+   A member that completed its flush holds incoming multicasts until it installs the new view too: they were
+   sent in the new view by members that installed it first, and must not be delivered in the old one.
 
 Seed 000's open question — a message sent after block() returns but before the latch closes — cannot arise:
 the latch for a member's own multicasts closes in the same step in which block() is reported done, before
@@ -48,7 +50,9 @@ from ..core.events import (
     FlushRequest,
     FlushTarget,
     GetDigest,
+    Suspect,
     Unblock,
+    Unsuspect,
     ViewChange,
 )
 from ..core.layer import Layer, register_layer
@@ -164,6 +168,8 @@ class Flush(Layer):
         self.backpressure = False
         self.round: _Round | None = None
         self.coordinating: _Coordinating | None = None
+        self.held: list[Message] = []  # next-view multicasts that arrived before our next view
+        self.suspects: set[Address] = set()
 
     # -- application side ----------------------------------------------------------------------------
     def down(self, msg: Message) -> None:
@@ -199,9 +205,17 @@ class Flush(Layer):
             self._handle(msg.src, hdr)  # type: ignore[arg-type]
         if out is None:
             out = batch
+        r = self.round
+        if out and ((r is not None and r.completed) or self.held):
+            # Our old-view delivery is complete; a multicast arriving now was sent in the next view (its
+            # sender installed it before us): deliver it after we install that view too. While anything is
+            # held, later multicasts queue behind it (FIFO), even if a new flush round started meanwhile.
+            held = [m for m in out if m.dest is None]
+            if held:
+                self.held.extend(held)
+                out = [m for m in out if m.dest is not None]
         if out:
             self.above.up(out)
-        r = self.round
         if r is not None and r.target is not None and not r.completed:
             self._check_complete()
 
@@ -209,10 +223,16 @@ class Flush(Layer):
         if isinstance(event, FlushRequest):
             self._start(event.flush_id, event.participants)
             return
+        if isinstance(event, Suspect):
+            self.suspects.add(event.member)
+        elif isinstance(event, Unsuspect):
+            self.suspects.discard(event.member)
         if isinstance(event, ViewChange):
             self.view = event.view
+            self.suspects &= set(event.view.members)
             self.coordinating = None
             self.above.up_event(event)
+            self._release_held()
             self._unblock("view installed")
             return
         self.above.up_event(event)
@@ -275,6 +295,14 @@ class Flush(Layer):
         me = self.local_address
         if me not in hdr.participants:
             return
+        # Only the member our membership layer would follow may flush us: the first member of our view we do
+        # not suspect. Two members that both think they coordinate (after an asymmetric partition) must not
+        # take turns superseding each other's rounds forever; the other one's flush fails and it moves on.
+        view = self.view
+        senior = next((m for m in view.members if m not in self.suspects), None) if view is not None else None
+        if src != senior:
+            self.count("flushes_refused")
+            return
         r = self.round
         if r is not None and r.flush_id == hdr.flush_id:
             return
@@ -317,8 +345,14 @@ class Flush(Layer):
         self.below.down_event(FlushRelease(r.participants))
         self._send(r.coordinator, FlushHeader(FLUSH_COMPLETED, r.flush_id))
 
+    def _release_held(self) -> None:
+        if self.held:
+            held, self.held = self.held, []
+            self.above.up(held)
+
     def _unblock(self, reason: str) -> None:
         self.cancel_timer("blocked")
+        self._release_held()
         was_blocked = self.round is not None or self.latched
         self.round = None
         if not was_blocked:

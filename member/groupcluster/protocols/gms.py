@@ -300,9 +300,11 @@ class Gms(Layer):
             return
         if isinstance(event, Suspect):
             self._on_suspect(event.member)
+            self.above.up_event(event)  # FLUSH and the application see suspicions too
             return
         if isinstance(event, Unsuspect):
             self.suspects.discard(event.member)
+            self.above.up_event(event)
             return
         if isinstance(event, MergeNeeded):
             self._on_merge_needed(event)
