@@ -26,6 +26,14 @@ TWO_GROUPS = (
     "second group's view before it installed that view was never delivered"
 )
 RETURNING = "NAKACK: a returning member's window started below what was already delivered (duplicates, FIFO breaks)"
+VSYNC = Scenario(stack="vsync")  # the vsync stack at the defaults of its first sweeps
+EARLY_CONVERGENCE = (
+    "liveness traffic was sent into a view that exclusions decided during the faults were about to split "
+    "(the scenario now waits for a stable converged view)"
+)
+FLUSH_FIFO = "FLUSH held next-view multicasts while a superseding round let later ones through (FIFO break)"
+FLUSH_LIVELOCK = "two would-be coordinators superseded each other's flush rounds forever (nobody unblocked)"
+FLUSH_GUARD = "GMS waited forever on a flush whose round a merge view had voided"
 
 # (seed, scenario, what the seed found)
 REGRESSIONS: list[tuple[int, Scenario, str]] = [
@@ -48,6 +56,11 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (6379, MID, RETURNING),
     (6654, MID, RETURNING),
     (255, LATE8, TWO_GROUPS),
+    (11319, MID, EARLY_CONVERGENCE),
+    (5001, VSYNC, FLUSH_FIFO),
+    (9750, VSYNC, FLUSH_LIVELOCK),
+    (78, VSYNC, FLUSH_GUARD),
+    (93, VSYNC, FLUSH_GUARD),
 ]
 
 
