@@ -149,3 +149,25 @@ def register_layer(cls: L) -> L:
         raise RuntimeError(f"layer name {cls.NAME!r} is claimed by {existing.__qualname__} and {cls.__qualname__}")
     LAYER_TYPES[cls.NAME] = cls
     return cls
+
+
+def split_batch(batch: list[Message], pid: int) -> tuple[list[Message], list[tuple[Message, Any]]]:
+    """Split ``batch`` into the messages for the layers above and (message, header) pairs carrying ``pid``.
+
+    The common case — no message of this protocol — costs one scan and returns ``batch`` itself. Use it where
+    the relative order of the two kinds does not matter (control messages that change nothing the
+    application sees in between); GMS, whose views must be delivered in order, keeps its own loop.
+    """
+    first = next((k for k, msg in enumerate(batch) if pid in msg.headers), None)
+    if first is None:
+        return batch, []
+    rest = batch[:first]
+    own: list[tuple[Message, Any]] = []
+    for msg in batch[first:]:
+        hdr = msg.headers.get(pid)
+        if hdr is None:
+            rest.append(msg)
+        else:
+            own.append((msg, hdr))
+    return rest, own
+

@@ -55,7 +55,7 @@ from ..core.events import (
     Unsuspect,
     ViewChange,
 )
-from ..core.layer import Layer, register_layer
+from ..core.layer import Layer, register_layer, split_batch
 from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
 from ..core.validate import as_address, as_address_list, as_int, as_list
 from ..core.view import View
@@ -192,19 +192,9 @@ class Flush(Layer):
 
     # -- from below ----------------------------------------------------------------------------------
     def up(self, batch: list[Message]) -> None:
-        pid = protocol_ids.FLUSH
-        out: list[Message] | None = None
-        for i, msg in enumerate(batch):
-            hdr = msg.headers.get(pid)
-            if hdr is None:
-                if out is not None:
-                    out.append(msg)
-                continue
-            if out is None:
-                out = batch[:i]
+        out, own = split_batch(batch, protocol_ids.FLUSH)
+        for msg, hdr in own:  # flush control is unicast: its order against multicasts carries no meaning
             self._handle(msg.src, hdr)  # type: ignore[arg-type]
-        if out is None:
-            out = batch
         r = self.round
         if out and ((r is not None and r.completed) or self.held):
             # Our old-view delivery is complete; a multicast arriving now was sent in the next view (its

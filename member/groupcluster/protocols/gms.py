@@ -269,20 +269,21 @@ class Gms(Layer):
     # -- from below ----------------------------------------------------------------------------------
     def up(self, batch: list[Message]) -> None:
         pid = protocol_ids.GMS
-        out: list[Message] | None = None
-        for i, msg in enumerate(batch):
+        # In order: messages that precede a VIEW in the stream are delivered before it is installed.
+        pending: list[Message] = []
+        for msg in batch:
             hdr = msg.headers.get(pid)
             if hdr is None:
-                if out is not None:
-                    out.append(msg)
+                pending.append(msg)
                 continue
-            if out is None:
-                out = batch[:i]
+            if pending:
+                self._deliver(pending)
+                pending = []
             self._handle(msg.src, hdr)  # type: ignore[arg-type]
-        if out is None:
-            out = batch
-        if not out:
-            return
+        if pending:
+            self._deliver(batch if len(pending) == len(batch) else pending)
+
+    def _deliver(self, out: list[Message]) -> None:
         if self.state in ("member", "leaving"):
             self.above.up(out)
         elif self.state == "joining":

@@ -18,7 +18,7 @@ from ..core import protocol_ids
 from ..core.address import Address
 from ..core.config import param
 from ..core.events import Event, GetHosts, MergeNeeded, ViewChange
-from ..core.layer import Layer, register_layer
+from ..core.layer import Layer, register_layer, split_batch
 from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
 from ..core.validate import as_address, as_list
 from ..core.view import View, ViewId
@@ -87,21 +87,11 @@ class Merge(Layer):
         return self.below.down_event(event)
 
     def up(self, batch: list[Message]) -> None:
-        pid = protocol_ids.MERGE
-        out: list[Message] | None = None
-        for i, msg in enumerate(batch):
-            hdr = msg.headers.get(pid)
-            if hdr is None:
-                if out is not None:
-                    out.append(msg)
-                continue
-            if out is None:
-                out = batch[:i]
+        rest, own = split_batch(batch, protocol_ids.MERGE)
+        for msg, hdr in own:
             self._on_info(msg.src, hdr)  # type: ignore[arg-type]
-        if out is None:
-            out = batch
-        if out:
-            self.above.up(out)
+        if rest:
+            self.above.up(rest)
 
     def _on_info(self, sender: Address, hdr: MergeHeader) -> None:
         view = self.view
