@@ -170,4 +170,3 @@ def split_batch(batch: list[Message], pid: int) -> tuple[list[Message], list[tup
         else:
             own.append((msg, hdr))
     return rest, own
-
