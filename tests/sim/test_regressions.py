@@ -80,3 +80,59 @@ def test_replaying_a_seed_reproduces_its_failure_exactly() -> None:
     assert first.violations
     again = run_seed(42, broken, digest=True)
     assert (again.violations, again.digest, again.events) == (first.violations, first.digest, first.events)
+
+
+# ---- total order (SEQUENCER), seeds found while the layer and its checkers were written ----------------------
+TOTAL_ORDER = Scenario(stack="total-order")
+STRAYS_DROPPED = (
+    "forwards that reached a member before it became coordinator were dropped at an intermediate view; later "
+    "forwards were sequenced past the gap and per-sender dedup lost the missing ones"
+)
+FRAGMENTS_SPLIT = (
+    "a view change split a fragmented message: FRAG dropped the partial message of a sender outside the new view "
+    "before the replay delivered the rest (fragments are now delivered together)"
+)
+ALONE_ORDER = (
+    "checker: a member excluded and alone ordered its own message first; compared with a crashed member's order "
+    "from while they were apart (crashed-prefix now compares deliveries made together or after the crash)"
+)
+REGRESSIONS += [
+    (78, TOTAL_ORDER, STRAYS_DROPPED),
+    (465, TOTAL_ORDER, FRAGMENTS_SPLIT),
+    (65, TOTAL_ORDER, ALONE_ORDER),
+    (183, TOTAL_ORDER, ALONE_ORDER),
+    (224, TOTAL_ORDER, ALONE_ORDER),
+]
+
+
+# ---- virtual synchrony, found once the vsync checker really ran in the simulator -------------------------------
+MERGE_UNFLUSHED = "merge views were installed without flushing the subgroups: old-view messages crossed the merge"
+MERGE_ALONE = (
+    "a singleton merged without a flush: what it multicast between its MERGE_RSP and the merged view was "
+    "delivered by the other subgroup as part of the merged view"
+)
+SPLIT_BATCH = (
+    "GMS passed a batch up in two parts; FLUSH judged completion on NAKACK's count before the second part arrived "
+    "and held those old-view messages as next-view ones"
+)
+GONE_TO_OUTSIDER = (
+    "an excluded member, alone, told a member of its old view its messages were 'gone' (stable in its singleton "
+    "view): that member skipped messages the rest of its view had delivered"
+)
+EARLY_START = "a START_FLUSH overtook the VIEW it flushes; joining it from the old view released the old holds"
+BLOCK_TIMEOUT = (
+    "a member blocked past the flush timeout unblocked in its old view after the others had installed the next "
+    "one; it now moves into a view of its own"
+)
+LATE_JOIN_REQ = "a late JOIN_REQ made another coordinator add us as a joiner; we left our group without its flush"
+REGRESSIONS += [
+    (39, VSYNC, MERGE_UNFLUSHED),
+    (31, VSYNC, MERGE_UNFLUSHED),
+    (55, VSYNC, MERGE_ALONE),
+    (79, VSYNC, SPLIT_BATCH),
+    (246, VSYNC, GONE_TO_OUTSIDER),
+    (23, VSYNC, EARLY_START),
+    (302, VSYNC, BLOCK_TIMEOUT),
+    (411, VSYNC, BLOCK_TIMEOUT),
+    (817, VSYNC, LATE_JOIN_REQ),
+]

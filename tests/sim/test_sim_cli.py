@@ -176,3 +176,25 @@ def test_the_groupcluster_sim_command_on_the_fifo_stack() -> None:
     assert m and m.group(1) == "3" and int(m.group(2)) > 1000 and m.group(3) == "0"
     assert [line.split(":")[0] for line in lines[:-1]] == ["seed 0", "seed 1", "seed 2"]
     assert "sim: 3/3 seeds" in proc.stderr
+
+
+def test_check_stack_adds_the_properties_of_that_stack(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--stack vsync`` judges virtual synchrony: here b moved to view 2 with a without a's message."""
+    v1, v2 = [1, "10.0.0.1:7800#1"], [2, "10.0.0.1:7800#1"]
+    a, b = "10.0.0.1:7800#1", "10.0.0.2:7800#2"
+    events = [
+        {"t": 1.0, "member": a, "kind": "view", "view_id": v1, "members": [a, b], "merge": False},
+        {"t": 1.0, "member": b, "kind": "view", "view_id": v1, "members": [a, b], "merge": False},
+        {"t": 2.0, "member": a, "kind": "send", "msg": "m1", "dest": None, "view": v1},
+        {"t": 2.0, "member": a, "kind": "deliver", "sender": a, "msg": "m1", "dest": None},
+        {"t": 3.0, "member": a, "kind": "view", "view_id": v2, "members": [a, b], "merge": False},
+        {"t": 3.0, "member": b, "kind": "view", "view_id": v2, "members": [a, b], "merge": False},
+        {"t": 3.5, "member": b, "kind": "deliver", "sender": a, "msg": "m1", "dest": None},
+    ]
+    path = tmp_path / "h.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    code, lines, _ = check(capsys, str(path))
+    assert code == 0 and lines[-1].endswith(" 0 violations")
+    code, lines, _ = check(capsys, str(path), "--stack", "vsync")
+    assert code == 1 and lines[-1].endswith(" 1 violations")
+    assert lines[0].startswith("virtual-synchrony")

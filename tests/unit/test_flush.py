@@ -51,8 +51,11 @@ def member() -> LayerHarness:
     return h
 
 
-def start(h: LayerHarness, participants=(P1, ME, P2)) -> None:
-    h.receive(P1, [control(P1, FlushHeader(START_FLUSH, FID, participants=participants))])
+VID = ViewId(1, P1)  # the view member() installs
+
+
+def start(h: LayerHarness, participants=(P1, ME, P2), view_id: ViewId = VID) -> None:
+    h.receive(P1, [control(P1, FlushHeader(START_FLUSH, FID, participants=participants, view_id=view_id))])
 
 
 def test_start_flush_blocks_reports_the_digest_and_latches_own_multicasts() -> None:
@@ -156,9 +159,11 @@ def test_coordinator_reports_silent_participants() -> None:
 @pytest.mark.parametrize(
     "wire, message",
     [
-        ([FLUSH_OK, [["h", 1, 1], 1], [], None, []], "without a digest"),
-        ([START_FLUSH, [["h", 1, 1], 1], [], None, []], "without participants"),
-        ([9, [["h", 1, 1], 1], [], None, []], "flush.kind"),
+        ([FLUSH_OK, [["h", 1, 1], 1], [], None, [], None], "without a digest"),
+        ([START_FLUSH, [["h", 1, 1], 1], [], None, [], [1, ["h", 1, 1]]], "without participants"),
+        ([START_FLUSH, [["h", 1, 1], 1], [["h", 1, 1]], None, [], None], "without participants or view id"),
+        ([9, [["h", 1, 1], 1], [], None, [], None], "flush.kind"),
+        ([FLUSH_COMPLETED, [["h", 1, 1], 1], [], None, []], "flush"),
     ],
 )
 def test_malformed_flush_headers_are_rejected(wire: list, message: str) -> None:
@@ -188,3 +193,39 @@ def test_next_view_multicasts_arriving_before_our_view_are_delivered_after_it() 
     events = h.take_events()
     assert any(isinstance(e, ViewChange) for e in events)
     assert [m.payload for m in h.take_delivered()] == [b"m1"]
+
+
+def test_a_start_flush_for_a_view_not_yet_installed_waits_for_that_view() -> None:
+    """Sim seed 23 (vsync): START_FLUSH (unicast) overtook the VIEW (multicast). Joining the new view's flush
+    from the old view un-held the old round and delivered next-view messages in the old view."""
+    h = member()
+    next_view = ViewId(2, P1)
+    start(h, view_id=next_view)
+    assert not any(isinstance(e, Block) for e in h.take_events())
+    assert flush_sent(h) == []
+    h.install_view([P1, ME, P2], seq=2)
+    assert any(isinstance(e, Block) for e in h.take_events())
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_OK]
+
+
+def test_a_start_flush_for_an_older_view_is_dropped_at_the_next_view() -> None:
+    h = member()
+    start(h, view_id=ViewId(7, P2))  # not ours, and the next view is not it either
+    h.install_view([P1, ME, P2], seq=2)
+    assert not any(isinstance(e, Block) for e in h.take_events())
+    assert flush_sent(h) == []
+
+
+def test_completion_counts_only_what_reached_the_application() -> None:
+    """Sim seed 79 (vsync): a batch passed up in parts (GMS splits at a VIEW) let the flush complete on
+    NAKACK's count while the rest of the batch was still on its way, and those old-view messages were then
+    held as next-view ones. Completion is now judged at the end of the step."""
+    h = member()
+    start(h)
+    h.take_sent()
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (2, 2)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
+    assert flush_sent(h) == []
+    h.receive(P2, [mcast(1), mcast(2)])
+    assert [m.payload for m in h.take_delivered()] == [b"m1", b"m2"]
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]

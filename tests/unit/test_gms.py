@@ -192,6 +192,17 @@ def test_stale_views_are_ignored() -> None:
     assert h.metric("gms.views_ignored") == 1
 
 
+def test_a_view_that_adds_us_as_a_joiner_is_ignored_once_we_are_a_member() -> None:
+    """Sim seed 817 (vsync): a late JOIN_REQ of ours reached another coordinator, whose view listed us as a
+    joiner; we moved into it from our group without that group's flush."""
+    h = participant((P1, ME, P2))
+    other = View(ViewId(3, P2), (P2, ME))  # P2 is in our view, so its seq-3 view would otherwise be accepted
+    hdr = GmsHeader(VIEW, view=other, digest=Digest({ME: (0, 0)}))
+    h.receive(P2, [Message(None, headers={GID: hdr, protocol_ids.NAKACK: NakAckHeader(MSG, 1)})])
+    assert h.take_events(ViewChange) == []
+    assert h.metric("gms.views_ignored_as_joiner") == 1
+
+
 @pytest.mark.parametrize(
     "wire, message",
     [

@@ -113,6 +113,22 @@ def test_stability_collects_sent_messages_and_answers_gone_for_them() -> None:
     assert XMIT_RSP in kinds and XMIT_GONE in kinds
 
 
+def test_gone_is_not_said_to_a_requester_outside_our_view() -> None:
+    """Sim seed 246 (vsync): an excluded member, alone, saw its messages stable in its singleton view and told
+    a member of its old view "gone"; that member skipped messages the rest of its view had delivered, and the
+    flush could no longer fetch them for it. Only members of our view may be told to skip."""
+    h = make()
+    for i in range(3):
+        h.send(f"own{i}".encode())
+    h.install_view([ME])  # excluded: we carry on alone, and everything we sent is stable here
+    h.control(Stability(None, Digest({ME: (3, 3)})))
+    h.take_sent()
+    req = Message(ME, flags=NO_RELIABILITY, headers={PID: NakAckHeader(XMIT_REQ, sender=ME, ranges=((1, 3),))})
+    h.receive(P1, [req])
+    assert [hdr.kind for _, hdr in sent_with(h.take_sent(), PID)] == []
+    assert h.layer("nakack").ctx.metrics["nakack.xmit_gone_withheld"] == 1
+
+
 def test_gone_notice_lets_a_late_member_skip_what_it_can_never_get() -> None:
     h = make()
     h.receive(P1, [mcast(5)])

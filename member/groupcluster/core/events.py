@@ -118,6 +118,16 @@ class FlushFailed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class FlushAbandoned(Event):
+    """FLUSH tells GMS that this member stayed blocked past its timeout without a new view.
+
+    The rest of the group may have moved on to a view this member never received: multicasts it sends now
+    must not count as old-view messages. GMS moves a participant into a view of its own (MERGE brings it
+    back); if the member stays in its view, FLUSH unblocks it there.
+    """
+
+
+@dataclass(frozen=True, slots=True)
 class BlockOk(Event):
     """The application finished its block() work (sent down after a :class:`Block` output)."""
 

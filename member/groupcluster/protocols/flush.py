@@ -43,6 +43,7 @@ from ..core.events import (
     Block,
     BlockOk,
     Event,
+    FlushAbandoned,
     FlushCompleted,
     FlushFailed,
     FlushHold,
@@ -58,7 +59,7 @@ from ..core.events import (
 from ..core.layer import Layer, register_layer, split_batch
 from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
 from ..core.validate import as_address, as_address_list, as_int, as_list
-from ..core.view import View
+from ..core.view import View, ViewId
 
 START_FLUSH, FLUSH_OK, FLUSH_TARGET, FLUSH_COMPLETED = 0, 1, 2, 3
 KIND_NAMES = ("START_FLUSH", "FLUSH_OK", "FLUSH_TARGET", "FLUSH_COMPLETED")
@@ -68,7 +69,7 @@ FlushId = tuple[Address, int]
 @register_header
 class FlushHeader(Header):
     PROTO_ID = protocol_ids.FLUSH
-    __slots__ = ("digest", "flush_id", "holders", "kind", "participants")
+    __slots__ = ("digest", "flush_id", "holders", "kind", "participants", "view_id")
 
     def __init__(
         self,
@@ -78,8 +79,10 @@ class FlushHeader(Header):
         participants: tuple[Address, ...] = (),
         digest: Digest | None = None,
         holders: tuple[tuple[Address, Address], ...] = (),
+        view_id: ViewId | None = None,
     ) -> None:
         self.kind = kind
+        self.view_id = view_id  # START_FLUSH: the view being flushed
         self.flush_id = flush_id
         self.participants = participants
         self.digest = digest
@@ -92,11 +95,12 @@ class FlushHeader(Header):
             [m.to_wire() for m in self.participants],
             None if self.digest is None else self.digest.to_wire(),
             [[s.to_wire(), h.to_wire()] for s, h in self.holders],
+            None if self.view_id is None else self.view_id.to_wire(),
         ]
 
     @classmethod
     def from_wire(cls, data: Any) -> FlushHeader:
-        items = as_list(data, "flush", 5, exact=5)
+        items = as_list(data, "flush", 6, exact=6)
         kind = as_int(items[0], "flush.kind", 0, len(KIND_NAMES) - 1)
         fid = as_list(items[1], "flush.flush_id", 2, exact=2)
         flush_id = (as_address(fid[0], "flush.flush_id.coordinator"), as_int(fid[1], "flush.flush_id.counter"))
@@ -110,17 +114,20 @@ class FlushHeader(Header):
             participants=as_address_list(items[2], "flush.participants"),
             digest=None if items[3] is None else Digest.from_wire(items[3], "flush.digest"),
             holders=tuple(holders),
+            view_id=None if items[5] is None else ViewId.from_wire(items[5], "flush.view_id"),
         )
         if kind in (FLUSH_OK, FLUSH_TARGET) and hdr.digest is None:
             raise WireError(f"flush: {KIND_NAMES[kind]} without a digest")
-        if kind == START_FLUSH and not hdr.participants:
-            raise WireError("flush: START_FLUSH without participants")
+        if kind == START_FLUSH and (not hdr.participants or hdr.view_id is None):
+            raise WireError("flush: START_FLUSH without participants or view id")
         return hdr
 
 
 @dataclass(frozen=True)
 class FlushConfig:
-    timeout: float = param("8s", "duration", doc="longest a member stays blocked; then it unblocks by itself")
+    timeout: float = param(
+        "8s", "duration", doc="longest a member stays blocked; then it moves into a view of its own (MERGE rejoins)"
+    )
     start_flush_timeout: float = param(
         "2s", "duration", doc="a participant silent this long in a flush round is reported as failed"
     )
@@ -170,6 +177,11 @@ class Flush(Layer):
         self.coordinating: _Coordinating | None = None
         self.held: list[Message] = []  # next-view multicasts that arrived before our next view
         self.suspects: set[Address] = set()
+        # Completion is checked at the end of the step, never in the middle of a batch: layers between NAKACK
+        # and us may pass a batch up in parts, and NAKACK's digest already counts the parts not yet here.
+        self.check_due = False
+        # A START_FLUSH for a view we have not installed yet (it overtook the VIEW): run it once we have.
+        self.early_start: tuple[Address, FlushHeader] | None = None
 
     # -- application side ----------------------------------------------------------------------------
     def down(self, msg: Message) -> None:
@@ -193,8 +205,9 @@ class Flush(Layer):
     # -- from below ----------------------------------------------------------------------------------
     def up(self, batch: list[Message]) -> None:
         out, own = split_batch(batch, protocol_ids.FLUSH)
-        for msg, hdr in own:  # flush control is unicast: its order against multicasts carries no meaning
-            self._handle(msg.src, hdr)  # type: ignore[arg-type]
+        # The multicasts first: NAKACK counted them as delivered when it passed this batch up, so the digest a
+        # control message of the same batch reads (FLUSH_OK, completion) already includes them — they belong
+        # to the old view and must reach the application before the round can complete.
         r = self.round
         if out and ((r is not None and r.completed) or self.held):
             # Our old-view delivery is complete; a multicast arriving now was sent in the next view (its
@@ -206,8 +219,11 @@ class Flush(Layer):
                 out = [m for m in out if m.dest is not None]
         if out:
             self.above.up(out)
+        for msg, hdr in own:  # flush control is unicast: its order against multicasts carries no meaning
+            self._handle(msg.src, hdr)  # type: ignore[arg-type]
+        r = self.round
         if r is not None and r.target is not None and not r.completed:
-            self._check_complete()
+            self.check_due = True
 
     def up_event(self, event: Event) -> None:
         if isinstance(event, FlushRequest):
@@ -224,6 +240,9 @@ class Flush(Layer):
             self.above.up_event(event)
             self._release_held()
             self._unblock("view installed")
+            early, self.early_start = self.early_start, None
+            if early is not None and early[1].view_id == event.view.view_id:
+                self._on_start(*early)
             return
         self.above.up_event(event)
 
@@ -241,7 +260,7 @@ class Flush(Layer):
             if r is not None and r.flush_id == hdr.flush_id and hdr.digest is not None and not r.completed:
                 r.target = hdr.digest
                 self.below.down_event(FlushTarget(hdr.digest, hdr.holders))
-                self._check_complete()
+                self.check_due = True
         elif kind == FLUSH_COMPLETED:
             c = self.coordinating
             if c is not None and c.flush_id == hdr.flush_id and src in c.participants:
@@ -254,10 +273,13 @@ class Flush(Layer):
 
     # -- coordinator -----------------------------------------------------------------------------------
     def _start(self, flush_id: FlushId, participants: tuple[Address, ...]) -> None:
+        if self.view is None:
+            return  # GMS flushes only once it has a view; nothing to flush before
         self.coordinating = _Coordinating(flush_id, participants)
         self.count("flushes_started")
+        view_id = self.view.view_id
         for p in participants:
-            self._send(p, FlushHeader(START_FLUSH, flush_id, participants=participants))
+            self._send(p, FlushHeader(START_FLUSH, flush_id, participants=participants, view_id=view_id))
         self.set_timer("coordinate", self.config.start_flush_timeout)
 
     def _maybe_send_target(self) -> None:
@@ -289,7 +311,14 @@ class Flush(Layer):
         # not suspect. Two members that both think they coordinate (after an asymmetric partition) must not
         # take turns superseding each other's rounds forever; the other one's flush fails and it moves on.
         view = self.view
-        senior = next((m for m in view.members if m not in self.suspects), None) if view is not None else None
+        if view is None or hdr.view_id != view.view_id:
+            # A flush of another view: one we have not installed yet (the unicast START_FLUSH overtook the
+            # multicast VIEW) runs once we have it; until then we are still flushed for the view before, and
+            # answering now would deliver next-view messages in our old view. Stale ones are dropped then.
+            self.count("flush_starts_deferred")
+            self.early_start = (src, hdr)
+            return
+        senior = next((m for m in view.members if m not in self.suspects), None)
         if src != senior:
             self.count("flushes_refused")
             return
@@ -319,21 +348,28 @@ class Flush(Layer):
             digest = self.below.down_event(GetDigest())
         self._send(r.coordinator, FlushHeader(FLUSH_OK, r.flush_id, digest=digest))
 
-    def _check_complete(self) -> None:
+    def end_of_step(self) -> bool:
+        if not self.check_due:
+            return False
+        self.check_due = False
+        return self._check_complete()
+
+    def _check_complete(self) -> bool:
         r = self.round
         if r is None or r.target is None or r.completed:
-            return
+            return False
         digest = self.below.down_event(GetDigest())
         if not isinstance(digest, Digest):
-            return
+            return False
         for sender, (want, _) in r.target.items():
             if sender in digest and digest.delivered(sender) < want:
-                return
+                return False
         r.completed = True
         # Old-view streams of participants are complete: later messages from them are new-view control
         # traffic (the view itself), which must flow. Non-participants stay held until the view removes them.
         self.below.down_event(FlushRelease(r.participants))
         self._send(r.coordinator, FlushHeader(FLUSH_COMPLETED, r.flush_id))
+        return True
 
     def _release_held(self) -> None:
         if self.held:
@@ -363,7 +399,12 @@ class Flush(Layer):
         if key == "blocked":
             self.count("block_timeouts")
             self.ctx.log.warning("blocked by a flush for %.1fs without a new view: unblocking", self.config.timeout)
-            self._unblock("timeout")
+            # Unblocking in the old view would send our queued multicasts into a view the others may have left
+            # (they installed the next one, which never reached us): GMS moves us into a view of our own first,
+            # which unblocks us through the view change. If it keeps us where we are, unblock here.
+            self.below.down_event(FlushAbandoned())
+            if self.round is not None or self.latched:
+                self._unblock("timeout")
         elif key == "coordinate":
             c = self.coordinating
             if c is None:

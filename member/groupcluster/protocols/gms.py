@@ -36,6 +36,7 @@ from ..core.events import (
     Disconnect,
     Event,
     FindMembers,
+    FlushAbandoned,
     FlushCompleted,
     FlushFailed,
     FlushRequest,
@@ -180,6 +181,8 @@ class _Merge:
     leader: Address
     waiting: set[Address] = field(default_factory=set)
     responses: dict[Address, tuple[View, Digest]] = field(default_factory=dict)
+    # use_flush: our subgroup was flushed for this merge, so its members are blocked until a view comes.
+    flushed: bool = False
 
 
 @register_layer
@@ -206,6 +209,7 @@ class Gms(Layer):
         self.leave_after_pending = False
         # FLUSH (use_flush): the flush in progress, and whether the queue may now become a view.
         self.flushing: tuple[Address, int] | None = None
+        self.flush_for_merge = False  # the flush in progress prepares our subgroup for self.merge
         self.flush_ready = False
         self.flush_counter = 0
         self.cancel_timer("orphan")
@@ -249,14 +253,27 @@ class Gms(Layer):
             if event.flush_id == self.flushing:
                 self.cancel_timer("flush")
                 self.flushing = None
-                self.flush_ready = True
-                self._process_queue()
+                if self.flush_for_merge:
+                    self._merge_flushed()
+                else:
+                    self.flush_ready = True
+                    self._process_queue()
+            return None
+        if isinstance(event, FlushAbandoned):
+            view = self.view
+            alone = view is None or len(view.members) == 1
+            if self.state in ("member", "leaving") and not alone and not self.is_coordinator:
+                self._continue_alone("flush_abandoned", "blocked by a flush without a new view")
+                if self.state == "leaving":
+                    self._left("left")  # alone now: nobody is left to hand over to
             return None
         if isinstance(event, FlushFailed):
             if event.flush_id == self.flushing:
                 self.cancel_timer("flush")
                 self.flushing = None
                 self.count("flush_failures")
+                if self.flush_for_merge:
+                    self._merge_flush_failed()
                 for m in event.missing:
                     if m != self.local_address:
                         self.suspects.add(m)
@@ -341,6 +358,7 @@ class Gms(Layer):
             m = self.merge
             if m is not None and m.merge_id == hdr.merge_id and hdr.view is not None:
                 self._cast_view(hdr.view, hdr.digest)
+                m.flushed = False  # the merged view unblocks our subgroup
                 self._end_merge()
         elif kind == CANCEL_MERGE and self.merge is not None and self.merge.merge_id == hdr.merge_id:
             self._end_merge()
@@ -414,23 +432,36 @@ class Gms(Layer):
         if not self.ctx.has_timer("bundle"):
             self.set_timer("bundle", self.config.view_bundling)
 
+    def _request_flush(self, members: tuple[Address, ...], for_merge: bool) -> bool:
+        """Ask FLUSH to flush ``members`` (minus suspects); False when there is nobody else to flush."""
+        participants = tuple(m for m in members if m not in self.suspects)
+        # Alone, a view change needs no flush: the VIEW message itself orders our multicasts before and after
+        # it. A merge does: our digest goes out before the merged view comes, and what we multicast between
+        # the two must wait for the merged view, or its new members would deliver it as part of that view.
+        if len(participants) < (1 if for_merge else 2):
+            return False
+        self.flush_counter += 1
+        self.flushing = (self.local_address, self.flush_counter)
+        self.flush_for_merge = for_merge
+        # Never wait on FLUSH forever: if neither FlushCompleted nor FlushFailed comes, flush again.
+        self.set_timer("flush", self.config.flush_guard_timeout)
+        self.above.up_event(FlushRequest(self.flushing, participants))
+        return True
+
     def _process_queue(self) -> None:
-        if not self.queue or not self.is_coordinator or self.pending is not None or self.merge is not None:
+        # After a flush the members are blocked until a view arrives: a completed flush needs a view even with
+        # nothing queued (a merge it was made for was cancelled).
+        if not (self.queue or self.flush_ready) or not self.is_coordinator:
+            return
+        if self.pending is not None or self.merge is not None:
             return
         if self.flushing is not None:
             return  # requests keep queueing (bundled) until the flush completes
         assert self.view is not None
         me = self.local_address
         base = self.tmp_members or self.view.members
-        if self.config.use_flush and not self.flush_ready:
-            participants = tuple(m for m in base if m not in self.suspects)
-            if len(participants) > 1:
-                self.flush_counter += 1
-                self.flushing = (me, self.flush_counter)
-                # Never wait on FLUSH forever: if neither FlushCompleted nor FlushFailed comes, flush again.
-                self.set_timer("flush", self.config.flush_guard_timeout)
-                self.above.up_event(FlushRequest(self.flushing, participants))
-                return
+        if self.config.use_flush and not self.flush_ready and self._request_flush(base, for_merge=False):
+            return
         flushed, self.flush_ready = self.flush_ready, False
         requests, self.queue = self.queue, []
         removed = {m for kind, m, _ in requests if kind in ("leave", "suspect") and m in base}
@@ -500,6 +531,11 @@ class Gms(Layer):
             self.count("views_ignored")
             return
         me = self.local_address
+        if digest is not None and not view.is_merge and me in digest:
+            # A view that adds us as a joiner answers a JOIN_REQ of ours that arrived late (we joined another
+            # group meanwhile): we are not joining; moving into it would skip the flush of the view we are in.
+            self.count("views_ignored_as_joiner")
+            return
         if me not in view.members:
             if self.state == "leaving":
                 if self.pending is not None and self.pending.view.view_id == view.view_id:
@@ -521,14 +557,18 @@ class Gms(Layer):
         me = self.local_address
         self.view = view
         self.acting_coordinator = False
+        self.flush_ready = False  # a flush readies only the view that follows it
         self.max_seq = max(self.max_seq, view.view_id.seq)
         self.suspects &= set(view.members)
         if self.pending is None:
             self.tmp_members = view.members
         self.below.down_event(ViewChange(view))
-        self.above.up_event(ViewChange(view))
-        if self.state == "joining":
+        joined = self.state == "joining"
+        if joined:
+            # Member before the layers above see the view: they may send in it at once (SEQUENCER's SYNC).
             self.state = "member"
+        self.above.up_event(ViewChange(view))
+        if joined:
             self.cancel_timer("join")
             self.cancel_timer("rediscover")
             self.above.up_event(Joined(view))
@@ -536,10 +576,11 @@ class Gms(Layer):
             early = [m for m in early if m.src in view.members]
             if early:
                 self.above.up(early)
+        if self.merge is not None:
+            self.merge.flushed = False  # whatever view this is, it unblocked the members we flushed
         if self.flushing is not None:
             # A view (e.g. a merge) arrived during our flush: that round is void; flush again for the queue.
             self.flushing = None
-            self.flush_ready = False
             self.cancel_timer("flush")
             if self.queue and not self.ctx.has_timer("bundle"):
                 self.set_timer("bundle", self.config.view_bundling)
@@ -641,7 +682,7 @@ class Gms(Layer):
             if view.coordinator in event.coordinators:
                 self._continue_alone("orphaned", "our coordinator announces a view without us")
             return
-        if not self.is_coordinator or self.pending is not None or self.merge is not None or self.view is None:
+        if not self.is_coordinator or self.view is None or self._busy():
             return
         me = self.local_address
         coords = sorted(set(event.coordinators) | {me})
@@ -650,11 +691,50 @@ class Gms(Layer):
         self.merge_counter += 1
         merge_id = (me, self.merge_counter)
         self.merge = _Merge(merge_id, me, waiting=set(coords) - {me})
-        self.merge.responses[me] = (self.view, self._my_digest())
         self.count("merges_started")
         for c in coords[1:]:
             self._send(c, GmsHeader(MERGE_REQ, merge_id=merge_id))
         self.set_timer("merge", self.config.merge_timeout)
+        self._prepare_merge()
+
+    def _busy(self) -> bool:
+        return self.pending is not None or self.merge is not None or self.flushing is not None
+
+    def _prepare_merge(self) -> None:
+        """Flush our subgroup (use_flush) before our view and digest go into the merge, else answer at once.
+
+        Virtual synchrony across a merge: the members of each subgroup must deliver the same messages of
+        their old view before the merged view, and send nothing more in it — the same flush as for any view
+        change, run by each subgroup's coordinator over its own members. Their digest then is final.
+        """
+        assert self.view is not None and self.merge is not None
+        if self.config.use_flush and self._request_flush(self.view.members, for_merge=True):
+            return
+        self._merge_flushed()
+
+    def _merge_flushed(self) -> None:
+        m = self.merge
+        if m is None or self.view is None:
+            # The merge ended while we flushed: the blocked members still need a view.
+            self.flush_ready = True
+            self._process_queue()
+            return
+        m.flushed = self.config.use_flush
+        me = self.local_address
+        if m.leader == me:
+            m.responses[me] = (self.view, self._my_digest())
+            if not m.waiting:
+                self._finish_merge()
+        else:
+            self._send(m.leader, GmsHeader(MERGE_RSP, merge_id=m.merge_id, view=self.view, digest=self._my_digest()))
+
+    def _merge_flush_failed(self) -> None:
+        m = self.merge
+        if m is None:
+            return
+        if m.leader != self.local_address:
+            self._send(m.leader, GmsHeader(MERGE_RSP, merge_id=m.merge_id, reason="flush failed"))
+        self._abort_merge()
 
     def _my_digest(self) -> Digest:
         assert self.view is not None
@@ -663,14 +743,17 @@ class Gms(Layer):
         return Digest({m: digest[m] for m in self.view.members if m in digest})
 
     def _on_merge_req(self, src: Address, hdr: GmsHeader) -> None:
-        busy = self.pending is not None or (self.merge is not None and self.merge.merge_id != hdr.merge_id)
+        busy = self.pending is not None or self.flushing is not None
+        busy = busy or (self.merge is not None and self.merge.merge_id != hdr.merge_id)
         if not self.is_coordinator or busy or self.view is None:
             self._send(src, GmsHeader(MERGE_RSP, merge_id=hdr.merge_id, reason="busy or not coordinator"))
             return
         assert hdr.merge_id is not None
+        if self.merge is not None:
+            return  # a repeated request for the merge we already prepare
         self.merge = _Merge(hdr.merge_id, src)
         self.set_timer("merge", self.config.merge_timeout)
-        self._send(src, GmsHeader(MERGE_RSP, merge_id=hdr.merge_id, view=self.view, digest=self._my_digest()))
+        self._prepare_merge()
 
     def _on_merge_rsp(self, src: Address, hdr: GmsHeader) -> None:
         m = self.merge
@@ -679,7 +762,7 @@ class Gms(Layer):
         m.waiting.discard(src)
         if hdr.view is not None and hdr.digest is not None:
             m.responses[src] = (hdr.view, hdr.digest)
-        if not m.waiting:
+        if not m.waiting and self.local_address in m.responses:
             self._finish_merge()
 
     def _finish_merge(self) -> None:
@@ -687,8 +770,8 @@ class Gms(Layer):
         assert m is not None
         me = self.local_address
         others = sorted(c for c in m.responses if c != me)
-        if not others:
-            self._end_merge()
+        if me not in m.responses or not others:
+            self._abort_merge()
             return
         members: list[Address] = list(m.responses[me][0].members)
         seen = set(members)
@@ -708,12 +791,30 @@ class Gms(Layer):
         for c in others:
             self._send(c, GmsHeader(INSTALL_MERGE_VIEW, merge_id=m.merge_id, view=merged, digest=digest))
         self._cast_view(merged, digest)
+        m.flushed = False  # the merged view unblocks our subgroup
+        self._end_merge()
+
+    def _abort_merge(self) -> None:
+        """Give up a merge; as leader, tell the coordinators that answered, whose subgroups may be blocked."""
+        m = self.merge
+        if m is not None and m.leader == self.local_address:
+            for c in sorted(m.responses):
+                if c != self.local_address:
+                    self._send(c, GmsHeader(CANCEL_MERGE, merge_id=m.merge_id))
+        self.count("merges_aborted")
         self._end_merge()
 
     def _end_merge(self) -> None:
-        self.merge = None
+        m, self.merge = self.merge, None
         self.cancel_timer("merge")
-        if self.queue and not self.ctx.has_timer("bundle"):
+        if self.flushing is not None and self.flush_for_merge:
+            # Our subgroup flush is still running: when it completes, _merge_flushed installs a view.
+            return
+        if m is not None and m.flushed:
+            # We flushed our subgroup but no merged view came: its members are blocked until a view arrives.
+            self.flush_ready = True
+            self._process_queue()
+        elif self.queue and not self.ctx.has_timer("bundle"):
             self.set_timer("bundle", self.config.view_bundling)
 
     # -- timers --------------------------------------------------------------------------------------
@@ -726,8 +827,10 @@ class Gms(Layer):
             if self.flushing is not None:
                 self.count("flush_guard_timeouts")
                 self.flushing = None
-                self.flush_ready = False
-                self._process_queue()
+                if self.flush_for_merge:
+                    self._merge_flush_failed()
+                else:
+                    self._process_queue()
         elif key == "orphan":
             view = self.view
             if view is not None and self.state == "member" and view.coordinator in self.suspects:
@@ -749,7 +852,7 @@ class Gms(Layer):
         elif key == "merge":
             m = self.merge
             if m is not None and m.leader == self.local_address:
-                self._finish_merge()
+                self._finish_merge()  # with the subgroups that answered, or aborted if we are not ready
             else:
                 self._end_merge()
 

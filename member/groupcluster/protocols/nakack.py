@@ -437,7 +437,12 @@ class NakAck(Layer):
                 copy.headers[protocol_ids.NAKACK] = NakAckHeader(XMIT_RSP, s, self.local_address)
                 self.below.down(copy)
                 self.count("xmit_sent")
-        if gone:
+        if gone and requester not in self.members:
+            # Stable in a view the requester is not in (we moved on without it, e.g. excluded and alone):
+            # "gone" would make it skip messages its own view's members may still hold for it (FLUSH fetches
+            # them from a holder once its view drops us). Say nothing; it stops asking when its view changes.
+            self.count("xmit_gone_withheld")
+        elif gone:
             self.below.down(
                 Message(
                     requester,

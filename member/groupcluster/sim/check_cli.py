@@ -1,7 +1,8 @@
 """``groupcluster check FILE...``: run the safety checkers over histories recorded by real member processes.
 
 The files are JSON lines written by ``groupcluster member --record FILE`` (one per member); they are merged
-by time into one history and judged by the same checkers as simulated runs. Each violation prints on its
+by time into one history and judged by the same checkers as simulated runs (``--stack vsync`` or
+``--stack total-order`` adds the properties those stacks promise). Each violation prints on its
 own line; the last line of standard output is ``check: <E> events, <V> violations``; the exit status is 0
 only when V is 0 (2 when a file cannot be read).
 """
@@ -12,7 +13,14 @@ import argparse
 import json
 import sys
 
-from .checkers import SAFETY_CHECKERS, HistoryFormatError, HistoryIndex, check_merge_convergence, check_safety
+from .checkers import (
+    SAFETY_CHECKERS,
+    STACK_CHECKERS,
+    HistoryFormatError,
+    HistoryIndex,
+    check_merge_convergence,
+    check_safety,
+)
 from .history import History, HistoryEvent
 
 
@@ -30,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--converged",
         action="store_true",
         help="also require that the members alive at the end ended in one view holding exactly them",
+    )
+    parser.add_argument(
+        "--stack",
+        choices=sorted(STACK_CHECKERS),
+        help="also check what this stack preset promises (vsync: virtual synchrony; total-order: one order)",
     )
     parser.add_argument("--json", action="store_true", help="print violations as JSON objects")
 
@@ -57,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         violations = check_safety(index, skip=args.skip)
         if args.converged:
             violations.extend(check_merge_convergence(index))
+        for checker in STACK_CHECKERS.get(args.stack or "", {}).values():
+            violations.extend(checker(index))
     except (OSError, HistoryFormatError) as exc:
         print(f"check: {exc}", file=sys.stderr)
         return 2

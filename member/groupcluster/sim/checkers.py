@@ -509,3 +509,154 @@ def check_all(
     if converged_at is not None:
         out.extend(check_liveness_delivery(idx, converged_at, live_list))
     return out
+
+
+# ---- total order (stack "total-order") ----------------------------------------------------------------------
+#
+# * ``total-order`` — two members deliver the multicasts they both delivered in the same relative order,
+#   counting the deliveries each made while the other was in its view (extended virtual synchrony's agreed
+#   order: members in different partitions order independently, and the merged group cannot undo that).
+# * ``crashed-prefix`` — a crashed member's deliveries, made while a survivor S was in its view, are a prefix
+#   of S's order: those S delivered too (while the crashed member was in S's view, or after the crash) come in
+#   the same order, and S also delivered each one whose sender S had in every view from the send until the
+#   crashed member delivered it (uniform agreement: what a member delivered before crashing is not lost or
+#   reordered for the others, even when the sender crashed as well).
+
+
+def _multicasts_by_view(idx: HistoryIndex) -> dict[str, list[tuple[tuple[str, str], int, int]]]:
+    """Per receiver: its multicast deliveries as ((sender, msg), index of its view then or -1, position)."""
+    out: dict[str, list[tuple[tuple[str, str], int, int]]] = {}
+    for d in idx.deliveries:
+        if d.dest is not None:
+            continue
+        k = bisect.bisect_right(idx.view_positions.get(d.receiver, []), d.pos) - 1
+        out.setdefault(d.receiver, []).append(((d.sender, d.msg), k, d.pos))
+    return out
+
+
+def _with_peer(
+    idx: HistoryIndex, member: str, seq: list[tuple[tuple[str, str], int, int]], peer: str
+) -> list[tuple[tuple[str, str], int, int]]:
+    """The deliveries of ``member`` made while ``peer`` was in its view."""
+    views = idx.views.get(member, [])
+    present = [peer in members for _pos, _vid, members in views]
+    return [e for e in seq if e[1] >= 0 and present[e[1]]]
+
+
+def _first_inversion(
+    ours: list[tuple[str, str]], theirs: dict[tuple[str, str], int]
+) -> tuple[tuple[str, str], tuple[str, str]] | None:
+    """In ``ours`` (an order), the first pair (a, b) that ``theirs`` (positions) orders b before a."""
+    best: tuple[int, tuple[str, str]] | None = None
+    for key in ours:
+        p = theirs.get(key)
+        if p is None:
+            continue
+        if best is not None and p < best[0]:
+            return best[1], key
+        if best is None or p > best[0]:
+            best = (p, key)
+    return None
+
+
+def _fmt_msg(key: tuple[str, str]) -> str:
+    return f"{key[1]!r} from {key[0]}"
+
+
+def check_total_order(history: History | HistoryIndex) -> list[Violation]:
+    idx = _index(history)
+    per = _multicasts_by_view(idx)
+    members = sorted(per)
+    out: list[Violation] = []
+    for i, x in enumerate(members):
+        for y in members[i + 1 :]:
+            xs = [e[0] for e in _with_peer(idx, x, per[x], y)]
+            if not xs:
+                continue
+            ys = [e[0] for e in _with_peer(idx, y, per[y], x)]
+            pos_y = {key: n for n, key in enumerate(ys)}
+            inv = _first_inversion(xs, pos_y)
+            if inv is not None:
+                a, b = inv
+                out.append(
+                    Violation(
+                        "total-order",
+                        x,
+                        f"delivered {_fmt_msg(a)} before {_fmt_msg(b)}, but {y} delivered them the other way round "
+                        f"(each while the other was in its view)",
+                    )
+                )
+    return out
+
+
+def check_crashed_prefix(history: History | HistoryIndex) -> list[Violation]:
+    idx = _index(history)
+    crashed = sorted({ev.member for ev in idx.events if ev.kind == "crash"})
+    if not crashed:
+        return []
+    survivors = sorted(idx.live_members())
+    per = _multicasts_by_view(idx)
+    out: list[Violation] = []
+    for c in crashed:
+        seq = per.get(c, [])
+        if not seq:
+            continue
+        for s in survivors:
+            if s == c:
+                continue
+            mine = _with_peer(idx, c, seq, s)
+            if not mine:
+                continue
+            # The survivor's deliveries while the crashed member was in its view or after the crash (before,
+            # while apart, the survivor ordered on its own: see total-order).
+            together = _with_peer(idx, s, per.get(s, []), c)
+            crash_pos = idx.ended.get(c, -1)
+            theirs_seq = [e for e in per.get(s, []) if e[2] > crash_pos] if crash_pos >= 0 else []
+            theirs = {e[0]: e[2] for e in sorted({*together, *theirs_seq}, key=lambda e: e[2])}
+            inv = _first_inversion([e[0] for e in mine], theirs)
+            if inv is not None:
+                a, b = inv
+                out.append(
+                    Violation(
+                        "crashed-prefix",
+                        c,
+                        f"delivered {_fmt_msg(a)} before {_fmt_msg(b)} (then crashed); survivor {s} delivered them "
+                        f"the other way round",
+                    )
+                )
+                continue
+            delivered = {e[0] for e in per.get(s, [])}
+            for key, _k, pos in mine:
+                if key not in delivered and _owed(idx, key, s, pos):
+                    out.append(
+                        Violation(
+                            "crashed-prefix",
+                            c,
+                            f"delivered {_fmt_msg(key)} while {s} was in its view (then crashed); {s} never "
+                            f"delivered it, though it had the sender in every view from the send on",
+                        )
+                    )
+                    break
+    return out
+
+
+def _owed(idx: HistoryIndex, key: tuple[str, str], s: str, until: int) -> bool:
+    """Whether ``s`` should deliver multicast ``key`` that another member delivered at position ``until``:
+    it was sent in a view ``s`` installed, and every view ``s`` installed from then up to ``until`` held the
+    sender."""
+    send = idx.sends.get(key)
+    if send is None or send.view is None or send.dest is not None:
+        return False
+    views = idx.views.get(s, [])
+    start = next((k for k, (_pos, vid, _m) in enumerate(views) if vid == send.view), None)
+    if start is None:
+        return False
+    for pos, _vid, members in views[start:]:
+        if pos > until:
+            break
+        if send.sender not in members:
+            return False
+    return True
+
+
+STACK_CHECKERS["total-order"] = {"total-order": check_total_order, "crashed-prefix": check_crashed_prefix}

@@ -478,7 +478,7 @@ class _Run:
         world = self.world
         live = [n.name for n in world.live_nodes()]
         out = list(world.errors)
-        out.extend(check_all(self.history, live=live, converged_at=self.converged_at, stack=self.sc.stack_name))
+        out.extend(check_all(self.history, live=live, converged_at=self.converged_at, stack=self.sc.stack_name()))
         leaving = [n.name for n in world.nodes if n is not None and n.state == LEAVING]
         if leaving:
             out.append(Violation("leave-completes", ", ".join(leaving), "a graceful leave never completed"))

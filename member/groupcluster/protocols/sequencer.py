@@ -1,0 +1,1117 @@
+"""SEQUENCER: total order through the coordinator (seed 004), uniform, batched, resynchronised on every view.
+
+A member does not multicast its application messages itself: it forwards them (reliable unicast, through
+UNICAST below) to the coordinator of its view, each tagged with its own *forward seqno*; the coordinator
+multicasts them (through NAKACK below: one reliable FIFO stream from one sender is a total order) in
+*batches*, and every member delivers them in that order with ``msg.src`` set to the original sender. What a
+member forwarded stays in its *forward-table* until it delivered it; a per-sender *received-table* (highest
+forward seqno delivered) discards copies that come back after a failover. Messages with ``NO_RELIABILITY``
+and unicasts pass straight through.
+
+Batching is what makes it cheap: everything a member multicasts in one driver step travels to the
+coordinator as one FORWARD message (up to ``max_batch_size``), and everything the coordinator sequences in
+one step leaves as one BCAST. A batch is a msgpack list of *runs* ``[origin, first forward seqno, items]``,
+an item being the payload bytes (or ``[flags, headers, payload]`` when upper layers, e.g. FRAG, added
+headers), so the per-message cost is a few bytes and no header object.
+
+Where this goes beyond seed 004, and why (``docs/total-order.md`` has the argument in full):
+
+* **Epochs.** Every view is an epoch, named by its view id; batches are numbered 1, 2, ... per epoch and a
+  member accepts BCASTs only from its current view's coordinator for its current view id.
+* **Uniform delivery.** A member delivers batch k only when the coordinator *committed* it, i.e. every member
+  of the view acknowledged receiving it (ACK, cumulative, unreliable and repeated; COMMIT rides on the next
+  BCAST or goes alone, reliably). So whatever any member delivered - the coordinator included, even if it
+  crashes a moment later - every other member of that view holds too, and the survivors can finish it in the
+  same order. Without this, seed 004's design lets a crashed coordinator deliver messages that the survivors
+  later deliver in another order (members resend them in arbitrary interleavings).
+* **Sync on every view change** (a small flush, done by the sequencer itself). Each member sends the new
+  coordinator a SYNC: the batches it received but has not delivered yet (by their original identity: the
+  epoch that sequenced them and their number there), its forward-table, and the epochs it has been in. The
+  coordinator waits for every member's SYNC (members that never send one are removed by the next view, which
+  restarts the sync), then re-multicasts the union of those batches in (epoch, number) order, then the
+  forward-tables' messages, then new traffic. A replayed batch of epoch E is delivered only by members that
+  were in E (after a merge, each side finishes its own epochs; the other side has no order to agree with),
+  and a forwarded message that such a replay will deliver to its sender is not sequenced a second time.
+
+* **Gaps.** A member's SYNC announces its highest forward seqno, so the coordinator knows where its next
+  FORWARD must start; one that starts later (forwards were lost, e.g. while the receiver was not coordinator
+  yet) is held and the sender asked to RESEND from the first missing seqno.
+* **Fragments** of one message (FRAG is above us) are delivered together once all are committed: when a view
+  change splits them, the rest comes by replay after the view, and FRAG forgets partial messages of senders
+  outside the new view.
+
+Multicasts sent before the first view wait in the forward-table and travel with the first SYNC; more than
+``max_queued`` bytes of undelivered own multicasts raise ``Backpressure(True)``. A graceful leave waits (up to
+``leave_timeout``) until the member's own multicasts were delivered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ..core import protocol_ids
+from ..core.address import Address
+from ..core.config import param
+from ..core.errors import WireError
+from ..core.events import Backpressure, Disconnect, Event, Left, ViewChange
+from ..core.layer import Layer, register_layer
+from ..core.message import ALL_FLAGS, HEADER_TYPES, NO_RELIABILITY, Header, Message, register_header
+from ..core.validate import MAX_INT, as_address, as_bytes, as_int, as_list
+from ..core.view import View, ViewId
+
+FORWARD, BCAST, COMMIT, ACK, SYNC, SYNC_REQ, RESEND = 0, 1, 2, 3, 4, 5, 6
+KIND_NAMES = ("FORWARD", "BCAST", "COMMIT", "ACK", "SYNC", "SYNC_REQ", "RESEND")
+_PID = protocol_ids.SEQUENCER
+_FRAG = protocol_ids.FRAG
+
+# Bounds on what a peer can make us allocate (a batch also fits in one frame: the transport limits that).
+MAX_RUNS = 65536
+MAX_ITEMS = 1 << 20
+MAX_HEADERS = 16
+MAX_SYNC_PARTS = 1 << 20
+MAX_EPOCHS = 1024  # epochs remembered per member (and announced in a SYNC)
+_ITEM_OVERHEAD = 8  # rough msgpack bytes per item, for cutting batches
+_MAX_FUTURE_SYNCS = 4096  # senders whose SYNC for a view we have not installed yet is kept
+_MAX_ADDRESSES = 8192  # interned origin addresses
+
+BatchId = tuple[ViewId, int]
+# A decoded item: payload bytes (no flags, no headers), or (flags, headers, payload).
+Item = Any
+Run = tuple[Address, int, list[Item]]
+
+
+@register_header
+class SequencerHeader(Header):
+    """FORWARD | BCAST(epoch, seq, commit, replay) | COMMIT(epoch, commit) | ACK(epoch, seq) |
+    SYNC(epoch, part, parts) | SYNC_REQ(epoch) | RESEND(epoch, seq: forward again from this forward seqno).
+    ``replay`` names the original (epoch, seq) of a re-multicast batch. FORWARD, BCAST and SYNC carry their
+    batch in the payload."""
+
+    PROTO_ID = protocol_ids.SEQUENCER
+    __slots__ = ("commit", "epoch", "kind", "replay", "seq")
+
+    def __init__(
+        self,
+        kind: int,
+        epoch: ViewId | None = None,
+        seq: int = 0,
+        commit: int = 0,
+        replay: BatchId | None = None,
+    ) -> None:
+        self.kind = kind
+        self.epoch = epoch
+        self.seq = seq
+        self.commit = commit
+        self.replay = replay
+
+    def to_wire(self) -> list[Any]:
+        kind = self.kind
+        if kind == FORWARD:
+            return [FORWARD]
+        assert self.epoch is not None
+        epoch = self.epoch.to_wire()
+        if kind == BCAST:
+            replay = None if self.replay is None else [self.replay[0].to_wire(), self.replay[1]]
+            return [BCAST, epoch, self.seq, self.commit, replay]
+        if kind == COMMIT:
+            return [COMMIT, epoch, self.commit]
+        if kind == ACK:
+            return [ACK, epoch, self.seq]
+        if kind == SYNC:
+            return [SYNC, epoch, self.seq, self.commit]
+        if kind == RESEND:
+            return [RESEND, epoch, self.seq]
+        return [SYNC_REQ, epoch]
+
+    @classmethod
+    def from_wire(cls, data: Any) -> SequencerHeader:
+        if type(data) is not list or not data:
+            raise WireError("sequencer: expected a non-empty list")
+        kind = as_int(data[0], "sequencer.kind", 0, len(KIND_NAMES) - 1)
+        sizes = (1, 5, 3, 3, 4, 2, 3)
+        if len(data) != sizes[kind]:
+            raise WireError(f"sequencer: {KIND_NAMES[kind]} needs {sizes[kind]} fields, got {len(data)}")
+        if kind == FORWARD:
+            return cls(FORWARD)
+        epoch = ViewId.from_wire(data[1], "sequencer.epoch")
+        if kind == BCAST:
+            seq = as_int(data[2], "sequencer.seq", 1)
+            commit = as_int(data[3], "sequencer.commit", 0, seq - 1)
+            replay = None
+            if data[4] is not None:
+                r = as_list(data[4], "sequencer.replay", 2, exact=2)
+                replay = (ViewId.from_wire(r[0], "sequencer.replay.epoch"), as_int(r[1], "sequencer.replay.seq", 1))
+            return cls(BCAST, epoch, seq, commit, replay)
+        if kind == COMMIT:
+            return cls(COMMIT, epoch, commit=as_int(data[2], "sequencer.commit"))
+        if kind == ACK:
+            return cls(ACK, epoch, seq=as_int(data[2], "sequencer.seq"))
+        if kind == RESEND:
+            return cls(RESEND, epoch, seq=as_int(data[2], "sequencer.seq", 1))
+        if kind == SYNC:
+            parts = as_int(data[3], "sequencer.parts", 1, MAX_SYNC_PARTS)
+            return cls(SYNC, epoch, seq=as_int(data[2], "sequencer.part", 0, parts - 1), commit=parts)
+        return cls(SYNC_REQ, epoch)
+
+    def __repr__(self) -> str:
+        return (
+            f"SequencerHeader({KIND_NAMES[self.kind]}, epoch={self.epoch}, seq={self.seq}, commit={self.commit}, "
+            f"replay={self.replay})"
+        )
+
+
+# ---- batch encoding --------------------------------------------------------------------------------------
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(data: bytes, field: str) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True, max_map_len=0, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several types for malformed input
+        raise WireError(f"{field}: not valid msgpack ({type(exc).__name__}: {exc})") from None
+
+
+def item_of(msg: Message) -> Any:
+    """The wire form of an application message inside a batch: its payload, or [flags, headers, payload]."""
+    if not msg.flags and not msg.headers:
+        return msg.payload
+    flat: list[Any] = []
+    for pid, hdr in msg.headers.items():
+        flat.append(pid)
+        flat.append(hdr.to_wire())
+    return [msg.flags, flat, msg.payload]
+
+
+def _item_size(item: Any) -> int:
+    return len(item) + _ITEM_OVERHEAD if type(item) is bytes else len(item[2]) + 16 * len(item[1]) + _ITEM_OVERHEAD
+
+
+def check_items(data: Any, field: str, *, decode: bool) -> list[Any]:
+    """Validate a list of items. ``decode`` turns [flags, headers, payload] into (flags, {pid: Header},
+    payload); otherwise the wire form is kept (the coordinator re-multicasts it as it came)."""
+    items = as_list(data, field, MAX_ITEMS)
+    if len(set(map(type, items))) == 1 and type(items[0]) is bytes:
+        return items  # the common case, checked in C: plain payloads only
+    out: list[Any] | None = [] if decode else None
+    for i, item in enumerate(items):
+        if type(item) is bytes:
+            if out is not None:
+                out.append(item)
+            continue
+        parts = as_list(item, f"{field}[{i}]", 3, exact=3)
+        flags = parts[0]
+        if type(flags) is not int or flags < 0 or flags & ~ALL_FLAGS:
+            raise WireError(f"{field}[{i}].flags: invalid flags {flags!r}")
+        raw_headers = parts[1]
+        if type(raw_headers) is not list or len(raw_headers) > 2 * MAX_HEADERS or len(raw_headers) % 2:
+            raise WireError(f"{field}[{i}].headers: expected a flat list of (id, header) pairs")
+        headers: dict[int, Header] = {}
+        for j in range(0, len(raw_headers), 2):
+            pid = raw_headers[j]
+            cls = HEADER_TYPES.get(pid) if type(pid) is int else None
+            if cls is None or pid == _PID:
+                raise WireError(f"{field}[{i}].headers: protocol id {pid!r} is not allowed here")
+            if pid in headers:
+                raise WireError(f"{field}[{i}].headers: protocol id {pid} appears twice")
+            try:
+                headers[pid] = cls.from_wire(raw_headers[j + 1])
+            except WireError as exc:
+                raise WireError(f"{field}[{i}].headers[{cls.__name__}]: {exc}") from None
+            except Exception as exc:  # a header class must never turn bad input into a crash
+                raise WireError(f"{field}[{i}].headers[{cls.__name__}]: {type(exc).__name__}: {exc}") from None
+        payload = as_bytes(parts[2], f"{field}[{i}].payload", MAX_INT)
+        if out is not None:
+            out.append((flags, headers, payload))
+    return out if out is not None else items
+
+
+def decode_forward(payload: bytes) -> tuple[int, list[Any]]:
+    """FORWARD payload: [first forward seqno, items] (items kept in wire form)."""
+    data = as_list(_unpack(payload, "sequencer.forward"), "sequencer.forward", 2, exact=2)
+    start = as_int(data[0], "sequencer.forward.start", 1)
+    items = check_items(data[1], "sequencer.forward.items", decode=False)
+    if not items:
+        raise WireError("sequencer.forward.items: empty")
+    return start, items
+
+
+def decode_batch(payload: bytes, address: Callable[[Any, str], Address]) -> list[Run]:
+    """BCAST payload: a list of runs [origin, first forward seqno, items] (items decoded)."""
+    runs = as_list(_unpack(payload, "sequencer.batch"), "sequencer.batch", MAX_RUNS)
+    out: list[Run] = []
+    for i, run in enumerate(runs):
+        if type(run) is not list or len(run) != 3:
+            as_list(run, f"sequencer.batch[{i}]", 3, exact=3)
+        origin = address(run[0], f"sequencer.batch[{i}].origin")
+        start = run[1]
+        if type(start) is not int or not 1 <= start <= MAX_INT:
+            as_int(start, f"sequencer.batch[{i}].start", 1)
+        items = check_items(run[2], f"sequencer.batch[{i}].items", decode=True)
+        out.append((origin, start, items))
+    return out
+
+
+@dataclass(frozen=True)
+class SequencerConfig:
+    max_batch_size: int = param(
+        "48KiB",
+        "size",
+        doc="largest FORWARD or BCAST payload: what one step forwards or sequences travels together up to this "
+        "size (a single larger message travels alone; keep it below the transport's max_frame_size)",
+        minimum=1024,
+    )
+    ack_interval: float = param(
+        "100ms",
+        "duration",
+        doc="a member re-acknowledges received batches this often while they are not committed yet",
+        minimum=0.001,
+    )
+    sync_retry: float = param(
+        "500ms", "duration", doc="a new coordinator asks members for their SYNC again after this long", minimum=0.001
+    )
+    max_queued: int = param(
+        "16MiB",
+        "size",
+        doc="bytes of own multicasts not delivered yet (e.g. sent before joining) before Backpressure(True)",
+        minimum=1,
+    )
+    max_stray: int = param(
+        "16MiB",
+        "size",
+        doc="bytes of forwarded messages kept while we are not (yet) the coordinator their sender believes we are",
+        minimum=0,
+    )
+    leave_timeout: float = param(
+        "2s", "duration", doc="a leaving member waits this long for its own multicasts to be delivered"
+    )
+
+
+class _Batch:
+    """A received batch: its identity (original epoch, seq), its payload as sequenced, its decoded runs."""
+
+    __slots__ = ("ident", "raw", "runs")
+
+    def __init__(self, ident: BatchId, raw: bytes, runs: list[Run]) -> None:
+        self.ident = ident
+        self.raw = raw
+        self.runs = runs
+
+
+class _Sync:
+    """A coordinator's collection of SYNCs for one epoch."""
+
+    __slots__ = ("batches", "epochs", "forwards", "fwd_seqs", "parts", "totals", "waiting")
+
+    def __init__(self, waiting: set[Address]) -> None:
+        self.waiting = waiting
+        self.parts: dict[Address, set[int]] = {}
+        self.totals: dict[Address, int] = {}
+        self.batches: dict[BatchId, _Batch] = {}
+        self.epochs: dict[Address, set[ViewId]] = {}
+        self.forwards: dict[Address, list[tuple[int, list[Any]]]] = {}
+        self.fwd_seqs: dict[Address, int] = {}  # each member's highest forward seqno when it synced
+
+
+@register_layer
+class Sequencer(Layer):
+    NAME = "sequencer"
+    PROTO_ID = protocol_ids.SEQUENCER
+    Config = SequencerConfig
+
+    def __init__(self, config: SequencerConfig, ctx: Any) -> None:
+        super().__init__(config, ctx)
+        self._max_batch = config.max_batch_size
+        self.view: View | None = None
+        self.left = False
+        self._addresses: dict[tuple[Any, ...], Address] = {}
+        # -- every member --------------------------------------------------------------------------------
+        self.epoch: ViewId | None = None
+        self.coord: Address | None = None
+        self.epochs_seen: dict[ViewId, None] = {}  # insertion-ordered, bounded
+        self.recv_high = 0  # highest batch seq of the current epoch received without a gap
+        self.cur: dict[int, _Batch] = {}  # current epoch: received, not delivered, by seq
+        self.commit_known = 0  # highest committed seq of the current epoch we know of
+        self.delivered_seq = 0  # highest seq of the current epoch delivered (or skipped)
+        self.acked = 0  # highest seq acknowledged to the coordinator
+        # Received but not delivered, by original identity, across epochs (what a SYNC reports).
+        self.pending: dict[ViewId, dict[int, _Batch]] = {}
+        self.delivered_in: dict[ViewId, int] = {}  # per original epoch: highest batch seq delivered
+        self.high: dict[Address, int] = {}  # received-table: per original sender, highest forward seqno delivered
+        self.fwd_seq = 0
+        self.fwd_table: dict[int, Any] = {}  # own multicasts not delivered yet: forward seqno -> item
+        self.fwd_bytes = 0
+        self.out_start = 0  # forwards of this step: first seqno and items
+        self.out_items: list[Any] = []
+        self.blocked = False
+        self.sync_parts: list[tuple[SequencerHeader, bytes]] = []  # our SYNC for the current epoch
+        self.leave_pending = False
+        self.sync_due = False  # our SYNC for the current epoch is to be sent at the end of the step
+        self.open_due = False  # as coordinator: see whether the sync is complete at the end of the step
+        self._late: list[Message] = []  # deliveries made outside an up() call
+        self._out: list[Message] | None = None
+        # Fragments of a message (FRAG, above) are delivered together once all are committed: if a view
+        # change splits them, the rest comes by replay after the view, and FRAG, which forgets partial
+        # messages of senders that left the view, must get them in one piece.
+        self.fragments: dict[tuple[Address, int], list[Message]] = {}
+        self.fragment_bytes = 0
+        # -- coordinator ---------------------------------------------------------------------------------
+        self.is_coord = False
+        self.sync: _Sync | None = None
+        self.open = False  # epoch synced: new messages are sequenced
+        self.next_seq = 0
+        self.acks: dict[Address, int] = {}
+        self.commit = 0
+        self.commit_sent = 0
+        self.seq_high: dict[Address, int] = {}  # per origin: highest forward seqno sequenced in this epoch
+        self._runs: list[list[Any]] = []  # the batch being filled: [origin wire, start, items]
+        self._run_origin: Address | None = None
+        self._run_next = 0
+        self._batch_bytes = 0
+        self._ready: list[list[list[Any]]] = []  # full batches waiting for the end of the step
+        self.queue: list[tuple[Address, int, list[Any]]] = []  # forwards received while syncing
+        self.strays: list[tuple[Address, int, list[Any], int]] = []  # forwards received while not coordinator
+        self.stray_bytes = 0
+        self.future_syncs: dict[Address, tuple[ViewId, list[tuple[SequencerHeader, bytes]]]] = {}
+        # Forwards that arrived after a gap in their sender's forward seqnos (some were lost on the way, e.g.
+        # while we were not coordinator yet): held until the sender resent the missing ones.
+        self.held: dict[Address, list[tuple[int, list[Any]]]] = {}
+        self.held_bytes = 0
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _address(self, wire: Any, field: str) -> Address:
+        key = tuple(wire) if type(wire) is list else None
+        if key is not None:
+            addr = self._addresses.get(key)
+            if addr is not None:
+                return addr
+        addr = as_address(wire, field)
+        if len(self._addresses) >= _MAX_ADDRESSES:
+            self._addresses.clear()
+        self._addresses[(addr.host, addr.port, addr.incarnation)] = addr
+        return addr
+
+    def _send(self, dest: Address | None, hdr: SequencerHeader, payload: bytes = b"", flags: int = 0) -> None:
+        self.below.down(Message(dest, payload, flags=flags, headers={_PID: hdr}))
+
+    def _emit(self, msgs: list[Message]) -> None:
+        if self._out is not None:
+            self._out.extend(msgs)
+        else:
+            self._late.extend(msgs)
+
+    # -- down: application multicasts ------------------------------------------------------------------------
+    def down(self, msg: Message) -> None:
+        if msg.dest is not None or msg.flags & NO_RELIABILITY:
+            self.below.down(msg)
+            return
+        if self.left:
+            self.count("dropped_after_leaving")
+            return
+        self.fwd_seq = seq = self.fwd_seq + 1
+        item = msg.payload if not msg.flags and not msg.headers else item_of(msg)
+        self.fwd_table[seq] = item
+        self.fwd_bytes += len(msg.payload)
+        if not self.blocked and self.fwd_bytes > self.config.max_queued:
+            self.blocked = True
+            self.count("backpressure_on")
+            self.above.up_event(Backpressure(True))
+        if self.epoch is None:
+            return  # no view yet: it travels with our first SYNC
+        # Forwarded (or, at the coordinator, sequenced) at the end of the step, all together.
+        if not self.out_items:
+            self.out_start = seq
+        self.out_items.append(item)
+
+    def down_event(self, event: Event) -> Any:
+        if isinstance(event, Disconnect) and self.fwd_table and self.view is not None and not self.left:
+            # Our multicasts are with the coordinator: leaving now would lose them. Wait (bounded).
+            self.leave_pending = True
+            self.set_timer("leave", self.config.leave_timeout)
+            return None
+        return self.below.down_event(event)
+
+    def _leave_now(self) -> None:
+        if self.leave_pending:
+            self.leave_pending = False
+            self.cancel_timer("leave")
+            self.below.down_event(Disconnect())
+
+    # -- up ----------------------------------------------------------------------------------------------------
+    def up(self, batch: list[Message]) -> None:
+        out: list[Message] | None = None
+        for i, msg in enumerate(batch):
+            hdr = msg.headers.get(_PID)
+            if hdr is None:
+                if out is not None:
+                    out.append(msg)
+                continue
+            if out is None:
+                out = batch[:i]
+            self._out = out
+            try:
+                self._handle(msg, hdr)  # type: ignore[arg-type]
+            finally:
+                self._out = None
+        if out is None:
+            out = batch
+        if out:
+            self._up_by_sender(out)
+
+    def _up_by_sender(self, msgs: list[Message]) -> None:
+        """Pass ``msgs`` up in order, cut where the sender changes: layers above (FLOW) handle a batch from
+        one sender at once, and per message otherwise."""
+        first = msgs[0].src
+        if msgs[-1].src is first and all(m.src is first for m in msgs):
+            self.above.up(msgs)
+            return
+        start = 0
+        for i in range(1, len(msgs)):
+            if msgs[i].src is not msgs[start].src:
+                self.above.up(msgs[start:i])
+                start = i
+        self.above.up(msgs[start:])
+
+    def _handle(self, msg: Message, hdr: SequencerHeader) -> None:
+        if self.left:
+            return
+        kind = hdr.kind
+        src = msg.src
+        assert src is not None
+        if kind == BCAST:
+            self._on_bcast(src, hdr, msg.payload)
+        elif kind == FORWARD:
+            self._on_forward(src, msg.payload)
+        elif kind == ACK:
+            if self.is_coord and hdr.epoch == self.epoch:
+                self._on_ack(src, hdr.seq)
+        elif kind == COMMIT:
+            if hdr.epoch == self.epoch and src == self.coord:
+                self._learn_commit(hdr.commit)
+        elif kind == SYNC:
+            self._on_sync(src, hdr, msg.payload)
+        elif kind == SYNC_REQ and hdr.epoch == self.epoch and src == self.coord and not self.is_coord:
+            self.count("sync_resent")
+            self._send_sync()
+        elif kind == RESEND and hdr.epoch == self.epoch and src == self.coord and not self.is_coord:
+            self._resend_forwards(hdr.seq)
+
+    # -- member: batches, commits, delivery ----------------------------------------------------------------------
+    def _on_bcast(self, src: Address, hdr: SequencerHeader, payload: bytes) -> None:
+        if hdr.epoch != self.epoch or src != self.coord:
+            self.count("foreign_batches")
+            return
+        seq = hdr.seq
+        if seq <= self.recv_high or seq in self.cur:
+            self.count("duplicate_batches")
+            return
+        ident = hdr.replay if hdr.replay is not None else (hdr.epoch, seq)
+        try:
+            runs = decode_batch(payload, self._address)
+        except WireError as exc:
+            # Acknowledged all the same (the stream must not stall on it), but nothing of it is delivered.
+            self.count("bad_batches")
+            self.ctx.log.warning("undecodable batch %d from %s: %s", seq, src, exc)
+            runs = []
+        batch = _Batch(ident, payload, runs)
+        self.cur[seq] = batch
+        e, b = ident
+        if b > self.delivered_in.get(e, 0):
+            self.pending.setdefault(e, {})[b] = batch
+        nxt = self.recv_high + 1
+        while nxt in self.cur:
+            nxt += 1
+        if nxt - 1 != self.recv_high:
+            self.recv_high = nxt - 1
+        else:
+            self.count("batch_gaps")
+        self._learn_commit(hdr.commit)
+        if self.is_coord:
+            self._on_ack(self.local_address, self.recv_high)
+        elif self.recv_high > self.commit_known and not self.ctx.has_timer("ack"):
+            self.set_timer("ack", self.config.ack_interval)
+
+    def _learn_commit(self, commit: int) -> None:
+        if commit <= self.commit_known:
+            return
+        self.commit_known = commit
+        out: list[Message] = []
+        cur = self.cur
+        while self.delivered_seq < commit and self.delivered_seq + 1 in cur:
+            self.delivered_seq += 1
+            self._deliver(cur.pop(self.delivered_seq), out)
+        if out:
+            self._emit(out)
+        if self.leave_pending and not self.fwd_table:
+            self._leave_now()
+
+    def _deliver(self, batch: _Batch, out: list[Message]) -> None:
+        e, b = batch.ident
+        per_epoch = self.pending.get(e)
+        if per_epoch is not None:
+            # This batch and any older one of its epoch are settled (older ones were delivered or skipped).
+            # Batches of an epoch are added in seq order, so the settled ones are at the front.
+            while per_epoch:
+                first = next(iter(per_epoch))
+                if first > b:
+                    break
+                del per_epoch[first]
+            if not per_epoch:
+                del self.pending[e]
+        if e not in self.epochs_seen or b <= self.delivered_in.get(e, 0):
+            # A replay of an epoch we were not in (the other side of a merge, or before we joined), or one we
+            # delivered already.
+            self.count("batches_skipped")
+            return
+        self.delivered_in[e] = b
+        me = self.local_address
+        high = self.high
+        for origin, start, items in batch.runs:
+            h = high.get(origin, 0)
+            n = len(items)
+            if start > h:
+                first = 0
+            else:
+                first = h - start + 1
+                if first >= n:
+                    self.count("duplicates", n)
+                    continue
+                self.count("duplicates", first)
+            todo = items[first:] if first else items
+            if len(set(map(type, todo))) == 1 and type(todo[0]) is bytes:
+                out.extend([Message(None, p, src=origin) for p in todo])
+                todo = ()
+            for item in todo:
+                if type(item) is bytes:
+                    out.append(Message(None, item, src=origin))
+                    continue
+                flags, headers, payload = item
+                msg = Message(None, payload, src=origin, flags=flags, headers=dict(headers))
+                frag = headers.get(_FRAG)
+                if frag is None:
+                    out.append(msg)
+                else:
+                    self._fragment(origin, frag, msg, out)
+            last = start + n - 1
+            high[origin] = last
+            if origin == me:
+                self._forget_own(last)
+        if len(self.delivered_in) > MAX_EPOCHS:
+            for old in list(self.delivered_in)[: len(self.delivered_in) - MAX_EPOCHS]:
+                del self.delivered_in[old]
+
+    def _fragment(self, origin: Address, frag: Any, msg: Message, out: list[Message]) -> None:
+        key = (origin, frag.frag_id)
+        parts = self.fragments.get(key)
+        if parts is None:
+            if frag.count == 1:
+                out.append(msg)
+                return
+            parts = self.fragments[key] = []
+        parts.append(msg)
+        self.fragment_bytes += len(msg.payload)
+        if len(parts) >= frag.count:
+            del self.fragments[key]
+            self.fragment_bytes -= sum(len(m.payload) for m in parts)
+            out.extend(parts)
+            return
+        while self.fragment_bytes > self.config.max_queued and self.fragments:
+            # Bounded: the oldest incomplete message goes (FRAG above would drop it as well).
+            oldest = next(iter(self.fragments))
+            self.fragment_bytes -= sum(len(m.payload) for m in self.fragments.pop(oldest))
+            self.count("fragments_dropped")
+
+    def _forget_own(self, upto: int) -> None:
+        table = self.fwd_table
+        freed = 0
+        for s in [s for s in table if s <= upto]:
+            item = table.pop(s)
+            freed += len(item) if type(item) is bytes else len(item[2])
+        self.fwd_bytes -= freed
+        if self.blocked and self.fwd_bytes < self.config.max_queued // 2:
+            self.blocked = False
+            self.count("backpressure_off")
+            self.above.up_event(Backpressure(False))
+
+    # -- view changes ---------------------------------------------------------------------------------------------
+    def up_event(self, event: Event) -> None:
+        if isinstance(event, ViewChange):
+            self._on_view(event.view)
+        elif isinstance(event, Left):
+            self._on_left()
+        self.above.up_event(event)
+
+    def _on_view(self, view: View) -> None:
+        me = self.local_address
+        self.view = view
+        epoch = view.view_id
+        self.epoch = epoch
+        self.coord = view.coordinator
+        self.epochs_seen[epoch] = None
+        if len(self.epochs_seen) > MAX_EPOCHS:
+            del self.epochs_seen[next(iter(self.epochs_seen))]
+        # The previous epoch's undelivered batches stay in ``pending`` (reported in our SYNC); its own
+        # bookkeeping starts over.
+        self.recv_high = 0
+        self.cur = {}
+        self.commit_known = 0
+        self.delivered_seq = 0
+        self.acked = 0
+        self.cancel_timer("ack")
+        self.out_items = []  # they are in the forward-table, which our SYNC carries
+        self.sync_parts = self._build_sync()
+        was_coord = self.is_coord
+        self.is_coord = self.coord == me
+        self.open = False
+        self.sync = None
+        self._runs, self._run_origin, self._batch_bytes, self._ready = [], None, 0, []
+        self.cancel_timer("sync")
+        self.count("epochs")
+        self.held, self.held_bytes = {}, 0
+        self.cancel_timer("resend")
+        if not self.is_coord:
+            if was_coord:
+                self.queue = []
+            # Strays are kept: forwards meant for a view we have not installed yet may be among them.
+            # The SYNC leaves at the end of the step: a joiner's GMS drops what is sent down while it is still
+            # installing its first view.
+            self.sync_due = True
+            return
+        members = set(view.members)
+        # Forwards queued during an unfinished sync stay (deduplicated later) if their sender is still here.
+        self.queue = [q for q in self.queue if q[0] in members] if was_coord else []
+        self.next_seq = 0
+        self.acks = {m: 0 for m in view.members}
+        self.commit = self.commit_sent = 0
+        self.seq_high = {}
+        self.sync = _Sync(members - {me})
+        self._add_sync_parts(me, self.sync_parts)
+        for sender in list(self.future_syncs):
+            fepoch, parts = self.future_syncs[sender]
+            if fepoch == epoch:
+                del self.future_syncs[sender]
+                if sender in members:
+                    self._add_sync_parts(sender, parts)
+            elif fepoch.seq <= epoch.seq:
+                del self.future_syncs[sender]
+        if self.sync is not None and self.sync.waiting:
+            self.set_timer("sync", self.config.sync_retry)
+        self.open_due = True  # at the end of the step, for the same reason
+
+    def _on_left(self) -> None:
+        self.left = True
+        self.cancel_timer("ack")
+        self.cancel_timer("sync")
+        self.cancel_timer("leave")
+        self.leave_pending = False
+        self.is_coord = False
+        self.open = False
+        self.sync = None
+        self.queue, self.strays, self.stray_bytes = [], [], 0
+        self.held, self.held_bytes = {}, 0
+        self.cancel_timer("resend")
+        self.out_items = []
+
+    # -- member: SYNC --------------------------------------------------------------------------------------------
+    def _build_sync(self) -> list[tuple[SequencerHeader, bytes]]:
+        """Our SYNC for the current epoch, cut into parts of at most ``max_batch_size`` bytes: epochs seen
+        (first part), undelivered batches by identity, and the forward-table."""
+        assert self.epoch is not None
+        limit = self._max_batch
+        fwd_seq = self.fwd_seq
+        bodies: list[list[Any]] = []
+        epochs = [e.to_wire() for e in self.epochs_seen]
+        batches: list[Any] = []
+        size = 0
+        for e in sorted(self.pending):
+            ewire = e.to_wire()
+            for b in sorted(self.pending[e]):
+                raw = self.pending[e][b].raw
+                if batches and size + len(raw) > limit:
+                    bodies.append([epochs, batches, None, fwd_seq])
+                    epochs, batches, size = [], [], 0
+                batches.append([ewire, b, raw])
+                size += len(raw) + 64
+        if self.fwd_table:
+            seqs = list(self.fwd_table)
+            start = seqs[0]
+            items: list[Any] = []
+            for s in seqs:
+                item = self.fwd_table[s]
+                isize = _item_size(item)
+                if items and size + isize > limit:
+                    bodies.append([epochs, batches, [start, items], fwd_seq])
+                    epochs, batches, size, items, start = [], [], 0, [], s
+                items.append(item)
+                size += isize
+            bodies.append([epochs, batches, [start, items], fwd_seq])
+        elif batches or epochs or not bodies:
+            bodies.append([epochs, batches, None, fwd_seq])
+        total = len(bodies)
+        return [(SequencerHeader(SYNC, self.epoch, i, total), _pack(body)) for i, body in enumerate(bodies)]
+
+    def _send_sync(self) -> None:
+        coord = self.coord
+        for hdr, payload in self.sync_parts:
+            self._send(coord, hdr, payload)
+        self.count("syncs_sent")
+
+    # -- coordinator: SYNC ----------------------------------------------------------------------------------------
+    def _on_sync(self, src: Address, hdr: SequencerHeader, payload: bytes) -> None:
+        epoch = hdr.epoch
+        assert epoch is not None
+        if self.is_coord and epoch == self.epoch:
+            if self.sync is not None and src in self.sync.waiting:
+                self._add_sync_parts(src, [(hdr, payload)])
+                self._maybe_open()
+            return
+        if self.epoch is None or epoch.seq > self.epoch.seq or (epoch.seq == self.epoch.seq and epoch != self.epoch):
+            # For a view we have not installed yet (its SYNC overtook the VIEW): keep it for then.
+            held = self.future_syncs.get(src)
+            if held is None or held[0] != epoch:
+                if held is None and len(self.future_syncs) >= _MAX_FUTURE_SYNCS:
+                    self.count("future_syncs_dropped")
+                    return
+                held = self.future_syncs[src] = (epoch, [])
+            held[1].append((hdr, payload))
+            return
+        self.count("stale_syncs")
+
+    def _add_sync_parts(self, src: Address, parts: list[tuple[SequencerHeader, bytes]]) -> None:
+        sync = self.sync
+        assert sync is not None
+        for hdr, payload in parts:
+            got = sync.parts.setdefault(src, set())
+            if hdr.seq in got:
+                continue
+            if sync.totals.setdefault(src, hdr.commit) != hdr.commit:
+                self.count("bad_syncs")
+                continue
+            try:
+                self._absorb_sync_part(sync, src, payload)
+            except WireError as exc:
+                self.count("bad_syncs")
+                self.ctx.log.warning("bad SYNC part from %s: %s", src, exc)
+                continue
+            got.add(hdr.seq)
+            if len(got) == sync.totals[src]:
+                sync.waiting.discard(src)
+
+    def _absorb_sync_part(self, sync: _Sync, src: Address, payload: bytes) -> None:
+        body = as_list(_unpack(payload, "sequencer.sync"), "sequencer.sync", 4, exact=4)
+        fwd_seq = as_int(body[3], "sequencer.sync.fwd_seq")
+        epochs = [ViewId.from_wire(e, "sequencer.sync.epochs[]") for e in as_list(body[0], "sync.epochs", MAX_EPOCHS)]
+        batches = []
+        for i, raw_batch in enumerate(as_list(body[1], "sequencer.sync.batches", MAX_RUNS)):
+            e_wire, b, raw = as_list(raw_batch, f"sequencer.sync.batches[{i}]", 3, exact=3)
+            ident = (
+                ViewId.from_wire(e_wire, f"sequencer.sync.batches[{i}].epoch"),
+                as_int(b, f"sequencer.sync.batches[{i}].seq", 1),
+            )
+            raw = as_bytes(raw, f"sequencer.sync.batches[{i}].payload", MAX_INT)
+            batches.append(_Batch(ident, raw, decode_batch(raw, self._address)))
+        forwards = None
+        if body[2] is not None:
+            fwd = as_list(body[2], "sequencer.sync.forwards", 2, exact=2)
+            start = as_int(fwd[0], "sequencer.sync.forwards.start", 1)
+            forwards = (start, check_items(fwd[1], "sequencer.sync.forwards.items", decode=False))
+        # Validated in full: only now change state.
+        sync.fwd_seqs[src] = max(fwd_seq, sync.fwd_seqs.get(src, 0))
+        sync.epochs.setdefault(src, set()).update(epochs)
+        for batch in batches:
+            sync.batches.setdefault(batch.ident, batch)
+        if forwards is not None and forwards[1]:
+            sync.forwards.setdefault(src, []).append(forwards)
+
+    def _maybe_open(self) -> None:
+        sync = self.sync
+        if sync is None or sync.waiting or not self.is_coord:
+            return
+        self.sync = None
+        self.cancel_timer("sync")
+        assert self.epoch is not None and self.view is not None
+        # 1. Replay every undelivered batch anyone reported, in (epoch, seq) order: each member finishes the
+        #    epochs it was in, in their order.
+        seeded: dict[Address, int] = {}
+        for ident in sorted(sync.batches):
+            batch = sync.batches[ident]
+            self._flush_batch()
+            self._bcast(batch.raw, replay=ident)
+            self.count("batches_replayed")
+            e = ident[0]
+            for origin, start, items in batch.runs:
+                # The sender was in that epoch: the replay delivers these to it, so its forward-table copies
+                # must not be sequenced again (they would reach others in a second position).
+                if e in sync.epochs.get(origin, ()):
+                    last = start + len(items) - 1
+                    if last > seeded.get(origin, 0):
+                        seeded[origin] = last
+        self.seq_high = dict(seeded)
+        # 2. The members' forward-tables (what they multicast and have not delivered), in view order. A
+        #    member's forward seqnos up to the one its SYNC announced are settled now (delivered by it, or
+        #    sequenced here): its next FORWARD must continue right after, or something was lost (see held).
+        for member in self.view.members:
+            for start, items in sync.forwards.get(member, ()):
+                self._sequence(member, start, items, resent=True)
+            announced = sync.fwd_seqs.get(member, 0)
+            if announced > self.seq_high.get(member, 0):
+                self.seq_high[member] = announced
+        self.open = True
+        # 3. Forwards that reached us before we were coordinator, then those that arrived during the sync.
+        strays, self.strays, self.stray_bytes = self.strays, [], 0
+        members = set(self.view.members)
+        for origin, start, items, _size in strays:
+            if origin in members and start + len(items) - 1 > self.seq_high.get(origin, 0):
+                self._accept(origin, start, items)
+        queue, self.queue = self.queue, []
+        for origin, start, items in queue:
+            if start + len(items) - 1 > self.seq_high.get(origin, 0):
+                self._accept(origin, start, items)
+        self.count("syncs_completed")
+
+    # -- coordinator: sequencing ----------------------------------------------------------------------------------
+    def _on_forward(self, src: Address, payload: bytes) -> None:
+        try:
+            start, items = decode_forward(payload)
+        except WireError as exc:
+            self.count("bad_forwards")
+            self.ctx.log.warning("bad FORWARD from %s: %s", src, exc)
+            return
+        view = self.view
+        if self.is_coord and view is not None and src in view.members:
+            if self.open:
+                self._accept(src, start, items)
+            else:
+                self.queue.append((src, start, items))
+            return
+        # We are not (yet) its coordinator: keep it, bounded, in case the view that makes us one arrives.
+        size = sum(_item_size(i) for i in items)
+        self.strays.append((src, start, items, size))
+        self.stray_bytes += size
+        while self.stray_bytes > self.config.max_stray and self.strays:
+            self.stray_bytes -= self.strays.pop(0)[3]
+            self.count("strays_dropped")
+
+    def _accept(self, origin: Address, start: int, items: list[Any]) -> None:
+        """A FORWARD from a member, the epoch open: sequence it if it continues the sender's forward seqnos,
+        else hold it and ask the sender to forward the missing ones again."""
+        high = self.seq_high.get(origin, 0)
+        if start > high + 1:
+            held = self.held.setdefault(origin, [])
+            held.append((start, items))
+            self.held_bytes += sum(_item_size(i) for i in items)
+            self.count("forwards_held")
+            if len(held) == 1:
+                self._ask_resend(origin)
+            return
+        self._sequence(origin, start, items)
+        held = self.held.get(origin)
+        if held:
+            held.sort(key=lambda h: h[0])
+            while held and held[0][0] <= self.seq_high.get(origin, 0) + 1:
+                hstart, hitems = held.pop(0)
+                self.held_bytes -= sum(_item_size(i) for i in hitems)
+                self._sequence(origin, hstart, hitems)
+            if not held:
+                del self.held[origin]
+
+    def _ask_resend(self, origin: Address) -> None:
+        self.count("resend_requests")
+        frm = self.seq_high.get(origin, 0) + 1
+        self._send(origin, SequencerHeader(RESEND, self.epoch, seq=frm), flags=NO_RELIABILITY)
+        if not self.ctx.has_timer("resend"):
+            self.set_timer("resend", self.config.sync_retry)
+
+    def _sequence(self, origin: Address, start: int, items: list[Any], *, resent: bool = False) -> None:
+        """Add ``origin``'s messages ``start``, ``start+1``, ... to the batch being filled, minus those
+        already sequenced in this epoch."""
+        high = self.seq_high.get(origin, 0)
+        n = len(items)
+        if start + n - 1 <= high:
+            self.count("duplicate_forwards", n)
+            return
+        if start <= high:
+            self.count("duplicate_forwards", high - start + 1)
+            items = items[high - start + 1 :]
+            start = high + 1
+            n = len(items)
+        self.seq_high[origin] = start + n - 1
+        self.count("sequenced_resent" if resent else "sequenced", n)
+        limit = self._max_batch
+        size = self._batch_bytes
+        runs = self._runs
+        if self._run_origin is origin and self._run_next == start and runs:
+            run_items = runs[-1][2]
+        else:
+            run_items = []
+            runs.append([origin.to_wire(), start, run_items])
+            self._run_origin = origin
+        if len(set(map(type, items))) == 1 and type(items[0]) is bytes:
+            total = sum(map(len, items)) + _ITEM_OVERHEAD * n
+            if size + total <= limit:
+                run_items.extend(items)
+                self._batch_bytes = size + total
+                self._run_next = start + n
+                return
+        for item in items:
+            isize = len(item) + _ITEM_OVERHEAD if type(item) is bytes else _item_size(item)
+            if size + isize > limit and size:
+                if not run_items:
+                    runs.pop()
+                self._ready.append(runs)
+                runs = self._runs = []
+                size = 0
+                run_items = []
+                runs.append([origin.to_wire(), start, run_items])
+            run_items.append(item)
+            size += isize
+            start += 1
+        self._batch_bytes = size
+        self._run_next = start
+
+    def _flush_batch(self) -> None:
+        """Multicast the full batches and the one being filled."""
+        ready = self._ready
+        if self._runs:
+            ready.append(self._runs)
+            self._runs = []
+        self._run_origin = None
+        self._batch_bytes = 0
+        if not ready:
+            return
+        self._ready = []
+        for runs in ready:
+            self._bcast(_pack(runs))
+
+    def _bcast(self, payload: bytes, replay: BatchId | None = None) -> None:
+        self.next_seq += 1
+        self.commit_sent = self.commit
+        self._send(None, SequencerHeader(BCAST, self.epoch, self.next_seq, self.commit, replay), payload)
+        self.count("batches_sent")
+
+    def _on_ack(self, src: Address, seq: int) -> None:
+        acks = self.acks
+        prev = acks.get(src)
+        if prev is None or seq <= prev or seq > self.next_seq:
+            return
+        acks[src] = seq
+        if prev != self.commit:
+            return  # the minimum did not move
+        commit = min(acks.values())
+        if commit > self.commit:
+            self.commit = commit
+            # The coordinator is a member too: it learns the commit here, not from its own COMMIT.
+            self._learn_commit(commit)
+
+    # -- timers and end of step ----------------------------------------------------------------------------------
+    def on_timer(self, key: Hashable) -> None:
+        if key == "ack":
+            if not self.is_coord and self.recv_high > self.commit_known and self.coord is not None:
+                self.acked = 0  # lost acks are the reason we are here: send again
+                self._send_ack()
+                self.set_timer("ack", self.config.ack_interval)
+        elif key == "sync":
+            sync = self.sync
+            if sync is not None and self.is_coord and sync.waiting:
+                self.count("sync_requests")
+                for member in sorted(sync.waiting):
+                    self._send(member, SequencerHeader(SYNC_REQ, self.epoch), flags=NO_RELIABILITY)
+                self.set_timer("sync", self.config.sync_retry)
+        elif key == "resend":
+            if self.held and self.is_coord:
+                for origin in sorted(self.held):
+                    self._ask_resend(origin)
+        elif key == "leave" and self.leave_pending:
+            self.count("left_with_undelivered")
+            self._leave_now()
+
+    def _resend_forwards(self, frm: int) -> None:
+        """The coordinator lacks our forwards from ``frm`` on: forward them (and what follows) again."""
+        seqs = [s for s in self.fwd_table if s >= frm]
+        if not seqs:
+            return
+        self.count("forwards_resent")
+        if self.out_items:
+            # Not forwarded yet: they join the resent ones, in order.
+            seqs = [s for s in seqs if s < self.out_start]
+        items = [self.fwd_table[s] for s in seqs]
+        if items and seqs[-1] - seqs[0] + 1 == len(items):
+            self.out_items = items + self.out_items
+            self.out_start = seqs[0]
+
+    def _send_ack(self) -> None:
+        if self.recv_high > self.acked:
+            self.acked = self.recv_high
+            self._send(self.coord, SequencerHeader(ACK, self.epoch, seq=self.recv_high), flags=NO_RELIABILITY)
+
+    def end_of_step(self) -> bool:
+        busy = False
+        if self.sync_due:
+            self.sync_due = False
+            if not self.is_coord and self.coord is not None and not self.left:
+                self._send_sync()
+                busy = True
+        if self.open_due:
+            self.open_due = False
+            if self.is_coord and self.sync is not None:
+                self._maybe_open()
+                busy = True
+        if self.out_items and self.is_coord:
+            items, self.out_items = self.out_items, []
+            if self.open:
+                self._sequence(self.local_address, self.out_start, items)
+            else:
+                self.queue.append((self.local_address, self.out_start, items))
+        if self.out_items and self.coord is not None and not self.is_coord:
+            items, self.out_items = self.out_items, []
+            start = self.out_start
+            # One FORWARD per step, cut at max_batch_size.
+            limit = self._max_batch
+            chunk: list[Any] = []
+            size = 0
+            for item in items:
+                isize = len(item) + _ITEM_OVERHEAD if type(item) is bytes else _item_size(item)
+                if chunk and size + isize > limit:
+                    self._send(self.coord, SequencerHeader(FORWARD), _pack([start, chunk]))
+                    start += len(chunk)
+                    chunk, size = [], 0
+                chunk.append(item)
+                size += isize
+            self._send(self.coord, SequencerHeader(FORWARD), _pack([start, chunk]))
+            self.count("forwards_sent")
+            busy = True
+        if self.is_coord:
+            if self._runs or self._ready:
+                self._flush_batch()
+                busy = True
+            elif self.commit > self.commit_sent:
+                self.commit_sent = self.commit
+                self._send(None, SequencerHeader(COMMIT, self.epoch, commit=self.commit))
+                busy = True
+        elif self.recv_high > self.acked and self.coord is not None:
+            self._send_ack()
+            busy = True
+        if self._late:
+            late, self._late = self._late, []
+            self._up_by_sender(late)
+            busy = True
+        return busy
+
+    def describe_state(self) -> dict[str, Any]:
+        return {
+            "epoch": None if self.epoch is None else str(self.epoch),
+            "coordinator": None if self.coord is None else str(self.coord),
+            "sequencing": self.is_coord and self.open,
+            "syncing": self.sync is not None,
+            "received": self.recv_high,
+            "committed": self.commit_known,
+            "delivered": self.delivered_seq,
+            "pending_batches": sum(len(p) for p in self.pending.values()),
+            "forward_table": len(self.fwd_table),
+        }

@@ -1,0 +1,482 @@
+"""SEQUENCER unit tests: forwarding, sequencing in batches, uniform delivery, duplicates, the sync after a
+view change (replays, resends in order, no second sequencing), gaps, fragments, malformed input.
+
+The layer runs in a real Stack above the transport (no NAKACK/UNICAST below: the tests play the peers and
+look at the frames it sends).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+from groupcluster.core import protocol_ids
+from groupcluster.core.address import Address
+from groupcluster.core.errors import ConfigError, WireError
+from groupcluster.core.events import Backpressure, Disconnect, Left, ViewChange
+from groupcluster.core.message import NO_RELIABILITY, OOB, Message
+from groupcluster.core.stack import resolve_config
+from groupcluster.core.view import ViewId
+from groupcluster.protocols import frag as _frag  # noqa: F401  (registers the FRAG header)
+from groupcluster.protocols.frag import FragHeader
+from groupcluster.protocols.sequencer import (
+    ACK,
+    BCAST,
+    COMMIT,
+    FORWARD,
+    RESEND,
+    SYNC,
+    SYNC_REQ,
+    SequencerHeader,
+    decode_batch,
+    decode_forward,
+)
+
+from .harness import ME, PEERS, LayerHarness
+
+PID = protocol_ids.SEQUENCER
+C, P1, P2 = PEERS[0], PEERS[1], PEERS[2]
+
+
+def harness(**params: Any) -> LayerHarness:
+    return LayerHarness([{"layer": "sequencer", **params}])
+
+
+def pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def bcast(epoch: ViewId, seq: int, commit: int, runs: list[Any], replay: tuple[ViewId, int] | None = None) -> Message:
+    wire = [[origin.to_wire(), start, items] for origin, start, items in runs]
+    return Message(None, pack(wire), headers={PID: SequencerHeader(BCAST, epoch, seq, commit, replay)})
+
+
+def commit(epoch: ViewId, upto: int) -> Message:
+    return Message(None, headers={PID: SequencerHeader(COMMIT, epoch, commit=upto)})
+
+
+def sync_msg(epoch: ViewId, *, epochs: list[ViewId], batches=(), fwd=None, fwd_seq: int = 0) -> Message:
+    body = [[e.to_wire() for e in epochs], [[e.to_wire(), b, raw] for e, b, raw in batches], fwd, fwd_seq]
+    return Message(ME, pack(body), headers={PID: SequencerHeader(SYNC, epoch, 0, 1)})
+
+
+def ack(epoch: ViewId, seq: int) -> Message:
+    return Message(ME, flags=NO_RELIABILITY, headers={PID: SequencerHeader(ACK, epoch, seq=seq)})
+
+
+def forward(start: int, items: list[Any]) -> Message:
+    return Message(ME, pack([start, items]), headers={PID: SequencerHeader(FORWARD)})
+
+
+def sent_kind(h: LayerHarness, kind: int) -> list[tuple[tuple[str, int], Message]]:
+    """What left on the wire since the last look (all of it is taken), only ``kind`` messages returned."""
+    return [(ep, m) for ep, m in h.take_sent() if PID in m.headers and m.headers[PID].kind == kind]
+
+
+def runs_of(msg: Message) -> list[tuple[Address, int, list[Any]]]:
+    return decode_batch(msg.payload, lambda wire, field: Address(*wire))
+
+
+def payloads(msgs: list[Message]) -> list[tuple[Address | None, bytes]]:
+    return [(m.src, m.payload) for m in msgs]
+
+
+# ---- a member: forwarding and delivery ----------------------------------------------------------------------
+
+
+def member_in_view() -> tuple[LayerHarness, ViewId]:
+    h = harness()
+    view = h.install_view([C, ME])
+    syncs = sent_kind(h, SYNC)
+    assert [ep for ep, _ in syncs] == [C.endpoint]  # our SYNC goes to the coordinator at once
+    return h, view.view_id
+
+
+def test_a_member_forwards_the_multicasts_of_one_step_in_one_message_and_delivers_nothing_yet() -> None:
+    h, _ = member_in_view()
+    h.send_many([Message(None, b"a"), Message(None, b"b"), Message(None, b"c")])
+    fwd = sent_kind(h, FORWARD)
+    assert len(fwd) == 1 and fwd[0][0] == C.endpoint
+    assert decode_forward(fwd[0][1].payload) == (1, [b"a", b"b", b"c"])
+    assert h.take_delivered() == []  # nothing is delivered before the coordinator sequenced and committed it
+
+
+def test_unicasts_and_unreliable_multicasts_pass_straight_through() -> None:
+    h, _ = member_in_view()
+    h.send(b"to-one", dest=P1)
+    h.send(b"loose", flags=NO_RELIABILITY)
+    sent = h.take_sent()
+    assert [(m.dest, m.payload) for _, m in sent] == [(P1, b"to-one"), (None, b"loose")]
+    assert all(PID not in m.headers for _, m in sent)
+    assert payloads(h.take_delivered()) == [(ME, b"loose")]  # the transport's loopback, unordered
+    h.receive(P1, [Message(ME, b"uni"), Message(None, b"raw", flags=NO_RELIABILITY)])
+    assert payloads(h.take_delivered()) == [(P1, b"uni"), (P1, b"raw")]
+
+
+def test_batches_are_delivered_only_when_committed_in_order_with_the_original_senders() -> None:
+    h, epoch = member_in_view()
+    h.send_many([Message(None, b"a"), Message(None, b"b")])
+    h.take_sent()
+    h.receive(C, [bcast(epoch, 1, 0, [(ME, 1, [b"a", b"b"]), (C, 1, [b"x"])])])
+    assert h.take_delivered() == []
+    acks = sent_kind(h, ACK)
+    assert [(ep, m.headers[PID].seq) for ep, m in acks] == [(C.endpoint, 1)]
+    h.receive(C, [bcast(epoch, 2, 1, [(P1, 1, [b"y"])])])  # commit 1 rides on batch 2
+    assert payloads(h.take_delivered()) == [(ME, b"a"), (ME, b"b"), (C, b"x")]
+    h.receive(C, [commit(epoch, 2)])
+    assert payloads(h.take_delivered()) == [(P1, b"y")]
+    assert h.layer("sequencer").fwd_table == {}  # our own are delivered: nothing left to resend
+
+
+def test_a_lost_ack_is_sent_again_until_the_batch_is_committed() -> None:
+    h, epoch = member_in_view()
+    h.receive(C, [bcast(epoch, 1, 0, [(C, 1, [b"x"])])])
+    assert len(sent_kind(h, ACK)) == 1
+    h.advance(0.25)
+    assert [m.headers[PID].seq for _, m in sent_kind(h, ACK)] == [1, 1]
+    h.receive(C, [commit(epoch, 1)])
+    h.advance(1.0)
+    assert sent_kind(h, ACK) == []
+
+
+def test_duplicates_are_discarded_by_the_received_table() -> None:
+    h, epoch = member_in_view()
+    h.receive(C, [bcast(epoch, 1, 0, [(P1, 1, [b"p1", b"p2"])]), bcast(epoch, 2, 1, [(P1, 2, [b"p2", b"p3"])])])
+    h.receive(C, [commit(epoch, 2)])
+    assert payloads(h.take_delivered()) == [(P1, b"p1"), (P1, b"p2"), (P1, b"p3")]
+    assert h.metric("sequencer.duplicates") == 1
+    # The same batch again (a retransmission, or a replay after failover) delivers nothing.
+    h.receive(C, [bcast(epoch, 2, 1, [(P1, 2, [b"p2", b"p3"])])])
+    assert h.take_delivered() == []
+
+
+def test_batches_of_another_epoch_or_from_a_non_coordinator_are_ignored() -> None:
+    h, epoch = member_in_view()
+    h.receive(P1, [bcast(epoch, 1, 0, [(P1, 1, [b"no"])])])
+    h.receive(C, [bcast(ViewId(9, C), 1, 0, [(C, 1, [b"no"])])])
+    h.receive(C, [commit(epoch, 1)])
+    assert h.take_delivered() == []
+    assert h.metric("sequencer.foreign_batches") == 2
+
+
+# ---- the coordinator: sequencing and batching ----------------------------------------------------------------
+
+
+def coordinator_with(peer: Address = P1) -> tuple[LayerHarness, ViewId]:
+    h = harness()
+    view = h.install_view([ME, peer])
+    epoch = view.view_id
+    assert sent_kind(h, BCAST) == []  # nothing is sequenced before every member synced
+    h.receive(peer, [sync_msg(epoch, epochs=[epoch])])
+    return h, epoch
+
+
+def test_the_coordinator_waits_for_every_sync_then_sequences_a_step_in_one_batch() -> None:
+    h, epoch = coordinator_with()
+    h.receive(P1, [forward(1, [b"p1", b"p2", b"p3"])])
+    bcasts = sent_kind(h, BCAST)
+    assert len(bcasts) == 1 and bcasts[0][0] == P1.endpoint
+    assert runs_of(bcasts[0][1]) == [(P1, 1, [b"p1", b"p2", b"p3"])]
+    h.send_many([Message(None, b"m1"), Message(None, b"m2")])
+    bcasts = sent_kind(h, BCAST)
+    assert [runs_of(m) for _, m in bcasts] == [[(ME, 1, [b"m1", b"m2"])]]
+    assert h.take_delivered() == []  # P1 has not acknowledged yet: uniform delivery waits
+    h.receive(P1, [ack(epoch, 2)])
+    got = payloads(h.take_delivered())
+    assert got == [(P1, b"p1"), (P1, b"p2"), (P1, b"p3"), (ME, b"m1"), (ME, b"m2")]
+    commits = sent_kind(h, COMMIT)
+    assert [m.headers[PID].commit for _, m in commits] == [2]
+
+
+def test_batches_are_cut_at_max_batch_size() -> None:
+    h = harness(max_batch_size="1KiB")
+    view = h.install_view([ME, P1])
+    h.receive(P1, [sync_msg(view.view_id, epochs=[view.view_id])])
+    h.receive(P1, [forward(1, [bytes(300)] * 10)])
+    bcasts = [m for _, m in sent_kind(h, BCAST)]
+    assert len(bcasts) == 4
+    assert all(len(m.payload) <= 1024 for m in bcasts)
+    firsts = [runs_of(m)[0][1] for m in bcasts]
+    assert firsts == [1, 4, 7, 10]  # the run continues in the next batch with the right forward seqno
+
+
+def test_forwards_already_sequenced_are_not_sequenced_again() -> None:
+    h, _ = coordinator_with()
+    h.receive(P1, [forward(1, [b"a", b"b"])])
+    h.receive(P1, [forward(2, [b"b", b"c"])])  # overlaps: only c is new
+    runs = [runs_of(m) for _, m in sent_kind(h, BCAST)]
+    assert runs == [[(P1, 1, [b"a", b"b"])], [(P1, 3, [b"c"])]]
+    assert h.metric("sequencer.duplicate_forwards") == 1
+
+
+def test_a_gap_in_a_senders_forwards_is_held_and_the_missing_ones_are_requested() -> None:
+    h, _ = coordinator_with()
+    h.receive(P1, [forward(3, [b"c"])])  # 1 and 2 never arrived
+    sent = [(ep, m.headers[PID]) for ep, m in h.take_sent()]
+    assert [(ep, hdr.kind, hdr.seq) for ep, hdr in sent] == [(P1.endpoint, RESEND, 1)]
+    h.receive(P1, [forward(1, [b"a", b"b", b"c"])])
+    runs = [runs_of(m) for _, m in sent_kind(h, BCAST)]
+    assert runs == [[(P1, 1, [b"a", b"b", b"c"])]]
+
+
+def test_a_member_resends_its_forwards_when_the_coordinator_asks() -> None:
+    h, epoch = member_in_view()
+    h.send_many([Message(None, b"a"), Message(None, b"b"), Message(None, b"c")])
+    h.take_sent()
+    h.receive(C, [Message(ME, flags=NO_RELIABILITY, headers={PID: SequencerHeader(RESEND, epoch, seq=2)})])
+    fwd = sent_kind(h, FORWARD)
+    assert [decode_forward(m.payload) for _, m in fwd] == [(2, [b"b", b"c"])]
+
+
+def test_the_coordinator_asks_again_for_a_missing_sync() -> None:
+    h = harness(sync_retry="500ms")
+    h.install_view([ME, P1])
+    h.advance(0.6)
+    reqs = sent_kind(h, SYNC_REQ)
+    assert [ep for ep, _ in reqs] == [P1.endpoint]
+
+
+# ---- view changes: sync, replays, resends -------------------------------------------------------------------
+
+
+def test_after_a_coordinator_crash_the_forward_table_goes_to_the_new_one_in_order() -> None:
+    h, _ = member_in_view()
+    h.send_many([Message(None, b"a"), Message(None, b"b")])
+    h.send(b"c")
+    h.take_sent()
+    # C crashed before sequencing anything; P2 is the new coordinator.
+    h.install_view([P2, ME], seq=2)
+    syncs = sent_kind(h, SYNC)
+    assert [ep for ep, _ in syncs] == [P2.endpoint]
+    epochs, batches, fwd, fwd_seq = msgpack.unpackb(syncs[0][1].payload, raw=False)
+    assert fwd == [1, [b"a", b"b", b"c"]] and fwd_seq == 3
+    assert len(epochs) == 2 and batches == []
+
+
+def test_a_member_reports_undelivered_batches_and_they_are_delivered_after_the_replay() -> None:
+    h, epoch = member_in_view()
+    h.receive(C, [bcast(epoch, 1, 0, [(C, 1, [b"x"]), (P1, 1, [b"y"])])])
+    h.take_sent()
+    view2 = h.install_view([P2, ME], seq=2)  # C crashed; was batch 1 committed? Nobody knows here.
+    syncs = sent_kind(h, SYNC)
+    _epochs, batches, _fwd, _ = msgpack.unpackb(syncs[0][1].payload, raw=False)
+    assert [(b[0], b[1]) for b in batches] == [(epoch.to_wire(), 1)]
+    raw = batches[0][2]
+    # The new coordinator replays it as its batch 1 (and it commits): delivered, in the old order.
+    replay = Message(None, raw, headers={PID: SequencerHeader(BCAST, view2.view_id, 1, 0, (epoch, 1))})
+    h.receive(P2, [replay, commit(view2.view_id, 1)])
+    assert payloads(h.take_delivered()) == [(C, b"x"), (P1, b"y")]
+
+
+def test_replays_of_an_epoch_this_member_was_not_in_are_skipped() -> None:
+    h = harness()
+    view = h.install_view([C, ME], seq=5)
+    other = ViewId(4, P2)  # the other side of a merge
+    raw = pack([[P2.to_wire(), 1, [b"theirs"]]])
+    h.receive(C, [Message(None, raw, headers={PID: SequencerHeader(BCAST, view.view_id, 1, 0, (other, 7))})])
+    h.receive(C, [commit(view.view_id, 1)])
+    assert h.take_delivered() == []
+    assert h.metric("sequencer.batches_skipped") == 1
+
+
+def test_the_new_coordinator_replays_reported_batches_then_sequences_only_what_they_lack() -> None:
+    h = harness()
+    old = h.install_view([C, ME, P1]).view_id
+    h.receive(C, [bcast(old, 1, 0, [(P1, 1, [b"p1", b"p2"])])])
+    h.take_sent()
+    new = h.install_view([ME, P1], seq=2).view_id  # C crashed: we are the sequencer now
+    assert sent_kind(h, BCAST) == []
+    # P1 was in the old epoch (so the replay delivers p1, p2 to it) and still has p1..p3 in its forward-table.
+    h.receive(P1, [sync_msg(new, epochs=[old, new], fwd=[1, [b"p1", b"p2", b"p3"]], fwd_seq=3)])
+    bcasts = [m for _, m in sent_kind(h, BCAST)]
+    assert [m.headers[PID].replay for m in bcasts] == [(old, 1), None]
+    assert runs_of(bcasts[0]) == [(P1, 1, [b"p1", b"p2"])]
+    assert runs_of(bcasts[1]) == [(P1, 3, [b"p3"])]  # p1, p2 are not sequenced a second time
+    h.receive(P1, [ack(new, 2)])
+    assert payloads(h.take_delivered()) == [(P1, b"p1"), (P1, b"p2"), (P1, b"p3")]
+
+
+def test_a_sync_that_overtakes_the_view_is_kept_for_it() -> None:
+    h = harness()
+    h.install_view([C, ME, P1])
+    future = ViewId(2, ME)
+    h.receive(P1, [sync_msg(future, epochs=[future])])
+    h.install_view([ME, P1], seq=2)
+    h.send(b"mine")
+    bcasts = sent_kind(h, BCAST)  # P1's early SYNC counted: the epoch opened at once
+    assert [runs_of(m) for _, m in bcasts] == [[(ME, 1, [b"mine"])]]
+
+
+def test_multicasts_sent_before_the_first_view_wait_and_travel_with_the_first_sync() -> None:
+    h = harness(max_queued="100B")
+    h.send(bytes(60))
+    h.send(bytes(60))
+    assert h.take_events(Backpressure) == [Backpressure(True)]
+    assert sent_kind(h, FORWARD) == []
+    h.install_view([C, ME])
+    syncs = sent_kind(h, SYNC)
+    _e, _b, fwd, _ = msgpack.unpackb(syncs[0][1].payload, raw=False)
+    assert fwd == [1, [bytes(60), bytes(60)]]
+    view = h.layer("sequencer").view
+    h.receive(C, [bcast(view.view_id, 1, 0, [(ME, 1, [bytes(60), bytes(60)])]), commit(view.view_id, 1)])
+    assert h.take_events(Backpressure) == [Backpressure(False)]
+
+
+def test_upper_headers_and_flags_travel_with_the_message() -> None:
+    h = LayerHarness([{"layer": "sequencer"}])
+    view = h.install_view([ME])
+    msg = Message(None, b"part", flags=OOB, headers={protocol_ids.FRAG: FragHeader(5, 0, 1)})
+    h.send_many([msg])
+    got = h.take_delivered()
+    assert len(got) == 1
+    assert got[0].flags == OOB and got[0].headers[protocol_ids.FRAG] == FragHeader(5, 0, 1)
+    assert got[0].src == ME and view.members == (ME,)
+
+
+def test_a_fragmented_message_is_delivered_in_one_piece_even_across_a_view_change() -> None:
+    h, epoch = member_in_view()
+    frag = protocol_ids.FRAG
+
+    def item(i: int) -> list[Any]:
+        return [0, [frag, FragHeader(7, i, 3).to_wire()], f"f{i}".encode()]
+
+    h.receive(C, [bcast(epoch, 1, 0, [(P1, 1, [item(0), item(1)])]), bcast(epoch, 2, 1, [(P1, 3, [item(2)])])])
+    assert h.take_delivered() == []  # fragments 0 and 1 are committed, 2 is not yet
+    view2 = h.install_view([P2, ME], seq=2)
+    h.take_sent()
+    raw = pack([[P1.to_wire(), 3, [item(2)]]])
+    h.receive(P2, [Message(None, raw, headers={PID: SequencerHeader(BCAST, view2.view_id, 1, 0, (epoch, 2))})])
+    h.receive(P2, [commit(view2.view_id, 1)])
+    assert [m.payload for m in h.take_delivered()] == [b"f0", b"f1", b"f2"]
+
+
+def test_a_singleton_sequences_and_delivers_its_own_messages_at_once() -> None:
+    h = harness()
+    h.install_view([ME])
+    h.send_many([Message(None, b"1"), Message(None, b"2")])
+    assert payloads(h.take_delivered()) == [(ME, b"1"), (ME, b"2")]
+
+
+def test_leaving_waits_for_own_multicasts_then_goes() -> None:
+    h, epoch = member_in_view()
+    h.send(b"last")
+    h.take_sent()
+    h.control(Disconnect())
+    seq = h.layer("sequencer")
+    assert seq.leave_pending
+    h.receive(C, [bcast(epoch, 1, 0, [(ME, 1, [b"last"])]), commit(epoch, 1)])
+    assert payloads(h.take_delivered()) == [(ME, b"last")]
+    assert not seq.leave_pending
+
+
+def test_after_left_nothing_is_forwarded() -> None:
+    h, _ = member_in_view()
+    h.up_event_from_bottom(Left("left"))
+    h.send(b"late")
+    assert sent_kind(h, FORWARD) == []
+    assert h.metric("sequencer.dropped_after_leaving") == 1
+
+
+def test_view_changes_pass_up() -> None:
+    h = harness()
+    view = h.install_view([C, ME])
+    assert [e.view for e in h.take_events(ViewChange)] == [view]
+
+
+# ---- malformed input ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        [],
+        "x",
+        [9],
+        [FORWARD, 1],
+        [BCAST, [1, ["h", 1, 1]], 1, 0],
+        [BCAST, [1, ["h", 1, 1]], 0, 0, None],
+        [BCAST, [1, ["h", 1, 1]], 2, 2, None],
+        [BCAST, [1, ["h", 1, 1]], 2, 0, [1, 2]],
+        [BCAST, [1, "h"], 1, 0, None],
+        [COMMIT, [1, ["h", 1, 1]], -1],
+        [ACK, [1, ["h", 1, 1]], "1"],
+        [SYNC, [1, ["h", 1, 1]], 3, 2],
+        [SYNC, [1, ["h", 1, 1]], 0, 0],
+        [RESEND, [1, ["h", 1, 1]], 0],
+        [SYNC_REQ, [1, ["h", 1, 1]], 0],
+    ],
+)
+def test_malformed_headers_are_rejected(wire: Any) -> None:
+    with pytest.raises(WireError):
+        SequencerHeader.from_wire(wire)
+
+
+def test_headers_round_trip() -> None:
+    epoch = ViewId(3, C)
+    for hdr in (
+        SequencerHeader(FORWARD),
+        SequencerHeader(BCAST, epoch, 4, 3, (ViewId(2, P1), 9)),
+        SequencerHeader(BCAST, epoch, 1, 0),
+        SequencerHeader(COMMIT, epoch, commit=7),
+        SequencerHeader(ACK, epoch, seq=5),
+        SequencerHeader(SYNC, epoch, 1, 2),
+        SequencerHeader(SYNC_REQ, epoch),
+        SequencerHeader(RESEND, epoch, seq=4),
+    ):
+        back = SequencerHeader.from_wire(hdr.to_wire())
+        assert (back.kind, back.epoch, back.seq, back.commit, back.replay) == (
+            hdr.kind,
+            hdr.epoch,
+            hdr.seq,
+            hdr.commit,
+            hdr.replay,
+        )
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xc1",
+        pack([1]),
+        pack([0, [b"x"]]),
+        pack([1, []]),
+        pack([1, ["text"]]),
+        pack([1, [[0, [], "text"]]]),
+        pack([1, [[99, [], b"x"]]]),
+        pack([1, [[0, [protocol_ids.SEQUENCER, [0]], b"x"]]]),
+        pack([1, [[0, [12345, [0]], b"x"]]]),
+        pack([1, [[0, [protocol_ids.FRAG, [1, 5, 2]], b"x"]]]),
+    ],
+)
+def test_malformed_forwards_are_dropped_and_counted(payload: bytes) -> None:
+    with pytest.raises(WireError):
+        decode_forward(payload)
+    h, _ = coordinator_with()
+    h.receive(P1, [Message(ME, payload, headers={PID: SequencerHeader(FORWARD)})])
+    assert sent_kind(h, BCAST) == []
+    assert h.metric("sequencer.bad_forwards") == 1
+
+
+def test_a_malformed_batch_is_acknowledged_but_delivers_nothing() -> None:
+    h, epoch = member_in_view()
+    bad = Message(None, pack([["not", "an", "address"]]), headers={PID: SequencerHeader(BCAST, epoch, 1, 0)})
+    h.receive(C, [bad, bcast(epoch, 2, 1, [(C, 1, [b"ok"])]), commit(epoch, 2)])
+    assert payloads(h.take_delivered()) == [(C, b"ok")]
+    assert h.metric("sequencer.bad_batches") == 1
+
+
+def test_a_malformed_sync_is_ignored_and_asked_for_again() -> None:
+    h = harness()
+    view = h.install_view([ME, P1])
+    h.receive(P1, [Message(ME, pack([1, 2]), headers={PID: SequencerHeader(SYNC, view.view_id, 0, 1)})])
+    assert h.metric("sequencer.bad_syncs") == 1
+    h.send(b"waits")
+    assert sent_kind(h, BCAST) == []
+
+
+def test_bad_configuration_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="max_batch_size"):
+        resolve_config([{"layer": "transport"}, {"layer": "sequencer", "max_batch_size": "1B"}])
+    with pytest.raises(ConfigError, match="unknown key 'batch'"):
+        resolve_config([{"layer": "transport"}, {"layer": "sequencer", "batch": 1}])
