@@ -156,6 +156,37 @@ def test_coordinator_reports_silent_participants() -> None:
     assert failed and failed[0].missing == (P2,)
 
 
+def test_without_reconciliation_the_target_is_empty_and_nobody_fetches() -> None:
+    h = LayerHarness([*SPEC[:-1], {**SPEC[-1], "enable_reconciliation": False}], me=ME)
+    h.install_view([ME, P1, P2])
+    h.take_sent()
+    h.probe().inject_up_event(FlushRequest((ME, 1), (ME, P1, P2)))
+    h.collect()
+    fid = (ME, 1)
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_OK, fid, digest=Digest({ME: (0, 0), P1: (2, 2), P2: (0, 1)})))])
+    h.receive(P2, [control(P2, FlushHeader(FLUSH_OK, fid, digest=Digest({ME: (0, 0), P1: (1, 2), P2: (1, 1)})))])
+    targets = [hdr for _, hdr in flush_sent(h) if hdr.kind == FLUSH_TARGET]
+    assert targets and all(len(t.digest) == 0 and t.holders == () for t in targets)
+
+
+def test_second_round_waits_end_flush_timeout_and_failure_carries_retry_timeout() -> None:
+    spec = [*SPEC[:-1], {**SPEC[-1], "start_flush_timeout": "1s", "end_flush_timeout": "3s", "retry_timeout": "250ms"}]
+    h = LayerHarness(spec, me=ME)
+    h.install_view([ME, P1, P2])
+    h.take_sent()
+    h.probe().inject_up_event(FlushRequest((ME, 1), (ME, P1, P2)))
+    h.collect()
+    fid = (ME, 1)
+    for p in (P1, P2):
+        h.receive(p, [control(p, FlushHeader(FLUSH_OK, fid, digest=Digest({ME: (0, 0), P1: (0, 0), P2: (0, 0)})))])
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_COMPLETED, fid))])
+    h.advance(2.0)  # past start_flush_timeout, within end_flush_timeout
+    assert not any(isinstance(e, FlushFailed) for e in h.probe().log.down_events)
+    h.advance(1.5)
+    failed = [e for e in h.probe().log.down_events if isinstance(e, FlushFailed)]
+    assert failed and failed[0].missing == (P2,) and failed[0].retry_after == 0.25
+
+
 @pytest.mark.parametrize(
     "wire, message",
     [

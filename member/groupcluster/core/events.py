@@ -115,6 +115,7 @@ class FlushFailed(Event):
 
     flush_id: tuple[Address, int]
     missing: tuple[Address, ...]
+    retry_after: float = 0.0  # flush again no sooner than this (FLUSH's retry_timeout)
 
 
 @dataclass(frozen=True, slots=True)

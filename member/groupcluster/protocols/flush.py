@@ -24,8 +24,11 @@ Seed 000's open question — a message sent after block() returns but before the
 the latch for a member's own multicasts closes in the same step in which block() is reported done, before
 FLUSH_OK leaves, so every old-view multicast of a member precedes its digest. Multicasts sent later wait in
 the layer and are sent in the new view. Unicasts always pass (virtual synchrony concerns multicasts).
-A member blocked longer than ``timeout`` (the coordinator died and nobody restarted the flush) unblocks by
-itself; a new coordinator restarts the flush with a new flush id, which supersedes the old one everywhere.
+A new coordinator restarts a flush with a new flush id, which supersedes the old one everywhere. A member
+blocked longer than ``timeout`` without a new view asks GMS (:class:`FlushAbandoned`) to move it into a view
+of its own, since the others may have installed a view that never reached it; MERGE brings it back.
+GMS also flushes each subgroup before a merge (START_FLUSH carries the view it flushes, so a start that
+overtakes its VIEW waits for it).
 """
 
 from __future__ import annotations
@@ -129,7 +132,14 @@ class FlushConfig:
         "8s", "duration", doc="longest a member stays blocked; then it moves into a view of its own (MERGE rejoins)"
     )
     start_flush_timeout: float = param(
-        "2s", "duration", doc="a participant silent this long in a flush round is reported as failed"
+        "2s", "duration", doc="a participant that has not answered START_FLUSH (FLUSH_OK) by then is reported failed"
+    )
+    end_flush_timeout: float = param(
+        "2s", "duration", doc="a participant that has not confirmed FLUSH_TARGET (FLUSH_COMPLETED) by then is reported"
+    )
+    retry_timeout: float = param("100ms", "duration", doc="after a failed round, wait this long before flushing again")
+    enable_reconciliation: bool = param(
+        True, "bool", doc="deliver what any participant delivered (off: only the latch, no virtual synchrony)"
     )
     block_ok: str = param(
         "auto", "choice", choices=("auto", "app"), doc="auto: block() is done at once; app: wait for BlockOk"
@@ -295,12 +305,15 @@ class Flush(Layer):
                     best[sender] = (delivered, member)
         target = Digest({s: (d, d) for s, (d, _) in best.items()})
         holders = tuple((s, h) for s, (_, h) in best.items() if h != s)
+        if not self.config.enable_reconciliation:
+            # Seed 001's switch: members only quiet down; nobody fetches what others delivered.
+            target, holders = Digest({}), ()
         c.target_sent = True
         for p in c.participants:
             self._send(
                 p, FlushHeader(FLUSH_TARGET, c.flush_id, participants=c.participants, digest=target, holders=holders)
             )
-        self.set_timer("coordinate", self.config.start_flush_timeout)
+        self.set_timer("coordinate", self.config.end_flush_timeout)
 
     # -- participant -----------------------------------------------------------------------------------
     def _on_start(self, src: Address, hdr: FlushHeader) -> None:
@@ -413,7 +426,7 @@ class Flush(Layer):
             missing = tuple(m for m in c.participants if m not in waiting_for)
             self.coordinating = None
             self.count("flushes_failed")
-            self.below.down_event(FlushFailed(c.flush_id, missing))
+            self.below.down_event(FlushFailed(c.flush_id, missing, retry_after=self.config.retry_timeout))
 
     def _send(self, dest: Address, hdr: FlushHeader) -> None:
         # Flush control travels as reliable unicasts: multicasts would queue behind the delivery holds.

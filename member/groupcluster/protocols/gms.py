@@ -278,8 +278,7 @@ class Gms(Layer):
                     if m != self.local_address:
                         self.suspects.add(m)
                         self._enqueue("suspect", m)
-                if not self.ctx.has_timer("bundle"):
-                    self.set_timer("bundle", self.config.view_bundling)
+                self.set_timer("bundle", max(self.config.view_bundling, event.retry_after))
             return None
         return self.below.down_event(event)
 
