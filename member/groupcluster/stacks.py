@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from .core.errors import ConfigError
+from .protocols import state_transfer as _state_transfer  # noqa: F401  # registers "state" (the presets use it)
 
 FIFO: list[dict[str, Any]] = [
     {"layer": "transport"},
@@ -41,6 +42,7 @@ VSYNC: list[dict[str, Any]] = [
     {"layer": "flow"},
     {"layer": "frag"},
     {"layer": "flush"},
+    {"layer": "state"},
 ]
 
 # Total order: SEQUENCER above GMS (the coordinator numbers every multicast).
@@ -49,6 +51,7 @@ TOTAL_ORDER: list[dict[str, Any]] = [
     {"layer": "sequencer"},
     {"layer": "flow"},
     {"layer": "frag"},
+    {"layer": "state"},
 ]
 
 PRESETS: dict[str, list[dict[str, Any]]] = {"fifo": FIFO, "vsync": VSYNC, "total-order": TOTAL_ORDER}

@@ -136,3 +136,30 @@ REGRESSIONS += [
     (411, VSYNC, BLOCK_TIMEOUT),
     (817, VSYNC, LATE_JOIN_REQ),
 ]
+
+# State transfer (the "state" layer at the top of the vsync and total-order presets).
+STATE_CUT_UNICAST = (
+    "a unicast state request let the donor snapshot before a sequencer replay of an earlier epoch that the joiner "
+    "never receives: messages lost at the cut (the request is now a multicast marker in the ordered stream)"
+)
+STATE_GAPS = (
+    "per-sender streams have holes across partitions: a joiner counted as covered its own partition-era messages "
+    "numbered below the donor's highest (the cut now carries the holes)"
+)
+STATE_EARLY_DELIVERY = "a sequencer delivered before the first view reached the state layer, which did not hold yet"
+STATE_STUCK = (
+    "a joiner waited forever: its floors named senders gone from the view, or every member left was a joiner "
+    "waiting for a state too (the most senior one now starts from an empty state)"
+)
+STATE_MERGE_CHECK = "checker: messages only one side of a merge ever delivers were counted as lost at the cut"
+REGRESSIONS += [
+    (1, TOTAL_ORDER, STATE_CUT_UNICAST),
+    (3, TOTAL_ORDER, STATE_CUT_UNICAST),
+    (14, TOTAL_ORDER, STATE_GAPS),
+    (59, TOTAL_ORDER, STATE_EARLY_DELIVERY),
+    (78, TOTAL_ORDER, STATE_STUCK),
+    (31, TOTAL_ORDER, STATE_STUCK),
+    (40, VSYNC, STATE_STUCK),
+    (2020, TOTAL_ORDER, STATE_MERGE_CHECK),
+    (2030, TOTAL_ORDER, STATE_MERGE_CHECK),
+]

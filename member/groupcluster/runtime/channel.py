@@ -17,6 +17,17 @@ message, ``on_messages`` once per delivered batch (cheaper at high rates), ``on_
 view, ``on_event`` for other stack events (backpressure, flush Block/Unblock, ...). A callback must not
 block; an exception in a callback is logged and does not disturb the member.
 
+State transfer (stacks with the ``state`` layer, e.g. "vsync" and "total-order")::
+
+    ch = await Channel.connect("orders", stack="vsync", get_state=lambda: db.dump(), set_state=db.load, ...)
+    await ch.wait_state(timeout=30)    # the state arrived (at once for the member that founded the group)
+
+``get_state()`` must return the application's state as bytes, at once: it is called between deliveries, and
+the state must be exactly what the deliveries so far made it. ``set_state(data)`` replaces the state; the
+messages delivered after it continue from it (multicasts already in the state are not delivered again). A
+member that passes ``set_state`` holds its deliveries (and view notifications) until the state is set; the
+group does not stop meanwhile. Without ``get_state`` a member serves an empty state.
+
 ``send`` never blocks: messages sent within one event-loop iteration are handed to the stack together in
 one step (``loop.call_soon``), so they share frames. ``send_async`` first waits while the stack reports
 ``Backpressure(True)``.
@@ -38,6 +49,7 @@ from ..core.events import Backpressure, Deliver, Event, Joined, JoinFailed, Left
 from ..core.layer import LAYER_TYPES
 from ..core.message import Message
 from ..core.view import View
+from ..protocols.state_transfer import GetState, RequestState, SetState, StateCovered, StateSnapshot
 from ..stacks import PRESETS, preset
 from .driver import Driver, parse_endpoint
 from .file_discovery import FileDiscovery
@@ -131,6 +143,14 @@ class Channel:
         self._on_event: list[Callable[[Event], Any]] = []
         self.file_discovery: FileDiscovery | None = None
         self.has_membership = driver.stack.layer("gms") is not None
+        # State transfer: callbacks, and whether (and when) our state was set.
+        self.has_state_layer = driver.stack.layer("state") is not None
+        self._get_state: Callable[[], bytes] | None = None
+        self._set_state: Callable[[bytes], Any] | None = None
+        self._state_ready: asyncio.Future[Address | None] = self._loop.create_future()
+        self.state_requested = False
+        self.state_donor: Address | None = None
+        self.covered = 0  # multicasts received that the transferred state already contained
         driver.on_events = self._on_events
 
     # -- creation --------------------------------------------------------------------------------------
@@ -153,6 +173,8 @@ class Channel:
         on_messages: Callable[[list[Message]], Any] | None = None,
         on_view: Callable[[View], Any] | None = None,
         on_event: Callable[[Event], Any] | None = None,
+        get_state: Callable[[], bytes] | None = None,
+        set_state: Callable[[bytes], Any] | None = None,
     ) -> Channel:
         """Bind, start the stack and return once joined (a ChannelError says why if not within ``join_timeout``).
 
@@ -161,7 +183,9 @@ class Channel:
         second (our endpoint is added to it); ``record`` is a history file (JSON lines) to append to.
         Callbacks given here are registered before the stack starts, so they see every delivery and view,
         including those that happen between joining and this coroutine returning (callbacks registered later
-        with :meth:`on_message` etc. only see what comes after).
+        with :meth:`on_message` etc. only see what comes after). ``get_state``/``set_state`` need a stack
+        with the ``state`` layer; with ``set_state`` the member fetches the group's state after joining
+        (see :meth:`wait_state`).
         Configuration errors raise :class:`~groupcluster.core.errors.ConfigError` naming the key.
         """
         if not isinstance(cluster, str) or not cluster:
@@ -180,6 +204,16 @@ class Channel:
             driver.close()
             raise ChannelError(f"cannot open the history file {record}: {exc.strerror or exc}") from None
         ch = cls(driver, recorder=recorder)
+        if (get_state is not None or set_state is not None) and not ch.has_state_layer:
+            driver.close()
+            if recorder is not None:
+                recorder.close()
+            raise ConfigError(
+                "get_state/set_state: the stack has no 'state' layer (use a preset that has one, e.g. 'vsync' or "
+                "'total-order', or add {'layer': 'state'} at the top)"
+            )
+        ch._get_state = get_state
+        ch._set_state = set_state
         for register, fn in (
             (ch.on_message, on_message),
             (ch.on_messages, on_messages),
@@ -212,6 +246,12 @@ class Channel:
         elif extra_hosts:
             self.driver.control(UpdateHosts(extra_hosts))
         self.driver.start()
+        if self._set_state is not None:
+            # Before any view can arrive (joining takes network round trips): the layer holds from the first on.
+            self.state_requested = True
+            if self.recorder is not None:
+                self.recorder.event("state", op="request")
+            self.driver.control(RequestState())
 
     async def _wait_joined(
         self, timeout: float, hosts: tuple[tuple[str, int], ...], hosts_file: str | Path | None
@@ -273,6 +313,56 @@ class Channel:
             return self.view
 
         return await asyncio.wait_for(waiter(), timeout)
+
+    # -- state transfer --------------------------------------------------------------------------------
+    @property
+    def state_ready(self) -> bool:
+        """True once our state was set (or we founded the group and had none to fetch)."""
+        return self._state_ready.done() and not self._state_ready.cancelled()
+
+    async def wait_state(self, timeout: float) -> Address | None:
+        """Wait until the state transferred at join was set; returns the donor (None: we founded the group).
+
+        TimeoutError after ``timeout`` seconds; ChannelError if this channel did not ask for state (no
+        ``set_state`` given to :meth:`connect`).
+        """
+        if not self.state_requested:
+            raise ChannelError("no state transfer was requested: pass set_state to Channel.connect")
+        return await asyncio.wait_for(asyncio.shield(self._state_ready), timeout)
+
+    def _serve_state(self, ev: GetState) -> None:
+        # Called in delivery order: the state now is exactly what the deliveries before this event made it.
+        try:
+            data = self._get_state() if self._get_state is not None else b""
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise TypeError(f"get_state must return bytes, got {type(data).__name__}")
+        except Exception:
+            # No answer: the joiner's request times out and it asks another member.
+            log.exception("%s: get_state raised; not serving state to %s", self.address, ev.transfer[0])
+            return
+        if self.recorder is not None:
+            self.recorder.event("state", op="get", transfer=[str(ev.transfer[0]), ev.transfer[1]], size=len(data))
+        self.driver.control(StateSnapshot(ev.transfer, bytes(data)))
+
+    def _on_set_state(self, ev: SetState) -> None:
+        self.state_donor = ev.donor
+        if self.recorder is not None:
+            transfer = None if ev.transfer is None else [str(ev.transfer[0]), ev.transfer[1]]
+            donor = None if ev.donor is None else str(ev.donor)
+            size = 0 if ev.state is None else len(ev.state)
+            self.recorder.event("state", op="set", donor=donor, transfer=transfer, size=size)
+        if ev.state is not None and self._set_state is not None:
+            try:
+                self._set_state(ev.state)
+            except Exception:
+                log.exception("%s: set_state raised", self.address)
+        if not self._state_ready.done():
+            self._state_ready.set_result(ev.donor)
+
+    def _on_covered(self, msgs: list[Message]) -> None:
+        self.covered += len(msgs)
+        if self.recorder is not None:
+            self.recorder.delivers(msgs, via="state")
 
     # -- sending ---------------------------------------------------------------------------------------
     def send(self, payload: bytes, dest: Address | None = None, flags: int = 0) -> None:
@@ -338,6 +428,12 @@ class Channel:
                     self._joined.set_exception(
                         ChannelError(f"{self.address} could not join {self.cluster!r}: {ev.reason}")  # type: ignore[attr-defined]
                     )
+            elif kind is GetState:
+                self._serve_state(ev)  # type: ignore[arg-type]
+            elif kind is SetState:
+                self._on_set_state(ev)  # type: ignore[arg-type]
+            elif kind is StateCovered:
+                self._on_covered(ev.messages)  # type: ignore[attr-defined]
             elif kind is Left:
                 self.left_reason = ev.reason  # type: ignore[attr-defined]
                 if self.recorder is not None:
@@ -416,7 +512,7 @@ class Channel:
             self.recorder.close()
         self._unblocked.set()
         self._view_changed.set()
-        for fut in (self._joined, self._left):
+        for fut in (self._joined, self._left, self._state_ready):
             if not fut.done():
                 fut.set_exception(ChannelClosed("the channel was closed"))
                 with contextlib.suppress(BaseException):

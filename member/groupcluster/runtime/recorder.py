@@ -86,15 +86,17 @@ class Recorder:
         # that left the process is on record even if the process is killed right after.
         self.flush()
 
-    def delivers(self, messages: Iterable[Message]) -> None:
+    def delivers(self, messages: Iterable[Message], via: str | None = None) -> None:
+        """Deliveries; ``via="state"`` marks multicasts a transferred state already contained."""
         t = round(time.time(), 6)
         head = f'{{"t": {t}, "member": {self._member_json}, "kind": "deliver", "sender": '
+        tail = "}\n" if via is None else f', "via": {_json_str(via)}}}\n'
         lines = self._lines
         msg_id = self.msg_id
         name = self._name
         for msg in messages:
             lines.append(
-                f'{head}{name(msg.src)}, "msg": {_json_str(msg_id(msg.payload))}, "dest": {name(msg.dest)}}}\n'
+                f'{head}{name(msg.src)}, "msg": {_json_str(msg_id(msg.payload))}, "dest": {name(msg.dest)}{tail}'
             )
         if len(lines) >= _FLUSH_LINES:
             self.flush()

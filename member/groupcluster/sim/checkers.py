@@ -660,3 +660,169 @@ def _owed(idx: HistoryIndex, key: tuple[str, str], s: str, until: int) -> bool:
 
 
 STACK_CHECKERS["total-order"] = {"total-order": check_total_order, "crashed-prefix": check_crashed_prefix}
+
+
+# ---- state transfer (stacks with the "state" layer: vsync, total-order) ------------------------------------
+#
+# * ``state-transfer`` — a member's application state is the ordered list of multicasts it applied: those it
+#   delivered, preceded, for a member that received a state, by the donor's list at the donor's cut. A donor
+#   records a ``state`` event ``op: get`` (transfer, ``size`` = length of its list, ``digest`` of the bytes) at
+#   the cut; the joiner records ``op: set`` (donor, transfer, size, digest) when it takes the state, and
+#   ``deliver`` events with ``via: "state"`` for multicasts it received that the state already held. Then:
+#
+#   1. every ``set`` matches the donor's ``get`` for that transfer, with the same digest and size (the bytes
+#      arrived intact), and a donor's recorded size equals the length of its list as the history shows it;
+#   2. a member that asked for state (``op: request``) delivers no multicast before its ``set`` (it holds them),
+#      and a ``via: state`` delivery names a multicast that is in its state;
+#   3. the cut is consistent — what the joiner applies after its ``set`` continues exactly where the donor's
+#      state ended: for every sender, the joiner's list and the donor's list (each counted only while the
+#      other is in its views, and after the cut) agree, one being a prefix of the other. A message lost at the
+#      cut (the donor's state too old), or applied twice (in the state and delivered again), breaks it.
+
+
+def check_state_transfer(history: History | HistoryIndex) -> list[Violation]:
+    idx = _index(history)
+    out: list[Violation] = []
+    Entry = tuple[str, str]  # (sender, msg)
+    logs: dict[str, list[Entry]] = {}
+    positions: dict[str, list[int]] = {}
+    contents: dict[str, set[Entry]] = {}
+    gets: dict[tuple[str, str, int], tuple[int, Any, Any, int]] = {}  # (donor, joiner, tid) -> (len, digest, size, pos)
+    requested: set[str] = set()
+    state_set: set[str] = set()
+    early: set[str] = set()
+    # (joiner, donor, cut length, set position, get position)
+    transfers: list[tuple[str, str, int, int, int]] = []
+    for pos, ev in enumerate(idx.events):
+        kind = ev.kind
+        m = ev.member
+        if kind == "deliver":
+            if ev.data.get("dest") is not None:
+                continue
+            key = (_str(ev, pos, "sender"), _str(ev, pos, "msg"))
+            if ev.data.get("via") == "state":
+                if m not in state_set:
+                    out.append(Violation("state-transfer", m, f"{_fmt_msg(key)} counted as in a state it never set"))
+                elif key not in contents.get(m, ()):
+                    out.append(
+                        Violation("state-transfer", m, f"{_fmt_msg(key)} counted as in the state, which lacks it")
+                    )
+                continue
+            if m in requested and m not in state_set and m not in early:
+                early.add(m)
+                out.append(Violation("state-transfer", m, f"delivered {_fmt_msg(key)} before its state was set"))
+            if m in state_set and key in contents.get(m, ()):
+                out.append(Violation("state-transfer", m, f"applied {_fmt_msg(key)} twice (its state had it)"))
+            logs.setdefault(m, []).append(key)
+            positions.setdefault(m, []).append(pos)
+            contents.setdefault(m, set()).add(key)
+        elif kind == "state":
+            op = _field(ev, pos, "op")
+            if op == "request":
+                requested.add(m)
+            elif op == "get":
+                transfer = _field(ev, pos, "transfer")
+                if not isinstance(transfer, list) or len(transfer) != 2:
+                    raise HistoryFormatError(f"history event #{pos} (state get by {m}): transfer must be [joiner, id]")
+                n = len(logs.get(m, ()))
+                size = ev.data.get("size")
+                if size != n:
+                    out.append(
+                        Violation(
+                            "state-transfer",
+                            m,
+                            f"state for {transfer[0]} has {size} entries, but the history shows {n} multicasts applied",
+                        )
+                    )
+                gets[(m, str(transfer[0]), int(transfer[1]))] = (n, ev.data.get("digest"), size, pos)
+            elif op == "set":
+                donor = ev.data.get("donor")
+                state_set.add(m)
+                if donor is None:
+                    continue  # founded the group: starts empty
+                transfer = _field(ev, pos, "transfer")
+                got = gets.get((str(donor), m, int(transfer[1]))) if isinstance(transfer, list) else None
+                if got is None:
+                    out.append(Violation("state-transfer", m, f"set a state {donor} never took for it ({transfer})"))
+                    continue
+                n, digest, size, get_pos = got
+                if digest != ev.data.get("digest") or size != ev.data.get("size"):
+                    out.append(
+                        Violation(
+                            "state-transfer",
+                            m,
+                            f"set state {transfer} from {donor} with digest {ev.data.get('digest')} and size "
+                            f"{ev.data.get('size')}; the donor took digest {digest} and size {size}",
+                        )
+                    )
+                    continue
+                logs[m] = list(logs.get(str(donor), [])[:n])
+                positions[m] = [pos] * n
+                contents[m] = set(logs[m])
+                transfers.append((m, str(donor), n, pos, get_pos))
+    for joiner, donor, n, _set_pos, _get_pos in transfers:
+        # The joiner's side counts only messages the donor applied too: after a merge, a joiner that was apart
+        # from the donor finishes its partition's messages, which the donor never sees (no loss: divergence).
+        ours = _together(idx, joiner, donor, logs.get(joiner, []), positions.get(joiner, []), n, contents.get(donor))
+        # The donor's side counts only messages the joiner could have had: sent in a view the joiner installed
+        # (or applied by it). A sequencer replays an epoch the joiner was never in to the donor after a merge.
+        joiner_views = {vid for _pos, vid, _m in idx.views.get(joiner, [])}
+        could = {
+            key
+            for key in logs.get(donor, [])[n:]
+            if key in contents.get(joiner, ()) or (idx.sends.get(key) and idx.sends[key].view in joiner_views)
+        }
+        theirs = _together(idx, donor, joiner, logs.get(donor, []), positions.get(donor, []), n, could)
+        for sender in sorted(set(ours) & set(theirs)):
+            a, b = ours[sender], theirs[sender]
+            k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+            if k is not None:
+                out.append(
+                    Violation(
+                        "state-transfer",
+                        joiner,
+                        f"after the state from {donor} (cut at {n} multicasts), applied {a[k]!r} from {sender} "
+                        f"where the donor applied {b[k]!r} (entry {k} after the cut; the cut lost or repeated one)",
+                    )
+                )
+                break
+    return out
+
+
+def _together(
+    idx: HistoryIndex,
+    member: str,
+    other: str,
+    log: list[tuple[str, str]],
+    positions: list[int],
+    start: int,
+    keep: set[tuple[str, str]] | None = None,
+) -> dict[str, list[str]]:
+    """Per sender, the messages of ``log[start:]`` that ``member`` applied while ``other`` was in its view:
+    from the first such one up to the first one applied after a view without ``other`` (a joiner that was
+    apart from the donor before the merge that brought them together applies its partition's messages
+    first; across a partition the two states diverge by nature, so neither part is compared)."""
+    view_pos = idx.view_positions.get(member, [])
+    views = idx.views.get(member, [])
+    end = idx.ended.get(member, len(idx.events))
+    out: dict[str, list[str]] = {}
+    started = False
+    for k in range(start, len(log)):
+        pos = positions[k]
+        if pos >= end:
+            break
+        v = bisect.bisect_right(view_pos, pos) - 1
+        with_other = v >= 0 and other in views[v][2]
+        if not with_other:
+            if started:
+                break
+            continue
+        started = True
+        if keep is None or log[k] in keep:
+            sender, msg = log[k]
+            out.setdefault(sender, []).append(msg)
+    return out
+
+
+STACK_CHECKERS["vsync"]["state-transfer"] = check_state_transfer
+STACK_CHECKERS["total-order"]["state-transfer"] = check_state_transfer

@@ -9,12 +9,19 @@ history events, keeps each stack's next timer on the event loop, and injects mem
 * pause — like a long GC pause: no input is processed, timers wait, frames queue and are handled on resume;
 * leave — a graceful leave through the stack; the member is gone when the stack reports ``Left``.
 
+When the stack carries the ``state`` layer, the simulated application keeps a state — the ordered log of the
+multicasts it delivered, as ``sender msg`` lines — fetches it on start (:class:`RequestState`), serves it
+when asked (:class:`GetState`, answered in the same step, before any later output), and records ``state``
+events (``op`` request/get/set with the transfer, the donor, the log length and a digest of the bytes) and
+the multicasts the transferred state covered (``deliver`` events with ``via: "state"``).
+
 An exception raised by a stack is a bug: it is recorded as an ``exception`` violation and the member is
 treated as crashed, so the run (and the other checks) can go on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import random
@@ -28,6 +35,7 @@ from ..core.events import Backpressure, Deliver, Event, Joined, JoinFailed, Left
 from ..core.message import Message
 from ..core.stack import Stack, Transmit
 from ..core.view import View
+from ..protocols.state_transfer import GetState, RequestState, SetState, StateCovered, StateSnapshot
 from .checkers import Violation
 from .history import History, make_payload, payload_id
 from .loop import EventLoop
@@ -54,6 +62,7 @@ class Node:
 
     __slots__ = (
         "address",
+        "app_log",
         "blocked",
         "endpoint",
         "inbox",
@@ -63,6 +72,7 @@ class Node:
         "state",
         "timer_at",
         "timer_due",
+        "uses_state",
         "view",
     )
 
@@ -78,6 +88,9 @@ class Node:
         self.timer_at: float | None = None
         self.timer_due = False
         self.inbox: list[bytes] = []
+        # The application's state when the stack transfers state: "sender msg" per multicast, in delivery order.
+        self.uses_state = stack.layer("state") is not None
+        self.app_log: list[str] = []
 
     @property
     def alive(self) -> bool:
@@ -165,6 +178,9 @@ class World:
             self.history.add(self.loop.now, node.name, "restart", slot=slot, previous=previous)
         self._previous[slot] = node.name
         self._step(node, stack.start)
+        if node.uses_state and node.state != GONE:
+            self.history.add(self.loop.now, node.name, "state", op="request")
+            self._step(node, stack.control, RequestState())
         return node
 
     def crash(self, slot: int) -> None:
@@ -304,6 +320,52 @@ class World:
             if self.on_gone is not None:
                 self.on_gone(node, "exception")
 
+    def _state_event(self, node: Node, out: GetState | SetState | StateCovered) -> None:
+        now = self.loop.now
+        if type(out) is StateCovered:
+            # Multicasts the transferred state already holds: delivered through the state, at this point.
+            hook = self.on_deliver
+            for msg in out.messages:
+                sender = self._name(msg.src) or "?"
+                msg_id = payload_id(msg.payload)
+                self.history.add(now, node.name, "deliver", sender=sender, msg=msg_id, dest=None, via="state")
+                if hook is not None:
+                    hook(node, sender, msg_id)
+            self.stats["covered"] += len(out.messages)
+        elif type(out) is GetState:
+            # Taken here, before the outputs after GetState are handled: exactly the cut the layer announced.
+            data = "\n".join(node.app_log).encode()
+            joiner, tid = out.transfer
+            self.history.add(
+                now,
+                node.name,
+                "state",
+                op="get",
+                transfer=[self._name(joiner), tid],
+                size=len(node.app_log),
+                digest=hashlib.sha256(data).hexdigest()[:16],
+            )
+            self.stats["state_gets"] += 1
+            self._step(node, node.stack.control, StateSnapshot(out.transfer, data))
+        else:
+            assert type(out) is SetState
+            if out.state is None:
+                self.history.add(now, node.name, "state", op="set", donor=None, transfer=None, size=0, digest=None)
+                return
+            node.app_log = out.state.decode().split("\n") if out.state else []
+            transfer = None if out.transfer is None else [self._name(out.transfer[0]), out.transfer[1]]
+            self.history.add(
+                now,
+                node.name,
+                "state",
+                op="set",
+                donor=self._name(out.donor),
+                transfer=transfer,
+                size=len(node.app_log),
+                digest=hashlib.sha256(out.state).hexdigest()[:16],
+            )
+            self.stats["state_sets"] += 1
+
     def _drain(self, node: Node) -> None:
         outputs = node.stack.drain()
         if not outputs:
@@ -317,13 +379,18 @@ class World:
             elif type(out) is Deliver:
                 name = node.name
                 hook = self.on_deliver
+                log = node.app_log if node.uses_state else None
                 for msg in out.messages:
                     sender = self._name(msg.src) or "?"
                     msg_id = payload_id(msg.payload)
                     history.add(now, name, "deliver", sender=sender, msg=msg_id, dest=self._name(msg.dest))
+                    if log is not None and msg.dest is None:
+                        log.append(f"{sender} {msg_id}")
                     if hook is not None:
                         hook(node, sender, msg_id)
                 self.stats["delivered"] += len(out.messages)
+            elif type(out) is GetState or type(out) is SetState or type(out) is StateCovered:
+                self._state_event(node, out)
             elif type(out) is ViewChange or type(out) is Joined:
                 view = out.view
                 # Joined and ViewChange may both carry the first view: record it once.
