@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("groupcluster.runtime.demo", "run a local cluster on loopback and show that nothing is lost"),
     "sim": ("groupcluster.sim.cli", "deterministic simulation with fault injection and property checks"),
     "check": ("groupcluster.sim.check_cli", "run the property checkers over recorded history files"),
+    "bench": ("groupcluster.bench.cli", "benchmarks: our stack side by side with JGroups, PySyncObj and raw TCP"),
 }
 
 

@@ -1,0 +1,169 @@
+package io.groupcluster.bench;
+
+import java.nio.ByteBuffer;
+import java.util.Arrays;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.locks.LockSupport;
+
+/**
+ * The JGroups-version-independent part of the benchmark harness: options, the workload, delivery accounting
+ * and the result line. Harness (JGroups 5) and Harness212 (JGroups 2.12) adapt it to their channel API.
+ *
+ * <p>The workload and the result line are the same as groupcluster.bench.workers (the Python side): senders
+ * multicast {@code count} messages of {@code size} bytes each, unpaced or at {@code rate} messages per second;
+ * a payload starts with the send time (System.nanoTime, CLOCK_MONOTONIC on Linux, the clock Python's
+ * time.monotonic reads), the sender's rank and a sequence number. Once every message is delivered the member
+ * prints one line {@code RESULT {json}} and waits to be killed (leaving early would disturb the others).
+ */
+public final class Core {
+    /** What the harness needs from a channel of either JGroups version. */
+    public interface Sender {
+        void multicast(byte[] payload) throws Exception;
+    }
+
+    final int rank;
+    final int members;
+    final int senders;
+    final int count;
+    final int size;
+    final double rate;
+    final double timeout;
+    final long expected;
+    final CountDownLatch viewComplete = new CountDownLatch(1);
+    final CountDownLatch allDelivered = new CountDownLatch(1);
+    // Deliveries may come from several threads at once (one per sender in JGroups 5): guarded by this.
+    private long delivered;
+    private long firstNs;
+    private long lastNs;
+    private long sendStartNs;
+    private long sendEndNs;
+    private final long[] latencies;
+    private int latencyCount;
+
+    private Core(String[] args) {
+        int r = 0, m = 4, s = 4, c = 10000, z = 100;
+        double rt = 0, to = 300;
+        for (int i = 0; i + 1 < args.length; i += 2) {
+            String v = args[i + 1];
+            switch (args[i]) {
+                case "--rank" -> r = Integer.parseInt(v);
+                case "--members" -> m = Integer.parseInt(v);
+                case "--senders" -> s = Integer.parseInt(v);
+                case "--count" -> c = Integer.parseInt(v);
+                case "--size" -> z = Integer.parseInt(v);
+                case "--rate" -> rt = Double.parseDouble(v);
+                case "--timeout" -> to = Double.parseDouble(v);
+                default -> throw new IllegalArgumentException("unknown option " + args[i]);
+            }
+        }
+        rank = r;
+        members = m;
+        senders = s;
+        count = c;
+        size = Math.max(z, 16);
+        rate = rt;
+        timeout = to;
+        expected = (long) s * c;
+        // Latency is sampled only in paced runs, and only after the first tenth of each sender's messages
+        // (connection set-up and JIT warm-up).
+        latencies = rate > 0 ? new long[(int) expected] : new long[0];
+    }
+
+    public static Core parse(String[] args) {
+        return new Core(args);
+    }
+
+    public void viewSize(int n) {
+        if (n >= members) viewComplete.countDown();
+    }
+
+    /** Account one delivered payload; called with the channel's buffer, offset and length. */
+    public void deliver(byte[] buf, int off, int len, long nowNs) {
+        deliverLocked(buf, off, len, nowNs);
+    }
+
+    /** Account a batch of payloads under one lock (the JGroups 5 batch callback). */
+    public synchronized void deliverLocked(byte[] buf, int off, int len, long nowNs) {
+        if (delivered == 0) firstNs = nowNs;
+        lastNs = nowNs;
+        delivered++;
+        if (latencies.length > 0 && len >= 16) {
+            ByteBuffer b = ByteBuffer.wrap(buf, off, len);
+            long sent = b.getLong();
+            b.getInt();
+            int seq = b.getInt();
+            if (seq >= count / 10 && latencyCount < latencies.length) latencies[latencyCount++] = nowNs - sent;
+        }
+        if (delivered == expected) allDelivered.countDown();
+    }
+
+    private byte[] payload(int seq) {
+        byte[] p = new byte[size];
+        ByteBuffer b = ByteBuffer.wrap(p);
+        b.putLong(System.nanoTime());
+        b.putInt(rank);
+        b.putInt(seq);
+        return p;
+    }
+
+    /** Wait for the full view, send our share, wait for every delivery, print the result line. */
+    public int run(Sender ch) throws Exception {
+        long deadline = System.nanoTime() + (long) (timeout * 1e9);
+        if (!viewComplete.await(60, TimeUnit.SECONDS)) {
+            System.err.println("harness: the view never reached " + members + " members");
+            return 3;
+        }
+        if (rank < senders) {
+            long start = System.nanoTime();
+            synchronized (this) {
+                sendStartNs = start;
+            }
+            for (int i = 0; i < count; i++) {
+                if (rate > 0) {
+                    // Paced: never ahead of the schedule; park briefly when we are.
+                    long due = start + (long) (i * 1e9 / rate);
+                    long now;
+                    while ((now = System.nanoTime()) < due) LockSupport.parkNanos(Math.min(due - now, 200_000));
+                }
+                ch.multicast(payload(i));
+            }
+            synchronized (this) {
+                sendEndNs = System.nanoTime();
+            }
+        }
+        long left = deadline - System.nanoTime();
+        if (!allDelivered.await(Math.max(left, 1), TimeUnit.NANOSECONDS)) {
+            synchronized (this) {
+                System.err.println("harness: delivered " + delivered + " of " + expected + " before the timeout");
+            }
+            return 4;
+        }
+        System.out.println("RESULT " + resultJson());
+        System.out.flush();
+        return 0;
+    }
+
+    private synchronized String resultJson() {
+        StringBuilder sb = new StringBuilder("{");
+        sb.append("\"rank\":").append(rank);
+        sb.append(",\"delivered\":").append(delivered);
+        sb.append(",\"first\":").append(firstNs / 1e9);
+        sb.append(",\"last\":").append(lastNs / 1e9);
+        sb.append(",\"send_start\":").append(sendStartNs == 0 ? "null" : String.valueOf(sendStartNs / 1e9));
+        sb.append(",\"send_end\":").append(sendEndNs == 0 ? "null" : String.valueOf(sendEndNs / 1e9));
+        if (latencyCount > 0) {
+            long[] l = Arrays.copyOf(latencies, latencyCount);
+            Arrays.sort(l);
+            sb.append(",\"latency_samples\":").append(latencyCount);
+            sb.append(",\"p50_us\":").append(l[(int) (0.50 * (latencyCount - 1))] / 1e3);
+            sb.append(",\"p99_us\":").append(l[(int) (0.99 * (latencyCount - 1))] / 1e3);
+        }
+        return sb.append("}").toString();
+    }
+
+    /** After the result: stay in the group until the runner kills us. */
+    public static void park() {
+        while (true) LockSupport.parkNanos(1_000_000_000L);
+    }
+}

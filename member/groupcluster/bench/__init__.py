@@ -1,0 +1,6 @@
+"""Benchmarks of groupcluster against its peers (``groupcluster bench``).
+
+:mod:`.model` holds the pure parts (workloads, aggregation, JSON, table), :mod:`.workers` and
+:mod:`.pysyncobj_worker` the member processes in Python, :mod:`.jgroups` the JGroups harness builds,
+:mod:`.runner` the orchestration, :mod:`.plots` the PNG figures and :mod:`.cli` the command.
+"""

@@ -1,0 +1,143 @@
+"""``groupcluster bench --suite peers``: our stack and its peers on the same workloads, in one invocation.
+
+    groupcluster bench --suite peers --quick                 # headline workloads, one run each (~2 minutes)
+    groupcluster bench --suite peers --out docs/benchmarks   # everything, 3 runs each; table, JSON and PNGs
+    groupcluster bench --suite peers --workloads 'fifo-*' --systems groupcluster,raw-asyncio --json
+    groupcluster bench --list
+
+Progress goes to stderr; stdout gets the table, or with ``--json`` one JSON object whose ``results`` entries
+carry ``workload``, ``system``, ``value`` and ``unit``. Systems that cannot run (a missing JDK, say) are
+reported and skipped, and the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from .model import (
+    QUICK_WORKLOADS,
+    SYSTEMS,
+    WORKLOADS,
+    Result,
+    environment,
+    format_table,
+    select,
+    to_json,
+    with_peaks,
+)
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--suite", choices=("peers",), default="peers", help="benchmark suite (default peers)")
+    parser.add_argument("--quick", action="store_true", help="headline workloads, 1 run each, fewer messages")
+    parser.add_argument("--workloads", type=_csv, metavar="PATTERNS", help="comma-separated names or globs")
+    parser.add_argument("--systems", type=_csv, metavar="PATTERNS", help=f"comma-separated of {', '.join(SYSTEMS)}")
+    parser.add_argument("--repeat", type=int, help="runs per figure; the median is reported (default 3, quick 1)")
+    parser.add_argument("--messages", type=int, help="messages per sender when all send (default 25000, quick 10000)")
+    parser.add_argument("--counter-ops", type=int, help="increments per node, replicated counter (default 5000)")
+    parser.add_argument("--latency-seconds", type=float, help="length of a paced latency run (default 4, quick 2)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--out", metavar="DIR", help="also write DIR/results.json, DIR/results.txt and PNG plots")
+    parser.add_argument("--list", action="store_true", help="list the workloads and their systems, then exit")
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from .runner import Settings
+
+    s = Settings()
+    if args.quick:
+        s.repeat, s.messages, s.counter_ops, s.latency_seconds = 1, 10000, 3000, 2.0
+    for name in ("repeat", "messages", "counter_ops", "latency_seconds"):
+        value = getattr(args, name)
+        if value is not None:
+            if value <= 0:
+                raise SystemExit(f"groupcluster bench: --{name.replace('_', '-')} must be positive")
+            setattr(s, name, value)
+    return s
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        for w in WORKLOADS.values():
+            print(f"{w.name:<26} {w.description}; systems: {', '.join(w.systems)}")
+        return 0
+    patterns = args.workloads or (list(QUICK_WORKLOADS) if args.quick else ["*"])
+    names = with_peaks(select(patterns, WORKLOADS))
+    if not names:
+        raise SystemExit(f"groupcluster bench: no workload matches {patterns}; see --list")
+    systems = select(args.systems, SYSTEMS) if args.systems else list(SYSTEMS)
+    if args.systems and not systems:
+        raise SystemExit(f"groupcluster bench: no system matches {args.systems}; allowed: {', '.join(SYSTEMS)}")
+
+    from .runner import Runner
+
+    settings = _settings(args)
+
+    def progress(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    started = datetime.datetime.now(datetime.UTC)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    progress(f"bench peers: {len(names)} workloads, systems {', '.join(systems)}; {settings.repeat} run(s) each")
+    if load is not None:
+        progress(f"  load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
+    # SIGTERM unwinds like Ctrl-C, so the runner's cleanup kills the member processes of the current run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    runner = Runner(settings, progress)
+    results: list[Result] = []
+    failures: list[str] = []
+    for name in names:
+        w = WORKLOADS[name]
+        for system in w.systems:
+            if system not in systems:
+                continue
+            try:
+                results.extend(runner.measure(system, w))
+            except Exception as exc:  # one peer failing must not lose the others' figures
+                failures.append(f"{name} / {system}: {exc}")
+                progress(f"  {name:<24} {system:<18} FAILED: {exc}")
+    env = environment(started.strftime("%Y-%m-%d %H:%M UTC"), load, os.cpu_count())
+    env["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    settings_doc = {
+        "repeat": settings.repeat,
+        "messages_per_sender": settings.messages,
+        "counter_ops_per_node": settings.counter_ops,
+        "raw_factor": settings.raw_factor,
+        "latency_seconds": settings.latency_seconds,
+        "workloads": names,
+        "systems": systems,
+    }
+    doc = to_json(results, env, settings_doc)
+    doc["failures"] = failures
+    table = format_table(results)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+        (out / "results.txt").write_text(table + "\n")
+        try:
+            from .plots import write_plots
+
+            for path in write_plots(doc, out):
+                progress(f"  wrote {path}")
+        except ImportError:
+            failures.append("plots: matplotlib is missing (pip install 'groupcluster[bench]')")
+            progress("  no plots: matplotlib is missing (pip install 'groupcluster[bench]')")
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(table)
+        for f in failures:
+            print(f"failed: {f}")
+    return 1 if failures else 0
