@@ -1,10 +1,12 @@
-"""State-transfer throughput between real processes: a donor process holds a large state (default 50 MB), a
-joiner in this process joins and fetches it; prints the time and MB/s.
+"""State-transfer throughput between real processes: ``--members`` processes (default 1) hold a large state
+(default 50 MB), a joiner in this process joins and fetches it; prints the time and MB/s.
 
-    .venv/bin/python bench/state_transfer.py [--size-mb 50] [--stack vsync] [--chunk-size 56KiB] [--window 8]
+    .venv/bin/python bench/state_transfer.py [--size-mb 50] [--members 1] [--stack vsync] [--chunk-size 56KiB]
+    .venv/bin/python bench/state_transfer.py --members 4 --size-mb 10   # time to add a 5th member (issue 3)
 
-The clock runs from the joiner's connect (join included) and, separately, from its first view to
-``set_state``; MB/s is the state size over the latter. Both members run on loopback (127.0.0.21/.22).
+The clock runs from the joiner's connect (join, with a flush on the vsync stack, included) and, separately,
+from its first view to ``set_state``; MB/s is the state size over the latter. Members run on loopback
+(127.0.0.21 and up; the joiner takes the next address).
 """
 
 from __future__ import annotations
@@ -55,36 +57,39 @@ def free_port(hosts: list[str]) -> int:
 
 
 async def run(args: argparse.Namespace) -> None:
-    hosts = ["127.0.0.21", "127.0.0.22"]
+    hosts = [f"127.0.0.{21 + i}" for i in range(args.members + 1)]
     port = free_port(hosts)
     everyone = ",".join(f"{h}:{port}" for h in hosts)
     size = int(args.size_mb * 1_000_000)
-    donor = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            DONOR_CODE,
-            str(size),
-            f"{hosts[0]}:{port}",
-            everyone,
-            args.stack,
-            args.chunk_size,
-            str(args.window),
-        ],
-        stdout=subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    donors: list[subprocess.Popen[bytes]] = []
     try:
-        assert donor.stdout is not None
-        line = await asyncio.to_thread(donor.stdout.readline)
-        if line.strip() != b"ready":
-            raise RuntimeError(f"the donor did not start: {line!r}")
+        for host in hosts[:-1]:  # one after the other: each has joined when it prints "ready"
+            donor = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    DONOR_CODE,
+                    str(size),
+                    f"{host}:{port}",
+                    everyone,
+                    args.stack,
+                    args.chunk_size,
+                    str(args.window),
+                ],
+                stdout=subprocess.PIPE,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            donors.append(donor)
+            assert donor.stdout is not None
+            line = await asyncio.to_thread(donor.stdout.readline)
+            if line.strip() != b"ready":
+                raise RuntimeError(f"member {host} did not start: {line!r}")
         received: list[int] = []
         t_view: list[float] = []
         t0 = time.perf_counter()
         ch = await Channel.connect(
             "bench-state",
-            bind=(hosts[1], port),
+            bind=(hosts[-1], port),
             initial_hosts=everyone.split(","),
             stack=args.stack,
             stack_overrides={"state": {"chunk_size": args.chunk_size, "window": args.window}},
@@ -95,21 +100,27 @@ async def run(args: argparse.Namespace) -> None:
         t1 = time.perf_counter()
         assert received == [size], f"received {received}, expected [{size}]"
         transfer = t1 - t_view[0]
-        print(f"state transfer: {size / 1e6:.1f} MB over {args.stack}, chunk {args.chunk_size}, window {args.window}")
+        print(
+            f"state transfer: {size / 1e6:.1f} MB over {args.stack}, chunk {args.chunk_size}, window {args.window}, "
+            f"joining a group of {args.members}"
+        )
         print(f"  join + transfer: {t1 - t0:.2f} s; transfer after the first view: {transfer:.2f} s")
         print(f"  throughput: {size / 1e6 / transfer:.1f} MB/s")
         await ch.leave()
     finally:
-        donor.terminate()
-        try:
-            donor.wait(10)
-        except subprocess.TimeoutExpired:
-            donor.kill()
+        for donor in donors:
+            donor.terminate()
+        for donor in donors:
+            try:
+                donor.wait(10)
+            except subprocess.TimeoutExpired:
+                donor.kill()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-mb", type=float, default=50.0)
+    ap.add_argument("--members", type=int, default=1, help="members already in the group (each can be donor)")
     ap.add_argument("--stack", default="vsync")
     ap.add_argument("--chunk-size", default="56KiB")
     ap.add_argument("--window", type=int, default=8)

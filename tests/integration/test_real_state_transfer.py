@@ -110,3 +110,84 @@ def test_a_joiner_gets_a_consistent_state_while_the_group_keeps_sending(tmp_path
         assert all(logs[h] == logs[hosts[0]] for h in hosts), "total order: the logs differ in order"
     # Identical per-sender logs at the joiner mean its state holds the multicasts sent before it started.
     assert per_sender(logs[hosts[3]])[next(iter(reference))][0] == "0"
+
+
+def test_total_order_join_with_state_then_the_sequencer_is_killed(tmp_path: Path) -> None:
+    """Issue 3's real-process scenario: four processes multicast in total order, one of them joining with state
+    transfer while the others send; then the coordinator (the sequencer) is killed mid-traffic. The three
+    survivors end with the very same log — the joiner's transferred state included — holding every multicast
+    each survivor sent exactly once, in order."""
+    hosts = loopback_hosts(4)
+    port = free_port(hosts, "udp")
+    everyone = ",".join(f"{h}:{port}" for h in hosts)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    count = 1500
+
+    def start(host: str, *extra: str) -> None:
+        argv = [sys.executable, str(APP), "--bind", f"{host}:{port}", "--hosts", everyone, "--stack", "total-order"]
+        argv += ["--cluster", f"tk-{tmp_path.name}", "--out", str(tmp_path), "--send-count", str(count), *extra]
+        with open(tmp_path / f"{host}.out", "wb") as fh:
+            procs[host] = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    try:
+        old = hosts[:3]
+        for h in old:
+            start(h, "--send-rate", "300", "--padding", str(PADDING), "--wait-members", "3")
+        running = list(procs.values())
+        wait_for("a view of 3", lambda: all((status(tmp_path, h) or {}).get("view") == 3 for h in old), 60, running)
+        wait_for("traffic", lambda: all((status(tmp_path, h) or {}).get("sent", 0) >= 200 for h in old), 30, running)
+        joiner = hosts[3]
+        start(joiner, "--fetch", "--send-rate", "300", "--padding", str(PADDING))
+        running = list(procs.values())
+        wait_for("the joiner's state", lambda: (status(tmp_path, joiner) or {}).get("state_ready"), 60, running)
+        wait_for("the joiner to send", lambda: (status(tmp_path, joiner) or {}).get("sent", 0) >= 100, 30, running)
+        # The first member founded the group: it is the coordinator, hence the sequencer.
+        victim = hosts[0]
+        assert (status(tmp_path, victim) or {}).get("sent", 0) < count, "traffic ended before the kill"
+        procs[victim].kill()
+        procs[victim].wait()
+        survivors = hosts[1:]
+        running = [procs[h] for h in survivors]
+        wait_for(
+            "a view of 3 without the sequencer",
+            lambda: all((status(tmp_path, h) or {}).get("view") == 3 for h in survivors),
+            60,
+            running,
+        )
+        wait_for(
+            "the survivors to finish sending",
+            lambda: all((status(tmp_path, h) or {}).get("sent", 0) >= count for h in survivors),
+            90,
+            running,
+        )
+
+        def settled() -> bool:
+            applied = {(status(tmp_path, h) or {}).get("applied") for h in survivors}
+            return len(applied) == 1
+
+        wait_for("the survivors to apply the same number of multicasts", settled, 60, running)
+        time.sleep(1.0)
+        assert settled()
+        for h in survivors:
+            procs[h].terminate()
+        for h in survivors:
+            assert procs[h].wait(20) == 0, "a member failed to stop cleanly"
+        logs = {h: (tmp_path / f"{h}.log.txt").read_text().split("\n") for h in survivors}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    first = logs[survivors[0]]
+    assert all(logs[h] == first for h in survivors), "the survivors' logs differ (order or content)"
+    by_sender: dict[str, list[str]] = {}
+    for line in first:
+        sender, _, payload = line.partition(" ")
+        by_sender.setdefault(sender, []).append(payload)
+    addresses = {(status(tmp_path, h) or {}).get("address") for h in survivors}
+    for sender, msgs in by_sender.items():
+        if sender in addresses:
+            assert msgs == [str(i) for i in range(count)], f"{sender}: not every message once, in order"
+        else:  # the killed sequencer: what the survivors agreed on is a gap-free prefix of what it sent
+            assert msgs == [str(i) for i in range(len(msgs))] and len(msgs) >= 200
