@@ -163,3 +163,9 @@ REGRESSIONS += [
     (2020, TOTAL_ORDER, STATE_MERGE_CHECK),
     (2030, TOTAL_ORDER, STATE_MERGE_CHECK),
 ]
+
+# ---- state transfer on the presets that carry it, found by the 300-seed total-order test ------------------------
+REGRESSIONS += [
+    (173, TOTAL_ORDER, "a joiner whose every donor crashed held its deliveries forever; alone now it starts empty"),
+    (287, TOTAL_ORDER, "a joiner that left before its state came delivered its own last multicasts after Left"),
+]

@@ -12,7 +12,7 @@ import pytest
 from groupcluster.core import protocol_ids
 from groupcluster.core.address import Address
 from groupcluster.core.errors import WireError
-from groupcluster.core.events import Suspect, ViewChange
+from groupcluster.core.events import Left, Suspect, ViewChange
 from groupcluster.core.message import NO_RELIABILITY, Message
 from groupcluster.core.wire import FORMAT_VERSION, decode_frame, encode_messages
 from groupcluster.protocols.state_transfer import (
@@ -402,6 +402,26 @@ def test_a_donor_leaving_the_view_makes_the_joiner_ask_the_next_member() -> None
     j.up_event_from_bottom(ViewChange(make_view([JOINER, P1], seq=2)))
     [req] = reqs(j)
     assert req.donor == P1 and req.tid == 2
+
+
+def test_a_joiner_left_alone_starts_from_an_empty_state_and_delivers_what_it_held() -> None:
+    """Sim seed 173 (total-order): every member that could give a state crashed."""
+    _d, j = pair([DONOR, JOINER, P1])
+    j.receive(P1, [mcast(1)])
+    assert j.take_delivered() == []
+    j.up_event_from_bottom(ViewChange(make_view([JOINER], seq=3)))
+    [s] = j.take_events(SetState)
+    assert s.state is None
+    assert [m.payload for m in j.take_delivered()] == [b"m1"]
+
+
+def test_a_joiner_that_left_before_its_state_delivers_nothing_more() -> None:
+    """Sim seed 287 (total-order): its own last multicasts were delivered after Left, before any state."""
+    _d, j = pair([DONOR, JOINER, P1])
+    j.receive(P1, [mcast(1)])
+    j.up_event_from_bottom(Left("left"))
+    j.receive(P1, [mcast(2)])
+    assert j.take_delivered() == [] and j.take_events(SetState) == []
 
 
 def test_refusals_move_on_to_the_next_member_then_wait_before_a_new_round() -> None:

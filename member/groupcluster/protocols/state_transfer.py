@@ -178,6 +178,9 @@ def covers(cut: Cut, src: Address, seq: int) -> bool:
     return not any(lo <= seq <= hi for lo, hi in entry[1])
 
 
+_new_header = object.__new__
+
+
 @register_header
 class StateHeader(Header):
     """DATA(seq) on every application multicast; REQ (a multicast marker naming the donor) and CHUNK / ACK /
@@ -189,7 +192,17 @@ class StateHeader(Header):
     """
 
     PROTO_ID = protocol_ids.STATE
-    __slots__ = ("count", "cut", "donor", "index", "kind", "reason", "seq", "tid", "total", "vector")
+    # Every application multicast carries a DATA header, so DATA is made cheap: only ``kind`` and ``seq`` are
+    # slots; the fields of the rare transfer headers live in the instance dict, their defaults on the class.
+    __slots__ = ("__dict__", "kind", "seq")
+    count = 0
+    cut: Cut | None = None
+    donor: Address | None = None
+    index = 0
+    reason = ""
+    tid = 0
+    total = 0
+    vector: Vector | None = None
 
     def __init__(
         self,
@@ -206,15 +219,17 @@ class StateHeader(Header):
         cut: Cut | None = None,
     ) -> None:
         self.kind = kind
-        self.donor = donor
-        self.cut = cut
         self.seq = seq
-        self.tid = tid
-        self.index = index
-        self.count = count
-        self.total = total
-        self.vector = vector
-        self.reason = reason
+        if kind != DATA or tid or index or count or total or vector is not None or reason or donor is not None:
+            self.donor = donor
+            self.tid = tid
+            self.index = index
+            self.count = count
+            self.total = total
+            self.vector = vector
+            self.reason = reason
+        if cut is not None:
+            self.cut = cut
 
     def to_wire(self) -> list[Any]:
         kind = self.kind
@@ -232,6 +247,14 @@ class StateHeader(Header):
 
     @classmethod
     def from_wire(cls, data: Any) -> StateHeader:
+        if type(data) is list and len(data) == 2:
+            kind, seq = data
+            if type(kind) is int and kind == DATA and type(seq) is int and 1 <= seq <= MAX_INT:
+                # DATA, on every multicast: checked and built without the general path's calls.
+                hdr = _new_header(cls)
+                hdr.kind = DATA
+                hdr.seq = seq
+                return hdr
         items = as_list(data, "state", 6)
         kind = as_int(items[0] if items else None, "state.kind", 0, len(KIND_NAMES) - 1)
         want = (2, 4, 6, 3, 3)[kind]
@@ -344,6 +367,8 @@ class _Incoming:
 
 
 IDLE, WANTED, FETCHING, DONE = "idle", "wanted", "fetching", "done"
+# Left the group before the state came: nothing delivered from now on can apply to a state we never had.
+ABANDONED = "abandoned"
 FRESH, COVERED, DUPLICATE = "fresh", "covered", "duplicate"
 NO_STATE_YET = "I have no state yet"
 
@@ -397,6 +422,11 @@ class StateTransfer(Layer):
 
     # -- up: traffic -----------------------------------------------------------------------------------
     def up(self, batch: list[Message]) -> None:
+        if self.phase == ABANDONED:
+            # Sim seed 287 (total-order): a joiner that left before its state came had its own last multicasts
+            # delivered after Left, before any state.
+            self.count("dropped_after_abandoning", len(batch))
+            return
         # The common case — application multicasts and unicasts, nothing held — costs one pass.
         out: list[Message] | None = None
         delivered = self.delivered
@@ -664,6 +694,11 @@ class StateTransfer(Layer):
             del self.waiting[gone]
         if self.phase != FETCHING:
             return
+        if view.members == (self.local_address,):
+            # Sim seed 173 (total-order): every member that could give a state crashed; alone, we would hold
+            # our deliveries forever. Start from nothing, as a founder does.
+            self._found("alone in our view: no member is left to give a state")
+            return
         inc = self.incoming
         if inc is None:
             if not self.ctx.has_timer("retry"):
@@ -780,7 +815,7 @@ class StateTransfer(Layer):
 
     def _stop_fetching(self) -> None:
         if self.phase in (FETCHING, WANTED):
-            self.phase = IDLE
+            self.phase = ABANDONED
         self.incoming = None
         self.held = []
         self.held_messages = 0
