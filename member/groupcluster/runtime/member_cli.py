@@ -8,6 +8,11 @@ counters as JSON, for scripts, tests and the demo. ``--record`` appends the memb
 
 SIGTERM or SIGINT, ``--exit-after-delivered`` and ``--run-for`` end the member with a graceful leave (exit
 status 0). A bad stack configuration prints one line naming the key and exits with status 2.
+
+``--grid`` runs a data-grid member on the channel (:mod:`groupcluster.grid.runtime`; ``--grid-set KEY=VALUE``
+sets :class:`~groupcluster.grid.node.GridConfig` parameters) and ``--http HOST:PORT`` serves the member HTTP
+API (:mod:`groupcluster.grid.http_api`). A grid member that is asked to stop (SIGTERM, ``POST /v1/leave``)
+first hands its segments to new owners (at most ``--grid-leave-timeout`` seconds), then leaves the group.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from ..core.errors import ConfigError
 from ..core.message import Message
 from ..core.stack import resolve_config
 from ..core.view import View
+from ..grid.node import GridConfig
+from ..grid.runtime import GridRuntime
 from ..sim.history import make_payload, view_id_json
 from ..stacks import PRESETS, load_stack_file
 from .channel import Channel, ChannelError, build_spec
@@ -103,6 +110,17 @@ def _set_arg(text: str) -> tuple[str, str, Any]:
     return layer, name, parsed
 
 
+def _grid_set_arg(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. num_owners=2), got {text!r}")
+    try:
+        parsed = yaml.safe_load(value) if value else ""
+    except yaml.YAMLError:
+        parsed = value
+    return key, parsed
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, help="cluster name (members of other clusters are ignored)")
     parser.add_argument("--bind", required=True, type=_endpoint_arg, metavar="HOST:PORT", help="our endpoint")
@@ -128,6 +146,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--status-file", metavar="PATH", help="rewrite a JSON status here about every 0.5 s")
     parser.add_argument(
         "--join-timeout", type=_positive_float, default=60.0, metavar="SECONDS", help="give up joining after this long"
+    )
+    grid = parser.add_argument_group("data grid and HTTP API")
+    grid.add_argument("--grid", action="store_true", help="run a data-grid member (see docs/grid.md)")
+    grid.add_argument(
+        "--grid-set",
+        dest="grid_params",
+        type=_grid_set_arg,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="grid parameter, e.g. num_owners=2, capacity=0, op_timeout=30s (repeatable)",
+    )
+    grid.add_argument(
+        "--grid-leave-timeout",
+        type=_positive_float,
+        default=120.0,
+        metavar="SECONDS",
+        help="when stopping, wait at most this long for our segments to move (default 120)",
+    )
+    grid.add_argument(
+        "--http",
+        type=_endpoint_arg,
+        metavar="HOST:PORT",
+        help="serve /healthz, /readyz, /v1/status, /v1/kv/{key}, /v1/leave and /metrics here",
     )
     work = parser.add_argument_group("test workload")
     work.add_argument("--send-count", type=_count_arg, default=0, metavar="N", help="multicast N test messages")
@@ -188,6 +230,12 @@ class Member:
         self.send_finished: float | None = None
         self.left = False
         self.started = time.time()
+        self.grid: GridRuntime | None = None
+        self.grid_config: GridConfig | None = (
+            GridConfig.from_dict(dict(args.grid_params)) if getattr(args, "grid", False) else None
+        )
+        if self.grid_config is None and getattr(args, "grid_params", None):
+            raise ConfigError("--grid-set: only with --grid")
 
     # -- deliveries ------------------------------------------------------------------------------------
     def on_batch(self, msgs: list[Message]) -> None:
@@ -294,6 +342,22 @@ class Member:
             "done": self.done,
             "left": self.left,
             "metrics": ch.metrics() if ch is not None else {},
+            "grid": self._grid_summary(),
+        }
+
+    def _grid_summary(self) -> dict[str, Any] | None:
+        grid = self.grid
+        if grid is None or grid.node is None:
+            return None
+        node = grid.node
+        t = node.topology
+        return {
+            "ready": grid.ready,
+            "topology_id": t.topology_id if t else None,
+            "phase": t.phase.name if t else None,
+            "leaving": node.leaving,
+            "ready_to_leave": node.ready_to_leave,
+            "http": grid.http_url,
         }
 
     def write_status(self) -> None:
@@ -319,6 +383,70 @@ class Member:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        http_url = None
+        if args.http is not None:
+            host, port = args.http
+            # Peers and clients need an address they can reach: a wildcard bind is announced as our bind host.
+            shown = args.bind[0] if host in ("0.0.0.0", "::", "") else host
+            http_url = f"http://{shown}:{port}"
+        on_messages = self.on_batch
+        on_view = self.on_view
+        if self.grid_config is not None:
+            grid = self.grid = GridRuntime(self.grid_config, http_url=http_url, other=self.on_batch)
+            on_messages = grid.on_messages
+
+            def on_view(view: View) -> None:
+                grid.on_view(view)
+                self.on_view(view)
+
+        runner = await self._start_http(http_url) if args.http is not None else None
+        try:
+            return await self._run_member(on_messages, on_view)
+        finally:
+            if self.grid is not None:
+                self.grid.close()
+            if runner is not None:
+                await runner.cleanup()
+
+    async def _start_http(self, url: str | None) -> Any:
+        from aiohttp import web
+
+        from ..grid.http_api import MemberContext, build_app
+
+        ctx = MemberContext(
+            cluster=self.args.cluster, grid=self.grid, request_leave=self.request_leave, channel=lambda: self.ch
+        )
+        runner = web.AppRunner(build_app(ctx), access_log=None)
+        await runner.setup()
+        host, port = self.args.http
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise ChannelError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}") from None
+        print(f"member: serving HTTP on {url}", flush=True)
+        return runner
+
+    def request_leave(self) -> None:
+        """``POST /v1/leave``: the same graceful stop as SIGTERM (grid hand-off first, then the group leave)."""
+        if not self.stop.is_set():
+            self.stop_reason = "leave requested over HTTP"
+            self.stop.set()
+
+    async def _grid_handoff(self) -> None:
+        grid = self.grid
+        if grid is None or grid.node is None or self.ch is None or self.ch.closed:
+            return
+        grid.leave()
+        try:
+            await asyncio.wait_for(grid.wait_ready_to_leave(), self.args.grid_leave_timeout)
+            print(f"member {self.ch.address}: grid segments handed off", flush=True)
+        except TimeoutError:
+            log.warning("grid segments not handed off within %gs; leaving anyway", self.args.grid_leave_timeout)
+
+    async def _run_member(self, on_messages: Any, on_view: Any) -> int:
+        args = self.args
+        loop = asyncio.get_running_loop()
         connect = asyncio.ensure_future(
             Channel.connect(
                 args.cluster,
@@ -329,8 +457,8 @@ class Member:
                 record=args.record,
                 hosts_file=args.hosts_file,
                 join_timeout=args.join_timeout,
-                on_messages=self.on_batch,
-                on_view=self.on_view,
+                on_messages=on_messages,
+                on_view=on_view,
             )
         )
         stopper = asyncio.ensure_future(self.stop.wait())
@@ -343,12 +471,15 @@ class Member:
             return 0
         stopper.cancel()
         ch = self.ch = connect.result()  # raises ChannelError / ConfigError to run()
+        if self.grid is not None:
+            self.grid.bind(ch)
         print(f"member {ch.address}: joined {ch.view}", flush=True)
         tasks = [loop.create_task(self.status_loop()), loop.create_task(self.workload(ch))]
         if args.run_for is not None:
             loop.call_later(args.run_for, self._time_up)
         try:
             await self.stop.wait()
+            await self._grid_handoff()
         finally:
             for task in tasks:
                 task.cancel()

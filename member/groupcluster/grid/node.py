@@ -1,0 +1,912 @@
+"""One grid member as a sans-IO state machine: routing, replication, state transfer, rebalancing, leaving.
+
+The node never touches sockets, threads, real time or the global random: the driver hands it views
+(:meth:`GridNode.on_view`), delivered payloads (:meth:`GridNode.on_messages`), the time (``now`` on every
+call, :meth:`GridNode.tick` at :meth:`GridNode.next_deadline`) and client operations
+(:meth:`GridNode.get`/``put``/``delete``); it answers with payloads to send (:meth:`GridNode.take_outbox`:
+``dest`` None is a multicast to the view) and finished operations (:meth:`GridNode.take_results`).
+
+What happens on the wire (see docs/grid.md for the full picture):
+
+* after every view change each member sends its STATUS (capacity, leave request, last topology) to the
+  coordinator; the coordinator's :class:`~.topology.RebalancePlanner` turns statuses, views and
+  confirmations into topologies it multicasts;
+* a client operation becomes a CMD tagged with the originator's topology id, sent to the write primary
+  (PUT/DELETE) or a read owner (GET). An owner whose topology is newer answers RETRY and the originator tries
+  again on the owners of the newer topology; an owner whose topology is older holds the command until it
+  catches up. The primary stamps a version, applies, sends BACKUP to every other write owner and answers
+  only when all acknowledged, so an acknowledged write is on every owner;
+* a new owner pulls each segment from a current owner (FETCH, then XFER_DATA batches with a window of
+  acknowledgements), applies batches "newest version wins", and confirms to the coordinator once it holds
+  all its new segments; old owners drop segments only once a topology without them is installed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.address import Address
+from ..core.config import param, parse_params
+from ..core.errors import WireError
+from .consistent_hash import DEFAULT_OWNERS, DEFAULT_SEGMENTS, MAX_OWNERS, MAX_SEGMENTS, segment_of
+from .messages import (
+    DEFAULT_LIMITS,
+    DELETE,
+    ERROR,
+    GET,
+    NOT_FOUND,
+    OK,
+    PUT,
+    RETRY,
+    Backup,
+    BackupAck,
+    Command,
+    Confirm,
+    Fetch,
+    GridLimits,
+    GridMessage,
+    Response,
+    Status,
+    Topology,
+    XferAck,
+    XferCancel,
+    XferData,
+    XferFail,
+    decode_payload,
+    encode_payload,
+)
+from .store import SegmentStore, TransferEntry, make_version
+from .topology import Availability, CacheTopology, MemberStatus, PartitionHandling, Phase, RebalancePlanner, owner_set
+
+log = logging.getLogger("groupcluster.grid")
+
+MAX_PAYLOAD_SPLIT = 1024 * 1024  # a payload is cut near this size (the transport fragments beyond its MTU)
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    num_segments: int = param(DEFAULT_SEGMENTS, "int", doc="segments of the key space (coordinator's wins)", minimum=1)
+    num_owners: int = param(DEFAULT_OWNERS, "int", doc="copies of each segment (coordinator's wins)", minimum=1)
+    capacity: float = param(1.0, "float", doc="this member's share of segments relative to others; 0 owns none")
+    partition_handling: str = param(
+        "deny_read_writes",
+        "choice",
+        choices=tuple(m.value for m in PartitionHandling),
+        doc="what a partition that may have lost data or a majority still serves",
+    )
+    transfer_batch_entries: int = param(1000, "int", doc="most entries in one state-transfer batch", minimum=1)
+    transfer_batch_bytes: int = param("256KiB", "size", doc="most bytes in one state-transfer batch", minimum=1)
+    transfer_window: int = param(4, "int", doc="unacknowledged transfer batches in flight per stream", minimum=1)
+    attempt_timeout: float = param("3s", "duration", doc="resend an operation not answered within this")
+    op_timeout: float = param("30s", "duration", doc="fail an operation not completed within this")
+    retry_backoff: float = param("20ms", "duration", doc="wait before retrying on an unchanged topology")
+    recovery_timeout: float = param("3s", "duration", doc="new coordinator: wait this long for members' statuses")
+    max_queued: int = param(100_000, "int", doc="requests held for a topology not yet installed", minimum=1)
+
+    def __post_init__(self) -> None:
+        from ..core.errors import ConfigError
+
+        if not 1 <= self.num_segments <= MAX_SEGMENTS:
+            raise ConfigError(f"grid.num_segments: {self.num_segments} is outside [1, {MAX_SEGMENTS}]")
+        if not 1 <= self.num_owners <= MAX_OWNERS:
+            raise ConfigError(f"grid.num_owners: {self.num_owners} is outside [1, {MAX_OWNERS}]")
+        if not 0 <= self.capacity <= 1_000_000:
+            raise ConfigError(f"grid.capacity: {self.capacity} is outside [0, 1000000]")
+
+    @classmethod
+    def from_dict(cls, params: dict[str, Any]) -> GridConfig:
+        """Parse ``{"num_owners": 2, "attempt_timeout": "3s", ...}``; errors name the bad key."""
+        return parse_params(cls, params, "grid")
+
+    @property
+    def mode(self) -> PartitionHandling:
+        return PartitionHandling(self.partition_handling)
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A payload for the group: ``dest`` None is a multicast to the view (the sender may ignore its copy)."""
+
+    dest: Address | None
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OpResult:
+    """A finished client operation. ``ok`` False carries ``error``; a GET of an absent key is ok, value None."""
+
+    op_id: int
+    kind: int
+    key: bytes
+    ok: bool
+    value: bytes | None = None
+    error: str = ""
+    attempts: int = 1
+
+
+class _Op:
+    __slots__ = (
+        "attempt",
+        "deadline",
+        "key",
+        "kind",
+        "not_before",
+        "op_id",
+        "resend_at",
+        "target",
+        "topology_id",
+        "value",
+    )
+
+    def __init__(self, op_id: int, kind: int, key: bytes, value: bytes | None, deadline: float) -> None:
+        self.op_id = op_id
+        self.kind = kind
+        self.key = key
+        self.deadline = deadline
+        self.attempt = 0
+        self.target: Address | None = None
+        self.topology_id = 0  # the topology of the attempt in flight; 0 while waiting
+        self.resend_at = 0.0
+        # Waiting to be (re)sent: until our topology id reaches ``not_before[0]`` and time ``not_before[1]``.
+        self.not_before: tuple[int, float] | None = (0, 0.0)
+        self.value = value
+
+
+class _PendingWrite:
+    """A write this member stamped and applied, not yet on every write owner (see :meth:`GridNode._redrive`)."""
+
+    __slots__ = ("attempt", "awaiting", "key", "op_id", "origin", "topology_id", "value", "version")
+
+    def __init__(
+        self,
+        origin: Address,
+        op_id: int,
+        attempt: int,
+        topology_id: int,
+        awaiting: set[Address],
+        key: bytes,
+        version: int,
+        value: bytes | None,
+    ) -> None:
+        self.origin = origin
+        self.op_id = op_id
+        self.attempt = attempt
+        self.topology_id = topology_id  # 0: re-send under the next topology installed
+        self.awaiting = awaiting
+        self.key = key
+        self.version = version
+        self.value = value
+
+
+class _InXfer:
+    __slots__ = ("remaining", "source")
+
+    def __init__(self, source: Address, segments: Iterable[int]) -> None:
+        self.source = source
+        self.remaining = set(segments)
+
+
+class _OutXfer:
+    __slots__ = ("batches", "unacked")
+
+    def __init__(self, batches: Iterator[XferData]) -> None:
+        self.batches = batches
+        self.unacked = 0
+
+
+class GridNode:
+    """A grid member. Feed it views, payloads, time and operations; collect payloads and results."""
+
+    def __init__(
+        self,
+        address: Address,
+        config: GridConfig | None = None,
+        *,
+        limits: GridLimits = DEFAULT_LIMITS,
+    ) -> None:
+        self.address = address
+        self.config = config or GridConfig()
+        self.limits = limits
+        self.view: tuple[Address, ...] = ()
+        self.topology: CacheTopology | None = None
+        self.store: SegmentStore | None = None
+        self.planner: RebalancePlanner | None = None
+        self.leaving = False
+        self.ready_to_leave = False
+        self.metrics: Counter[str] = Counter()
+        self._now = 0.0
+        self._seq = 0
+        self._next_op = 1
+        self._next_write = 1
+        self._next_xfer = 1
+        self._ops: dict[int, _Op] = {}
+        self._writes: dict[int, _PendingWrite] = {}
+        self._queued: deque[tuple[float, int, Address, GridMessage]] = deque()
+        self._in_xfers: dict[int, _InXfer] = {}
+        self._out_xfers: dict[tuple[Address, int], _OutXfer] = {}
+        self._xfer_rebalance = -1  # the rebalance our fetch state belongs to
+        self._fetch_started: set[int] = set()  # segments cleared and (being) fetched in that rebalance
+        self._fetched: set[int] = set()
+        self._fetch_tries: Counter[int] = Counter()
+        self._refetch_at: float | None = None
+        self._confirmed_id = 0
+        self._statuses_in: dict[Address, MemberStatus] = {}
+        self._early_statuses: dict[Address, MemberStatus] = {}
+        self._loop: deque[tuple[Address, GridMessage]] = deque()
+        self._out: dict[Address | None, list[GridMessage]] = {}
+        self._outbox: list[Outgoing] = []
+        self._results: list[OpResult] = []
+
+    # ==== inputs ===========================================================================================
+    def on_view(self, members: Sequence[Address], now: float, *, merge: bool = False) -> None:
+        """A new group view (``merge`` True for a merge view)."""
+        self._now = now
+        old_coord = self.view[0] if self.view else None
+        self.view = tuple(members)
+        if not self.view:
+            raise ValueError("on_view: a view has at least one member")
+        alive = set(self.view)
+        if self.view[0] == self.address:
+            if self.planner is None or merge or old_coord != self.address:
+                mode = self.config.mode
+                self.planner = RebalancePlanner(
+                    self.view,
+                    num_segments=self.topology.num_segments if self.topology else self.config.num_segments,
+                    num_owners=self.topology.current.num_owners if self.topology else self.config.num_owners,
+                    mode=mode,
+                    recovery_timeout=self.config.recovery_timeout,
+                    now=now,
+                )
+            else:
+                self._planner_out(self.planner.on_view(self.view, now))
+            early = {m: st for m, st in self._early_statuses.items() if m in alive}
+            self._early_statuses.clear()
+            self._statuses_in.update(early)
+        else:
+            self.planner = None
+        # Operations whose target left wait for the topology that replaces it.
+        for op in self._ops.values():
+            if op.not_before is None and op.target is not None and op.target not in alive:
+                op.not_before = (op.topology_id + 1, 0.0)
+        for key in [k for k in self._out_xfers if k[0] not in alive]:
+            del self._out_xfers[key]
+        lost = False
+        for xid in [x for x, xf in self._in_xfers.items() if xf.source not in alive]:
+            del self._in_xfers[xid]
+            lost = True
+        if lost:
+            self._plan_fetches()
+        self._send_status()
+        self._flush()
+
+    def on_messages(self, batch: Iterable[tuple[Address, bytes]], now: float) -> None:
+        """Payloads delivered by the group, as (sender, payload) pairs; bad payloads are dropped and counted."""
+        self._now = now
+        for src, payload in batch:
+            try:
+                msgs = decode_payload(payload, self.limits)
+            except WireError as exc:
+                self.metrics["grid.bad_payloads"] += 1
+                log.warning("%s: dropped a grid payload from %s: %s", self.address, src, exc)
+                continue
+            for msg in msgs:
+                self._handle(src, msg)
+        self._flush()
+
+    def tick(self, now: float) -> None:
+        """Time passed: resend or fail operations, expire held requests, advance the planner's recovery."""
+        self._now = now
+        if self.planner is not None:
+            self._planner_out(self.planner.on_tick(now))
+        while self._queued and self._queued[0][0] <= now:
+            _, _, src, msg = self._queued.popleft()
+            self._reject_held(src, msg)
+        for op in list(self._ops.values()):
+            if now >= op.deadline:
+                self._finish(op, False, error=f"timed out after {op.attempt} attempts")
+            elif op.not_before is None and now >= op.resend_at:
+                self.metrics["grid.op_resends"] += 1
+                self._send_op(op)
+            elif op.not_before is not None:
+                self._try_send(op)
+        if self._refetch_at is not None and now >= self._refetch_at:
+            self._refetch_at = None
+            self._plan_fetches()
+        self._flush()
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` must be called next (None: nothing is timed)."""
+        times = [t for t in (self.planner.next_deadline() if self.planner else None, self._refetch_at) if t is not None]
+        if self._queued:
+            times.append(self._queued[0][0])
+        for op in self._ops.values():
+            times.append(op.deadline)
+            if op.not_before is None:
+                times.append(op.resend_at)
+            elif op.not_before[1] > 0:
+                times.append(op.not_before[1])
+        return min(times) if times else None
+
+    # -- client operations ----------------------------------------------------------------------------------
+    def get(self, key: bytes, now: float) -> int:
+        return self._start_op(GET, key, None, now)
+
+    def put(self, key: bytes, value: bytes, now: float) -> int:
+        if type(value) is not bytes:
+            raise TypeError(f"value: expected bytes, got {type(value).__name__}")
+        if len(value) > self.limits.max_value_bytes:
+            raise ValueError(f"value: {len(value)} bytes exceed the limit of {self.limits.max_value_bytes}")
+        return self._start_op(PUT, key, value, now)
+
+    def delete(self, key: bytes, now: float) -> int:
+        return self._start_op(DELETE, key, None, now)
+
+    def leave(self, now: float) -> None:
+        """Ask to leave: the coordinator moves our segments away; :attr:`ready_to_leave` turns True after."""
+        self._now = now
+        if not self.leaving:
+            self.leaving = True
+            self._send_status()
+            self._check_ready()
+        self._flush()
+
+    # -- outputs --------------------------------------------------------------------------------------------
+    def take_outbox(self) -> list[Outgoing]:
+        out, self._outbox = self._outbox, []
+        return out
+
+    def take_results(self) -> list[OpResult]:
+        out, self._results = self._results, []
+        return out
+
+    @property
+    def pending_ops(self) -> int:
+        return len(self._ops)
+
+    @property
+    def transfer_pending(self) -> bool:
+        """True while this member still has segments to receive (``/readyz`` is not ready then)."""
+        t = self.topology
+        if t is None or t.phase != Phase.READ_OLD_WRITE_ALL:
+            return False
+        return not t.segments_to_fetch(self.address) <= self._fetched
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-able summary for ``/v1/status``."""
+        t = self.topology
+        out: dict[str, Any] = {
+            "address": str(self.address),
+            "view": [str(m) for m in self.view],
+            "coordinator": str(self.view[0]) if self.view else None,
+            "leaving": self.leaving,
+            "ready_to_leave": self.ready_to_leave,
+            "topology": t.summary() if t else None,
+            "store": self.store.describe() if self.store is not None else None,
+        }
+        if t is not None:
+            out["segments_primary"] = len(t.current.segments_primary(self.address))
+            out["segments_owned"] = len(t.current.segments_owned(self.address))
+            need = t.segments_to_fetch(self.address) if t.phase == Phase.READ_OLD_WRITE_ALL else frozenset()
+            out["rebalance"] = {"segments_to_fetch": len(need), "segments_fetched": len(need & self._fetched)}
+        return out
+
+    # ==== dispatch =========================================================================================
+    def _handle(self, src: Address, msg: GridMessage) -> None:
+        kind = type(msg)
+        if kind is Command:
+            self._on_command(src, msg)  # type: ignore[arg-type]
+        elif kind is Response:
+            self._on_response(msg)  # type: ignore[arg-type]
+        elif kind is Backup:
+            self._on_backup(src, msg)  # type: ignore[arg-type]
+        elif kind is BackupAck:
+            self._on_backup_ack(src, msg)  # type: ignore[arg-type]
+        elif kind is XferData:
+            self._on_xfer_data(src, msg)  # type: ignore[arg-type]
+        elif kind is XferAck:
+            self._on_xfer_ack(src, msg)  # type: ignore[arg-type]
+        elif kind is Fetch:
+            self._on_fetch(src, msg)  # type: ignore[arg-type]
+        elif kind is Topology:
+            if self.view and src == self.view[0]:
+                self._install(msg.topology)  # type: ignore[union-attr]
+            else:
+                self.metrics["grid.topology_not_from_coordinator"] += 1
+        elif kind is Confirm:
+            if self.planner is not None:
+                self._planner_out(self.planner.on_confirm(src, msg.topology_id))  # type: ignore[union-attr]
+                self._check_ready()
+        elif kind is Status:
+            if self.planner is not None and src in self.view:
+                self._statuses_in[src] = msg.status  # type: ignore[union-attr]
+            elif src not in self.view:
+                self._early_statuses[src] = msg.status  # type: ignore[union-attr]
+        elif kind is XferCancel:
+            self._out_xfers.pop((src, msg.xfer_id), None)  # type: ignore[union-attr]
+        elif kind is XferFail:
+            self._on_xfer_fail(src, msg)  # type: ignore[arg-type]
+
+    def _emit(self, dest: Address | None, msg: GridMessage) -> None:
+        if dest == self.address:
+            self._loop.append((dest, msg))
+        else:
+            self._out.setdefault(dest, []).append(msg)
+
+    def _flush(self) -> None:
+        """Run loopback messages and planner inputs to quiescence, then encode one payload per destination."""
+        while self._loop or self._statuses_in:
+            while self._loop:
+                src, msg = self._loop.popleft()
+                self._handle(src, msg)
+            if self._statuses_in and self.planner is not None:
+                st, self._statuses_in = self._statuses_in, {}
+                self._planner_out(self.planner.on_statuses(st, self._now))
+            elif self.planner is None:
+                self._statuses_in.clear()
+        self._check_ready()
+        for dest, msgs in self._out.items():
+            start, size = 0, 0
+            for i, m in enumerate(msgs):
+                size += _approx_size(m)
+                if size >= MAX_PAYLOAD_SPLIT or i - start >= self.limits.max_messages - 1:
+                    self._outbox.append(Outgoing(dest, encode_payload(msgs[start : i + 1])))
+                    start, size = i + 1, 0
+            if start < len(msgs):
+                self._outbox.append(Outgoing(dest, encode_payload(msgs[start:])))
+        self._out.clear()
+
+    def _planner_out(self, outputs: list[tuple[Address | None, CacheTopology]]) -> None:
+        for dest, topo in outputs:
+            if dest is None:
+                self._out.setdefault(None, []).append(Topology(topo))
+                self._install(topo)
+            elif dest == self.address:
+                self._install(topo)
+            else:
+                self._emit(dest, Topology(topo))
+
+    def _send_status(self) -> None:
+        if not self.view:
+            return
+        self._emit(self.view[0], Status(MemberStatus(self.config.capacity, self.leaving, self.topology)))
+
+    # ==== topology =========================================================================================
+    def _install(self, t: CacheTopology) -> None:
+        old = self.topology
+        if old is not None and t.topology_id <= old.topology_id:
+            if t.topology_id < old.topology_id:
+                self.metrics["grid.stale_topology"] += 1
+            return
+        self.topology = t
+        self.metrics["grid.topologies_installed"] += 1
+        me = self.address
+        if self.store is None or self.store.num_segments != t.num_segments:
+            self.store = SegmentStore(t.num_segments)
+        store = self.store
+        store.keep_tombstones = t.rebalancing
+        keep = t.segments_to_keep(me)
+        if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL):
+            # Old copies go only once no topology in use can still read them (see docs/grid.md).
+            for s in store.held_segments() - keep:
+                self.metrics["grid.entries_dropped"] += store.remove_segment(s)
+        if t.phase == Phase.READ_OLD_WRITE_ALL:
+            if t.rebalance_id != self._xfer_rebalance:
+                self._cancel_in_xfers()
+                self._xfer_rebalance = t.rebalance_id
+                self._fetch_started = set()
+                self._fetched = set()
+                self._fetch_tries.clear()
+            for s in t.segments_to_fetch(me) - self._fetch_started:
+                # A new owner's old copy may be stale (it missed writes while not an owner): start empty.
+                store.clear_segment(s)
+                self._fetch_started.add(s)
+            # Streams from sources that are no longer current owners of their segments restart elsewhere.
+            for xid, xf in list(self._in_xfers.items()):
+                if xf.source not in t.members or any(xf.source not in t.current.owners_of(s) for s in xf.remaining):
+                    if xf.source in self.view:
+                        self._emit(xf.source, XferCancel(xid))
+                    del self._in_xfers[xid]
+        else:
+            self._cancel_in_xfers()
+            if t.phase == Phase.NO_REBALANCE:
+                self._out_xfers.clear()
+                self.metrics["grid.tombstones_purged"] += store.purge_tombstones()
+        for s in keep:
+            store.add_segment(s)
+        # Writes we applied under another topology: push them to this topology's write owners.
+        for wid, pw in list(self._writes.items()):
+            if pw.topology_id != t.topology_id:
+                self._redrive(wid, pw)
+        # Requests held for this topology (or an older one) can be answered now.
+        if self._queued:
+            held, self._queued = self._queued, deque()
+            for item in held:
+                if item[1] <= t.topology_id:
+                    self._handle(item[2], item[3])
+                else:
+                    self._queued.append(item)
+        if t.phase == Phase.READ_OLD_WRITE_ALL:
+            self._plan_fetches()
+        self._maybe_confirm()
+        for op in list(self._ops.values()):
+            if op.not_before is not None:
+                self._try_send(op)
+            elif op.target not in t.members:
+                # Its target is gone: nobody will answer. Attempts to live owners under an older topology get
+                # a RETRY from them (or an answer, if the owner had not moved on either).
+                self._send_op(op)
+        self._check_ready()
+
+    def _maybe_confirm(self) -> None:
+        t = self.topology
+        if t is None or self._confirmed_id == t.topology_id or not self.view:
+            return
+        if t.phase == Phase.READ_OLD_WRITE_ALL and not t.segments_to_fetch(self.address) <= self._fetched:
+            return
+        self._confirmed_id = t.topology_id
+        self._emit(self.view[0], Confirm(t.topology_id))
+
+    def _check_ready(self) -> None:
+        if not self.leaving or self.ready_to_leave or self._ops or self._writes:
+            return  # a graceful leave also drains this member's own client operations
+        t = self.topology
+        if t is None:
+            self.ready_to_leave = True  # never held data
+            return
+        if (
+            t.phase == Phase.NO_REBALANCE
+            and t.availability == Availability.AVAILABLE
+            and self.address not in owner_set(t.current)
+        ):
+            # A leaving coordinator also waits until everyone installed that topology: were it to leave
+            # first, a broadcast still in flight would arrive from a non-coordinator and be ignored, and its
+            # successor would recover from an older topology that still names it as an owner.
+            if self.planner is not None and not self.planner.all_installed():
+                return
+            self.ready_to_leave = True
+
+    # ==== operations (originator side) =====================================================================
+    def _start_op(self, kind: int, key: bytes, value: bytes | None, now: float) -> int:
+        if type(key) is not bytes:
+            raise TypeError(f"key: expected bytes, got {type(key).__name__}")
+        if len(key) > self.limits.max_key_bytes:
+            raise ValueError(f"key: {len(key)} bytes exceed the limit of {self.limits.max_key_bytes}")
+        self._now = now
+        op_id = self._next_op
+        self._next_op += 1
+        op = _Op(op_id, kind, key, value, now + self.config.op_timeout)
+        self._ops[op_id] = op
+        self._try_send(op)
+        self._flush()
+        return op_id
+
+    def _try_send(self, op: _Op) -> None:
+        t = self.topology
+        nb = op.not_before
+        if nb is None or t is None or t.topology_id < nb[0] or self._now < nb[1]:
+            return
+        self._send_op(op)
+
+    def _send_op(self, op: _Op) -> None:
+        t = self.topology
+        if t is None:
+            op.not_before = (1, 0.0)
+            return
+        seg = segment_of(op.key, t.num_segments)
+        if op.kind == GET:
+            if not t.can_read(seg):
+                self._finish(op, False, error=f"segment {seg} is unavailable for reads ({t.mode.value})")
+                return
+            owners = t.read_owners(seg)
+            target = self.address if self.address in owners else owners[0]
+        else:
+            if not t.can_write(seg):
+                self._finish(op, False, error=f"segment {seg} is unavailable for writes ({t.mode.value})")
+                return
+            target = t.write_primary(seg)  # type: ignore[assignment]
+        op.attempt += 1
+        op.target = target
+        op.topology_id = t.topology_id
+        op.not_before = None
+        op.resend_at = self._now + self.config.attempt_timeout
+        self._emit(target, Command(op.op_id, op.attempt, t.topology_id, op.kind, op.key, op.value))
+
+    def _on_response(self, rsp: Response) -> None:
+        op = self._ops.get(rsp.op_id)
+        if op is None or rsp.attempt != op.attempt or op.not_before is not None:
+            return  # an answer to an earlier attempt (or a duplicate)
+        if rsp.code == OK:
+            self._finish(op, True, value=rsp.value)
+        elif rsp.code == NOT_FOUND:
+            self._finish(op, True)
+        elif rsp.code == ERROR:
+            self._finish(op, False, error=rsp.error)
+        else:
+            self.metrics["grid.retries"] += 1
+            mine = self.topology.topology_id if self.topology else 0
+            if rsp.topology_id > mine:
+                op.not_before = (rsp.topology_id, 0.0)
+            elif op.topology_id < mine:
+                op.not_before = (0, 0.0)  # we have moved on already: retry at once
+            else:
+                op.not_before = (0, self._now + self.config.retry_backoff)
+            self._try_send(op)
+
+    def _finish(self, op: _Op, ok: bool, *, value: bytes | None = None, error: str = "") -> None:
+        self._ops.pop(op.op_id, None)
+        if not ok:
+            self.metrics["grid.ops_failed"] += 1
+        self._results.append(OpResult(op.op_id, op.kind, op.key, ok, value, error, op.attempt))
+
+    # ==== operations (owner side) ==========================================================================
+    def _hold(self, topology_id: int, src: Address, msg: GridMessage) -> None:
+        if len(self._queued) >= self.config.max_queued:
+            _, _, osrc, omsg = self._queued.popleft()
+            self._reject_held(osrc, omsg)
+        self._queued.append((self._now + self.config.attempt_timeout, topology_id, src, msg))
+
+    def _reject_held(self, src: Address, msg: GridMessage) -> None:
+        mine = self.topology.topology_id if self.topology else 0
+        if type(msg) is Command:
+            self._respond(src, msg.op_id, msg.attempt, RETRY, mine)
+        elif type(msg) is Backup:
+            self._emit(src, BackupAck(msg.write_id, RETRY, mine))
+        elif type(msg) is Fetch:
+            self._emit(src, XferFail(msg.xfer_id, msg.segments))
+
+    def _respond(
+        self, dest: Address, op_id: int, attempt: int, code: int, tid: int, value: bytes | None = None, error: str = ""
+    ) -> None:
+        self._emit(dest, Response(op_id, attempt, code, tid, value, error))
+
+    def _on_command(self, src: Address, cmd: Command) -> None:
+        t = self.topology
+        if t is None or cmd.topology_id > t.topology_id:
+            self._hold(cmd.topology_id, src, cmd)
+            return
+        if cmd.topology_id < t.topology_id:
+            self._respond(src, cmd.op_id, cmd.attempt, RETRY, t.topology_id)
+            return
+        seg = segment_of(cmd.key, t.num_segments)
+        store = self.store
+        assert store is not None
+        if cmd.kind == GET:
+            if not t.can_read(seg):
+                self._respond(src, cmd.op_id, cmd.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
+            elif self.address not in t.read_owners(seg):
+                self._respond(src, cmd.op_id, cmd.attempt, RETRY, t.topology_id)
+            else:
+                val = store.value(seg, cmd.key)
+                code = OK if val is not None else NOT_FOUND
+                self._respond(src, cmd.op_id, cmd.attempt, code, t.topology_id, val)
+            return
+        if not t.can_write(seg):
+            self._respond(src, cmd.op_id, cmd.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
+            return
+        owners = t.write_owners(seg)
+        if not owners or owners[0] != self.address:
+            self._respond(src, cmd.op_id, cmd.attempt, RETRY, t.topology_id)
+            return
+        self._seq += 1
+        version = make_version(t.topology_id, self._seq)
+        value = cmd.value if cmd.kind == PUT else None
+        store.write(seg, cmd.key, version, value)
+        backups = owners[1:]
+        if not backups:
+            self._respond(src, cmd.op_id, cmd.attempt, OK, t.topology_id)
+            return
+        wid = self._next_write
+        self._next_write += 1
+        self._writes[wid] = _PendingWrite(
+            src, cmd.op_id, cmd.attempt, t.topology_id, set(backups), cmd.key, version, value
+        )
+        msg = Backup(wid, t.topology_id, version, cmd.key, value)
+        for b in backups:
+            self._emit(b, msg)
+
+    def _redrive(self, wid: int, pw: _PendingWrite) -> None:
+        """Finish a write we applied whose replication a topology change interrupted.
+
+        Answering RETRY instead would leave our copy diverged from the others for good if the originator
+        died before retrying. So the stamping member stays responsible: it sends the *same* version to the
+        write owners of the topology now installed, and answers the originator once all of them have it.
+        Stores keep the newest version, so this never overwrites a later write; and a write owner of the
+        current topology includes any new owner still fetching, so no snapshot can miss it.
+        """
+        t = self.topology
+        assert t is not None and self.store is not None
+        seg = segment_of(pw.key, t.num_segments)
+        if not t.can_write(seg):
+            del self._writes[wid]
+            self._respond(pw.origin, pw.op_id, pw.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
+            return
+        owners = t.write_owners(seg)
+        if self.address in owners:
+            self.store.write(seg, pw.key, pw.version, pw.value)
+        pw.topology_id = t.topology_id
+        pw.awaiting = {m for m in owners if m != self.address}
+        self.metrics["grid.writes_redriven"] += 1
+        if not pw.awaiting:
+            del self._writes[wid]
+            self._respond(pw.origin, pw.op_id, pw.attempt, OK, t.topology_id)
+            return
+        msg = Backup(wid, t.topology_id, pw.version, pw.key, pw.value)
+        for b in pw.awaiting:
+            self._emit(b, msg)
+
+    def _on_backup(self, src: Address, b: Backup) -> None:
+        t = self.topology
+        if t is None or b.topology_id > t.topology_id:
+            self._hold(b.topology_id, src, b)
+            return
+        seg = segment_of(b.key, t.num_segments)
+        if b.topology_id < t.topology_id or self.address not in t.write_owners(seg):
+            self._emit(src, BackupAck(b.write_id, RETRY, t.topology_id))
+            return
+        self.store.write(seg, b.key, b.version, b.value)  # type: ignore[union-attr]
+        self._emit(src, BackupAck(b.write_id, OK, t.topology_id))
+
+    def _on_backup_ack(self, src: Address, ack: BackupAck) -> None:
+        pw = self._writes.get(ack.write_id)
+        if pw is None:
+            return
+        if ack.code == OK:
+            # A backup applies only under the Backup's own topology, so the id names the round it answers.
+            if ack.topology_id == pw.topology_id:
+                pw.awaiting.discard(src)
+                if not pw.awaiting:
+                    del self._writes[ack.write_id]
+                    self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
+            return
+        if ack.topology_id > pw.topology_id:
+            # The backup moved on: re-send under its topology once we have it (at once if we do).
+            pw.topology_id = 0
+            if self.topology is not None and self.topology.topology_id >= ack.topology_id:
+                self._redrive(ack.write_id, pw)
+        elif ack.topology_id < pw.topology_id and src in pw.awaiting:
+            # It held our Backup too long waiting for this round's topology: offer it again.
+            self._emit(src, Backup(ack.write_id, pw.topology_id, pw.version, pw.key, pw.value))
+
+    # ==== state transfer ===================================================================================
+    def _cancel_in_xfers(self) -> None:
+        for xid, xf in self._in_xfers.items():
+            if xf.source in self.view:
+                self._emit(xf.source, XferCancel(xid))
+        self._in_xfers.clear()
+
+    def _plan_fetches(self) -> None:
+        """Request every segment still missing from a live current owner, one stream per source."""
+        t = self.topology
+        if t is None or t.phase != Phase.READ_OLD_WRITE_ALL:
+            return
+        need = t.segments_to_fetch(self.address) - self._fetched
+        for xf in self._in_xfers.values():
+            need -= xf.remaining
+        alive = set(self.view) & set(t.members)
+        by_source: dict[Address, list[int]] = {}
+        for s in sorted(need):
+            sources = [m for m in t.current.owners_of(s) if m in alive and m != self.address]
+            if not sources:
+                # Nobody holds it any more (more owners failed than the data survives): start empty.
+                self.metrics["grid.segments_unrecoverable"] += 1
+                self._fetched.add(s)
+                continue
+            src = sources[self._fetch_tries[s] % len(sources)]
+            by_source.setdefault(src, []).append(s)
+        for src, segs in by_source.items():
+            xid = self._next_xfer
+            self._next_xfer += 1
+            self._in_xfers[xid] = _InXfer(src, segs)
+            self._emit(src, Fetch(xid, t.topology_id, t.rebalance_id, tuple(segs)))
+        self._maybe_confirm()
+
+    def _on_fetch(self, src: Address, f: Fetch) -> None:
+        t = self.topology
+        if t is None or f.topology_id > t.topology_id:
+            # A source serves only once it writes to the new owners too, so nothing written after its
+            # snapshot can miss them.
+            self._hold(f.topology_id, src, f)
+            return
+        store = self.store
+        assert store is not None
+        mine = t.current.segments_owned(self.address)
+        bad = tuple(s for s in f.segments if s not in mine or not store.has_segment(s) or s >= t.num_segments)
+        if bad:
+            self._emit(src, XferFail(f.xfer_id, bad))
+        good = [s for s in f.segments if s not in bad]
+        if not good:
+            return
+        cfg = self.config
+        stream = _OutXfer(_batches(store, f.xfer_id, good, cfg.transfer_batch_entries, cfg.transfer_batch_bytes))
+        self._out_xfers[(src, f.xfer_id)] = stream
+        self._pump(src, f.xfer_id, stream)
+
+    def _pump(self, dest: Address, xid: int, stream: _OutXfer) -> None:
+        while stream.unacked < self.config.transfer_window:
+            batch = next(stream.batches, None)
+            if batch is None:
+                self._out_xfers.pop((dest, xid), None)
+                return
+            stream.unacked += 1
+            self.metrics["grid.xfer_entries_out"] += len(batch.entries)
+            self._emit(dest, batch)
+            if batch.last:
+                self._out_xfers.pop((dest, xid), None)
+                return
+
+    def _on_xfer_ack(self, src: Address, ack: XferAck) -> None:
+        stream = self._out_xfers.get((src, ack.xfer_id))
+        if stream is not None:
+            stream.unacked -= 1
+            self._pump(src, ack.xfer_id, stream)
+
+    def _on_xfer_data(self, src: Address, d: XferData) -> None:
+        xf = self._in_xfers.get(d.xfer_id)
+        if xf is None or xf.source != src:
+            return  # a stream we cancelled
+        store = self.store
+        assert store is not None
+        if d.segment in xf.remaining and d.entries:
+            applied = store.apply_transferred(d.segment, d.entries)
+            self.metrics["grid.xfer_entries_in"] += len(d.entries)
+            self.metrics["grid.xfer_entries_applied"] += applied
+            self.metrics["grid.xfer_bytes_in"] += sum(len(k) + (len(v) if v else 0) for k, _, v in d.entries)
+        for s in d.done:
+            if s in xf.remaining:
+                xf.remaining.discard(s)
+                self._fetched.add(s)
+        if d.last or not xf.remaining:
+            self._in_xfers.pop(d.xfer_id, None)
+            if xf.remaining:  # the source ended early: fetch the rest again
+                self._plan_fetches()
+        else:
+            self._emit(src, XferAck(d.xfer_id))
+        self._maybe_confirm()
+
+    def _on_xfer_fail(self, src: Address, f: XferFail) -> None:
+        xf = self._in_xfers.get(f.xfer_id)
+        if xf is None or xf.source != src:
+            return
+        for s in f.segments:
+            if s in xf.remaining:
+                xf.remaining.discard(s)
+                self._fetch_tries[s] += 1
+        if not xf.remaining:
+            self._in_xfers.pop(f.xfer_id, None)
+        self.metrics["grid.xfer_failed"] += len(f.segments)
+        # Try another owner after a short pause (the source may just not have caught up with us).
+        self._refetch_at = self._now + self.config.retry_backoff
+
+
+def _batches(
+    store: SegmentStore, xid: int, segments: list[int], max_entries: int, max_bytes: int
+) -> Iterator[XferData]:
+    """The stream of one FETCH: batches per segment, each segment's last batch marking it done."""
+    n = len(segments)
+    for i, s in enumerate(segments):
+        it = store.segment_batches(s, max_entries, max_bytes)
+        prev: list[TransferEntry] | None = next(it, None)
+        while prev is not None:
+            nxt = next(it, None)
+            if nxt is None:
+                break
+            yield XferData(xid, s, prev, (), False)
+            prev = nxt
+        yield XferData(xid, s, prev or [], (s,), i == n - 1)
+
+
+def _approx_size(msg: GridMessage) -> int:
+    kind = type(msg)
+    if kind is XferData:
+        return sum(len(k) + (len(v) if v else 0) + 16 for k, _, v in msg.entries) + 32  # type: ignore[union-attr]
+    if kind is Command or kind is Backup:
+        return len(msg.key) + (len(msg.value) if msg.value else 0) + 48  # type: ignore[union-attr]
+    if kind is Response:
+        return (len(msg.value) if msg.value else 0) + 48  # type: ignore[union-attr]
+    if kind is Topology or kind is Status:
+        return 8192
+    return 32

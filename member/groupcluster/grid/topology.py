@@ -1,0 +1,542 @@
+"""Cache topologies, rebalance phases and the coordinator's pure rebalance planner.
+
+A :class:`CacheTopology` is what the coordinator broadcasts: an id (strictly increasing, also across
+coordinator changes), the current CH, during a rebalance the pending (balanced target) CH and the phase, the
+cache members, and the availability under partition handling. Phases follow Infinispan::
+
+    NO_REBALANCE -> READ_OLD_WRITE_ALL -> READ_ALL_WRITE_ALL -> READ_NEW_WRITE_ALL -> NO_REBALANCE
+
+``READ_OLD_WRITE_ALL``: new owners pull their segments while every write goes to old and new owners.
+``READ_ALL_WRITE_ALL``: every new owner holds its data; reads may use either (new owners first).
+``READ_NEW_WRITE_ALL``: reads use the new owners only; writes still reach the old ones.
+Then the pending CH becomes current and old owners drop what they no longer own.
+
+Each phase change waits for every member to confirm the previous one (for the transfer phase: "I hold all my
+new segments"), so at most two *adjacent* topologies are in use at once, and any two adjacent ones are
+compatible: what one reads, the other writes.
+
+:class:`RebalancePlanner` is the coordinator's side, a pure state machine: statuses (the join with its
+capacity, a leave request, and on takeover the member's last topology), views and confirmations go in; the
+topologies to broadcast (or to send to one member) come out. It recovers after the coordinator crashed from
+what the members report, continues a rebalance whose members crash (same phase, the dead removed) and enters
+degraded mode when a partition may have cost it data or a majority.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum, IntEnum
+from typing import Any
+
+from ..core.address import Address
+from ..core.errors import WireError
+from ..core.validate import MAX_INT, as_address_list, as_bool, as_int, as_list
+from .consistent_hash import MAX_MEMBERS, ConsistentHash, balanced
+
+
+class Phase(IntEnum):
+    NO_REBALANCE = 0
+    READ_OLD_WRITE_ALL = 1
+    READ_ALL_WRITE_ALL = 2
+    READ_NEW_WRITE_ALL = 3
+
+
+class Availability(IntEnum):
+    AVAILABLE = 0
+    DEGRADED = 1
+
+
+class PartitionHandling(Enum):
+    """What a partition that may have lost data or a majority still serves (Infinispan's three modes)."""
+
+    DENY_READ_WRITES = "deny_read_writes"
+    ALLOW_READS = "allow_reads"
+    ALLOW_READ_WRITES = "allow_read_writes"
+
+    @property
+    def code(self) -> int:
+        return _MODE_CODES[self]
+
+
+_MODE_CODES = {
+    PartitionHandling.DENY_READ_WRITES: 0,
+    PartitionHandling.ALLOW_READS: 1,
+    PartitionHandling.ALLOW_READ_WRITES: 2,
+}
+_CODE_MODES = {v: k for k, v in _MODE_CODES.items()}
+
+
+def owner_set(ch: ConsistentHash) -> tuple[Address, ...]:
+    """Members that own at least one segment, in CH order."""
+    used = {i for own in ch.owners for i in own}
+    return tuple(m for i, m in enumerate(ch.members) if i in used)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheTopology:
+    topology_id: int
+    rebalance_id: int
+    phase: Phase
+    current: ConsistentHash
+    pending: ConsistentHash | None
+    members: tuple[Address, ...]  # cache members (in the view and joined), owners or not
+    availability: Availability = Availability.AVAILABLE
+    stable_members: tuple[Address, ...] = ()  # owners of the last balanced, available CH (partition detection)
+    mode: PartitionHandling = PartitionHandling.DENY_READ_WRITES
+    _member_set: frozenset[Address] = field(default=frozenset(), init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if (self.phase == Phase.NO_REBALANCE) != (self.pending is None):
+            raise ValueError(f"topology {self.topology_id}: a pending CH exists exactly while rebalancing")
+        if self.pending is not None and (
+            self.pending.num_segments != self.current.num_segments or self.pending.num_owners != self.current.num_owners
+        ):
+            raise ValueError(f"topology {self.topology_id}: current and pending CH differ in segments or owners")
+        object.__setattr__(self, "_member_set", frozenset(self.members))
+
+    @property
+    def num_segments(self) -> int:
+        return self.current.num_segments
+
+    @property
+    def rebalancing(self) -> bool:
+        return self.phase != Phase.NO_REBALANCE
+
+    def segment_of(self, key: bytes) -> int:
+        return self.current.segment_of(key)
+
+    # -- routing -------------------------------------------------------------------------------------------
+    def read_owners(self, segment: int) -> tuple[Address, ...]:
+        """Live members that may serve a read of ``segment``, preferred first."""
+        cur = self.current.owners_of(segment)
+        if self.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL):
+            cand: tuple[Address, ...] = cur
+        else:
+            new = self.pending.owners_of(segment)  # type: ignore[union-attr]
+            # READ_ALL prefers the new owners too, so it is compatible with both of its neighbours.
+            cand = new if self.phase == Phase.READ_NEW_WRITE_ALL else new + tuple(m for m in cur if m not in new)
+        ms = self._member_set
+        return tuple(m for m in cand if m in ms)
+
+    def write_owners(self, segment: int) -> tuple[Address, ...]:
+        """Live members a write of ``segment`` must reach: current owners (primary first), then new ones."""
+        cur = self.current.owners_of(segment)
+        if self.pending is not None:
+            cur = cur + tuple(m for m in self.pending.owners_of(segment) if m not in cur)
+        ms = self._member_set
+        return tuple(m for m in cur if m in ms)
+
+    def write_primary(self, segment: int) -> Address | None:
+        owners = self.write_owners(segment)
+        return owners[0] if owners else None
+
+    def data_holders(self, segment: int) -> tuple[Address, ...]:
+        """Owners guaranteed to hold the segment's data in this phase (live or not)."""
+        cur = self.current.owners_of(segment)
+        if self.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) or self.pending is None:
+            return cur
+        return cur + tuple(m for m in self.pending.owners_of(segment) if m not in cur)
+
+    def segments_to_fetch(self, member: Address) -> frozenset[int]:
+        """Segments ``member`` must pull in this rebalance (new owner, not a current one)."""
+        if self.pending is None:
+            return frozenset()
+        return self.pending.segments_owned(member) - self.current.segments_owned(member)
+
+    def segments_to_keep(self, member: Address) -> frozenset[int]:
+        owned = self.current.segments_owned(member)
+        return owned | self.pending.segments_owned(member) if self.pending is not None else owned
+
+    # -- partition handling ---------------------------------------------------------------------------------
+    def missing_owner(self, segment: int) -> bool:
+        ms = self._member_set
+        return any(m not in ms for m in self.data_holders(segment))
+
+    def can_read(self, segment: int) -> bool:
+        if self.availability == Availability.AVAILABLE or self.mode == PartitionHandling.ALLOW_READ_WRITES:
+            return bool(self.read_owners(segment))
+        if self.mode == PartitionHandling.ALLOW_READS:
+            return bool(self.read_owners(segment))
+        return not self.missing_owner(segment)
+
+    def can_write(self, segment: int) -> bool:
+        if self.availability == Availability.AVAILABLE or self.mode == PartitionHandling.ALLOW_READ_WRITES:
+            return bool(self.write_owners(segment))
+        return not self.missing_owner(segment)
+
+    # -- wire -----------------------------------------------------------------------------------------------
+    def to_wire(self) -> list[Any]:
+        return [
+            self.topology_id,
+            self.rebalance_id,
+            int(self.phase),
+            int(self.availability),
+            self.mode.code,
+            [m.to_wire() for m in self.members],
+            [m.to_wire() for m in self.stable_members],
+            self.current.to_wire(),
+            None if self.pending is None else self.pending.to_wire(),
+        ]
+
+    @classmethod
+    def from_wire(cls, data: Any, field_name: str = "topology") -> CacheTopology:
+        items = as_list(data, field_name, 9, exact=9)
+        tid = as_int(items[0], f"{field_name}.topology_id", 1, MAX_INT)
+        rid = as_int(items[1], f"{field_name}.rebalance_id", 0, MAX_INT)
+        phase = Phase(as_int(items[2], f"{field_name}.phase", 0, 3))
+        avail = Availability(as_int(items[3], f"{field_name}.availability", 0, 1))
+        mode = _CODE_MODES[as_int(items[4], f"{field_name}.mode", 0, 2)]
+        members = as_address_list(items[5], f"{field_name}.members", MAX_MEMBERS)
+        stable = as_address_list(items[6], f"{field_name}.stable_members", MAX_MEMBERS)
+        current = ConsistentHash.from_wire(items[7], f"{field_name}.current")
+        pending = None if items[8] is None else ConsistentHash.from_wire(items[8], f"{field_name}.pending")
+        if (phase == Phase.NO_REBALANCE) != (pending is None):
+            raise WireError(f"{field_name}.pending: must be present exactly while rebalancing (phase {phase.name})")
+        if pending is not None and (
+            pending.num_segments != current.num_segments or pending.num_owners != current.num_owners
+        ):
+            raise WireError(f"{field_name}.pending: segments or owners differ from the current CH")
+        if len(set(members)) != len(members):
+            raise WireError(f"{field_name}.members: a member is listed twice")
+        return cls(tid, rid, phase, current, pending, members, avail, stable, mode)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "topology_id": self.topology_id,
+            "rebalance_id": self.rebalance_id,
+            "phase": self.phase.name,
+            "availability": self.availability.name,
+            "members": [str(m) for m in self.members],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MemberStatus:
+    """What a member tells the coordinator after every view change (its join, on the first one)."""
+
+    capacity: float
+    leaving: bool
+    topology: CacheTopology | None
+
+    def to_wire(self) -> list[Any]:
+        return [self.capacity, self.leaving, None if self.topology is None else self.topology.to_wire()]
+
+    @classmethod
+    def from_wire(cls, data: Any, field_name: str = "status") -> MemberStatus:
+        items = as_list(data, field_name, 3, exact=3)
+        cap = items[0]
+        if type(cap) not in (int, float) or not (math.isfinite(cap) and 0 <= cap <= 1_000_000):
+            raise WireError(f"{field_name}.capacity: expected a number in [0, 1000000], got {cap!r}")
+        leaving = as_bool(items[1], f"{field_name}.leaving")
+        topo = None if items[2] is None else CacheTopology.from_wire(items[2], f"{field_name}.topology")
+        return cls(float(cap), leaving, topo)
+
+
+@dataclass(slots=True)
+class _Info:
+    capacity: float
+    leaving: bool
+
+
+# An output of the planner: (None, topology) to broadcast, (member, topology) to send to one member.
+Output = tuple[Address | None, CacheTopology]
+
+
+class RebalancePlanner:
+    """The coordinator's rebalance state machine (pure: no I/O, time comes in as ``now``).
+
+    Create one when a member becomes coordinator (or after a merge); it first *recovers*: it waits for a
+    status from every view member (or ``recovery_timeout``) and continues from the newest topology any of
+    them had, preferring one from an available partition.
+    """
+
+    def __init__(
+        self,
+        view: Sequence[Address],
+        *,
+        num_segments: int,
+        num_owners: int,
+        mode: PartitionHandling = PartitionHandling.DENY_READ_WRITES,
+        recovery_timeout: float = 3.0,
+        now: float = 0.0,
+    ) -> None:
+        self.view: tuple[Address, ...] = tuple(view)
+        self.num_segments = num_segments
+        self.num_owners = num_owners
+        self.mode = mode
+        self.recovering = True
+        self.recovery_deadline = now + recovery_timeout
+        self.statuses: dict[Address, MemberStatus] = {}
+        self.members: dict[Address, _Info] = {}
+        self.topology: CacheTopology | None = None
+        self.confirmed: set[Address] = set()
+        self.max_seen_id = 0
+        self.max_rebalance_id = 0
+        self.segments_lost = 0  # segments left with no owner holding their data (degraded or allow mode)
+        self.rebalances_started = 0
+
+    # -- inputs ---------------------------------------------------------------------------------------------
+    def on_view(self, view: Sequence[Address], now: float) -> list[Output]:
+        self.view = tuple(view)
+        if self.recovering:
+            for m in [m for m in self.statuses if m not in self.view]:
+                del self.statuses[m]
+            return self._maybe_finish_recovery(now)
+        for m in [m for m in self.members if m not in self.view]:
+            del self.members[m]
+        return self._update()
+
+    def on_statuses(self, statuses: Mapping[Address, MemberStatus], now: float) -> list[Output]:
+        """Statuses received (a batch): joins, leave requests and, while recovering, topologies."""
+        statuses = {m: st for m, st in statuses.items() if m in self.view}
+        if self.recovering:
+            self.statuses.update(statuses)
+            return self._maybe_finish_recovery(now)
+        out: list[Output] = []
+        changed = ahead = False
+        for m, st in statuses.items():
+            if st.topology is not None and st.topology.topology_id > self.max_seen_id:
+                # A member is ahead of us (a topology we never saw); re-announce ours above it.
+                self.max_seen_id = st.topology.topology_id
+                changed = ahead = True
+            info = self.members.get(m)
+            if info is None:
+                self.members[m] = _Info(st.capacity, st.leaving)
+                changed = True
+            elif st.leaving and not info.leaving:
+                info.leaving = True
+                changed = True
+        if changed:
+            out = self._update()
+            if not out and self.topology is not None:
+                t = self.topology
+                # Nothing to rebalance now: make sure joiners know the topology, and re-announce it when a
+                # member was ahead of the id we would use.
+                if ahead:
+                    out.append((None, self._set(self._bump(t, members=self._member_tuple()))))
+                else:
+                    out.extend((m, t) for m in statuses if m not in t.members)
+        return out
+
+    def on_confirm(self, member: Address, topology_id: int) -> list[Output]:
+        """``member`` installed ``topology_id`` (and, in the transfer phase, holds all its new segments)."""
+        t = self.topology
+        if self.recovering or t is None or topology_id != t.topology_id:
+            return []
+        self.confirmed.add(member)
+        if not t.rebalancing or t.availability != Availability.AVAILABLE or not set(t.members) <= self.confirmed:
+            return []
+        return self._advance()
+
+    def all_installed(self) -> bool:
+        """Every member confirmed the current topology (a leaving coordinator waits for this)."""
+        t = self.topology
+        return not self.recovering and t is not None and set(t.members) <= self.confirmed
+
+    def on_tick(self, now: float) -> list[Output]:
+        if self.recovering and now >= self.recovery_deadline:
+            return self._finish_recovery()
+        return []
+
+    def next_deadline(self) -> float | None:
+        return self.recovery_deadline if self.recovering else None
+
+    def force_available(self) -> list[Output]:
+        """Operator's override: accept the losses and leave degraded mode with the members present."""
+        t = self.topology
+        if t is None or t.availability == Availability.AVAILABLE:
+            return []
+        self.topology = replace(t, stable_members=tuple(m for m in t.stable_members if m in self.members))
+        return self._update()
+
+    # -- recovery -------------------------------------------------------------------------------------------
+    def _maybe_finish_recovery(self, now: float) -> list[Output]:
+        if all(m in self.statuses for m in self.view) or now >= self.recovery_deadline:
+            return self._finish_recovery()
+        return []
+
+    def _finish_recovery(self) -> list[Output]:
+        self.recovering = False
+        reported = self.statuses
+        self.members = {m: _Info(st.capacity, st.leaving) for m, st in reported.items() if m in self.view}
+        tops = [st.topology for st in reported.values() if st.topology is not None]
+        self.statuses = {}
+        if tops:
+            self.max_seen_id = max(t.topology_id for t in tops)
+            self.max_rebalance_id = max(t.rebalance_id for t in tops)
+            # Prefer what an available partition had (it may have taken writes); newest first.
+            base = max(tops, key=lambda t: (t.availability == Availability.AVAILABLE, t.topology_id))
+            self.topology = base
+            out = self._update()
+            if not out:
+                # Announce even an unchanged topology under a new id above every id anyone reported, so all
+                # members (those that missed the last broadcast included) install the same one.
+                out.append((None, self._set(self._bump(base, members=self._member_tuple()))))
+            return out
+        return self._update()
+
+    # -- the core transition --------------------------------------------------------------------------------
+    def _update(self) -> list[Output]:
+        """Bring the topology in line with the members; start a rebalance when idle and unbalanced."""
+        live = set(self.members)
+        t = self.topology
+        if not live:
+            return []
+        if t is None:
+            owners = self._owner_candidates()
+            if not owners:
+                return []
+            ch = balanced(None, owners, self._caps(), self.num_segments, self.num_owners)
+            return [(None, self._set(self._new(0, Phase.NO_REBALANCE, ch, None, stable=owner_set(ch))))]
+        out: list[Output] = []
+        holders = set(t.current.members) | (set(t.pending.members) if t.pending is not None else set())
+        dead = {m for m in holders | set(t.members) if m not in live}
+        if t.availability == Availability.DEGRADED:
+            if not set(t.stable_members) <= live:
+                if set(t.members) != live:
+                    out.append((None, self._set(self._bump(t, members=self._member_tuple()))))
+                return out
+            # Every member of the last stable topology is back (a merge healed the partition).
+            cur = self._fill(t.current.without(dead), None, Phase.NO_REBALANCE)[0]
+            t = self._set(self._new(t.rebalance_id, Phase.NO_REBALANCE, cur, None, stable=t.stable_members))
+            out.append((None, t))
+            dead = set()
+        if dead:
+            if self._loses_partition(t, dead):
+                cur_ch = t.current if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) else t.pending
+                assert cur_ch is not None
+                deg = self._new(
+                    t.rebalance_id,
+                    Phase.NO_REBALANCE,
+                    cur_ch,
+                    None,
+                    stable=t.stable_members,
+                    availability=Availability.DEGRADED,
+                )
+                return [(None, self._set(deg))]
+            cur_map, pend_map = self._fill(
+                t.current.without(dead), t.pending.without(dead) if t.pending is not None else None, t.phase
+            )
+            t = self._set(self._new(t.rebalance_id, t.phase, cur_map, pend_map, stable=t.stable_members))
+            self.confirmed = set()  # confirmations name a topology id: members confirm the new one again
+            out.append((None, t))
+        if t.phase == Phase.NO_REBALANCE and t.availability == Availability.AVAILABLE:
+            nxt = self._start_rebalance(t)
+            if nxt is not None:
+                out.append((None, nxt))
+        return out
+
+    def _advance(self) -> list[Output]:
+        t = self.topology
+        assert t is not None and t.pending is not None
+        self.confirmed = set()
+        if t.phase == Phase.READ_OLD_WRITE_ALL:
+            return [(None, self._set(self._bump(t, phase=Phase.READ_ALL_WRITE_ALL)))]
+        if t.phase == Phase.READ_ALL_WRITE_ALL:
+            return [(None, self._set(self._bump(t, phase=Phase.READ_NEW_WRITE_ALL)))]
+        done = self._set(self._new(t.rebalance_id, Phase.NO_REBALANCE, t.pending, None, stable=owner_set(t.pending)))
+        out: list[Output] = [(None, done)]
+        nxt = self._start_rebalance(done)
+        if nxt is not None:
+            out.append((None, nxt))
+        return out
+
+    def _start_rebalance(self, t: CacheTopology) -> CacheTopology | None:
+        owners = self._owner_candidates()
+        if not owners:
+            return None
+        target = balanced(t.current.owner_map(), owners, self._caps(), self.num_segments, self.num_owners)
+        members = self._member_tuple()
+        if target.owner_map() == t.current.owner_map():
+            if set(members) != set(t.members):
+                return self._set(self._bump(t, members=members))
+            return None
+        self.rebalances_started += 1
+        self.max_rebalance_id = max(self.max_rebalance_id, t.rebalance_id) + 1
+        self.confirmed = set()
+        nt = self._new(self.max_rebalance_id, Phase.READ_OLD_WRITE_ALL, t.current, target, stable=t.stable_members)
+        return self._set(nt)
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    def _loses_partition(self, t: CacheTopology, dead: set[Address]) -> bool:
+        if self.mode == PartitionHandling.ALLOW_READ_WRITES:
+            return False
+        stable = set(t.stable_members)
+        lost = stable & dead | (stable - set(self.members))
+        if lost and 2 * len(lost) >= len(stable):
+            return True  # a minority (or half) cannot know whether the rest goes on without it
+        return any(all(m in dead for m in t.data_holders(s)) for s in range(t.num_segments))
+
+    def _fill(
+        self, cur: list[tuple[Address, ...]], pend: list[tuple[Address, ...]] | None, phase: Phase
+    ) -> tuple[ConsistentHash, ConsistentHash | None]:
+        """Give every segment at least one owner after removing the dead, preferring members with the data."""
+        live = [m for m in self.members if self.members[m].capacity > 0] or list(self.members)
+        for s in range(len(cur)):
+            if pend is not None and not pend[s]:
+                pend[s] = cur[s]
+            if not cur[s]:
+                if pend is not None and pend[s]:
+                    cur[s] = pend[s]
+                    if phase == Phase.READ_OLD_WRITE_ALL:
+                        self.segments_lost += 1  # new owners had only part of it
+                else:
+                    cur[s] = (live[s % len(live)],)
+                    self.segments_lost += 1
+                    if pend is not None:
+                        pend[s] = cur[s]
+        caps = self._caps()
+        c = ConsistentHash.from_owner_map(self.num_segments, self.num_owners, cur, caps)
+        p = ConsistentHash.from_owner_map(self.num_segments, self.num_owners, pend, caps) if pend is not None else None
+        return c, p
+
+    def _owner_candidates(self) -> list[Address]:
+        staying = [m for m, i in self.members.items() if i.capacity > 0 and not i.leaving]
+        if staying:
+            return staying
+        # Everyone with capacity is leaving: someone must keep the data, so nobody is released.
+        return [m for m, i in self.members.items() if i.capacity > 0]
+
+    def _caps(self) -> dict[Address, float]:
+        return {m: i.capacity for m, i in self.members.items()}
+
+    def _member_tuple(self) -> tuple[Address, ...]:
+        return tuple(m for m in self.view if m in self.members)
+
+    def _next_id(self) -> int:
+        cur = self.topology.topology_id if self.topology is not None else 0
+        self.max_seen_id = max(self.max_seen_id, cur) + 1
+        return self.max_seen_id
+
+    def _new(
+        self,
+        rebalance_id: int,
+        phase: Phase,
+        current: ConsistentHash,
+        pending: ConsistentHash | None,
+        *,
+        stable: Iterable[Address],
+        availability: Availability = Availability.AVAILABLE,
+    ) -> CacheTopology:
+        return CacheTopology(
+            self._next_id(),
+            rebalance_id,
+            phase,
+            current,
+            pending,
+            self._member_tuple(),
+            availability,
+            tuple(stable),
+            self.mode,
+        )
+
+    def _bump(self, t: CacheTopology, **changes: Any) -> CacheTopology:
+        return replace(t, topology_id=self._next_id(), mode=self.mode, **changes)
+
+    def _set(self, t: CacheTopology) -> CacheTopology:
+        if self.topology is None or t.topology_id != self.topology.topology_id:
+            self.confirmed = set()  # confirmations name a topology id
+        self.topology = t
+        return t

@@ -1,0 +1,457 @@
+"""Deterministic multi-node tests of grid/node.py over a small in-test fake network.
+
+The fake network is a stand-in for the group (this is a unit test of pure logic): per-link FIFO delivery
+with random delays, multicasts to the view, views installed at every live member at once, crashes that
+drop a member and (randomly) part of what it had in flight, graceful leaves completed when the member
+reports ``ready_to_leave``. A writer keeps writing while members join, leave and crash; the checks are:
+
+* no operation fails (a topology change only costs internal retries);
+* every read returns the latest value acknowledged before it started, or a newer one (one writer per key);
+* after the run, every acknowledged write is readable, and all owners of a segment hold the same data.
+
+Every scenario is driven by one seed; a failure prints it, and ``GRID_SEED=<n>`` replays just that seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import os
+import random
+from dataclasses import dataclass, field
+
+import pytest
+from groupcluster.core.address import Address
+from groupcluster.grid.messages import DELETE, GET, PUT
+from groupcluster.grid.node import GridConfig, GridNode, OpResult
+from groupcluster.grid.topology import Availability, Phase, owner_set
+
+CONFIG = GridConfig.from_dict(
+    {
+        "num_segments": 32,
+        "num_owners": 2,
+        "transfer_batch_entries": 16,
+        "attempt_timeout": "1s",
+        "op_timeout": "60s",
+        "recovery_timeout": "1s",
+    }
+)
+
+
+def member(i: int) -> Address:
+    return Address(f"10.0.0.{i}", 7800, i)
+
+
+class FakeNet:
+    """Members, views and a virtual clock; messages are delivered per link in FIFO order after a delay."""
+
+    def __init__(self, rng: random.Random, config: GridConfig = CONFIG) -> None:
+        self.rng = rng
+        self.config = config
+        self.now = 0.0
+        self.nodes: dict[Address, GridNode] = {}
+        self.view: list[Address] = []
+        self.events: list[tuple[float, int, str, object]] = []
+        self.seq = itertools.count()
+        self.link_time: dict[tuple[Address, Address], float] = {}
+        self.tick_at: dict[Address, float] = {}
+        self.results: dict[Address, list[OpResult]] = {}
+        self.next_id = 1
+        self.crashed: set[Address] = set()
+
+    # -- membership ------------------------------------------------------------------------------------------
+    def add(self, n: int = 1) -> list[Address]:
+        new = []
+        for _ in range(n):
+            a = member(self.next_id)
+            self.next_id += 1
+            self.nodes[a] = GridNode(a, self.config)
+            new.append(a)
+        self.install_view(self.view + new)
+        return new
+
+    def install_view(self, members: list[Address]) -> None:
+        self.view = list(members)
+        for a in self.view:
+            self.nodes[a].on_view(tuple(self.view), self.now)
+        for a in self.view:
+            self.collect(a)
+
+    def crash(self, a: Address) -> None:
+        self.crashed.add(a)
+        node = self.nodes.pop(a)
+        node.take_outbox()
+        # Part of what it had in flight never arrives (no virtual synchrony in this fake).
+        self.events = [e for e in self.events if not (e[2] == "msg" and e[3][0] == a and self.rng.random() < 0.5)]  # type: ignore[index]
+        heapq.heapify(self.events)
+        self.install_view([m for m in self.view if m != a])
+
+    def remove_left(self) -> None:
+        gone = [a for a in self.view if self.nodes[a].ready_to_leave]
+        if gone:
+            for a in gone:
+                self.nodes.pop(a)
+            self.install_view([m for m in self.view if m not in gone])
+
+    # -- traffic ---------------------------------------------------------------------------------------------
+    def collect(self, a: Address) -> None:
+        node = self.nodes.get(a)
+        if node is None:
+            return
+        for out in node.take_outbox():
+            dests = [m for m in self.view if m != a] if out.dest is None else [out.dest]
+            for d in dests:
+                key = (a, d)
+                t = max(self.link_time.get(key, 0.0), self.now + self.rng.uniform(0.0005, 0.004))
+                self.link_time[key] = t
+                heapq.heappush(self.events, (t, next(self.seq), "msg", (a, d, out.payload)))
+        self.results.setdefault(a, []).extend(node.take_results())
+        nd = node.next_deadline()
+        if nd is not None and (a not in self.tick_at or nd < self.tick_at[a]):
+            self.tick_at[a] = nd
+            heapq.heappush(self.events, (max(nd, self.now), next(self.seq), "tick", a))
+
+    def run_until(self, t: float) -> None:
+        while self.events and self.events[0][0] <= t:
+            when, _, kind, data = heapq.heappop(self.events)
+            self.now = max(self.now, when)
+            if kind == "msg":
+                src, dst, payload = data  # type: ignore[misc]
+                node = self.nodes.get(dst)
+                if node is not None:
+                    node.on_messages([(src, payload)], self.now)
+                    self.collect(dst)
+            else:
+                a: Address = data  # type: ignore[assignment]
+                node = self.nodes.get(a)
+                if node is not None and self.tick_at.get(a) is not None and self.tick_at[a] <= self.now:
+                    del self.tick_at[a]
+                    node.tick(self.now)
+                    self.collect(a)
+        self.now = max(self.now, t)
+
+    # -- observation -----------------------------------------------------------------------------------------
+    @property
+    def coordinator(self) -> GridNode:
+        return self.nodes[self.view[0]]
+
+    def crash_safe(self) -> bool:
+        """A single crash now loses neither data nor the majority of the last stable owners (no degraded mode).
+
+        Judged on every member's topology, not just the coordinator's: if the coordinator crashes, the
+        topologies it was broadcasting may be lost with it, and its successor recovers from older ones.
+        """
+        planner = self.coordinator.planner
+        if planner is None or planner.recovering or len(self.view) < 3:
+            return False
+        for a in self.view:
+            t = self.nodes[a].topology
+            if t is None or t.availability != Availability.AVAILABLE:
+                return False
+            if len(t.stable_members) < 3 or not set(t.stable_members) <= set(self.view):
+                return False
+        return True
+
+    def stable(self) -> bool:
+        """Everyone on the coordinator's topology, no rebalance, every segment fully owned by live members."""
+        t = self.coordinator.topology
+        if t is None or t.phase != Phase.NO_REBALANCE or t.availability != Availability.AVAILABLE:
+            return False
+        if self.coordinator.planner is None or self.coordinator.planner.recovering:
+            return False
+        for a in self.view:
+            mt = self.nodes[a].topology
+            if mt is None or mt.topology_id != t.topology_id:
+                return False
+        k = min(t.current.num_owners, len(self.view))
+        return set(owner_set(t.current)) <= set(self.view) and all(len(o) == k for o in t.current.owners)
+
+
+@dataclass
+class Writer:
+    """One client per key at a time: values are ``key:index``; remembers what was acknowledged when."""
+
+    net: FakeNet
+    rng: random.Random
+    keys: int = 200
+    issued: dict[bytes, list[bytes | None]] = field(default_factory=dict)  # per key: value of write i (1-based)
+    acked: dict[bytes, int] = field(default_factory=dict)  # per key: highest acknowledged write index
+    busy: dict[tuple[Address, int], tuple[str, bytes, int]] = field(default_factory=dict)
+    busy_keys: set[bytes] = field(default_factory=set)
+    failures: list[str] = field(default_factory=list)
+    reads_checked: int = 0
+    writes_acked: int = 0
+
+    def clients(self) -> list[Address]:
+        return [a for a in self.net.view if not self.net.nodes[a].leaving]
+
+    def step(self) -> None:
+        clients = self.clients()
+        if not clients:
+            return
+        key = f"k{self.rng.randrange(self.keys)}".encode()
+        if key in self.busy_keys:
+            return
+        a = self.rng.choice(clients)
+        node = self.net.nodes[a]
+        r = self.rng.random()
+        if r < 0.45:
+            idx = self.acked.get(key, 0)
+            op = node.get(key, self.net.now)
+            self.busy[(a, op)] = ("get", key, idx)
+        else:
+            vals = self.issued.setdefault(key, [])
+            value = None if r > 0.9 else f"{key.decode()}:{len(vals) + 1}".encode()
+            vals.append(value)
+            op = node.put(key, value, self.net.now) if value is not None else node.delete(key, self.net.now)
+            self.busy[(a, op)] = ("put", key, len(vals))
+        self.busy_keys.add(key)
+        self.net.collect(a)
+
+    def harvest(self) -> None:
+        for a, results in self.net.results.items():
+            for res in results:
+                entry = self.busy.pop((a, res.op_id), None)
+                if entry is None:
+                    continue
+                kind, key, idx = entry
+                self.busy_keys.discard(key)
+                if not res.ok:
+                    self.failures.append(f"{kind} {key!r} at {a} failed: {res.error}")
+                    continue
+                if kind == "put":
+                    assert res.kind in (PUT, DELETE)
+                    self.acked[key] = max(self.acked.get(key, 0), idx)
+                    self.writes_acked += 1
+                else:
+                    assert res.kind == GET
+                    self.check_read(key, res.value, idx, f"read at {a}")
+            results.clear()
+        # Operations of crashed members are gone with them (their client saw no answer); a write of theirs
+        # may or may not have happened, so the key's later reads may see it: keep it in ``issued``.
+        for a, op in [k for k in self.busy if k[0] in self.net.crashed]:
+            _, key, _ = self.busy.pop((a, op))
+            self.busy_keys.discard(key)
+
+    def check_read(self, key: bytes, value: bytes | None, floor: int, where: str) -> None:
+        """``value`` must be write ``floor`` (the latest acknowledged when the read began) or a later one."""
+        self.reads_checked += 1
+        vals = self.issued.get(key, [])
+        allowed = {vals[i - 1] for i in range(max(floor, 1), len(vals) + 1)}
+        if floor == 0:
+            allowed.add(None)
+        if value not in allowed:
+            self.failures.append(f"{where}: {key!r} returned {value!r}; latest acknowledged write #{floor}")
+
+
+def run_scenario(seed: int, duration: float = 20.0) -> tuple[FakeNet, Writer]:
+    rng = random.Random(seed)
+    net = FakeNet(random.Random(rng.random()))
+    writer = Writer(net, random.Random(rng.random()))
+    net.add(3)
+    net.run_until(2.0)
+    assert net.stable(), f"seed {seed}: the first 3 members did not settle"
+    crash_ok = True
+    crash_at: float | None = None  # a crash planned a few milliseconds after a join or leave: mid-rebalance
+    next_action = net.now + rng.uniform(0.5, 2.0)
+    end = net.now + duration
+    while net.now < end:
+        for _ in range(rng.randint(1, 3)):
+            writer.step()
+        net.run_until(net.now + 0.005)
+        writer.harvest()
+        net.remove_left()
+        if net.stable():
+            crash_ok = True
+        if crash_at is not None and net.now >= crash_at:
+            crash_at = None
+            if crash_ok and net.crash_safe():
+                crash_ok = False
+                net.crash(rng.choice(net.view))
+        if net.now >= next_action:
+            next_action = net.now + rng.uniform(0.3, 2.5)
+            live = [a for a in net.view if not net.nodes[a].leaving]
+            choice = rng.random()
+            if choice < 0.4 and len(net.view) < 6:
+                net.add(rng.choice((1, 1, 2)))
+                if rng.random() < 0.4:
+                    crash_at = net.now + rng.uniform(0.0, 0.03)
+            elif choice < 0.7 and len(live) > 3:
+                a = rng.choice(live)
+                net.nodes[a].leave(net.now)
+                net.collect(a)
+                if rng.random() < 0.4:
+                    crash_at = net.now + rng.uniform(0.0, 0.03)
+            elif crash_ok and net.crash_safe():
+                # At most owners-1 crashes before rebalancing completes, mid-rebalance included (the
+                # coordinator and members that are leaving are fair game too).
+                crash_ok = False
+                net.crash(rng.choice(net.view))
+    # Liveness: no more faults; everything settles, every operation finishes.
+    deadline = net.now + 120.0
+    while net.now < deadline and (writer.busy or not net.stable() or any(net.nodes[a].leaving for a in net.view)):
+        net.run_until(net.now + 0.05)
+        writer.harvest()
+        net.remove_left()
+    assert not writer.busy, f"seed {seed}: operations never finished: {list(writer.busy.values())[:5]}"
+    assert net.stable(), f"seed {seed}: the grid did not settle: {net.coordinator.status()}"
+    return net, writer
+
+
+def final_checks(seed: int, net: FakeNet, writer: Writer) -> None:
+    assert not writer.failures, f"seed {seed}: {writer.failures[:5]}"
+    # Every key ever written reads back as its latest acknowledged value (or a later unacknowledged one).
+    reader = net.nodes[net.view[-1]]
+    pending = {}
+    for key in writer.issued:
+        pending[reader.get(key, net.now)] = key
+    net.collect(reader.address)
+    net.run_until(net.now + 5.0)
+    got = {r.op_id: r for r in net.results.get(reader.address, [])}
+    for op_id, key in pending.items():
+        res = got.get(op_id)
+        assert res is not None and res.ok, f"seed {seed}: final read of {key!r}: {res}"
+        writer.check_read(key, res.value, writer.acked.get(key, 0), "final read")
+    assert not writer.failures, f"seed {seed}: {writer.failures[:5]}"
+    # Replicas agree: every owner of a segment holds the same live entries; non-owners hold nothing.
+    t = net.coordinator.topology
+    assert t is not None
+    for s in range(t.num_segments):
+        copies = []
+        for a in t.current.owners_of(s):
+            store = net.nodes[a].store
+            assert store is not None
+            copies.append({k: v for k, (_, v) in store.segments.get(s, {}).items() if v is not None})
+        assert all(c == copies[0] for c in copies), f"seed {seed}: replicas of segment {s} differ"
+        for a in net.view:
+            if a not in t.current.owners_of(s):
+                assert not net.nodes[a].store.segments.get(s), f"seed {seed}: {a} kept segment {s}"  # type: ignore[union-attr]
+
+
+SEEDS = [int(os.environ["GRID_SEED"])] if "GRID_SEED" in os.environ else list(range(20))
+SLOW_SEEDS = list(range(20, 220))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_no_acknowledged_write_lost_under_joins_leaves_and_crashes(seed: int) -> None:
+    net, writer = run_scenario(seed)
+    final_checks(seed, net, writer)
+    assert writer.writes_acked > 50 and writer.reads_checked > 50
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SLOW_SEEDS)
+def test_more_seeds(seed: int) -> None:
+    net, writer = run_scenario(seed)
+    final_checks(seed, net, writer)
+
+
+def test_same_seed_replays_the_same_run() -> None:
+    a_net, a_writer = run_scenario(7, duration=8.0)
+    b_net, b_writer = run_scenario(7, duration=8.0)
+    assert a_writer.acked == b_writer.acked and a_writer.issued == b_writer.issued
+    assert a_net.coordinator.topology == b_net.coordinator.topology
+
+
+def test_single_member_then_join_moves_data() -> None:
+    net = FakeNet(random.Random(1))
+    (a,) = net.add(1)
+    net.run_until(1.0)
+    for i in range(200):
+        net.nodes[a].put(f"key{i}".encode(), b"v%d" % i, net.now)
+    net.collect(a)
+    net.run_until(2.0)
+    assert all(r.ok for r in net.results[a]) and len(net.results[a]) == 200
+    net.add(2)
+    net.run_until(5.0)
+    assert net.stable()
+    t = net.coordinator.topology
+    assert t is not None and len(owner_set(t.current)) == 3
+    counts = t.current.owned_counts()
+    assert all(abs(p - 32 / 3) <= 1 and abs(o - 64 / 3) <= 1 for p, o in counts.values())
+    total = sum(len(net.nodes[m].store) for m in net.view)  # type: ignore[arg-type]
+    assert total == 400  # two copies of each key
+    assert net.nodes[a].metrics["grid.xfer_entries_out"] > 0
+
+
+def test_graceful_leave_reports_ready_only_after_handoff() -> None:
+    net = FakeNet(random.Random(2))
+    a, b, c = net.add(3)
+    net.run_until(2.0)
+    for i in range(100):
+        net.nodes[b].put(f"key{i}".encode(), b"x", net.now)
+    net.collect(b)
+    net.run_until(3.0)
+    net.nodes[a].leave(net.now)  # the coordinator itself leaves
+    net.collect(a)
+    assert not net.nodes[a].ready_to_leave
+    net.run_until(6.0)
+    assert net.nodes[a].ready_to_leave
+    t = net.nodes[b].topology
+    assert t is not None and a not in owner_set(t.current) and t.phase == Phase.NO_REBALANCE
+    net.remove_left()
+    net.run_until(10.0)
+    assert net.stable() and net.view == [b, c]
+    t = net.coordinator.topology
+    assert t is not None
+    for key in (f"key{i}".encode() for i in range(100)):
+        seg = t.segment_of(key)
+        assert net.nodes[b].store.value(seg, key) == b"x"  # type: ignore[union-attr]
+        assert net.nodes[c].store.value(seg, key) == b"x"  # type: ignore[union-attr]
+
+
+def test_deny_mode_refuses_segments_missing_an_owner() -> None:
+    net = FakeNet(random.Random(3))
+    a, b = net.add(2)
+    net.run_until(2.0)
+    assert net.stable()
+    net.crash(b)  # half of the stable members lost: degraded
+    net.run_until(4.0)
+    t = net.nodes[a].topology
+    assert t is not None and t.availability == Availability.DEGRADED
+    op = net.nodes[a].put(b"k", b"v", net.now)
+    rop = net.nodes[a].get(b"k", net.now)
+    net.collect(a)
+    res = {r.op_id: r for r in net.results[a]}
+    assert not res[op].ok and "unavailable" in res[op].error
+    assert not res[rop].ok and "unavailable" in res[rop].error
+
+
+def test_allow_reads_mode_reads_but_refuses_writes() -> None:
+    cfg = GridConfig.from_dict({"num_segments": 8, "partition_handling": "allow_reads", "recovery_timeout": "1s"})
+    net = FakeNet(random.Random(4), cfg)
+    a, b = net.add(2)
+    net.run_until(2.0)
+    net.nodes[a].put(b"k", b"v", net.now)
+    net.collect(a)
+    net.run_until(3.0)
+    net.crash(b)
+    net.run_until(5.0)
+    net.results[a].clear()
+    w = net.nodes[a].put(b"k", b"w", net.now)
+    r = net.nodes[a].get(b"k", net.now)
+    net.collect(a)
+    net.run_until(6.0)
+    res = {x.op_id: x for x in net.results[a]}
+    assert not res[w].ok
+    assert res[r].ok and res[r].value == b"v"
+
+
+def test_allow_read_writes_mode_keeps_serving() -> None:
+    cfg = GridConfig.from_dict({"num_segments": 8, "partition_handling": "allow_read_writes", "recovery_timeout": "1s"})
+    net = FakeNet(random.Random(5), cfg)
+    a, b = net.add(2)
+    net.run_until(2.0)
+    net.crash(b)
+    net.run_until(5.0)
+    w = net.nodes[a].put(b"k", b"w", net.now)
+    net.collect(a)
+    net.run_until(6.0)
+    assert {x.op_id: x for x in net.results[a]}[w].ok
+
+
+def test_bad_payload_is_dropped_and_counted() -> None:
+    net = FakeNet(random.Random(6))
+    (a,) = net.add(1)
+    net.nodes[a].on_messages([(member(99), b"\xc1garbage")], 0.0)
+    assert net.nodes[a].metrics["grid.bad_payloads"] == 1

@@ -1,0 +1,133 @@
+"""The local data container: newest version wins, tombstones during transfers, segments, batches."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from groupcluster.grid.store import SEQ_BITS, SegmentStore, make_version, version_topology
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+# Derandomized and without the example database, so CI runs the same examples every time; GRID_HYPOTHESIS_SCALE=20
+# multiplies the examples for a local search for new failures.
+EXAMPLES_SCALE = int(os.environ.get("GRID_HYPOTHESIS_SCALE", "1"))
+
+
+def test_versions_order_by_topology_then_sequence() -> None:
+    assert make_version(3, 1) > make_version(2, 999)
+    assert make_version(3, 2) > make_version(3, 1)
+    assert version_topology(make_version(7, 5)) == 7
+    with pytest.raises(ValueError, match="sequence"):
+        make_version(1, 1 << SEQ_BITS)
+
+
+def test_newer_version_wins_and_older_is_ignored() -> None:
+    s = SegmentStore(4)
+    assert s.write(1, b"k", 10, b"a")
+    assert not s.write(1, b"k", 9, b"old")
+    assert not s.write(1, b"k", 10, b"same")
+    assert s.write(1, b"k", 11, b"b")
+    assert s.value(1, b"k") == b"b" and len(s) == 1
+
+
+def test_delete_outside_a_rebalance_removes_the_key() -> None:
+    s = SegmentStore(4)
+    s.write(0, b"k", 1, b"v")
+    assert s.write(0, b"k", 2, None)
+    assert s.get(0, b"k") is None and s.tombstones == 0
+
+
+def test_write_during_transfer_wins_over_transferred_value() -> None:
+    s = SegmentStore(4)
+    s.keep_tombstones = True
+    s.add_segment(2)
+    s.write(2, b"new", 20, b"written-during-transfer")
+    s.write(2, b"gone", 21, None)  # deleted during the transfer: a tombstone
+    applied = s.apply_transferred(2, [(b"new", 5, b"stale"), (b"gone", 6, b"resurrect?"), (b"other", 7, b"x")])
+    assert applied == 1
+    assert s.value(2, b"new") == b"written-during-transfer"
+    assert s.get(2, b"gone") == (21, None) and s.value(2, b"gone") is None
+    assert s.value(2, b"other") == b"x"
+    assert s.tombstones == 1 and len(s) == 2
+    # The rebalance ends: tombstones go.
+    s.keep_tombstones = False
+    assert s.purge_tombstones() == 1
+    assert s.get(2, b"gone") is None and s.tombstones == 0
+
+
+def test_transferred_newer_value_replaces_an_older_one() -> None:
+    s = SegmentStore(4)
+    s.write(0, b"k", 1, b"old")
+    assert s.apply_transferred(0, [(b"k", 2, b"newer")]) == 1
+    assert s.value(0, b"k") == b"newer"
+
+
+def test_segment_add_remove_clear() -> None:
+    s = SegmentStore(4)
+    s.add_segment(3)
+    s.write(3, b"a", 1, b"x")
+    s.write(3, b"b", 1, b"y")
+    assert s.held_segments() == {3}
+    assert s.clear_segment(3) == 2 and s.has_segment(3) and len(s) == 0
+    s.write(3, b"a", 1, b"x")
+    assert s.remove_segment(3) == 1 and not s.has_segment(3)
+    assert s.remove_segment(3) == 0
+    with pytest.raises(ValueError, match="segment 9"):
+        s.add_segment(9)
+
+
+def test_segment_batches_respect_both_limits_and_snapshot() -> None:
+    s = SegmentStore(2)
+    for i in range(25):
+        s.write(1, b"k%02d" % i, 1, b"v" * 10)
+    batches = list(s.segment_batches(1, 10, 10_000))
+    assert [len(b) for b in batches] == [10, 10, 5]
+    assert len({e[0] for b in batches for e in b}) == 25
+    by_bytes = list(s.segment_batches(1, 1000, 100))
+    assert all(len(b) <= 2 for b in by_bytes) and sum(len(b) for b in by_bytes) == 25
+    it = s.segment_batches(1, 10, 10_000)
+    first = next(it)
+    s.write(1, b"late", 2, b"z")  # after the snapshot: not in this iteration (the write-all phases carry it)
+    rest = [e for b in it for e in b]
+    assert b"late" not in {e[0] for e in first + rest}
+    assert list(s.segment_batches(0, 10, 10)) == []
+    with pytest.raises(ValueError):
+        next(s.segment_batches(1, 0, 10))
+
+
+def test_tombstones_are_transferred_only_when_asked() -> None:
+    s = SegmentStore(2)
+    s.keep_tombstones = True
+    s.write(0, b"a", 1, b"x")
+    s.write(0, b"b", 2, None)
+    assert {e[0] for b in s.segment_batches(0, 10, 1000) for e in b} == {b"a", b"b"}
+    assert {e[0] for b in s.segment_batches(0, 10, 1000, tombstones=False) for e in b} == {b"a"}
+
+
+OPS = st.lists(
+    st.tuples(st.sampled_from(["write", "delete", "transfer"]), st.integers(0, 5), st.integers(1, 50), st.booleans()),
+    max_size=60,
+)
+
+
+@settings(max_examples=200 * EXAMPLES_SCALE, deadline=None, derandomize=True, database=None)
+@given(ops=OPS)
+def test_property_store_holds_the_newest_version_of_each_key(ops: list[tuple[str, int, int, bool]]) -> None:
+    """Whatever order writes, deletes and transferred entries arrive in, the newest version decides."""
+    s = SegmentStore(1)
+    s.keep_tombstones = True
+    newest: dict[bytes, tuple[int, bytes | None]] = {}
+    for kind, k, ver, _ in ops:
+        key = b"k%d" % k
+        value = None if kind == "delete" else b"v%d" % ver
+        if kind == "transfer":
+            s.apply_transferred(0, [(key, ver, value)])
+        else:
+            s.write(0, key, ver, value)
+        if key not in newest or newest[key][0] < ver:
+            newest[key] = (ver, value)
+    for key, (_, value) in newest.items():
+        assert s.value(0, key) == value
+    assert len(s) == sum(1 for _, v in newest.values() if v is not None)
+    assert s.tombstones == sum(1 for _, v in newest.values() if v is None)

@@ -1,0 +1,340 @@
+"""Cache topology phases, routing helpers and the coordinator's pure rebalance planner."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import msgpack
+import pytest
+from groupcluster.core.address import Address
+from groupcluster.core.errors import WireError
+from groupcluster.grid.consistent_hash import balanced
+from groupcluster.grid.topology import (
+    Availability,
+    CacheTopology,
+    MemberStatus,
+    PartitionHandling,
+    Phase,
+    RebalancePlanner,
+    owner_set,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+# Derandomized and without the example database, so CI runs the same examples every time; GRID_HYPOTHESIS_SCALE=20
+# multiplies the examples for a local search for new failures.
+EXAMPLES_SCALE = int(os.environ.get("GRID_HYPOTHESIS_SCALE", "1"))
+
+SEGS = 16
+
+
+def m(i: int) -> Address:
+    return Address("10.0.0.1", 7000 + i, i + 1)
+
+
+def joined(n: int = 3, mode: PartitionHandling = PartitionHandling.DENY_READ_WRITES) -> RebalancePlanner:
+    view = [m(i) for i in range(n)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, mode=mode)
+    out = p.on_statuses({x: MemberStatus(1.0, False, None) for x in view}, 0.0)
+    assert [d for d, _ in out] == [None]
+    return p
+
+
+def confirm_all(p: RebalancePlanner) -> list[CacheTopology]:
+    """Every member confirms every topology until the planner stops producing new ones."""
+    seen = []
+    for _ in range(20):
+        t = p.topology
+        assert t is not None
+        out = []
+        for x in t.members:
+            out += p.on_confirm(x, t.topology_id)
+        seen += [topo for _, topo in out]
+        if not out:
+            return seen
+    raise AssertionError("the planner never settled")
+
+
+def test_bootstrap_installs_a_balanced_topology() -> None:
+    p = joined(3)
+    t = p.topology
+    assert t is not None and t.topology_id == 1 and t.phase == Phase.NO_REBALANCE and t.pending is None
+    assert set(owner_set(t.current)) == {m(0), m(1), m(2)}
+    assert t.stable_members and set(t.stable_members) == {m(0), m(1), m(2)}
+
+
+def test_recovery_waits_for_every_member_or_the_timeout() -> None:
+    view = [m(0), m(1)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, recovery_timeout=2.0, now=10.0)
+    assert p.on_statuses({m(0): MemberStatus(1.0, False, None)}, 10.5) == []
+    assert p.next_deadline() == 12.0
+    out = p.on_tick(12.0)
+    assert out and set(owner_set(out[-1][1].current)) == {m(0)}
+
+
+def test_join_walks_all_phases_with_confirmations() -> None:
+    p = joined(3)
+    p.on_view([m(0), m(1), m(2), m(3)], 1.0)
+    out = p.on_statuses({m(3): MemberStatus(1.0, False, None)}, 1.0)
+    t = out[-1][1]
+    assert t.phase == Phase.READ_OLD_WRITE_ALL and t.topology_id == 2 and t.rebalance_id == 1
+    assert m(3) in owner_set(t.pending) and m(3) not in owner_set(t.current)  # type: ignore[arg-type]
+    assert t.segments_to_fetch(m(3)) == t.pending.segments_owned(m(3))  # type: ignore[union-attr]
+    # Partial or stale confirmations do not advance.
+    assert p.on_confirm(m(0), 1) == []
+    for x in (m(0), m(1), m(2)):
+        assert p.on_confirm(x, 2) == []
+    phases = [tt.phase for tt in confirm_all(p)]
+    assert phases == [Phase.READ_ALL_WRITE_ALL, Phase.READ_NEW_WRITE_ALL, Phase.NO_REBALANCE]
+    final = p.topology
+    assert final is not None and final.current == t.pending
+    assert set(final.stable_members) == set(owner_set(final.current))
+
+
+def test_routing_per_phase() -> None:
+    old = balanced(None, [m(0), m(1)], {}, SEGS, 2)
+    new = balanced(old.owner_map(), [m(0), m(1), m(2)], {}, SEGS, 2)
+    s = next(s for s in range(SEGS) if m(2) in new.owners_of(s))
+    members = (m(0), m(1), m(2))
+    topo = {ph: CacheTopology(5, 1, ph, old, new, members) for ph in list(Phase)[1:]}
+    both = set(old.owners_of(s)) | set(new.owners_of(s))
+    for t in topo.values():
+        assert set(t.write_owners(s)) == both
+        assert t.write_primary(s) == old.primary_of(s)
+    assert topo[Phase.READ_OLD_WRITE_ALL].read_owners(s) == old.owners_of(s)
+    assert topo[Phase.READ_ALL_WRITE_ALL].read_owners(s)[: len(new.owners_of(s))] == new.owners_of(s)
+    assert topo[Phase.READ_NEW_WRITE_ALL].read_owners(s) == new.owners_of(s)
+    steady = CacheTopology(6, 1, Phase.NO_REBALANCE, new, None, members)
+    assert steady.read_owners(s) == steady.write_owners(s) == new.owners_of(s)
+    with pytest.raises(ValueError, match="pending"):
+        CacheTopology(7, 1, Phase.NO_REBALANCE, new, new, members)
+
+
+def test_crash_mid_rebalance_continues_the_same_rebalance_without_the_dead() -> None:
+    p = joined(3)
+    p.on_view([m(0), m(1), m(2), m(3)], 1.0)
+    t = p.on_statuses({m(3): MemberStatus(1.0, False, None)}, 1.0)[-1][1]
+    out = p.on_view([m(0), m(2), m(3)], 2.0)  # m(1), a current owner, crashes while m(3) fetches
+    t2 = out[0][1]
+    assert t2.phase == Phase.READ_OLD_WRITE_ALL and t2.rebalance_id == t.rebalance_id
+    assert t2.topology_id > t.topology_id and m(1) not in t2.members
+    for s in range(SEGS):
+        assert t2.current.owners_of(s) and m(1) not in t2.current.owners_of(s)
+        assert t2.pending is not None and m(1) not in t2.pending.owners_of(s)
+    assert p.on_confirm(m(0), t.topology_id) == []  # old confirmations do not count
+    confirm_all(p)
+    final = p.topology
+    assert final is not None and final.phase == Phase.NO_REBALANCE
+    assert set(owner_set(final.current)) == {m(0), m(2), m(3)}
+    assert all(len(o) == 2 for o in final.current.owners)
+
+
+def test_new_owner_crash_mid_rebalance_keeps_every_segment_owned() -> None:
+    p = joined(3)
+    p.on_view([m(0), m(1), m(2), m(3)], 1.0)
+    p.on_statuses({m(3): MemberStatus(1.0, False, None)}, 1.0)
+    t2 = p.on_view([m(0), m(1), m(2)], 2.0)[0][1]
+    assert all(t2.pending.owners_of(s) for s in range(SEGS))  # type: ignore[union-attr]
+    confirm_all(p)
+    assert set(owner_set(p.topology.current)) == {m(0), m(1), m(2)}  # type: ignore[union-attr]
+
+
+def test_leave_request_moves_the_members_segments_away() -> None:
+    p = joined(4)
+    out = p.on_statuses({m(2): MemberStatus(1.0, True, p.topology)}, 1.0)
+    t = out[-1][1]
+    assert t.phase == Phase.READ_OLD_WRITE_ALL and m(2) not in owner_set(t.pending)  # type: ignore[arg-type]
+    confirm_all(p)
+    final = p.topology
+    assert final is not None and m(2) not in owner_set(final.current) and m(2) in final.members
+
+
+def test_everyone_leaving_keeps_the_data_somewhere() -> None:
+    p = joined(2)
+    out = p.on_statuses({x: MemberStatus(1.0, True, p.topology) for x in (m(0), m(1))}, 1.0)
+    assert out == [] or all(owner_set(t.current) for _, t in out)
+    assert set(owner_set(p.topology.current)) == {m(0), m(1)}  # type: ignore[union-attr]
+
+
+def test_joiner_during_rebalance_gets_the_topology_and_waits() -> None:
+    p = joined(3)
+    p.on_view([m(0), m(1), m(2), m(3), m(4)], 1.0)
+    t = p.on_statuses({m(3): MemberStatus(1.0, False, None)}, 1.0)[-1][1]
+    out = p.on_statuses({m(4): MemberStatus(1.0, False, None)}, 1.1)
+    assert out == [(m(4), t)]
+    seen = confirm_all(p)
+    assert any(tt.rebalance_id == t.rebalance_id + 1 for tt in seen)  # the next rebalance took m(4) in
+    assert m(4) in owner_set(p.topology.current)  # type: ignore[arg-type, union-attr]
+
+
+def test_takeover_recovers_from_the_newest_reported_topology() -> None:
+    old = joined(3)
+    old.on_view([m(0), m(1), m(2), m(3)], 1.0)
+    t_old = old.on_statuses({m(3): MemberStatus(1.0, False, None)}, 1.0)[-1][1]  # READ_OLD, id 2
+    for x in t_old.members:
+        old.on_confirm(x, t_old.topology_id)
+    t_new = old.topology  # READ_ALL, id 3, which only m(1) received before m(0) crashed
+    assert t_new is not None and t_new.phase == Phase.READ_ALL_WRITE_ALL
+    view = [m(1), m(2), m(3)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2)
+    out = p.on_statuses(
+        {
+            m(1): MemberStatus(1.0, False, t_new),
+            m(2): MemberStatus(1.0, False, t_old),
+            m(3): MemberStatus(1.0, False, t_old),
+        },
+        5.0,
+    )
+    t = out[0][1]
+    assert t.topology_id > t_new.topology_id and t.phase == Phase.READ_ALL_WRITE_ALL
+    assert m(0) not in t.members and all(m(0) not in t.current.owners_of(s) for s in range(SEGS))
+    confirm_all(p)
+    final = p.topology
+    assert final is not None and final.phase == Phase.NO_REBALANCE and set(owner_set(final.current)) == set(view)
+
+
+def test_status_from_a_member_ahead_bumps_the_id() -> None:
+    p = joined(3)
+    t = p.topology
+    assert t is not None
+    from dataclasses import replace
+
+    ahead = replace(t, topology_id=40)
+    out = p.on_statuses({m(1): MemberStatus(1.0, False, ahead)}, 1.0)
+    assert out and out[-1][1].topology_id == 41
+
+
+@pytest.mark.parametrize("mode", list(PartitionHandling))
+def test_losing_half_the_stable_members(mode: PartitionHandling) -> None:
+    p = joined(2, mode)
+    out = p.on_view([m(0)], 1.0)
+    t = out[-1][1]
+    if mode == PartitionHandling.ALLOW_READ_WRITES:
+        assert t.availability == Availability.AVAILABLE
+        assert all(t.can_read(s) and t.can_write(s) for s in range(SEGS))
+        return
+    assert t.availability == Availability.DEGRADED and t.phase == Phase.NO_REBALANCE
+    missing = [s for s in range(SEGS) if t.missing_owner(s)]
+    assert missing == list(range(SEGS))  # with 2 owners on 2 members, m(1) owned everything
+    for s in missing:
+        assert not t.can_write(s)
+        assert t.can_read(s) == (mode == PartitionHandling.ALLOW_READS)
+    # Joins do not rebalance while degraded.
+    p.on_view([m(0), m(5)], 2.0)
+    out = p.on_statuses({m(5): MemberStatus(1.0, False, None)}, 2.0)
+    assert all(tt.availability == Availability.DEGRADED and not tt.rebalancing for _, tt in out)
+    # The partition heals (merge): every stable member is back, availability returns.
+    p.on_view([m(0), m(1), m(5)], 3.0)
+    out = p.on_statuses({m(1): MemberStatus(1.0, False, t)}, 3.0)
+    assert out and out[-1][1].availability == Availability.AVAILABLE
+    confirm_all(p)
+    assert set(owner_set(p.topology.current)) == {m(0), m(1), m(5)}  # type: ignore[union-attr]
+
+
+def test_force_available_accepts_the_loss() -> None:
+    p = joined(2)
+    p.on_view([m(0)], 1.0)
+    out = p.force_available()
+    assert out and out[-1][1].availability == Availability.AVAILABLE
+    assert set(owner_set(p.topology.current)) == {m(0)}  # type: ignore[union-attr]
+
+
+def test_topology_and_status_wire_round_trip_and_validation() -> None:
+    p = joined(3)
+    p.on_view([m(0), m(1), m(2), m(3)], 1.0)
+    t = p.on_statuses({m(3): MemberStatus(2.0, False, None)}, 1.0)[-1][1]
+    wire = msgpack.unpackb(msgpack.packb(MemberStatus(2.0, True, t).to_wire()), raw=False)
+    st2 = MemberStatus.from_wire(wire)
+    assert st2.topology == t and st2.capacity == 2.0 and st2.leaving
+    bad = msgpack.unpackb(msgpack.packb(t.to_wire()), raw=False)
+    bad[8] = None  # a rebalancing topology without its pending CH
+    with pytest.raises(WireError, match="pending"):
+        CacheTopology.from_wire(bad)
+    bad = msgpack.unpackb(msgpack.packb(t.to_wire()), raw=False)
+    bad[2] = 9
+    with pytest.raises(WireError, match="phase"):
+        CacheTopology.from_wire(bad)
+    with pytest.raises(WireError, match="capacity"):
+        MemberStatus.from_wire([-1, False, None])
+
+
+# ---- property: any sequence of joins, leaves, single crashes and confirmations -----------------------------
+
+EVENTS = st.lists(
+    st.tuples(st.sampled_from(["join", "leave", "crash", "confirm", "confirm_some", "takeover"]), st.integers(0, 99)),
+    max_size=40,
+)
+
+
+def _compatible(t1: CacheTopology, t2: CacheTopology) -> None:
+    """Adjacent topologies: what either reads, the other writes (minus members that died in between)."""
+    alive = set(t2.members)
+    for s in range(t1.num_segments):
+        assert set(t2.read_owners(s)) <= set(t1.write_owners(s)) | (alive - set(t1.members)), (t1.phase, t2.phase)
+        assert set(t1.read_owners(s)) & alive <= set(t2.write_owners(s)), (t1.phase, t2.phase)
+
+
+@settings(max_examples=200 * EXAMPLES_SCALE, deadline=None, derandomize=True, database=None)
+@given(events=EVENTS, n=st.integers(3, 5))
+def test_property_planner_invariants(events: list[tuple[str, int]], n: int) -> None:
+    view = [m(i) for i in range(n)]
+    next_id = n
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2)
+    out = p.on_statuses({x: MemberStatus(1.0, False, None) for x in view}, 0.0)
+    history = [t for _, t in out]
+    crash_ok = True
+    for kind, pick in events:
+        t = p.topology
+        assert t is not None
+        if kind == "join" and len(view) < 8:
+            x = m(next_id)
+            next_id += 1
+            view.append(x)
+            out = p.on_view(view, 0.0) + p.on_statuses({x: MemberStatus(1.0, False, None)}, 0.0)
+        elif kind == "leave":
+            x = view[pick % len(view)]
+            out = p.on_statuses({x: MemberStatus(1.0, True, t)}, 0.0)
+        elif kind in ("crash", "takeover") and crash_ok and len(t.stable_members) >= 3:
+            # One crash until a rebalance completes; never the last holders of any segment.
+            victim = view[0] if kind == "takeover" else view[pick % len(view)]
+            if any(t.data_holders(s) == (victim,) for s in range(SEGS)):
+                continue
+            crash_ok = False
+            view = [x for x in view if x != victim]
+            if kind == "takeover":
+                last = {x: (history[-1] if history else None) for x in view}
+                p = RebalancePlanner(view, num_segments=SEGS, num_owners=2)
+                out = p.on_statuses({x: MemberStatus(1.0, False, last[x]) for x in view}, 0.0)
+            else:
+                out = p.on_view(view, 0.0)
+        elif kind == "confirm":
+            out = []
+            for x in t.members:
+                out += p.on_confirm(x, t.topology_id)
+        elif kind == "confirm_some":
+            out = p.on_confirm(t.members[pick % len(t.members)], t.topology_id)
+        else:
+            out = []
+        for dest, topo in out:
+            if dest is None:
+                history.append(topo)
+        t = p.topology
+        assert t is not None and t.availability == Availability.AVAILABLE
+        if not t.rebalancing and set(owner_set(t.current)) <= set(view):
+            crash_ok = True
+    # Settle: confirmations until the planner stops; the result is balanced over the staying members.
+    history += confirm_all(p)
+    final = p.topology
+    assert final is not None and final.phase == Phase.NO_REBALANCE
+    ids = [t.topology_id for t in history]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    for t in history:
+        for s in range(SEGS):
+            assert t.current.owners_of(s), f"segment {s} without an owner in topology {t.topology_id}"
+    for a, b in itertools.pairwise(history):
+        _compatible(a, b)
+    staying = {x for x in view if not p.members[x].leaving} or set(view)
+    assert set(owner_set(final.current)) == staying
+    k = min(2, len(staying))
+    assert all(len(o) == k for o in final.current.owners)
