@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from groupcluster.sim import checkers
 from groupcluster.sim.history import History, HistoryEvent
 
@@ -79,3 +80,56 @@ def test_survivors_of_a_crash_agree_on_old_view_deliveries(members: Members) -> 
         if any(ev.kind == "view" and ev.t >= killed_at and victim_addr not in ev.data["members"] for ev in p.history())
     ]
     assert len(moved) == 3
+
+
+def test_channel_flush_blocks_everyone_and_ends_in_a_new_view_of_the_same_members() -> None:
+    """The explicit flush API: any member asks; all three see Block, deliver the same multicasts of the old
+    view, and are unblocked by a new view with the same members. The fifo stack refuses it clearly."""
+    import asyncio
+
+    from groupcluster.core.events import Block, Unblock
+    from groupcluster.runtime.channel import Channel, ChannelError
+
+    hosts = loopback_hosts(3)
+    port = free_port(hosts, "udp")
+    everyone = [f"{h}:{port}" for h in hosts]
+
+    async def main() -> None:
+        chans: list[Channel] = []
+        got: dict[int, list[bytes]] = {}
+        events: dict[int, list[str]] = {}
+        for i, host in enumerate(hosts):
+            got[i], events[i] = [], []
+            chans.append(
+                await Channel.connect(
+                    f"flush-{port}",
+                    bind=(host, port),
+                    initial_hosts=everyone,
+                    stack="vsync",
+                    on_message=lambda m, i=i: got[i].append(m.payload),
+                    on_event=lambda e, i=i: events[i].append(type(e).__name__),
+                )
+            )
+        try:
+            await chans[0].wait_for_view(lambda v: len(v.members) == 3, 30)
+            old = chans[0].view
+            for n in range(50):
+                chans[2].send(f"m{n}".encode())
+            new = await chans[2].flush(timeout=20)
+            assert new.members == old.members and new.view_id != old.view_id
+            for ch in chans:
+                await ch.wait_for_view(lambda v: v.view_id == new.view_id, 20)
+            # What was multicast before the flush reached everyone before the new view.
+            assert all(got[i] == [f"m{n}".encode() for n in range(50)] for i in got), got
+            assert all(Block.__name__ in events[i] and Unblock.__name__ in events[i] for i in events), events
+        finally:
+            for ch in chans:
+                await ch.leave()
+        fifo = await Channel.connect(f"fifo-{port}", bind=(hosts[0], port), initial_hosts=everyone[:1], stack="fifo")
+        try:
+            with pytest.raises(ChannelError, match="does not flush"):
+                await fifo.flush()
+        finally:
+            await fifo.leave()
+
+    asyncio.run(main())

@@ -10,6 +10,9 @@ from groupcluster.core.events import (
     Disconnect,
     DiscoveryResponse,
     FindMembers,
+    FlushCompleted,
+    FlushGroup,
+    FlushRequest,
     Joined,
     Left,
     MembersFound,
@@ -21,7 +24,7 @@ from groupcluster.core.view import View, ViewId
 from groupcluster.protocols import gms as _gms  # noqa: F401
 from groupcluster.protocols import nakack as _nakack  # noqa: F401
 from groupcluster.protocols import unicast as _unicast  # noqa: F401
-from groupcluster.protocols.gms import JOIN_REQ, JOIN_RSP, LEAVE_REQ, VIEW, VIEW_ACK, GmsHeader
+from groupcluster.protocols.gms import FLUSH_REQ, JOIN_REQ, JOIN_RSP, LEAVE_REQ, VIEW, VIEW_ACK, GmsHeader
 from groupcluster.protocols.nakack import MSG, NakAckHeader
 from groupcluster.protocols.unicast import DATA, UnicastHeader
 
@@ -136,9 +139,9 @@ def test_suspected_member_is_removed_by_the_coordinator() -> None:
     assert views and views[-1].members == (ME, P1)
 
 
-def participant(view_members: tuple) -> LayerHarness:
+def participant(view_members: tuple, spec: list | None = None) -> LayerHarness:
     """A member that joined a group whose coordinator is view_members[0]."""
-    h = LayerHarness(SPEC)
+    h = LayerHarness(spec or SPEC)
     h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P1, P1, None, True),)))
     h.stack._end_step()
     h._collect()
@@ -236,3 +239,30 @@ def test_messages_that_arrive_before_our_join_response_are_delivered_once_joined
     view = View(ViewId(3, P1), (P1, ME))
     h.receive(P1, [unicast_to(2, GmsHeader(JOIN_RSP, view=view, digest=Digest({P1: (0, 0), ME: (0, 0)})))])
     assert [m.payload for m in h.take_delivered()] == [b"early"]
+
+
+FLUSHING = [*SPEC[:-1], {**SPEC[-1], "use_flush": True}]
+
+
+def test_explicit_flush_asked_by_a_member_goes_to_the_coordinator() -> None:
+    h = participant((P1, ME, P2), FLUSHING)
+    assert h.control(FlushGroup()) is True
+    assert [ep for ep, hdr in gms_sent(h) if hdr.kind == FLUSH_REQ] == [P1.endpoint]
+
+
+def test_explicit_flush_needs_a_flushing_stack() -> None:
+    h = participant((P1, ME, P2))
+    assert h.control(FlushGroup()) is False
+
+
+def test_explicit_flush_at_the_coordinator_flushes_then_installs_a_view_of_the_same_members() -> None:
+    h = participant((ME, P1, P2), FLUSHING)
+    h.take_sent()
+    assert h.control(FlushGroup()) is True
+    h.advance(0.03)
+    [req] = h.take_events(FlushRequest)
+    assert set(req.participants) == {ME, P1, P2}
+    assert [hdr for _, hdr in gms_sent(h) if hdr.kind == VIEW] == []  # no view before the flush completed
+    h.control(FlushCompleted(req.flush_id))
+    views = [hdr.view for _, hdr in gms_sent(h) if hdr.kind == VIEW]
+    assert views and views[-1].members == (ME, P1, P2) and views[-1].view_id.seq == 4

@@ -119,6 +119,13 @@ class FlushFailed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class FlushGroup(Event):
+    """The application asks for a flush of the whole group (``Channel.flush()``): the coordinator runs one and
+    installs a new view with the same members, so every member delivered the same multicasts before it.
+    GMS answers True when the stack flushes (``gms.use_flush``), False otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
 class FlushAbandoned(Event):
     """FLUSH tells GMS that this member stayed blocked past its timeout without a new view.
 

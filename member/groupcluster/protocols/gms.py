@@ -39,6 +39,7 @@ from ..core.events import (
     FlushAbandoned,
     FlushCompleted,
     FlushFailed,
+    FlushGroup,
     FlushRequest,
     GetDigest,
     Joined,
@@ -58,6 +59,7 @@ from ..core.view import View, ViewId
 
 JOIN_REQ, JOIN_RSP, VIEW, VIEW_ACK, LEAVE_REQ, SUSPECT = 0, 1, 2, 3, 4, 5
 MERGE_REQ, MERGE_RSP, INSTALL_MERGE_VIEW, CANCEL_MERGE = 6, 7, 8, 9
+FLUSH_REQ = 10  # a member asks the coordinator for a group flush (FlushGroup)
 KIND_NAMES = (
     "JOIN_REQ",
     "JOIN_RSP",
@@ -69,6 +71,7 @@ KIND_NAMES = (
     "MERGE_RSP",
     "INSTALL_MERGE_VIEW",
     "CANCEL_MERGE",
+    "FLUSH_REQ",
 )
 
 MergeId = tuple[Address, int]
@@ -259,6 +262,14 @@ class Gms(Layer):
                     self.flush_ready = True
                     self._process_queue()
             return None
+        if isinstance(event, FlushGroup):
+            if not self.config.use_flush or self.view is None or self.state != "member":
+                return False
+            if self.is_coordinator:
+                self._enqueue("flush", self.local_address)
+            else:
+                self._send(self.view.coordinator, GmsHeader(FLUSH_REQ))
+            return True
         if isinstance(event, FlushAbandoned):
             view = self.view
             alone = view is None or len(view.members) == 1
@@ -349,6 +360,9 @@ class Gms(Layer):
                 self._enqueue("leave", src)
         elif kind == SUSPECT:
             self._on_suspect_report(hdr.member)
+        elif kind == FLUSH_REQ:
+            if self.is_coordinator and self.config.use_flush and self.view is not None and src in self.view.members:
+                self._enqueue("flush", src)  # flushed like any view change; the view it ends in keeps the members
         elif kind == MERGE_REQ:
             self._on_merge_req(src, hdr)
         elif kind == MERGE_RSP:
@@ -471,7 +485,8 @@ class Gms(Layer):
             if kind == "join" and m not in base and m not in removed:
                 joiners[m] = seqno
         members = tuple(m for m in base if m not in removed) + tuple(joiners)
-        if members == base and not flushed:
+        asked = any(kind == "flush" for kind, _, _ in requests)  # Channel.flush(): a view ends it, even alone
+        if members == base and not (flushed or asked):
             return
         # After a flush the members are blocked until a view arrives: install one even if nothing changed.
         if not members:

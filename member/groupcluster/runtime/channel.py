@@ -45,7 +45,17 @@ from typing import Any
 
 from ..core.address import Address
 from ..core.errors import ConfigError, GroupClusterError
-from ..core.events import Backpressure, Deliver, Event, Joined, JoinFailed, Left, UpdateHosts, ViewChange
+from ..core.events import (
+    Backpressure,
+    Deliver,
+    Event,
+    FlushGroup,
+    Joined,
+    JoinFailed,
+    Left,
+    UpdateHosts,
+    ViewChange,
+)
 from ..core.layer import LAYER_TYPES
 from ..core.message import Message
 from ..core.view import View
@@ -481,6 +491,19 @@ class Channel:
             log.exception("%s: callback %r raised", self.address, fn)
 
     # -- leaving ---------------------------------------------------------------------------------------
+    async def flush(self, timeout: float = 10.0) -> View:
+        """Flush the whole group and return the view that ends the flush (same members, new view id).
+
+        Every member blocks, delivers the same multicasts of the current view, and is unblocked by the new view
+        (virtual synchrony, as for any view change). Needs a flushing stack (``vsync``); any member may ask.
+        """
+        if self.closed:
+            raise ChannelClosed("the channel is closed")
+        before = self.view
+        if not self.driver.control(FlushGroup()):
+            raise ChannelError("flush: the stack does not flush (use the 'vsync' preset or set gms.use_flush)")
+        return await self.wait_for_view(lambda v: before is None or v.view_id != before.view_id, timeout)
+
     async def leave(self, timeout: float = 10.0) -> bool:
         """Leave the group gracefully and close; returns False if the leave did not complete in time."""
         if self.closed:
