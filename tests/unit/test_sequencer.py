@@ -480,3 +480,27 @@ def test_bad_configuration_names_the_key() -> None:
         resolve_config([{"layer": "transport"}, {"layer": "sequencer", "max_batch_size": "1B"}])
     with pytest.raises(ConfigError, match="unknown key 'batch'"):
         resolve_config([{"layer": "transport"}, {"layer": "sequencer", "batch": 1}])
+
+
+def test_the_coordinator_delivers_its_own_batches_with_upper_headers_decoded() -> None:
+    # The coordinator takes its own BCAST's runs from what it packed (no second unpack): the messages it
+    # delivers must still carry header objects, for forwarded items and its own alike.
+    h, epoch = coordinator_with()
+    frag = protocol_ids.FRAG
+    h.receive(P1, [forward(1, [[0, [frag, FragHeader(3, 0, 1).to_wire()], b"p1"], b"p2"])])
+    h.send_many([Message(None, b"m1", flags=OOB, headers={frag: FragHeader(4, 0, 1)})])
+    h.take_sent()
+    h.receive(P1, [ack(epoch, 2)])
+    got = h.take_delivered()
+    assert payloads(got) == [(P1, b"p1"), (P1, b"p2"), (ME, b"m1")]
+    assert got[0].headers == {frag: FragHeader(3, 0, 1)} and got[1].headers == {}
+    assert got[2].flags == OOB and got[2].headers == {frag: FragHeader(4, 0, 1)}
+
+
+def test_a_bad_item_after_good_ones_is_named_in_the_error() -> None:
+    frag = protocol_ids.FRAG
+    good = [0, [frag, FragHeader(3, 0, 1).to_wire()], b"ok"]
+    with pytest.raises(WireError, match=r"items\[2\]\.headers\[FragHeader\]"):
+        decode_forward(pack([1, [b"a", good, [0, [frag, [1, 5, 2]], b"x"]]]))
+    with pytest.raises(WireError, match=r"items\[1\]\.headers: protocol id 10 appears twice"):
+        decode_forward(pack([1, [good, [0, [frag, [3, 0, 1], frag, [3, 0, 1]], b"x"]]]))

@@ -7,18 +7,46 @@ at this endpoint" and is used only by discovery before the real address is known
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 ANY_INCARNATION = 0
 
 
 @dataclass(frozen=True, order=True, slots=True)
 class Address:
-    """A member: host, port and incarnation. Ordering is total and deterministic (used for merge leaders)."""
+    """A member: host, port and incarnation. Ordering is total and deterministic (used for merge leaders).
+
+    Addresses are dictionary keys on every message's path (a receive window per sender, credits per member),
+    so the hash is computed once, and equality tries identity first (the wire decoder hands out one object per
+    sender) before comparing fields; the generated versions build a tuple on every call.
+    """
 
     host: str
     port: int
     incarnation: int = ANY_INCARNATION
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.host, self.port, self.incarnation)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Address], tuple[str, int, int]]:
+        # String hashes differ between processes: a pickled address computes its hash again where it lands.
+        return (Address, (self.host, self.port, self.incarnation))
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not Address:
+            return NotImplemented
+        return (
+            self._hash == other._hash
+            and self.incarnation == other.incarnation
+            and self.port == other.port
+            and self.host == other.host
+        )
 
     @property
     def endpoint(self) -> tuple[str, int]:

@@ -156,6 +156,25 @@ class Stack:
         self.layers[0].receive(data)  # type: ignore[attr-defined]
         self._end_step()
 
+    def receive_many(self, now: float, frames: Sequence[bytes]) -> None:
+        """Several frames arrived together: one step for all of them, so what the layers batch per step (acks,
+        a sequencer's batch, frames out) covers them all. The more a member lags behind, the larger its steps
+        and the less it spends per message, instead of one full step per frame. A frame whose handling raises
+        does not keep the others from being handled; the first such error is raised after the step ends."""
+        if self.stopped:
+            return
+        self._advance(now)
+        receive = self.layers[0].receive  # type: ignore[attr-defined]
+        error: Exception | None = None
+        for data in frames:
+            try:
+                receive(data)
+            except Exception as exc:
+                error = error or exc
+        self._end_step()
+        if error is not None:
+            raise error
+
     def fire_timers(self, now: float) -> None:
         """Run every timer whose deadline is at or before ``now``."""
         if self.stopped:

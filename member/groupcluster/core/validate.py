@@ -51,13 +51,37 @@ def as_list(value: Any, field: str, max_len: int, exact: int | None = None) -> l
     return value
 
 
+# Decoded addresses by wire form. Frames name their sender, unicasts their destination, views and digests
+# their members: handing out one object per member lets the dictionaries keyed by address on every message's
+# path (receive windows, connections, credits) match on identity, without comparing fields.
+_ADDRESSES: dict[tuple[str, int, int], Address] = {}
+_MAX_ADDRESSES = 4096
+
+
+def known_address(value: Any) -> Address | None:
+    """The address decoded before from the same wire form, or None (then use :func:`as_address`)."""
+    if type(value) is list and len(value) == 3:
+        host, port, incarnation = value
+        # Exact types before the lookup: True == 1 and hashes alike, and must still be rejected.
+        if type(host) is str and type(port) is int and type(incarnation) is int:
+            return _ADDRESSES.get((host, port, incarnation))
+    return None
+
+
 def as_address(value: Any, field: str) -> Address:
+    addr = known_address(value)
+    if addr is not None:
+        return addr
     items = as_list(value, field, 3, exact=3)
-    return Address(
+    addr = Address(
         as_str(items[0], f"{field}.host", MAX_HOST_LEN),
         as_int(items[1], f"{field}.port", 0, 65535),
         as_int(items[2], f"{field}.incarnation"),
     )
+    if len(_ADDRESSES) >= _MAX_ADDRESSES:
+        _ADDRESSES.clear()
+    _ADDRESSES[(addr.host, addr.port, addr.incarnation)] = addr
+    return addr
 
 
 def as_optional_address(value: Any, field: str) -> Address | None:

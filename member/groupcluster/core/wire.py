@@ -17,10 +17,11 @@ import msgpack
 from .address import Address
 from .errors import WireError
 from .message import ALL_FLAGS, HEADER_TYPES, Message
-from .validate import as_address, as_bytes, as_int, as_list, as_str
+from .validate import as_address, as_bytes, as_int, as_list, as_str, known_address
 
 FORMAT_VERSION = 1
 MAX_CLUSTER_NAME = 128
+_new_message = object.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,13 @@ def encode_messages(cluster: str, sender: Address, messages: list[Message]) -> b
     return encode_frame(cluster, sender, [encode_message(m) for m in messages])
 
 
+def _address(wire: Any, field: str, index: int = 0) -> Address:
+    """``wire`` as an Address, validated; ``field`` (formatted with ``index``) names it in an error, and is
+    formatted only on the first sight of an address (the common case is a known one)."""
+    addr = known_address(wire)
+    return addr if addr is not None else as_address(wire, field.format(index))
+
+
 def decode_frame(
     data: bytes, expected_cluster: str, limits: WireLimits = DEFAULT_LIMITS
 ) -> tuple[Address, list[Message]]:
@@ -81,7 +89,7 @@ def decode_frame(
     cluster = as_str(parts[1], "frame.cluster", MAX_CLUSTER_NAME)
     if cluster != expected_cluster:
         raise WireError(f"frame.cluster: frame belongs to cluster {cluster!r}, not {expected_cluster!r}")
-    sender = as_address(parts[2], "frame.sender")
+    sender = _address(parts[2], "frame.sender")
     raw_messages = as_list(parts[3], "frame.messages", limits.max_messages)
     out: list[Message] = []
     max_payload = limits.max_frame_bytes
@@ -91,7 +99,7 @@ def decode_frame(
         if type(raw) is not list or len(raw) != 4:
             as_list(raw, f"frame.messages[{i}]", 4, exact=4)
         raw_dest, flags, raw_headers, payload = raw
-        dest = None if raw_dest is None else as_address(raw_dest, f"frame.messages[{i}].dest")
+        dest = None if raw_dest is None else _address(raw_dest, "frame.messages[{}].dest", i)
         if type(flags) is not int or flags & ~ALL_FLAGS or flags < 0:
             raise WireError(f"frame.messages[{i}].flags: invalid flags {flags!r}")
         if type(payload) is not bytes:
@@ -112,5 +120,12 @@ def decode_frame(
                 raise WireError(f"frame.messages[{i}].headers[{cls.__name__}]: {exc}") from None
             except Exception as exc:  # a header class must never turn bad input into a crash
                 raise WireError(f"frame.messages[{i}].headers[{cls.__name__}]: {type(exc).__name__}: {exc}") from None
-        out.append(Message(dest, payload, src=sender, flags=flags, headers=headers))
+        # Built field by field: a keyword call of Message() costs more than the rest of this loop body.
+        msg = _new_message(Message)
+        msg.dest = dest
+        msg.src = sender
+        msg.payload = payload
+        msg.flags = flags
+        msg.headers = headers
+        out.append(msg)
     return sender, out

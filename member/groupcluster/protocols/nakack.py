@@ -301,40 +301,57 @@ class NakAck(Layer):
     # -- up ------------------------------------------------------------------------------------------
     def up(self, batch: list[Message]) -> None:
         out: list[Message] = []
+        append = out.append
         windows = self.windows
         pid = protocol_ids.NAKACK
+        # A batch is mostly in-order multicasts of one sender: its window is looked up once, and the in-order
+        # case (the fast path of _add) is handled inline; a window that retains delivered messages or holds
+        # delivery at a cap (FLUSH) goes through _add.
+        src: Address | None = None
+        w: Window | None = None
+        fast = False
         for msg in batch:
             hdr = msg.headers.get(pid)
             if hdr is None:
-                out.append(msg)
+                append(msg)
                 continue
             kind = hdr.kind
             if kind == MSG:
-                w = windows.get(msg.src)  # type: ignore[arg-type]
+                if msg.src is not src:
+                    src = msg.src
+                    w = windows.get(src)  # type: ignore[arg-type]
+                    fast = w is not None and w.cap is None and not self.config.retain_delivered
                 if w is None:
                     self._keep_stranger(msg, hdr.seqno)
                     continue
-                self._add(w, hdr.seqno, msg, out)
+                seqno = hdr.seqno
+                if fast and seqno == w.delivered + 1 and not w.buffer:
+                    w.delivered = seqno
+                    if seqno > w.received:
+                        w.received = seqno
+                    append(msg)
+                    continue
+                self._add(w, seqno, msg, out)
             elif kind == XMIT_RSP:
-                w = windows.get(hdr.sender)
-                if w is None:
+                xw = windows.get(hdr.sender)
+                if xw is None:
                     continue
                 msg.src = hdr.sender
                 msg.dest = None
                 msg.flags &= ~NO_RELIABILITY
                 self.count("xmit_received")
-                self._add(w, hdr.seqno, msg, out)
+                self._add(xw, hdr.seqno, msg, out)
             elif kind == XMIT_REQ:
                 self._serve_xmit(msg.src, hdr)  # type: ignore[arg-type]
             elif kind == XMIT_GONE:
-                w = windows.get(hdr.sender)
-                if w is not None and hdr.seqno > w.delivered:
-                    self.count("skipped_stable", hdr.seqno - w.delivered)
-                    for s in range(w.delivered + 1, hdr.seqno + 1):
-                        w.buffer.pop(s, None)
-                    w.delivered = hdr.seqno
-                    w.received = max(w.received, hdr.seqno)
-                    self._drain(w, out)
+                xw = windows.get(hdr.sender)
+                if xw is not None and hdr.seqno > xw.delivered:
+                    self.count("skipped_stable", hdr.seqno - xw.delivered)
+                    for s in range(xw.delivered + 1, hdr.seqno + 1):
+                        xw.buffer.pop(s, None)
+                    xw.delivered = hdr.seqno
+                    xw.received = max(xw.received, hdr.seqno)
+                    self._drain(xw, out)
         if out:
             self.above.up(out)
 

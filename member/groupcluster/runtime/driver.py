@@ -1,7 +1,7 @@
 """The asyncio driver: runs one sans-IO :class:`~groupcluster.core.stack.Stack` on real sockets and timers.
 
-Every input (frames from the network, a due timer, application sends, control events) becomes one call of a
-Stack method with ``loop.time()`` as the current time; after it the driver drains the Stack's outputs:
+Every input (the frames that arrived together, a due timer, application sends, control events) becomes one call
+of a Stack method with ``loop.time()`` as the current time; after it the driver drains the Stack's outputs:
 :class:`~groupcluster.core.stack.Transmit` actions go to the network, everything else goes to the
 ``on_events`` callback (the :class:`~groupcluster.runtime.channel.Channel`). One ``loop.call_at`` handle
 follows ``stack.next_deadline()``.
@@ -14,9 +14,12 @@ Two networks carry the frames:
   Sends go straight to ``sendto``; only when the kernel buffer is full do they queue behind ``add_writer``.
 * TCP: a listener, plus one outgoing connection per peer endpoint created on first use. Frames travel as
   4-byte big-endian length + frame; all frames for one peer produced by one step are written with a single
-  ``write``. Frames wait (bounded) while a connection is being made; when the attempt fails they are dropped
-  (the protocols retransmit), and the next frame starts a new attempt, at least ``TCP_RETRY_DELAY`` after
-  the failed one. A bad length prefix closes that connection and is counted.
+  ``write``. Frames read from every connection in one event-loop iteration go to the stack as one step (a
+  member that lags behind takes larger steps, and the layers' per-step work - acks, a sequencer's batch, the
+  frames out - covers more messages, instead of one full step per frame). Frames wait (bounded) while a
+  connection is being made; when the attempt fails they are dropped (the protocols retransmit), and the
+  next frame starts a new attempt, at least ``TCP_RETRY_DELAY`` after the failed one. A bad length prefix
+  closes that connection and is counted.
 
 Runtime counters live in :attr:`Driver.metrics` (names start with ``runtime.``); protocol counters stay in
 ``stack.metrics``.
@@ -360,7 +363,10 @@ class TcpNetwork:
     ) -> None:
         self.loop = loop
         self._bind = bind
-        self.on_frames = on_frames
+        self._sink = on_frames
+        # Frames read from all connections in one event-loop iteration, handed to the stack together (one
+        # step) by a callback at the end of it.
+        self._inbox: list[bytes] = []
         self.metrics = metrics
         self.max_frame = max_frame
         self.endpoint = bind
@@ -375,6 +381,18 @@ class TcpNetwork:
             lambda: _Inbound(self), self._bind[0], self._bind[1], reuse_address=True, family=_family(self._bind[0])
         )
         self.endpoint = self.server.sockets[0].getsockname()[:2]
+
+    def on_frames(self, frames: list[bytes]) -> None:
+        """Frames from one connection: gathered with those of the other connections read in this iteration."""
+        inbox = self._inbox
+        if not inbox:
+            self.loop.call_soon(self._hand_over)
+        inbox.extend(frames)
+
+    def _hand_over(self) -> None:
+        frames, self._inbox = self._inbox, []
+        if frames and not self.closed:
+            self._sink(frames)
 
     def send(self, endpoint: tuple[str, int], data: bytes) -> None:
         frames = self._pending.get(endpoint)
@@ -495,14 +513,10 @@ class Driver:
         if not self._started or self.closed:
             self.metrics["runtime.frames_before_start"] += len(frames)
             return
-        stack = self.stack
-        receive = stack.receive
-        now = self._loop.time()
-        for data in frames:
-            try:
-                receive(now, data)
-            except Exception:
-                self._step_failed("receive")
+        try:
+            self.stack.receive_many(self._loop.time(), frames)
+        except Exception:
+            self._step_failed("receive")
         self._flush()
 
     def _on_timer(self) -> None:
