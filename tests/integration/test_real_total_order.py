@@ -5,27 +5,15 @@ survivor sent was lost, and the killed sequencer's deliveries are a prefix of it
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 from groupcluster.sim import checkers
 from groupcluster.sim.history import History, HistoryEvent
 
-from .procs import FD_FLAGS, MemberProcess, Members, before, free_port, loopback_hosts, view_of, wait_until
+from .procs import FD_FLAGS, Members, before, free_port, loopback_hosts, view_of, wait_until
 
-# ``groupcluster`` with the sequencer layer registered (``groupcluster.protocols`` does not import it yet).
-LAUNCH = "import sys, groupcluster.protocols.sequencer; from groupcluster.cli import main; sys.exit(main())"
 COUNT = 4000
-
-
-def start(members: Members, name: str, bind: str, *args: str) -> MemberProcess:
-    workdir = members.workdir
-    argv = [sys.executable, "-c", LAUNCH, "member", "--bind", bind, "--cluster", f"it-{workdir.name}", *args]
-    argv += ["--status-file", str(workdir / f"{name}.status.json"), "--record", str(workdir / f"{name}.jsonl")]
-    proc = MemberProcess(name, bind, workdir, argv)
-    members.procs.append(proc)
-    return proc
 
 
 def multicasts(events: list[HistoryEvent], member: str) -> list[tuple[str, str]]:
@@ -39,8 +27,7 @@ def test_members_agree_on_one_order_when_the_sequencer_is_killed(members: Member
     port = free_port(hosts, "udp")
     everyone = ",".join(f"{h}:{port}" for h in hosts)
     procs = [
-        start(
-            members,
+        members.start(
             f"m{i + 1}",
             f"{host}:{port}",
             "--hosts",

@@ -60,28 +60,32 @@ def _address(wire: Any, field: str, index: int = 0) -> Address:
     return addr if addr is not None else as_address(wire, field.format(index))
 
 
+def unpack_bounded(data: bytes, what: str, max_bytes: int, max_array_len: int) -> Any:
+    """msgpack ``data`` decoded with every size bounded and no maps or extensions; a WireError naming ``what``
+    if it is not valid msgpack within those bounds (shared by every decoder of peer input)."""
+    try:
+        return msgpack.unpackb(
+            data,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_bin_len=max_bytes,
+            max_str_len=max_bytes,
+            max_array_len=max_array_len,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises several types for malformed input
+        raise WireError(f"{what}: not valid msgpack ({type(exc).__name__}: {exc})") from None
+
+
 def decode_frame(
     data: bytes, expected_cluster: str, limits: WireLimits = DEFAULT_LIMITS
 ) -> tuple[Address, list[Message]]:
     """Decode and validate a frame; return (sender, messages with ``src`` set to the sender)."""
     if len(data) > limits.max_frame_bytes:
         raise WireError(f"frame: {len(data)} bytes exceed the limit of {limits.max_frame_bytes}")
-    try:
-        frame = msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=True,
-            strict_map_key=True,
-            max_bin_len=limits.max_frame_bytes,
-            max_str_len=limits.max_frame_bytes,
-            max_array_len=max(limits.max_messages, 4096) * 4,
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except WireError:
-        raise
-    except Exception as exc:  # msgpack raises several types for malformed input
-        raise WireError(f"frame: not valid msgpack ({type(exc).__name__}: {exc})") from None
+    frame = unpack_bounded(data, "frame", limits.max_frame_bytes, max(limits.max_messages, 4096) * 4)
     parts = as_list(frame, "frame", 4, exact=4)
     version = as_int(parts[0], "frame.version")
     if version != FORMAT_VERSION:

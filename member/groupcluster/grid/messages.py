@@ -18,6 +18,7 @@ import msgpack
 
 from ..core.errors import WireError
 from ..core.validate import MAX_INT, as_bool, as_bytes, as_int, as_list, as_str
+from ..core.wire import unpack_bounded
 from .consistent_hash import MAX_SEGMENTS
 from .topology import CacheTopology, MemberStatus
 
@@ -313,20 +314,8 @@ def decode_payload(data: bytes, limits: GridLimits = DEFAULT_LIMITS) -> list[Gri
         raise WireError(f"grid: expected bytes, got {type(data).__name__}")
     if len(data) > limits.max_payload_bytes:
         raise WireError(f"grid: {len(data)} bytes exceed the limit of {limits.max_payload_bytes}")
-    try:
-        frame = msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=True,
-            strict_map_key=True,
-            max_bin_len=limits.max_payload_bytes,
-            max_str_len=limits.max_payload_bytes,
-            max_array_len=max(limits.max_messages, limits.max_batch_entries, MAX_SEGMENTS),
-            max_map_len=0,
-            max_ext_len=0,
-        )
-    except Exception as exc:  # msgpack raises several types for malformed input
-        raise WireError(f"grid: not valid msgpack ({type(exc).__name__}: {exc})") from None
+    max_array = max(limits.max_messages, limits.max_batch_entries, MAX_SEGMENTS)
+    frame = unpack_bounded(data, "grid", limits.max_payload_bytes, max_array)
     parts = as_list(frame, "grid", 2, exact=2)
     version = as_int(parts[0], "grid.version")
     if version != GRID_FORMAT_VERSION:
