@@ -85,30 +85,12 @@ class SegmentStore:
     # -- writes ---------------------------------------------------------------------------------------------
     def write(self, segment: int, key: bytes, version: int, value: bytes | None) -> bool:
         """Apply a put (value) or delete (None) if ``version`` is newer than what is stored; True if applied."""
-        data = self.segments.get(segment)
-        if data is None:
-            self._check_segment(segment)
-            data = self.segments[segment] = {}
-        old = data.get(key)
-        if old is not None and old[0] >= version:
-            return False
-        if value is None:
-            if self.keep_tombstones:
-                if old is None or old[1] is not None:
-                    self.tombstones += 1
-                data[key] = (version, None)
-            elif old is not None:
-                if old[1] is None:
-                    self.tombstones -= 1
-                del data[key]
-        else:
-            if old is not None and old[1] is None:
-                self.tombstones -= 1
-            data[key] = (version, value)
-        return True
+        # One rule for local writes and transferred entries: the newer version wins, tombstones included.
+        return self.apply_transferred(segment, ((key, version, value),)) == 1
 
     def apply_transferred(self, segment: int, entries: Iterable[TransferEntry]) -> int:
-        """Apply a batch received by state transfer; a local newer version or tombstone wins. Returns applied."""
+        """Apply a batch of entries (received by state transfer, or one local write); a local newer version or
+        tombstone wins. Returns how many were applied."""
         data = self.segments.get(segment)
         if data is None:
             self._check_segment(segment)
