@@ -146,6 +146,10 @@ def test_fewer_members_than_owners() -> None:
 # Regression (found by hypothesis): a member leaves and three members must own every segment (capacity cap);
 # the only segments lacking one of them were still short, so the old swap found no backup to move.
 @example(n=6, segments=256, owners=4, caps=[1.0, 2.0, 3.0, 3.0, 3.0, 0.5, 0.5, 0.5, 0.5], changes=[(False, 0)])
+# Regression (found by hypothesis with 20x examples): a joiner with capacity 2 took primaries where the small
+# member was backup; greedy removals left the small member's excess nowhere to go but segments that had already
+# changed, and 25 slots moved between old members (252 moved against a minimum of 227).
+@example(n=3, segments=256, owners=2, caps=[0.5, 1.0, 1.0, 2.0, 0.5, 0.5, 0.5, 0.5, 0.5], changes=[(True, 0)])
 def test_property_balanced_after_any_sequence_of_joins_and_leaves(
     n: int, segments: int, owners: int, caps: list[float], changes: list[tuple[bool, int]]
 ) -> None:
@@ -218,3 +222,16 @@ def test_local_construction_is_checked_too() -> None:
         ConsistentHash(4, 2, (m(0),), (1.0,), ((0,), (0,), (0,)))
     with pytest.raises(ValueError, match="capacities"):
         ConsistentHash(1, 2, (m(0),), (math.inf,), ((0,),))
+
+
+def test_joiner_with_larger_capacity_moves_only_its_own_share() -> None:
+    # The case above, exactly: only the joiner gains slots, and exactly its quota.
+    caps = {m(0): 0.5, m(1): 1.0, m(2): 1.0, m(3): 2.0}
+    ch = balanced(None, [m(0), m(1), m(2)], caps)
+    ch2 = balanced(ch.owner_map(), [m(0), m(1), m(2), m(3)], caps)
+    _, new_q, _ = quotas([m(0), m(1), m(2), m(3)], caps, 256, 2)
+    gained = {x: 0 for x in ch2.members}
+    for old, new in zip(ch.owner_map(), ch2.owner_map(), strict=True):
+        for x in set(new) - set(old):
+            gained[x] += 1
+    assert gained == {m(0): 0, m(1): 0, m(2): 0, m(3): new_q[m(3)]}

@@ -326,36 +326,53 @@ def balanced(
     ocount = dict(pcount)
     owners: list[list[Address]] = [[p] for p in primary]  # type: ignore[list-item]
     if prev is not None:
-        # A segment that already lost a previous owner (it left, or there was no room next to a new primary)
-        # gets a new owner anyway; shedding from it too would make it take a second one.
-        touched = [False] * num_segments
         for s, own in enumerate(prev):
             seg = owners[s]
             for m in own:
                 if m not in seg and owner_q[m] > 0:
                     seg.append(m)
                     ocount[m] += 1
-        # A new primary can leave more previous owners than slots: drop the one furthest above its quota (the
-        # last listed would often be one that must then take a copy elsewhere).
-        for s in range(num_segments):
-            seg = owners[s]
-            while len(seg) > k:
-                drop = max(seg[1:], key=lambda x: (ocount[x] - owner_q[x], order[x]))
+        # Where a new primary leaves more previous owners than slots, one of them must go (a *mandatory*
+        # removal); a segment that kept all its previous owners may lose one (an *optional* removal: the new
+        # owner filling it is the one data move the change needs anyway). A segment that already lost an
+        # owner (it left) gets a new owner regardless; shedding there too would make it take a second one.
+        # Every removal given to a member above its quota is free; a mandatory removal from a member at quota,
+        # or an excess shed from a segment that already changed, costs one extra move. So the removals are
+        # chosen together as a maximum matching of members' excess to segments, not greedily in segment order
+        # (which would spend a member's removals where another member's excess had nowhere else to go).
+        excess = {m: ocount[m] - owner_q[m] for m in members}
+        for seg in owners:
+            # Segments more than one owner over (the owner count shrank) shed the surplus beyond one first.
+            while len(seg) > k + 1:
+                drop = max(seg[1:], key=lambda x: (excess[x], order[x]))
                 seg.remove(drop)
                 ocount[drop] -= 1
-            touched[s] = not set(previous[s]) <= set(seg)  # type: ignore[index]
+                excess[drop] -= 1
+        mandatory = [len(seg) > k for seg in owners]
+        optional = [
+            not mandatory[s] and set(previous[s]) <= set(owners[s])  # type: ignore[index]
+            for s in range(num_segments)
+        ]
+        chosen = _removals(owners, mandatory, optional, members, excess)
+        for s in range(num_segments):
+            seg = owners[s]
+            drop = chosen.get(s)
+            if drop is None and mandatory[s]:
+                # Nobody above quota owns it: drop the one furthest above (it takes a copy elsewhere later).
+                drop = max(seg[1:], key=lambda x: (excess[x], order[x]))
+            if drop is not None:
+                seg.remove(drop)
+                ocount[drop] -= 1
+                excess[drop] -= 1
         for m in members:
-            excess = ocount[m] - owner_q[m]
-            for second_pass in (False, True):
-                for s in range(num_segments):
-                    if excess <= 0:
-                        break
-                    seg = owners[s]
-                    if (second_pass or not touched[s]) and m in seg and seg[0] != m:
-                        seg.remove(m)
-                        ocount[m] -= 1
-                        excess -= 1
-                        touched[s] = True
+            for s in range(num_segments):
+                if excess[m] <= 0:
+                    break
+                seg = owners[s]
+                if m in seg and seg[0] != m:
+                    seg.remove(m)
+                    ocount[m] -= 1
+                    excess[m] -= 1
     for s in range(num_segments):
         seg = owners[s]
         while len(seg) < k:
@@ -382,6 +399,70 @@ def balanced(
     return ConsistentHash.from_owner_map(
         num_segments, num_owners, owners, {m: float(capacities.get(m, 1.0)) for m in members}
     )
+
+
+def _removals(
+    owners: list[list[Address]],
+    mandatory: Sequence[bool],
+    optional: Sequence[bool],
+    members: Sequence[Address],
+    excess: Mapping[Address, int],
+) -> dict[int, Address]:
+    """Segment -> the backup that leaves it: at most one per eligible segment, members within their excess.
+
+    A bipartite b-matching, as large as possible: a greedy pass (mandatory segments first), then augmenting
+    paths for the members still above quota. Candidate lists put mandatory segments first, so paths prefer
+    them. The search is iterative (no recursion limit for large segment counts) and visits members and
+    segments in a fixed order, so every coordinator computes the same result.
+    """
+    cands: dict[Address, list[int]] = {m: [] for m in members if excess[m] > 0}
+    for pass_mandatory in (True, False):
+        for s, seg in enumerate(owners):
+            if mandatory[s] if pass_mandatory else optional[s]:
+                for m in seg[1:]:
+                    if m in cands:
+                        cands[m].append(s)
+    assign: dict[int, Address] = {}
+    load = dict.fromkeys(cands, 0)
+    for pass_mandatory in (True, False):
+        for m, segs in cands.items():
+            for s in segs:
+                if load[m] >= excess[m]:
+                    break
+                if s not in assign and mandatory[s] == pass_mandatory:
+                    assign[s] = m
+                    load[m] += 1
+    for m in cands:
+        while load[m] < excess[m] and _augment(m, cands, assign):
+            load[m] += 1
+    return assign
+
+
+def _augment(start: Address, cands: Mapping[Address, list[int]], assign: dict[int, Address]) -> bool:
+    """Find a free segment for ``start`` by moving other members' sheds along an alternating path."""
+    visited: set[int] = set()
+    # Each frame: (member, index of its next candidate, the segment that led to it or -1 for the start).
+    stack: list[tuple[Address, int, int]] = [(start, 0, -1)]
+    while stack:
+        m, i, via = stack[-1]
+        segs = cands[m]
+        while i < len(segs) and segs[i] in visited:
+            i += 1
+        if i == len(segs):
+            stack.pop()
+            continue
+        s = segs[i]
+        stack[-1] = (m, i + 1, via)
+        visited.add(s)
+        holder = assign.get(s)
+        if holder is None:
+            # Free segment: shift every segment on the path to the member that reached it.
+            assign[s] = m
+            for depth in range(len(stack) - 1, 0, -1):
+                assign[stack[depth][2]] = stack[depth - 1][0]
+            return True
+        stack.append((holder, 0, s))
+    return False
 
 
 def _fill_other_short_segment(
