@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("groupcluster.sim.cli", "deterministic simulation with fault injection and property checks"),
     "check": ("groupcluster.sim.check_cli", "run the property checkers over recorded history files"),
     "bench": ("groupcluster.bench.cli", "benchmarks: our stack side by side with JGroups, PySyncObj and raw TCP"),
+    "operator": ("groupcluster_operator.cli", "run the Kubernetes operator for GroupCluster resources (kopf)"),
 }
 
 

@@ -152,6 +152,7 @@ class Channel:
         self._on_view: list[Callable[[View], Any]] = []
         self._on_event: list[Callable[[Event], Any]] = []
         self.file_discovery: FileDiscovery | None = None
+        self.discovery: Any = None  # an adapter from connect(discovery=...), e.g. KubeDiscovery
         self.has_membership = driver.stack.layer("gms") is not None
         # State transfer: callbacks, and whether (and when) our state was set.
         self.has_state_layer = driver.stack.layer("state") is not None
@@ -185,6 +186,7 @@ class Channel:
         on_event: Callable[[Event], Any] | None = None,
         get_state: Callable[[], bytes] | None = None,
         set_state: Callable[[bytes], Any] | None = None,
+        discovery: Callable[[Callable[[UpdateHosts], object], tuple[str, int]], Any] | None = None,
     ) -> Channel:
         """Bind, start the stack and return once joined (a ChannelError says why if not within ``join_timeout``).
 
@@ -195,7 +197,9 @@ class Channel:
         including those that happen between joining and this coroutine returning (callbacks registered later
         with :meth:`on_message` etc. only see what comes after). ``get_state``/``set_state`` need a stack
         with the ``state`` layer; with ``set_state`` the member fetches the group's state after joining
-        (see :meth:`wait_state`).
+        (see :meth:`wait_state`). ``discovery(control, endpoint)`` builds a discovery adapter (e.g.
+        :func:`groupcluster.runtime.kube_discovery.factory`) whose ``await start()`` feeds ``UpdateHosts`` before
+        the stack starts and whose ``stop()`` is called on close.
         Configuration errors raise :class:`~groupcluster.core.errors.ConfigError` naming the key.
         """
         if not isinstance(cluster, str) or not cluster:
@@ -233,6 +237,9 @@ class Channel:
             if fn is not None:
                 register(fn)  # type: ignore[operator]
         try:
+            if discovery is not None:
+                ch.discovery = discovery(driver.control, driver.address.endpoint)
+                await ch.discovery.start()
             ch._start(hosts if not hosts_in_config else (), hosts_file)
             await ch._wait_joined(join_timeout, hosts, hosts_file)
         except OSError as exc:  # the hosts file could not be written or read
@@ -530,6 +537,8 @@ class Channel:
         self.closed = True
         if self.file_discovery is not None:
             self.file_discovery.stop()
+        if self.discovery is not None:
+            self.discovery.stop()
         self.driver.close()
         if self.recorder is not None:
             self.recorder.close()

@@ -41,6 +41,7 @@ from ..grid.node import GridConfig
 from ..grid.runtime import GridRuntime
 from ..sim.history import make_payload, view_id_json
 from ..stacks import PRESETS, load_stack_file
+from . import kube_discovery
 from .channel import Channel, ChannelError, build_spec
 from .driver import TRANSPORTS, parse_endpoint
 
@@ -171,6 +172,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="serve /healthz, /readyz, /v1/status, /v1/kv/{key}, /v1/leave and /metrics here",
     )
+    kube_discovery.add_arguments(parser)
     work = parser.add_argument_group("test workload")
     work.add_argument("--send-count", type=_count_arg, default=0, metavar="N", help="multicast N test messages")
     work.add_argument("--payload-size", type=_count_arg, default=100, metavar="BYTES", help="default 100")
@@ -459,6 +461,7 @@ class Member:
                 join_timeout=args.join_timeout,
                 on_messages=on_messages,
                 on_view=on_view,
+                discovery=kube_discovery.from_args(args),
             )
         )
         stopper = asyncio.ensure_future(self.stop.wait())
@@ -501,7 +504,7 @@ class Member:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.hosts_file is None and not args.hosts:
+    if args.hosts_file is None and not args.hosts and not getattr(args, "kube_discovery", False):
         log.info("no --hosts and no --hosts-file: this member can only start a group of its own")
     try:
         spec = load_spec(args.stack, args.overrides)

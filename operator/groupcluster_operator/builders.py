@@ -1,0 +1,266 @@
+"""Pure builders: the Kubernetes objects of one GroupCluster, as dicts ready for the API server.
+
+Nothing here talks to a cluster; every function takes the :class:`~groupcluster_operator.model.ClusterSpec`
+(and the owner's uid for the owner reference) and returns a manifest, so what the operator creates is
+unit-tested without one. Every object is owned by its GroupCluster (``ownerReferences``), so deleting the
+GroupCluster lets the garbage collector remove everything.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from .model import (
+    API_VERSION,
+    CLUSTER_LABEL,
+    KIND,
+    MANAGED_BY,
+    ORDINAL_LABEL,
+    PARTITION_HANDLING,
+    SPEC_HASH_ANNOTATION,
+    ClusterSpec,
+)
+
+Manifest = dict[str, Any]
+
+MEMBER_CONTAINER = "member"
+# Seconds beyond the grid hand-off for the group leave itself and the process to exit.
+EXIT_GRACE = 30
+
+
+def labels(spec: ClusterSpec, component: str = "member") -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "groupcluster",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        CLUSTER_LABEL: spec.name,
+    }
+
+
+def selector_labels(spec: ClusterSpec) -> dict[str, str]:
+    """What selects exactly this cluster's member pods (Service, PDB, discovery, status.selector)."""
+    return {CLUSTER_LABEL: spec.name, "app.kubernetes.io/component": "member"}
+
+
+def owner_reference(spec: ClusterSpec, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": spec.name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(spec: ClusterSpec, uid: str, name: str, component: str = "member") -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": labels(spec, component),
+        "ownerReferences": [owner_reference(spec, uid)],
+    }
+
+
+def pod_name(spec: ClusterSpec, ordinal: int) -> str:
+    return f"{spec.name}-{ordinal}"
+
+
+def service_account_name(spec: ClusterSpec) -> str:
+    return f"{spec.name}-member"
+
+
+def service_name(spec: ClusterSpec) -> str:
+    return spec.name
+
+
+def member_args(spec: ClusterSpec) -> list[str]:
+    """The member's command line (after the image's ``groupcluster`` entry point)."""
+    args = [
+        "member",
+        "--cluster",
+        spec.cluster_name,
+        "--bind",
+        f"$(POD_IP):{spec.member_port}",
+        "--transport",
+        spec.transport,
+        "--stack",
+        spec.preset,
+        "--grid",
+        "--http",
+        f"$(POD_IP):{spec.http_port}",
+        "--grid-leave-timeout",
+        str(spec.leave_timeout),
+        "--kube-discovery",
+        "--kube-selector",
+        spec.selector,
+    ]
+    grid = {
+        **spec.grid,
+        "num_owners": str(spec.num_owners),
+        "num_segments": str(spec.num_segments),
+        "partition_handling": PARTITION_HANDLING[spec.partition_handling],
+    }
+    for key in sorted(grid):
+        args += ["--grid-set", f"{key}={grid[key]}"]
+    for key in sorted(spec.stack_set):
+        args += ["--set", f"{key}={spec.stack_set[key]}"]
+    return args
+
+
+def _protocol(spec: ClusterSpec) -> str:
+    return "UDP" if spec.transport == "udp" else "TCP"
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def build_member_pod(spec: ClusterSpec, uid: str, ordinal: int, spec_hash: str | None = None) -> Manifest:
+    """One member pod: image, args, env, ports, /healthz and /readyz probes, labels, owner reference.
+
+    ``restartPolicy: Never``: a member that exits (it left, or it crashed) is not restarted in place; the
+    operator decides what replaces it, so a member never rejoins behind the planner's back.
+    """
+    name = pod_name(spec, ordinal)
+    meta = _metadata(spec, uid, name)
+    meta["labels"][ORDINAL_LABEL] = str(ordinal)
+    meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash or spec.pod_hash()}
+    tmpl = spec.pod_template
+    tmeta = tmpl.get("metadata") or {}
+    tspec = tmpl.get("spec") or {}
+    # Template labels never override ours: the selector and the planner depend on them.
+    meta["labels"] = {**(tmeta.get("labels") or {}), **meta["labels"]}
+    meta["annotations"] = {**(tmeta.get("annotations") or {}), **meta["annotations"]}
+    env = [
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        *copy.deepcopy(tspec.get("env") or []),
+    ]
+    http_probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
+    container: dict[str, Any] = {
+        "name": MEMBER_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "args": member_args(spec),
+        "env": env,
+        "ports": [
+            {"name": "member", "containerPort": spec.member_port, "protocol": _protocol(spec)},
+            {"name": "http", "containerPort": spec.http_port, "protocol": "TCP"},
+        ],
+        # Ready = joined through the group's flush and no state transfer pending for this member.
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "http"},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
+            "failureThreshold": 1,
+        },
+        "livenessProbe": http_probe,
+        # Joining can take a while (discovery rounds, a merge); liveness starts counting once it answers.
+        "startupProbe": {**http_probe, "periodSeconds": 2, "failureThreshold": 60},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    if spec.resources:
+        container["resources"] = copy.deepcopy(spec.resources)
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": service_account_name(spec),
+        "restartPolicy": "Never",
+        "hostname": name,
+        "subdomain": service_name(spec),
+        "terminationGracePeriodSeconds": tspec.get("terminationGracePeriodSeconds", spec.leave_timeout + EXIT_GRACE),
+        "containers": [container],
+    }
+    for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "priorityClassName"):
+        if tspec.get(key):
+            pod_spec[key] = copy.deepcopy(tspec[key])
+    if tspec.get("securityContext"):
+        pod_spec["securityContext"] = copy.deepcopy(tspec["securityContext"])
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def build_headless_service(spec: ClusterSpec, uid: str) -> Manifest:
+    """A headless Service: stable DNS names per member (``NAME-0.NAME``), including members not ready yet."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, uid, service_name(spec)),
+        "spec": {
+            "clusterIP": "None",
+            # Joiners are not ready until they joined: they must be resolvable before that.
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(spec),
+            "ports": [
+                {"name": "http", "port": spec.http_port, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "member",
+                    "port": spec.member_port,
+                    "targetPort": "member",
+                    "protocol": _protocol(spec),
+                },
+            ],
+        },
+    }
+
+
+def build_pod_disruption_budget(spec: ClusterSpec, uid: str) -> Manifest:
+    """Voluntary disruptions (drains) may take at most max(1, numOwners-1) members at once.
+
+    Evicted members still leave gracefully (SIGTERM hands their segments off first); the budget keeps drains
+    from taking more members than the data has copies.
+    """
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(spec, uid, spec.name),
+        "spec": {"maxUnavailable": spec.max_leaving, "selector": {"matchLabels": selector_labels(spec)}},
+    }
+
+
+def build_member_service_account(spec: ClusterSpec, uid: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(spec, uid, service_account_name(spec)),
+        "automountServiceAccountToken": True,
+    }
+
+
+def build_member_role(spec: ClusterSpec, uid: str) -> Manifest:
+    """Least privilege for discovery: list the pods of this namespace, nothing else."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _metadata(spec, uid, service_account_name(spec)),
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+    }
+
+
+def build_member_role_binding(spec: ClusterSpec, uid: str) -> Manifest:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _metadata(spec, uid, service_account_name(spec)),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": service_account_name(spec)},
+        "subjects": [{"kind": "ServiceAccount", "name": service_account_name(spec), "namespace": spec.namespace}],
+    }
+
+
+def build_supporting_objects(spec: ClusterSpec, uid: str) -> list[Manifest]:
+    """Everything but the pods, in creation order (the account and its rights before any member needs them)."""
+    return [
+        build_member_service_account(spec, uid),
+        build_member_role(spec, uid),
+        build_member_role_binding(spec, uid),
+        build_headless_service(spec, uid),
+        build_pod_disruption_budget(spec, uid),
+    ]

@@ -1,0 +1,464 @@
+"""The pure scaling planner: from the spec, the pods and what the members report, the next step.
+
+:func:`plan` is called on every reconciliation (a kopf timer) with what the handler observed; it returns a
+:class:`Plan`: the actions to execute now (create a pod, ask a member to leave, delete a pod), or none (wait),
+the status to write and the events to post. It keeps no state: everything it needs to remember (a leave was
+asked for, which spec a pod runs) lives on the pods as annotations, so an operator restart picks up where the
+last one stopped.
+
+The rules, in the order they are checked:
+
+1. A member pod that finished (it left, or its process died) is deleted; one that died unexpectedly is
+   reported as a Warning event, and the steps below replace it.
+2. While any member is leaving (a leave was asked for) or any pod is terminating, nothing else starts: the
+   leave must finish first (its data handed off). A leaving member that says it is not leaving (the request
+   was lost) is asked again.
+3. While a pod is starting (not ready: not joined yet, or its state transfer not finished), wait. A new
+   member counts as ready only then, so pods are added one at a time.
+4. Fewer members than wanted: create one (the lowest free ordinal).
+5. More members than wanted: once the group is well formed and no rebalance runs, ask up to
+   ``max(1, numOwners-1)`` members to leave, preferring members on an old spec, then members that are not the
+   coordinator, then the highest ordinal; the coordinator leaves last. A pod is deleted only after its member
+   left (the process exits once its segments have new owners). Scaling to 0 stops the last member at once:
+   nobody is left to take its segments.
+6. As many as wanted but some run an old spec (image or settings changed): once the group is stable, add one
+   member on the new spec; rule 5 then asks one old member to leave. Members roll one at a time, the
+   coordinator last, and the cluster never has fewer members than wanted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .model import LEAVE_ANNOTATION, ORDINAL_LABEL, SPEC_HASH_ANNOTATION, ClusterSpec
+
+
+# -- inputs ------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PodState:
+    """One member pod as the API server shows it."""
+
+    name: str
+    ordinal: int
+    phase: str = "Pending"  # Pending | Running | Succeeded | Failed | Unknown
+    ip: str | None = None
+    ready: bool = False  # the pod's Ready condition (readiness probe /readyz)
+    deleting: bool = False  # deletionTimestamp is set
+    spec_hash: str = ""
+    leave_requested: bool = False
+    exit_code: int | None = None
+    reason: str = ""  # the container's termination reason, e.g. OOMKilled, Error
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in ("Succeeded", "Failed") and not self.deleting
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> PodState:
+        """Read a Pod object from the API server."""
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        labels = meta.get("labels") or {}
+        annotations = meta.get("annotations") or {}
+        try:
+            ordinal = int(labels.get(ORDINAL_LABEL, ""))
+        except ValueError:
+            ordinal = -1  # not one of ours by name; it still counts, and never blocks an ordinal
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or () if c)
+        exit_code, reason = None, ""
+        for cs in status.get("containerStatuses") or ():
+            term = ((cs or {}).get("state") or {}).get("terminated")
+            if term:
+                exit_code, reason = term.get("exitCode"), term.get("reason") or ""
+        return cls(
+            name=str(meta.get("name")),
+            ordinal=ordinal,
+            phase=str(status.get("phase") or "Pending"),
+            ip=status.get("podIP") or None,
+            ready=ready,
+            deleting=bool(meta.get("deletionTimestamp")),
+            spec_hash=str(annotations.get(SPEC_HASH_ANNOTATION, "")),
+            leave_requested=LEAVE_ANNOTATION in annotations,
+            exit_code=exit_code,
+            reason=reason,
+        )
+
+
+@dataclass(frozen=True)
+class MemberReport:
+    """What a member's ``GET /v1/status`` said (None in the reports map when it did not answer)."""
+
+    address: str
+    joined: bool = True
+    view_id: str | None = None
+    view_members: tuple[str, ...] = ()
+    coordinator: str | None = None
+    grid_phase: str | None = "NO_REBALANCE"
+    availability: str | None = "AVAILABLE"
+    leaving: bool = False
+    grid_ready: bool = True
+    segments_owned: int = 0
+    segments_to_fetch: int = 0
+    segments_fetched: int = 0
+    topology_id: int | None = None
+
+    @classmethod
+    def from_status(cls, body: Mapping[str, Any]) -> MemberReport:
+        """Parse a ``/v1/status`` answer (the shape of :mod:`groupcluster.grid.http_api`)."""
+        view = body.get("view") or {}
+        grid = body.get("grid") or {}
+        rebalance = grid.get("rebalance") or {}
+        vid = view.get("id")
+        view_id = f"{vid[1]}|{vid[0]}" if isinstance(vid, list) and len(vid) == 2 else None
+        return cls(
+            address=str(body.get("address") or ""),
+            joined=bool(body.get("joined")),
+            view_id=view_id,
+            view_members=tuple(str(m) for m in view.get("members") or ()),
+            coordinator=body.get("coordinator"),
+            grid_phase=grid.get("phase"),
+            availability=grid.get("availability"),
+            leaving=bool(grid.get("leaving")),
+            grid_ready=bool(grid.get("ready")),
+            segments_owned=int(grid.get("segments_owned") or 0),
+            segments_to_fetch=int(rebalance.get("segments_to_fetch") or 0),
+            segments_fetched=int(rebalance.get("segments_fetched") or 0),
+            topology_id=grid.get("topology_id"),
+        )
+
+
+# -- outputs -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CreatePod:
+    ordinal: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class RequestLeave:
+    pod: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    pod: str
+    reason: str
+    # None: the pod's own grace period (a member still running gets SIGTERM and hands its data off first).
+    grace_seconds: int | None = None
+
+
+Action = CreatePod | RequestLeave | DeletePod
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class Plan:
+    actions: list[Action] = field(default_factory=list)
+    phase: str = "Running"
+    message: str = ""
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def waiting(self) -> bool:
+        return not self.actions
+
+
+# -- the planner -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Observed:
+    active: list[PodState]  # running or starting, not leaving, not finished, not terminating
+    leaving: list[PodState]
+    terminating: list[PodState]
+    finished: list[PodState]
+    well_formed: bool
+    view_id: str | None
+    rebalancing: bool
+    degraded_reasons: list[str]
+    coordinator_pod: str | None
+
+
+def _observe(pods: Sequence[PodState], reports: Mapping[str, MemberReport | None]) -> _Observed:
+    active = [p for p in pods if not p.deleting and not p.finished and not p.leave_requested]
+    leaving = [p for p in pods if not p.deleting and not p.finished and p.leave_requested]
+    terminating = [p for p in pods if p.deleting]
+    finished = [p for p in pods if p.finished]
+    live = active + leaving
+    got = {p.name: reports.get(p.name) for p in live}
+    joined = {n: r for n, r in got.items() if r is not None and r.joined}
+    views = {r.view_id for r in joined.values()}
+    addresses = {r.address for r in joined.values()}
+    view_members = {frozenset(r.view_members) for r in joined.values()}
+    well_formed = bool(live) and len(joined) == len(live) and len(views) == 1 and view_members == {frozenset(addresses)}
+    rebalancing = any(
+        r.grid_phase not in (None, "NO_REBALANCE") or r.segments_to_fetch > r.segments_fetched for r in joined.values()
+    )
+    degraded: list[str] = []
+    for p in live:
+        if p.phase == "Running" and p.ip and got.get(p.name) is None and p.ready:
+            degraded.append(f"member {p.name} does not answer on its HTTP API")
+    for r in joined.values():
+        if r.availability not in (None, "AVAILABLE"):
+            degraded.append(f"the grid is {r.availability} (a partition may have lost owners)")
+            break
+    coordinators = {r.coordinator for r in joined.values() if r.coordinator}
+    by_address = {r.address: n for n, r in joined.items()}
+    coordinator_pod = by_address.get(next(iter(coordinators))) if len(coordinators) == 1 else None
+    return _Observed(
+        active=active,
+        leaving=leaving,
+        terminating=terminating,
+        finished=finished,
+        well_formed=well_formed,
+        view_id=next(iter(views)) if well_formed else None,
+        rebalancing=rebalancing,
+        degraded_reasons=degraded,
+        coordinator_pod=coordinator_pod,
+    )
+
+
+def _member_ready(p: PodState, reports: Mapping[str, MemberReport | None]) -> bool:
+    r = reports.get(p.name)
+    return p.ready and r is not None and r.joined and r.grid_ready and not r.leaving
+
+
+def choose_leavers(
+    active: Sequence[PodState], count: int, spec_hash: str, coordinator_pod: str | None
+) -> list[PodState]:
+    """Who leaves first: members on an old spec, then not the coordinator, then the highest ordinal."""
+
+    def key(p: PodState) -> tuple[int, int, int]:
+        return (0 if p.spec_hash != spec_hash else 1, 1 if p.name == coordinator_pod else 0, -p.ordinal)
+
+    return sorted(active, key=key)[:count]
+
+
+def free_ordinal(pods: Iterable[PodState]) -> int:
+    used = {p.ordinal for p in pods}
+    n = 0
+    while n in used:
+        n += 1
+    return n
+
+
+def plan(
+    spec: ClusterSpec,
+    pods: Sequence[PodState],
+    reports: Mapping[str, MemberReport | None],
+    *,
+    spec_hash: str | None = None,
+    previous_conditions: Sequence[Mapping[str, Any]] = (),
+    now: str = "",
+) -> Plan:
+    """The next step for one GroupCluster (see the module docstring for the rules)."""
+    spec_hash = spec_hash or spec.pod_hash()
+    obs = _observe(pods, reports)
+    out = Plan()
+    desired = spec.replicas
+
+    # 1. finished pods: delete (and say why they finished).
+    for p in obs.finished:
+        if p.leave_requested and p.phase == "Succeeded":
+            out.actions.append(DeletePod(p.name, "left the group after handing its data off"))
+            out.events.append(Event("Normal", "MemberLeft", f"member {p.name} left the group; deleting its pod"))
+        else:
+            how = f"exit code {p.exit_code}" if p.exit_code is not None else p.phase.lower()
+            why = f" ({p.reason})" if p.reason else ""
+            out.actions.append(DeletePod(p.name, f"member exited unexpectedly: {how}{why}"))
+            out.events.append(
+                Event("Warning", "MemberDied", f"member {p.name} exited unexpectedly ({how}{why}); replacing it")
+            )
+
+    ready = [p for p in obs.active if _member_ready(p, reports)]
+    starting = [p for p in obs.active if not _member_ready(p, reports)]
+    outdated = [p for p in obs.active if p.spec_hash != spec_hash]
+    n = len(obs.active)
+
+    # 2. leaves and terminations in progress: let them finish.
+    if obs.leaving or obs.terminating:
+        for p in obs.leaving:
+            r = reports.get(p.name)
+            if r is not None and r.joined and not r.leaving:
+                out.actions.append(RequestLeave(p.name, "a leave was asked for but the member is not leaving"))
+        names = ", ".join(p.name for p in obs.leaving + obs.terminating)
+        out.message = f"waiting for {names} to leave"
+        out.phase = "ScalingDown" if n >= desired or obs.leaving else "ScalingUp"
+    # 3. starting pods: one join at a time.
+    elif starting:
+        out.message = f"waiting for {', '.join(p.name for p in starting)} to join and receive its data"
+        out.phase = "ScalingUp" if n <= desired else "ScalingDown"
+    # 4. too few members: add one.
+    elif n < desired:
+        ordinal = free_ordinal(pods)
+        reason = f"scaling up: {n} of {desired} members"
+        if obs.finished and any(not (p.leave_requested and p.phase == "Succeeded") for p in obs.finished):
+            reason = f"replacing a member that died: {n} of {desired} members"
+        out.actions.append(CreatePod(ordinal, reason))
+        out.events.append(Event("Normal", "MemberCreated", f"creating member pod {spec.name}-{ordinal} ({reason})"))
+        out.phase, out.message = "ScalingUp", reason
+    # 5. too many members: graceful leaves, bounded by numOwners-1, once the grid is settled.
+    elif n > desired:
+        rolling = bool(outdated) and n == desired + 1
+        out.phase = "Updating" if rolling else "ScalingDown"
+        if desired == 0 and n == 1:
+            # The last member has nobody to hand its segments to: a graceful leave could only wait out its
+            # timeout. Scaling to 0 discards the (in-memory) data by definition; stop the pod promptly.
+            (last,) = obs.active
+            out.actions.append(DeletePod(last.name, "scaling to 0: the last member stops", grace_seconds=5))
+            out.events.append(Event("Normal", "MemberStopped", f"stopping the last member {last.name} (scaling to 0)"))
+            out.message = "scaling to 0: stopping the last member"
+        elif not obs.well_formed or obs.rebalancing:
+            out.message = "waiting for the group to agree on one view and the rebalance to finish before a leave"
+        else:
+            count = min(n - desired, spec.max_leaving)
+            for p in choose_leavers(obs.active, count, spec_hash, obs.coordinator_pod):
+                why = "runs an old spec (rolling update)" if p.spec_hash != spec_hash else f"scaling down to {desired}"
+                out.actions.append(RequestLeave(p.name, why))
+                out.events.append(
+                    Event("Normal", "MemberLeaving", f"asking member {p.name} to leave gracefully: {why}")
+                )
+            out.message = f"{len(out.actions)} member(s) leaving: {n} -> {desired}"
+    # 6. the right number but an old spec: surge one new member (rule 5 then retires an old one).
+    elif outdated and desired > 0:
+        out.phase = "Updating"
+        if not obs.well_formed or obs.rebalancing:
+            out.message = "rolling update: waiting for the group to settle before the next member"
+        else:
+            ordinal = free_ordinal(pods)
+            reason = f"rolling update: {len(outdated)} member(s) on an old spec"
+            out.actions.append(CreatePod(ordinal, reason))
+            out.events.append(Event("Normal", "MemberCreated", f"creating member pod {spec.name}-{ordinal} ({reason})"))
+            out.message = reason
+    else:
+        if desired == 0 and not pods:
+            out.phase, out.message = "Stopped", "no members (replicas 0)"
+        elif obs.rebalancing:
+            out.phase, out.message = "Rebalancing", "the grid is moving segments"
+        elif not obs.well_formed:
+            out.phase, out.message = "Degraded", "the members do not agree on one view"
+        else:
+            out.phase, out.message = "Running", f"{n} member(s) in view {obs.view_id}"
+
+    if obs.degraded_reasons:
+        out.phase = "Degraded"
+        out.message = "; ".join(obs.degraded_reasons) + (f"; {out.message}" if out.message else "")
+
+    out.status = _status(spec, spec_hash, pods, reports, obs, ready, out, previous_conditions, now)
+    return out
+
+
+def _condition(
+    type_: str, on: bool, reason: str, message: str, previous: Mapping[str, Mapping[str, Any]], now: str
+) -> dict[str, Any]:
+    status = "True" if on else "False"
+    before = previous.get(type_)
+    # lastTransitionTime moves only when the status flips (Kubernetes' convention for conditions).
+    since = before.get("lastTransitionTime") if before and before.get("status") == status else None
+    cond = {"type": type_, "status": status, "reason": reason, "message": message}
+    if since or now:
+        cond["lastTransitionTime"] = since or now
+    return cond
+
+
+def _status(
+    spec: ClusterSpec,
+    spec_hash: str,
+    pods: Sequence[PodState],
+    reports: Mapping[str, MemberReport | None],
+    obs: _Observed,
+    ready: list[PodState],
+    out: Plan,
+    previous_conditions: Sequence[Mapping[str, Any]],
+    now: str,
+) -> dict[str, Any]:
+    prev = {str(c.get("type")): c for c in previous_conditions if isinstance(c, Mapping)}
+    n = len(obs.active)
+    members = []
+    for p in sorted(pods, key=lambda p: p.ordinal):
+        if p.finished:
+            continue
+        r = reports.get(p.name)
+        members.append(
+            {
+                "pod": p.name,
+                "address": r.address if r else "",
+                "ready": _member_ready(p, reports),
+                "leaving": p.leave_requested or p.deleting,
+                "viewId": (r.view_id or "") if r else "",
+                "segmentsOwned": r.segments_owned if r else 0,
+                "upToDate": p.spec_hash == spec_hash,
+            }
+        )
+    joined = [r for r in reports.values() if r is not None and r.joined]
+    topo = {r.topology_id for r in joined if r.topology_id is not None}
+    scaling_up = any(isinstance(a, CreatePod) for a in out.actions) or (n < spec.replicas)
+    scaling_down = bool(obs.leaving) or n > spec.replicas
+    conditions = [
+        _condition(
+            "WellFormed",
+            obs.well_formed,
+            "OneView" if obs.well_formed else "ViewsDiffer",
+            f"every member reports view {obs.view_id}" if obs.well_formed else "the members do not all report one view",
+            prev,
+            now,
+        ),
+        _condition(
+            "Rebalancing",
+            obs.rebalancing,
+            "SegmentsMoving" if obs.rebalancing else "Balanced",
+            "segments are being transferred" if obs.rebalancing else "no rebalance in progress",
+            prev,
+            now,
+        ),
+        _condition(
+            "ScalingUp",
+            scaling_up,
+            "AddingMembers" if scaling_up else "Idle",
+            f"{n} of {spec.replicas} members" if scaling_up else "",
+            prev,
+            now,
+        ),
+        _condition(
+            "ScalingDown",
+            scaling_down,
+            "RemovingMembers" if scaling_down else "Idle",
+            f"{n + len(obs.leaving)} members, {spec.replicas} wanted" if scaling_down else "",
+            prev,
+            now,
+        ),
+        _condition(
+            "Degraded",
+            bool(obs.degraded_reasons),
+            "MembersUnavailable" if obs.degraded_reasons else "Healthy",
+            "; ".join(obs.degraded_reasons),
+            prev,
+            now,
+        ),
+    ]
+    return {
+        "phase": out.phase,
+        "message": out.message,
+        "replicas": n,
+        "readyReplicas": len(ready),
+        "selector": spec.selector,
+        "viewId": obs.view_id or "",
+        "coordinator": obs.coordinator_pod or "",
+        "members": members,
+        "rebalance": {
+            "inProgress": obs.rebalancing,
+            "segmentsToFetch": sum(r.segments_to_fetch for r in joined),
+            "segmentsFetched": sum(r.segments_fetched for r in joined),
+            "topologyId": max(topo) if topo else 0,
+        },
+        "specHash": spec_hash,
+        "conditions": conditions,
+    }

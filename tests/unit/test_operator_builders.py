@@ -1,0 +1,131 @@
+"""The pure manifest builders: what the operator creates for a GroupCluster, checked without a cluster."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from groupcluster.grid.node import GridConfig
+from groupcluster.runtime import member_cli
+from groupcluster_operator import builders
+from groupcluster_operator.model import ClusterSpec
+
+UID = "0000-uid"
+
+
+def spec(**fields: Any) -> ClusterSpec:
+    body = {"metadata": {"name": "orders", "namespace": "shop"}, "spec": {"replicas": 3, **fields}}
+    return ClusterSpec.from_resource(body, default_image="groupcluster:1.0")
+
+
+def test_member_pod_runs_a_discovering_grid_member_with_probes() -> None:
+    pod = builders.build_member_pod(spec(), UID, 2)
+    meta, pspec = pod["metadata"], pod["spec"]
+    assert meta["name"] == "orders-2" and meta["namespace"] == "shop"
+    assert meta["labels"]["groupcluster.io/cluster"] == "orders"
+    assert meta["labels"]["groupcluster.io/ordinal"] == "2"
+    assert meta["annotations"]["groupcluster.io/spec-hash"] == spec().pod_hash()
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "groupcluster.io/v1alpha1",
+            "kind": "GroupCluster",
+            "name": "orders",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    assert pspec["restartPolicy"] == "Never"  # the planner, not the kubelet, decides what replaces a member
+    assert pspec["serviceAccountName"] == "orders-member"
+    (c,) = pspec["containers"]
+    assert c["image"] == "groupcluster:1.0"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"member": 7800, "http": 8080}
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    args = c["args"]
+    assert args[:3] == ["member", "--cluster", "shop.orders"]
+    assert "--kube-discovery" in args and args[args.index("--kube-selector") + 1] == "groupcluster.io/cluster=orders"
+    # Long enough for the member's own hand-off timeout plus its leave.
+    assert pspec["terminationGracePeriodSeconds"] > 120
+
+
+def test_member_args_are_accepted_by_the_real_member_command() -> None:
+    s = spec(
+        numOwners=3,
+        numSegments=64,
+        partitionHandling="AllowReads",
+        stack={"preset": "total-order", "transport": "tcp", "set": {"fd.timeout": "5s"}},
+        grid={"op_timeout": "20s"},
+    )
+    container = builders.build_member_pod(s, UID, 0)["spec"]["containers"][0]
+    args = [a.replace("$(POD_IP)", "10.1.2.3") for a in container["args"]]
+    assert args[0] == "member"
+    parser = argparse.ArgumentParser()
+    member_cli.add_arguments(parser)
+    ns = parser.parse_args(args[1:])
+    assert ns.bind == ("10.1.2.3", 7800) and ns.http == ("10.1.2.3", 8080)
+    assert ns.transport == "tcp" and ns.kube_discovery and ns.grid
+    member_cli.load_spec(ns.stack, ns.overrides)  # a bad layer key would raise ConfigError here
+    grid = GridConfig.from_dict(dict(ns.grid_params))
+    assert (grid.num_owners, grid.num_segments, grid.partition_handling, grid.op_timeout) == (
+        3,
+        64,
+        "allow_reads",
+        20.0,
+    )
+
+
+def test_pod_template_overrides_merge_without_breaking_our_labels() -> None:
+    s = spec(
+        podTemplate={
+            "metadata": {"labels": {"team": "a", "groupcluster.io/cluster": "evil"}, "annotations": {"x": "y"}},
+            "spec": {
+                "nodeSelector": {"disk": "ssd"},
+                "priorityClassName": "high",
+                "env": [{"name": "EXTRA", "value": "1"}],
+                "terminationGracePeriodSeconds": 60,
+            },
+        },
+        resources={"requests": {"cpu": "100m"}},
+    )
+    pod = builders.build_member_pod(s, UID, 0)
+    assert pod["metadata"]["labels"]["team"] == "a"
+    assert pod["metadata"]["labels"]["groupcluster.io/cluster"] == "orders"
+    assert pod["metadata"]["annotations"]["x"] == "y"
+    assert pod["spec"]["nodeSelector"] == {"disk": "ssd"} and pod["spec"]["priorityClassName"] == "high"
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 60
+    c = pod["spec"]["containers"][0]
+    assert {"name": "EXTRA", "value": "1"} in c["env"]
+    assert c["resources"] == {"requests": {"cpu": "100m"}}
+
+
+def test_headless_service_publishes_members_before_they_are_ready() -> None:
+    svc = builders.build_headless_service(spec(), UID)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == {"groupcluster.io/cluster": "orders", "app.kubernetes.io/component": "member"}
+    assert {p["name"]: p["protocol"] for p in svc["spec"]["ports"]} == {"http": "TCP", "member": "UDP"}
+
+
+def test_disruption_budget_follows_num_owners() -> None:
+    assert builders.build_pod_disruption_budget(spec(numOwners=2), UID)["spec"]["maxUnavailable"] == 1
+    assert builders.build_pod_disruption_budget(spec(numOwners=4), UID)["spec"]["maxUnavailable"] == 3
+    assert builders.build_pod_disruption_budget(spec(numOwners=1), UID)["spec"]["maxUnavailable"] == 1
+
+
+def test_member_rbac_is_least_privilege() -> None:
+    objs = builders.build_supporting_objects(spec(), UID)
+    assert [o["kind"] for o in objs] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "PodDisruptionBudget",
+    ]
+    role = objs[1]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    binding = objs[2]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orders-member", "namespace": "shop"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == UID for o in objs)

@@ -1,0 +1,114 @@
+"""The CRD and the Helm chart, without a cluster: one CRD source, a documented values file, RBAC that covers
+what the operator does. (``helm lint`` and a real install run in tests/e2e/test_operator.py.)"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from groupcluster_operator import builders
+from groupcluster_operator.model import ClusterSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "groupcluster"
+CRD = ROOT / "crds" / "groupclusters.groupcluster.io.yaml"
+
+
+def test_the_chart_crd_is_the_generated_copy_of_crds() -> None:
+    res = subprocess.run([sys.executable, str(ROOT / "crds" / "sync.py"), "--check"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    copy = (CHART / "crds" / CRD.name).read_text()
+    assert copy.endswith(CRD.read_text()) and copy.startswith("# GENERATED")
+
+
+def _schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    return version
+
+
+def test_crd_has_scale_status_printer_columns_and_described_fields() -> None:
+    version = _schema()
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    assert "status" in version["subresources"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Replicas", "Ready", "View", "Phase", "Age"]
+    spec_props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    for name in ("replicas", "image", "resources", "numOwners", "numSegments", "partitionHandling", "stack"):
+        assert spec_props[name].get("description"), f"spec.{name} has no description (kubectl explain)"
+    assert spec_props["replicas"]["minimum"] == 0
+
+
+def test_crd_defaults_agree_with_the_operator_defaults() -> None:
+    spec_props = _schema()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    d = ClusterSpec(name="x", namespace="y")
+    pairs = {
+        "replicas": d.replicas,
+        "numOwners": d.num_owners,
+        "numSegments": d.num_segments,
+        "partitionHandling": d.partition_handling,
+        "memberPort": d.member_port,
+        "httpPort": d.http_port,
+        "leaveTimeoutSeconds": d.leave_timeout,
+    }
+    for field, value in pairs.items():
+        assert spec_props[field]["default"] == value, field
+    stack = spec_props["stack"]["properties"]
+    assert stack["preset"]["default"] == d.preset and stack["transport"]["default"] == d.transport
+
+
+def _rules() -> list[dict[str, Any]]:
+    text = (CHART / "templates" / "_helpers.tpl").read_text()
+    block = re.search(r'define "groupcluster.rules" -\}\}\n(.*?)\{\{- end', text, re.S)
+    assert block, "groupcluster.rules not found in _helpers.tpl"
+    return yaml.safe_load(block.group(1))
+
+
+def _allowed(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
+
+
+def test_operator_rbac_covers_every_object_it_creates_and_no_more_than_needed() -> None:
+    rules = _rules()
+    spec = ClusterSpec(name="x", namespace="y", image="i")
+    for obj in [*builders.build_supporting_objects(spec, "u"), builders.build_member_pod(spec, "u", 0)]:
+        group = obj["apiVersion"].rpartition("/")[0]
+        plural = {"PodDisruptionBudget": "poddisruptionbudgets"}.get(obj["kind"], obj["kind"].lower() + "s")
+        for verb in ("get", "create"):
+            assert _allowed(rules, group, plural, verb), f"{verb} {group}/{plural}"
+    for verb in ("list", "delete", "patch"):
+        assert _allowed(rules, "", "pods", verb)
+    assert _allowed(rules, "groupcluster.io", "groupclusters/status", "patch")
+    assert _allowed(rules, "", "events", "create")
+    # Least privilege: no wildcards, no secrets, no deletion of anything but pods.
+    for r in rules:
+        assert "*" not in r["verbs"] and "*" not in r["resources"] and "secrets" not in r["resources"]
+        if "delete" in r["verbs"]:
+            assert r["resources"] == ["pods"]
+
+
+def test_values_are_documented() -> None:
+    """Every value of the chart's own settings has a comment right above it (Kubernetes objects passed through,
+    like resources or podSecurityContext, are documented as a whole)."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    own_sections = {"image", "rbac", "serviceAccount", "operator"}
+    undocumented, section = [], ""
+    for i, line in enumerate(lines):
+        m = re.match(r"^( *)([A-Za-z]\w*):\s*(\S.*)?$", line)
+        if not m:
+            continue
+        if not m.group(1):
+            section = m.group(2)
+        ours = not m.group(1) or (len(m.group(1)) == 2 and section in own_sections)
+        if ours and m.group(3) and not lines[i - 1].strip().startswith("#"):
+            undocumented.append(line.strip())
+    assert not undocumented, f"values without a comment: {undocumented}"
+    assert yaml.safe_load("\n".join(lines))["rbac"]["clusterWide"] is False  # namespaced by default

@@ -1,0 +1,318 @@
+"""The pure scaling planner: every decision of the operator, without a cluster."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from groupcluster_operator.model import ClusterSpec, SpecError
+from groupcluster_operator.planner import (
+    CreatePod,
+    DeletePod,
+    MemberReport,
+    PodState,
+    RequestLeave,
+    choose_leavers,
+    plan,
+)
+
+VIEW = "10.0.0.10:7800#1|7"
+
+
+def spec(replicas: int = 3, **extra: Any) -> ClusterSpec:
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "spec": {"replicas": replicas, **extra}}
+    return ClusterSpec.from_resource(body, default_image="groupcluster:test")
+
+
+HASH = spec().pod_hash()
+
+
+def addr(i: int) -> str:
+    return f"10.0.0.{10 + i}:7800#{i + 1}"
+
+
+def cluster(
+    n: int, *, coordinator: int = 0, hashes: dict[int, str] | None = None, **report: Any
+) -> tuple[list[PodState], dict[str, MemberReport | None]]:
+    """n ready members in one view (pods demo-0..n-1), coordinator demo-<coordinator>."""
+    pods = [
+        PodState(
+            name=f"demo-{i}",
+            ordinal=i,
+            phase="Running",
+            ip=f"10.0.0.{10 + i}",
+            ready=True,
+            spec_hash=(hashes or {}).get(i, HASH),
+        )
+        for i in range(n)
+    ]
+    members = tuple(addr(i) for i in range(n))
+    reports: dict[str, MemberReport | None] = {
+        p.name: MemberReport(
+            address=addr(i),
+            view_id=VIEW,
+            view_members=members,
+            coordinator=addr(coordinator),
+            segments_owned=256,
+            **report,
+        )
+        for i, p in enumerate(pods)
+    }
+    return pods, reports
+
+
+def test_an_empty_cluster_creates_its_first_member() -> None:
+    step = plan(spec(3), [], {})
+    assert step.actions == [CreatePod(0, "scaling up: 0 of 3 members")]
+    assert step.phase == "ScalingUp"
+    assert step.status["replicas"] == 0 and step.status["selector"] == "groupcluster.io/cluster=demo"
+    assert [e.reason for e in step.events] == ["MemberCreated"]
+
+
+def test_members_are_added_one_at_a_time_each_ready_only_after_join_and_transfer() -> None:
+    pods, reports = cluster(1)
+    pods.append(PodState(name="demo-1", ordinal=1, phase="Running", ip="10.0.0.11", ready=False, spec_hash=HASH))
+    # Joined, but its segments are still arriving: not ready, so no third pod yet.
+    reports["demo-1"] = MemberReport(address=addr(1), view_id=VIEW, grid_ready=False, segments_to_fetch=40)
+    step = plan(spec(3), pods, reports)
+    assert step.actions == []
+    assert "demo-1" in step.message and step.phase == "ScalingUp"
+    pods[1] = PodState(name="demo-1", ordinal=1, phase="Running", ip="10.0.0.11", ready=True, spec_hash=HASH)
+    pods2, reports2 = cluster(2)
+    step = plan(spec(3), pods2, reports2)
+    assert step.actions == [CreatePod(2, "scaling up: 2 of 3 members")]
+
+
+def test_a_settled_cluster_does_nothing_and_reports_well_formed() -> None:
+    pods, reports = cluster(3)
+    step = plan(spec(3), pods, reports, now="2026-01-01T00:00:00Z")
+    assert step.actions == [] and step.events == []
+    assert step.phase == "Running"
+    st = step.status
+    assert st["replicas"] == 3 and st["readyReplicas"] == 3
+    assert st["viewId"] == VIEW and st["coordinator"] == "demo-0"
+    conds = {c["type"]: c["status"] for c in st["conditions"]}
+    assert conds == {
+        "WellFormed": "True",
+        "Rebalancing": "False",
+        "ScalingUp": "False",
+        "ScalingDown": "False",
+        "Degraded": "False",
+    }
+
+
+def test_views_that_differ_are_not_well_formed_and_block_a_scale_down() -> None:
+    pods, reports = cluster(3)
+    reports["demo-2"] = MemberReport(address=addr(2), view_id="10.0.0.12:7800#3|1", view_members=(addr(2),))
+    step = plan(spec(2), pods, reports)
+    assert step.actions == []
+    assert {c["type"]: c["status"] for c in step.status["conditions"]}["WellFormed"] == "False"
+    assert step.status["viewId"] == ""
+
+
+def test_scale_down_with_two_owners_asks_one_member_at_a_time_never_the_coordinator() -> None:
+    pods, reports = cluster(5, coordinator=4)
+    step = plan(spec(2), pods, reports)
+    assert step.actions == [RequestLeave("demo-3", "scaling down to 2")]
+    assert step.phase == "ScalingDown"
+    assert [e.reason for e in step.events] == ["MemberLeaving"]
+
+
+def test_scale_down_never_has_more_than_num_owners_minus_one_leaving() -> None:
+    pods, reports = cluster(6)
+    step = plan(spec(1, numOwners=3), pods, reports)
+    assert [a.pod for a in step.actions if isinstance(a, RequestLeave)] == ["demo-5", "demo-4"]
+    # While they leave, nobody else is asked, even though 3 more must go.
+    leaving = [
+        PodState(**{**p.__dict__, "leave_requested": True}) if p.name in ("demo-5", "demo-4") else p for p in pods
+    ]
+    for name in ("demo-5", "demo-4"):
+        r = reports[name]
+        assert r is not None
+        reports[name] = MemberReport(**{**r.__dict__, "leaving": True})
+    step = plan(spec(1, numOwners=3), leaving, reports)
+    assert step.actions == []
+    assert "demo-4" in step.message and "demo-5" in step.message
+
+
+def test_no_leave_while_the_grid_rebalances() -> None:
+    pods, reports = cluster(3, grid_phase="READ_OLD_WRITE_ALL")
+    step = plan(spec(2), pods, reports)
+    assert step.actions == []
+    assert step.status["rebalance"]["inProgress"] is True
+    assert {c["type"]: c["status"] for c in step.status["conditions"]}["Rebalancing"] == "True"
+
+
+def test_a_lost_leave_request_is_sent_again() -> None:
+    pods, reports = cluster(3)
+    pods[2] = PodState(**{**pods[2].__dict__, "leave_requested": True})
+    step = plan(spec(2), pods, reports)  # annotated, but the member says it is not leaving
+    assert step.actions == [RequestLeave("demo-2", "a leave was asked for but the member is not leaving")]
+
+
+def test_a_member_that_left_is_deleted_and_the_next_one_may_go() -> None:
+    pods, reports = cluster(4, coordinator=0)
+    left = PodState(name="demo-3", ordinal=3, phase="Succeeded", leave_requested=True, exit_code=0)
+    pods[3] = left
+    reports.pop("demo-3")
+    members = tuple(addr(i) for i in range(3))
+    for i in range(3):
+        reports[f"demo-{i}"] = MemberReport(
+            address=addr(i), view_id="v8", view_members=members, coordinator=addr(0), segments_owned=256
+        )
+    step = plan(spec(1), pods, reports)
+    assert step.actions[0] == DeletePod("demo-3", "left the group after handing its data off")
+    assert step.actions[1:] == [RequestLeave("demo-2", "scaling down to 1")]
+    assert [e.reason for e in step.events] == ["MemberLeft", "MemberLeaving"]
+
+
+def test_a_dead_member_is_deleted_reported_and_replaced() -> None:
+    pods, reports = cluster(3)
+    pods[1] = PodState(name="demo-1", ordinal=1, phase="Failed", exit_code=137, reason="Error", spec_hash=HASH)
+    reports["demo-1"] = None
+    members = (addr(0), addr(2))
+    for i in (0, 2):
+        reports[f"demo-{i}"] = MemberReport(address=addr(i), view_id="v9", view_members=members, coordinator=addr(0))
+    step = plan(spec(3), pods, reports)
+    assert step.actions == [
+        DeletePod("demo-1", "member exited unexpectedly: exit code 137 (Error)"),
+        CreatePod(3, "replacing a member that died: 2 of 3 members"),
+    ]
+    warn = [e for e in step.events if e.type == "Warning"]
+    assert len(warn) == 1 and warn[0].reason == "MemberDied" and "exit code 137" in warn[0].message
+
+
+def test_a_pod_terminating_is_waited_for_before_its_replacement() -> None:
+    pods, reports = cluster(3)
+    pods[2] = PodState(**{**pods[2].__dict__, "deleting": True})
+    step = plan(spec(3), pods, reports)
+    assert step.actions == []
+    assert "demo-2" in step.message
+
+
+def test_rolling_update_adds_a_new_member_then_retires_old_ones_coordinator_last() -> None:
+    new = spec(3, image="groupcluster:v2")
+    old_hash = HASH
+    pods, reports = cluster(3, hashes=dict.fromkeys(range(3), old_hash))
+    step = plan(new, pods, reports)
+    assert step.actions == [CreatePod(3, "rolling update: 3 member(s) on an old spec")]
+    assert step.phase == "Updating"
+    # The surge member joined: one old member leaves, not the coordinator (demo-0).
+    pods, reports = cluster(4, hashes={0: old_hash, 1: old_hash, 2: old_hash, 3: new.pod_hash()})
+    step = plan(new, pods, reports)
+    assert step.actions == [RequestLeave("demo-2", "runs an old spec (rolling update)")]
+    assert step.phase == "Updating"
+    # Only the coordinator is still old: it goes last, after a new member joined.
+    pods, reports = cluster(4, hashes={0: old_hash, 1: new.pod_hash(), 2: new.pod_hash(), 3: new.pod_hash()})
+    step = plan(new, pods, reports)
+    assert step.actions == [RequestLeave("demo-0", "runs an old spec (rolling update)")]
+    member_state = {m["pod"]: m["upToDate"] for m in step.status["members"]}
+    assert member_state == {"demo-0": False, "demo-1": True, "demo-2": True, "demo-3": True}
+
+
+def test_scale_to_zero_retires_members_then_stops_the_last() -> None:
+    pods, reports = cluster(2)
+    step = plan(spec(0), pods, reports)
+    assert step.actions == [RequestLeave("demo-1", "scaling down to 0")]
+    pods, reports = cluster(1)
+    step = plan(spec(0), pods, reports)
+    assert step.actions == [DeletePod("demo-0", "scaling to 0: the last member stops", grace_seconds=5)]
+    step = plan(spec(0), [], {})
+    assert step.actions == [] and step.phase == "Stopped"
+
+
+def test_a_ready_member_that_does_not_answer_is_degraded() -> None:
+    pods, reports = cluster(3)
+    reports["demo-1"] = None
+    step = plan(spec(3), pods, reports)
+    assert step.phase == "Degraded"
+    assert "demo-1 does not answer" in step.message
+    assert {c["type"]: c["status"] for c in step.status["conditions"]}["Degraded"] == "True"
+
+
+def test_condition_transition_times_move_only_when_the_status_flips() -> None:
+    pods, reports = cluster(3)
+    first = plan(spec(3), pods, reports, now="T1").status["conditions"]
+    again = plan(spec(3), pods, reports, previous_conditions=first, now="T2").status["conditions"]
+    assert {c["lastTransitionTime"] for c in again} == {"T1"}
+    flipped = plan(spec(2), pods, reports, previous_conditions=first, now="T3").status["conditions"]
+    times = {c["type"]: c["lastTransitionTime"] for c in flipped}
+    assert times["ScalingDown"] == "T3" and times["WellFormed"] == "T1"
+
+
+def test_choose_leavers_order() -> None:
+    pods = [PodState(name=f"p{i}", ordinal=i, spec_hash="new") for i in range(4)]
+    pods[1] = PodState(name="p1", ordinal=1, spec_hash="old")
+    assert [p.name for p in choose_leavers(pods, 2, "new", "p3")] == ["p1", "p2"]
+    assert [p.name for p in choose_leavers(pods, 4, "new", "p3")][-1] == "p3"
+
+
+def test_pod_state_and_member_report_are_read_from_api_objects() -> None:
+    pod = {
+        "metadata": {
+            "name": "demo-4",
+            "labels": {"groupcluster.io/ordinal": "4"},
+            "annotations": {"groupcluster.io/spec-hash": "abc", "groupcluster.io/leave-requested": "now"},
+            "deletionTimestamp": None,
+        },
+        "status": {
+            "phase": "Failed",
+            "podIP": "10.0.0.4",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
+        },
+    }
+    st = PodState.from_pod(pod)
+    assert (st.name, st.ordinal, st.phase, st.ip, st.ready) == ("demo-4", 4, "Failed", "10.0.0.4", False)
+    assert st.spec_hash == "abc" and st.leave_requested and st.finished
+    assert (st.exit_code, st.reason) == (137, "OOMKilled")
+    status = {
+        "address": addr(0),
+        "joined": True,
+        "view": {"id": [7, addr(0)], "members": [addr(0), addr(1)]},
+        "coordinator": addr(0),
+        "grid": {
+            "topology_id": 12,
+            "phase": "READ_OLD_WRITE_ALL",
+            "availability": "AVAILABLE",
+            "segments_owned": 100,
+            "rebalance": {"segments_to_fetch": 10, "segments_fetched": 4},
+            "leaving": False,
+            "ready": False,
+        },
+    }
+    r = MemberReport.from_status(status)
+    assert r.view_id == f"{addr(0)}|7" and r.view_members == (addr(0), addr(1))
+    assert (r.grid_phase, r.segments_to_fetch, r.segments_fetched, r.topology_id) == ("READ_OLD_WRITE_ALL", 10, 4, 12)
+    assert r.grid_ready is False
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"replicas": -1}, "spec.replicas"),
+        ({"numOwners": 0}, "spec.numOwners"),
+        ({"partitionHandling": "Sometimes"}, "spec.partitionHandling"),
+        ({"memberPort": 8080}, "memberPort and spec.httpPort"),
+        ({"stack": {"set": {"nodot": "1"}}}, "layer.key"),
+        ({"stack": {"preset": "fast"}}, "spec.stack.preset"),
+    ],
+)
+def test_bad_specs_are_refused_naming_the_field(fields: dict[str, Any], message: str) -> None:
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "spec": {"replicas": 3, **fields}}
+    with pytest.raises(SpecError, match=re.escape(message)):
+        ClusterSpec.from_resource(body, default_image="groupcluster:test")
+
+
+def test_an_image_is_required_from_the_spec_or_the_operator() -> None:
+    body = {"metadata": {"name": "demo", "namespace": "ns"}, "spec": {}}
+    with pytest.raises(SpecError, match=r"spec\.image"):
+        ClusterSpec.from_resource(body)
+    assert ClusterSpec.from_resource({**body, "spec": {"image": "x/groupcluster:1"}}).image == "x/groupcluster:1"
+
+
+def test_the_pod_hash_ignores_replicas_but_not_the_image() -> None:
+    assert spec(3).pod_hash() == spec(5).pod_hash()
+    assert spec(3).pod_hash() != spec(3, image="groupcluster:v2").pod_hash()
+    assert spec(3).pod_hash() != spec(3, stack={"set": {"fd.timeout": "5s"}}).pod_hash()
