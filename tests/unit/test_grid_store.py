@@ -26,7 +26,7 @@ def test_newer_version_wins_and_older_is_ignored() -> None:
     s = SegmentStore(4)
     assert s.write(1, b"k", 10, b"a")
     assert not s.write(1, b"k", 9, b"old")
-    assert not s.write(1, b"k", 10, b"same")
+    assert not s.write(1, b"k", 10, b"A")  # a tie goes to the greater value (b"a" > b"A")
     assert s.write(1, b"k", 11, b"b")
     assert s.value(1, b"k") == b"b" and len(s) == 1
 
@@ -125,9 +125,24 @@ def test_property_store_holds_the_newest_version_of_each_key(ops: list[tuple[str
             s.apply_transferred(0, [(key, ver, value)])
         else:
             s.write(0, key, ver, value)
-        if key not in newest or newest[key][0] < ver:
+        old = newest.get(key)
+        # Newest version; a tie of different values goes to the greater one, a deletion counting least.
+        if old is None or old[0] < ver or (old[0] == ver and value is not None and (old[1] is None or value > old[1])):
             newest[key] = (ver, value)
     for key, (_, value) in newest.items():
         assert s.value(0, key) == value
     assert len(s) == sum(1 for _, v in newest.values() if v is not None)
     assert s.tombstones == sum(1 for _, v in newest.values() if v is None)
+
+
+def test_equal_versions_with_different_values_resolve_the_same_everywhere() -> None:
+    # Two partitions can stamp the same version (topology id and sequence) on different values; every replica
+    # must keep the same one whatever the order they arrive in: the greater value, a deletion counting least.
+    for order in ((b"a", b"b"), (b"b", b"a")):
+        s = SegmentStore(4)
+        s.keep_tombstones = True
+        for value in order:
+            s.write(1, b"k", 7, value)
+        assert s.get(1, b"k") == (7, b"b")
+        assert not s.write(1, b"k", 7, None)  # a deletion loses a tie
+        assert s.write(1, b"k", 8, None) and s.get(1, b"k") == (8, None)

@@ -235,6 +235,9 @@ class GridNode:
         self._refetch_at: float | None = None
         self._confirmed_id = 0
         self._statuses_in: dict[Address, MemberStatus] = {}
+        # Set by a merge view while our topology was available: our entries may conflict with what the other
+        # partition wrote, so we push them to the owners of the first topology the merged group installs.
+        self._merge_from: int | None = None
         self._early_statuses: dict[Address, MemberStatus] = {}
         self._loop: deque[tuple[Address, GridMessage]] = deque()
         self._out: dict[Address | None, list[GridMessage]] = {}
@@ -246,9 +249,12 @@ class GridNode:
         """A new group view (``merge`` True for a merge view)."""
         self._now = now
         old_coord = self.view[0] if self.view else None
-        self.view = tuple(members)
-        if not self.view:
+        if not members:
             raise ValueError("on_view: a view has at least one member")
+        self.view = tuple(members)
+        t = self.topology
+        if merge and t is not None and t.availability == Availability.AVAILABLE and self.store is not None:
+            self._merge_from = t.topology_id
         alive = set(self.view)
         if self.view[0] == self.address:
             if self.planner is None or merge or old_coord != self.address:
@@ -354,6 +360,16 @@ class GridNode:
             self._check_ready()
         self._flush()
 
+    def force_available(self, now: float) -> bool:
+        """Operator's override on the coordinator: accept what the missing owners took with them and leave
+        degraded mode with the members present. Returns False on a member that is not the coordinator."""
+        self._now = now
+        if self.planner is None:
+            return False
+        self._planner_out(self.planner.force_available())
+        self._flush()
+        return True
+
     # -- outputs --------------------------------------------------------------------------------------------
     def take_outbox(self) -> list[Outgoing]:
         out, self._outbox = self._outbox, []
@@ -362,6 +378,12 @@ class GridNode:
     def take_results(self) -> list[OpResult]:
         out, self._results = self._results, []
         return out
+
+    @property
+    def merging(self) -> bool:
+        """True from a merge view (while our topology was available) until every entry we pushed to the
+        merged group's owners is acknowledged (see :meth:`_push_merged`)."""
+        return self._merge_from is not None or any(pw.op_id == 0 for pw in self._writes.values())
 
     @property
     def pending_ops(self) -> int:
@@ -487,7 +509,14 @@ class GridNode:
         if self.store is None or self.store.num_segments != t.num_segments:
             self.store = SegmentStore(t.num_segments)
         store = self.store
-        store.keep_tombstones = t.rebalancing
+        merged: list[tuple[int, bytes, int, bytes | None]] = []
+        if self._merge_from is not None and t.topology_id > self._merge_from:
+            # The first topology of the merged group: take our entries (tombstones too) before any drop.
+            self._merge_from = None
+            merged = [(s, k, ver, val) for s, data in sorted(store.segments.items()) for k, (ver, val) in data.items()]
+        # Tombstones stay: a member that was cut off (or a partition that wrote on its own) pushes its entries
+        # after a merge, and an older value must not bring a deleted key back (see docs/grid.md, merge).
+        store.keep_tombstones = True
         keep = t.segments_to_keep(me)
         if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL):
             # Old copies go only once no topology in use can still read them (see docs/grid.md).
@@ -514,13 +543,14 @@ class GridNode:
             self._cancel_in_xfers()
             if t.phase == Phase.NO_REBALANCE:
                 self._out_xfers.clear()
-                self.metrics["grid.tombstones_purged"] += store.purge_tombstones()
         for s in keep:
             store.add_segment(s)
         # Writes we applied under another topology: push them to this topology's write owners.
         for wid, pw in list(self._writes.items()):
             if pw.topology_id != t.topology_id:
                 self._redrive(wid, pw)
+        if merged:
+            self._push_merged(merged)
         # Requests held for this topology (or an older one) can be answered now.
         if self._queued:
             held, self._queued = self._queued, deque()
@@ -661,6 +691,8 @@ class GridNode:
     def _respond(
         self, dest: Address, op_id: int, attempt: int, code: int, tid: int, value: bytes | None = None, error: str = ""
     ) -> None:
+        if op_id == 0:
+            return  # a merge push (:meth:`_push_merged`): no client waits for it
         self._emit(dest, Response(op_id, attempt, code, tid, value, error))
 
     def _on_command(self, src: Address, cmd: Command) -> None:
@@ -720,6 +752,11 @@ class GridNode:
         t = self.topology
         assert t is not None and self.store is not None
         seg = segment_of(pw.key, t.num_segments)
+        if not t.can_write(seg) and pw.op_id == 0:
+            # A merge push for a segment this (degraded) topology cannot write: keep it for the next one.
+            pw.topology_id = t.topology_id
+            pw.awaiting = set()
+            return
         if not t.can_write(seg):
             del self._writes[wid]
             self._respond(pw.origin, pw.op_id, pw.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
@@ -735,8 +772,26 @@ class GridNode:
             self._respond(pw.origin, pw.op_id, pw.attempt, OK, t.topology_id)
             return
         msg = Backup(wid, t.topology_id, pw.version, pw.key, pw.value)
-        for b in pw.awaiting:
+        for b in sorted(pw.awaiting):  # sorted: address hashes (so set order) differ between processes
             self._emit(b, msg)
+
+    def _push_merged(self, entries: list[tuple[int, bytes, int, bytes | None]]) -> None:
+        """Merge policy: every entry we held when a merge view came goes to the key's write owners now.
+
+        Each travels as a write of its own version (a :class:`_PendingWrite` with no client waiting), so it
+        survives topology changes like any write, and every store keeps the newest version: the partition
+        whose write is newest wins, a tie of different values (two partitions that stamped the same version)
+        goes to the greater value, a deletion counting as smallest (:meth:`SegmentStore.write`).
+        """
+        t = self.topology
+        assert t is not None
+        for _s, key, version, value in entries:
+            wid = self._next_write
+            self._next_write += 1
+            pw = _PendingWrite(self.address, 0, 0, 0, set(), key, version, value)
+            self._writes[wid] = pw
+            self._redrive(wid, pw)
+        self.metrics["grid.merge_entries_pushed"] += len(entries)
 
     def _on_backup(self, src: Address, b: Backup) -> None:
         t = self.topology

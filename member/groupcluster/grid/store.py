@@ -6,7 +6,9 @@ and within one topology the single primary orders them. Every apply is "newest v
 rule Infinispan states as "a write during a transfer wins over a transferred value": a value that arrives by
 state transfer is applied only where the key is absent or holds an older version, and a deletion during a
 transfer leaves a *tombstone* (its version, no value) so an older transferred value cannot resurrect the key.
-Tombstones live only while a rebalance runs; :meth:`SegmentStore.purge_tombstones` drops them when it ends.
+The node keeps tombstones (``keep_tombstones``) because after a merge another partition's older entries arrive
+too; :meth:`SegmentStore.purge_tombstones` drops them. Two different values with the same version (possible
+only between partitions) resolve to the greater value, a deletion counting least.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def make_version(topology_id: int, seq: int) -> int:
 
 def version_topology(version: int) -> int:
     return version >> SEQ_BITS
+
+
+def _tie_wins(new: bytes | None, old: bytes | None) -> bool:
+    """Two different values with one version come only from two partitions (each stamped its own writes):
+    the greater value wins, a deletion counting as smallest, so every replica picks the same one."""
+    return new is not None and (old is None or new > old)
 
 
 class SegmentStore:
@@ -99,7 +107,7 @@ class SegmentStore:
         get = data.get
         for key, version, value in entries:
             old = get(key)
-            if old is not None and old[0] >= version:
+            if old is not None and (old[0] > version or (old[0] == version and not _tie_wins(value, old[1]))):
                 continue
             if value is None:
                 # A tombstone from the source: keep it only while tombstones matter, never resurrect.

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 
+from . import grid_checkers  # noqa: F401  (registers --stack grid)
 from .checkers import (
     SAFETY_CHECKERS,
     STACK_CHECKERS,

@@ -20,8 +20,9 @@ import yaml
 
 from ..core.errors import ConfigError
 from ..core.stack import resolve_config
+from .grid import GRID_DEFAULT_OPS, GRID_DEFAULT_SAFETY
 from .runner import default_jobs, run_many
-from .scenario import MEMBER_LOG, Scenario, SeedResult, build_spec
+from .scenario import GRID_STACK, MEMBER_LOG, Scenario, SeedResult, build_spec
 from .world import slot_endpoint
 
 MAX_PRINTED_PER_PROPERTY = 5
@@ -35,7 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--members", type=int, default=DEFAULTS.members, metavar="M", help="members per run (default 5)"
     )
     parser.add_argument(
-        "--stack", default="fifo", metavar="NAME|FILE", help="stack preset or YAML stack file (default fifo)"
+        "--stack",
+        default="fifo",
+        metavar="NAME|FILE",
+        help="stack preset, YAML stack file, or 'grid' (the data grid on the vsync stack, with its checkers; "
+        "default fifo)",
     )
     parser.add_argument(
         "--jobs", type=int, default=None, metavar="J", help="worker processes (default: number of CPUs)"
@@ -49,16 +54,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--safety-time",
         type=float,
-        default=DEFAULTS.safety_time,
+        default=None,
         metavar="SECONDS",
-        help=f"virtual seconds of faults before the network heals (default {DEFAULTS.safety_time:g})",
+        help=f"virtual seconds of faults before the network heals (default {DEFAULTS.safety_time:g}; "
+        f"grid: {GRID_DEFAULT_SAFETY:g})",
     )
     parser.add_argument(
         "--send-rate",
         type=float,
-        default=DEFAULTS.send_rate,
+        default=None,
         metavar="PER_SECOND",
-        help=f"test messages per member per virtual second (default {DEFAULTS.send_rate:g})",
+        help=f"test messages (grid: client operations) per member per virtual second "
+        f"(default {DEFAULTS.send_rate:g}; grid: {GRID_DEFAULT_OPS:g})",
     )
     parser.add_argument("--no-faults", action="store_true", help="a clean network and no member faults")
     parser.add_argument(
@@ -86,14 +93,31 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _defaults(stack: str) -> tuple[float, float]:
+    """(safety time, send rate) a stack runs with unless told otherwise."""
+    if stack == GRID_STACK:
+        return GRID_DEFAULT_SAFETY, GRID_DEFAULT_OPS
+    return DEFAULTS.safety_time, DEFAULTS.send_rate
+
+
+def _fill_defaults(args: argparse.Namespace) -> None:
+    safety, rate = _defaults(args.stack)
+    if args.safety_time is None:
+        args.safety_time = safety
+    if args.send_rate is None:
+        args.send_rate = rate
+
+
 def replay_command(args: argparse.Namespace, seed: int) -> str:
     """The command line that replays ``seed`` with the same scenario."""
+    _fill_defaults(args)
+    safety, rate = _defaults(args.stack)
     parts = ["groupcluster", "sim", "--seeds", "1", "--start", str(seed), "--stack", args.stack]
     if args.members != DEFAULTS.members:
         parts += ["--members", str(args.members)]
-    if args.safety_time != DEFAULTS.safety_time:
+    if args.safety_time != safety:
         parts += ["--safety-time", f"{args.safety_time:g}"]
-    if args.send_rate != DEFAULTS.send_rate:
+    if args.send_rate != rate:
         parts += ["--send-rate", f"{args.send_rate:g}"]
     if args.no_faults:
         parts.append("--no-faults")
@@ -138,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     if args.start < 0:
         print("sim: --start must be 0 or more", file=sys.stderr)
         return 2
+    _fill_defaults(args)
     jobs = default_jobs() if args.jobs is None else args.jobs
     if jobs < 1:
         print("sim: --jobs must be at least 1", file=sys.stderr)
@@ -183,9 +208,14 @@ def run(args: argparse.Namespace) -> int:
             _print_failure(out, args, result)
         elif args.verbose:
             conv = "never" if result.converged_at is None else f"t={result.converged_at:.3f}"
+            st = result.stats
+            work = (
+                f"{st['grid_ops']} grid operations ({st['grid_ops_failed']} failed)"
+                if "grid_ops" in st
+                else f"{st['sent']} sent, {st['delivered']} delivered"
+            )
             out.write(
-                f"seed {result.seed}: ok, {result.events} events, {result.stats['sent']} sent, "
-                f"{result.stats['delivered']} delivered, converged {conv}; faults: "
+                f"seed {result.seed}: ok, {result.events} events, {work}, converged {conv}; faults: "
                 f"{', '.join(result.kinds) or 'none'}\n"
             )
         out.flush()

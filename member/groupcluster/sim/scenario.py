@@ -32,12 +32,17 @@ from ..core.events import UpdateHosts
 from ..core.layer import LAYER_TYPES
 from ..core.stack import resolve_config
 from ..stacks import PRESETS, load_stack_file, preset
+from . import grid_checkers  # noqa: F401  (registers the grid stack's checkers)
 from .checkers import Violation, check_all
 from .faults import FaultPlan, draw_plan
 from .history import History
 from .loop import EventLoop
 from .network import Link, LinkConfig, Network
-from .world import LEAVING, PAUSED, RUNNING, Node, World
+from .world import LEAVING, PAUSED, RUNNING, AppFactory, Node, World
+
+# ``--stack grid``: the data grid (:mod:`groupcluster.sim.grid`) on the group stack a grid member runs.
+GRID_STACK = "grid"
+GRID_GROUP_STACK = "vsync"
 
 # Simulated members log here (layers log under ``groupcluster.sim.members.<layer>``); the CLI keeps their
 # warnings quiet unless asked, since faults make warnings the normal case.
@@ -121,6 +126,8 @@ def build_spec(
     """The stack configuration every simulated member uses: a preset name, a YAML file or a list of layers,
     plus overrides. Every layer with an ``initial_hosts`` parameter (discovery) gets the static list of all
     endpoints unless the stack sets one."""
+    if stack == GRID_STACK:
+        stack = GRID_GROUP_STACK
     if isinstance(stack, str):
         if stack in PRESETS:
             spec = preset(stack, {k: dict(v) for k, v in (overrides or {}).items()})
@@ -168,7 +175,8 @@ class _Run:
         world_rng = random.Random(root.getrandbits(64))
         self.work_rng = random.Random(root.getrandbits(64))
         self.fault_rng = random.Random(root.getrandbits(64))
-        self.plan = draw_plan(plan_rng, scenario.members) if scenario.faults else FaultPlan()
+        self.plan = self._adjust_plan(draw_plan(plan_rng, scenario.members) if scenario.faults else FaultPlan())
+        self.root = root  # later draws (a subclass's) come after these, so they shift nothing above
         self.loop = EventLoop()
         plan = self.plan
         self.clean_link = LinkConfig(delay=plan.delay, jitter=plan.jitter)
@@ -185,6 +193,7 @@ class _Run:
             rng=world_rng,
             cluster=scenario.cluster,
             logger=logger,
+            app_factory=self._app_factory(),
         )
         self.spec = build_spec(scenario.stack, self.world.endpoints, scenario.overrides)
         resolve_config(self.spec)  # a bad configuration fails here, once, with the key named
@@ -215,6 +224,16 @@ class _Run:
 
     def _spec_for(self, address: Address, endpoints: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
         return self.spec
+
+    def _adjust_plan(self, plan: FaultPlan) -> FaultPlan:
+        return plan
+
+    def _app_factory(self) -> AppFactory | None:
+        """An application on every member instead of the test workload (the grid run sets one)."""
+        return None
+
+    def extra_stats(self) -> dict[str, int]:
+        return {}
 
     # -- schedule ---------------------------------------------------------------------------------------
     def schedule(self) -> None:
@@ -510,7 +529,12 @@ def run_seed(
 ) -> SeedResult:
     """Run one seed and judge it. ``record`` writes the history as JSON lines; ``digest`` hashes them."""
     sc = scenario or Scenario()
-    run = _Run(seed, sc, logger or MEMBER_LOG)
+    if sc.stack == GRID_STACK:
+        from .grid import GridRun
+
+        run: _Run = GridRun(seed, sc, logger or MEMBER_LOG)
+    else:
+        run = _Run(seed, sc, logger or MEMBER_LOG)
     run.run()
     violations = run.judge()
     lines: list[str] | None = None
@@ -530,6 +554,7 @@ def run_seed(
         "frames_cut": run.network.stats["cut"],
         "frames_duplicated": run.network.stats["duplicated"],
         "frames_held": run.network.stats["held"],
+        **run.extra_stats(),
     }
     return SeedResult(
         seed=seed,

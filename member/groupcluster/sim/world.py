@@ -15,8 +15,13 @@ when asked (:class:`GetState`, answered in the same step, before any later outpu
 events (``op`` request/get/set with the transfer, the donor, the log length and a digest of the bytes) and
 the multicasts the transferred state covered (``deliver`` events with ``via: "state"``).
 
-An exception raised by a stack is a bug: it is recorded as an ``exception`` violation and the member is
-treated as crashed, so the run (and the other checks) can go on.
+An *application* (:class:`SimApp`, e.g. the data grid of :mod:`groupcluster.sim.grid`) can sit on a member
+instead of the test workload: it then gets the member's views and delivered batches (no ``deliver`` events
+are recorded for them), its own timer on the virtual clock, and what it wants to send goes into the stack
+right after the step that produced it, as a real driver would do.
+
+An exception raised by a stack (or an application) is a bug: it is recorded as an ``exception`` violation and
+the member is treated as crashed, so the run (and the other checks) can go on.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import random
 import traceback
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.address import Address
 from ..core.events import Backpressure, Deliver, Event, Joined, JoinFailed, Left, ViewChange
@@ -52,6 +57,29 @@ GONE = "gone"
 SpecFactory = Callable[[Address, Sequence[tuple[str, int]]], list[dict[str, Any]]]
 
 
+class SimApp(Protocol):
+    """An application driven by the world on one member (the same calls a runtime adapter gets)."""
+
+    def on_view(self, view: View, now: float) -> None: ...
+
+    def on_messages(self, messages: Sequence[Message], now: float) -> None: ...
+
+    def tick(self, now: float) -> None: ...
+
+    def next_deadline(self) -> float | None: ...
+
+    def take_sends(self) -> list[Message]:
+        """What to hand to the stack now (``Message(dest or None, payload)``)."""
+        ...
+
+    def after_step(self, now: float) -> None:
+        """Called after every step of this member (results, readiness: whatever the scenario watches)."""
+        ...
+
+
+AppFactory = Callable[["Node"], SimApp]
+
+
 def slot_endpoint(slot: int) -> tuple[str, int]:
     """The virtual endpoint of machine ``slot`` (they are only names: nothing leaves the process)."""
     return (f"10.0.0.{slot + 1}", SIM_PORT)
@@ -62,7 +90,10 @@ class Node:
 
     __slots__ = (
         "address",
+        "app",
+        "app_due",
         "app_log",
+        "app_timer_at",
         "blocked",
         "endpoint",
         "inbox",
@@ -91,6 +122,10 @@ class Node:
         # The application's state when the stack transfers state: "sender msg" per multicast, in delivery order.
         self.uses_state = stack.layer("state") is not None
         self.app_log: list[str] = []
+        # An application on this member (instead of the test workload), with its own timer.
+        self.app: SimApp | None = None
+        self.app_timer_at: float | None = None
+        self.app_due = False
 
     @property
     def alive(self) -> bool:
@@ -114,6 +149,7 @@ class World:
         rng: random.Random,
         cluster: str = "sim",
         logger: logging.Logger | None = None,
+        app_factory: AppFactory | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"members: need at least 1, got {slots}")
@@ -121,6 +157,7 @@ class World:
         self.network = network
         self.history = history
         self.spec_for = spec_for
+        self.app_factory = app_factory
         self.rng = rng
         self.cluster = cluster
         self.log = logger or logging.getLogger("groupcluster.sim")
@@ -168,6 +205,8 @@ class World:
             logger=self.log,
         )
         node = Node(slot, address, stack)
+        if self.app_factory is not None:
+            node.app = self.app_factory(node)
         self.nodes[slot] = node
         self.network.attach(node.endpoint, lambda data, node=node: self._on_frame(node, data))
         self.stats["started"] += 1
@@ -178,7 +217,9 @@ class World:
             self.history.add(self.loop.now, node.name, "restart", slot=slot, previous=previous)
         self._previous[slot] = node.name
         self._step(node, stack.start)
-        if node.uses_state and node.state != GONE:
+        if node.uses_state and node.app is None and node.state != GONE:
+            # An application brings its own state (the grid moves its data itself), like a channel created
+            # without ``set_state``: it asks for no group state transfer.
             self.history.add(self.loop.now, node.name, "state", op="request")
             self._step(node, stack.control, RequestState())
         return node
@@ -216,6 +257,9 @@ class World:
         if node.state != GONE and node.timer_due:
             node.timer_due = False
             self._step(node, node.stack.fire_timers)
+        if node.state != GONE and node.app_due:
+            node.app_due = False
+            self._app_step(node, node.app.tick)  # type: ignore[union-attr]
 
     def leave(self, slot: int) -> None:
         """Ask the member in ``slot`` to leave gracefully."""
@@ -232,6 +276,59 @@ class World:
         if node is None or node.state in (PAUSED, GONE):
             return None
         return self._step(node, node.stack.control, event)
+
+    def app_call(self, slot: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """Call ``fn(*args, now)`` on the application of the member in ``slot`` (a client operation, a leave
+        request) and hand what it produced to the stack; None when the member is paused or gone."""
+        node = self.nodes[slot]
+        if node is None or node.app is None or node.state in (PAUSED, GONE):
+            return None
+        return self._app_step(node, fn, *args)
+
+    def _app_step(self, node: Node, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            result = fn(*args, self.loop.now)
+        except Exception as exc:
+            self._stack_failed(node, fn, exc)
+            return None
+        self._app_pump(node)
+        return result
+
+    def _app_pump(self, node: Node) -> None:
+        """Move the application's sends into the stack (one step) and re-arm its timer."""
+        app = node.app
+        assert app is not None
+        while node.state != GONE:
+            msgs = app.take_sends()
+            if not msgs:
+                break
+            if node.state == LEAVING:
+                # Like a channel that is leaving: nothing more goes out (the runtime counts and drops it).
+                self.stats["app_sends_dropped"] += len(msgs)
+                break
+            # Deliveries of our own multicasts can come back in this step: loop until the app is quiet.
+            self._step(node, node.stack.send_many, msgs)
+        if node.state == GONE:
+            return
+        try:
+            app.after_step(self.loop.now)
+        except Exception as exc:
+            self._stack_failed(node, app.after_step, exc)
+            return
+        deadline = app.next_deadline()
+        if deadline is not None and (node.app_timer_at is None or deadline < node.app_timer_at):
+            node.app_timer_at = deadline
+            self.loop.at(deadline, self._on_app_timer, node, deadline)
+
+    def _on_app_timer(self, node: Node, deadline: float) -> None:
+        if node.app_timer_at != deadline or node.state == GONE:
+            return
+        node.app_timer_at = None
+        if node.state == PAUSED:
+            node.app_due = True
+            return
+        # At the deadline itself (the clock may be later): the node then finds what it asked for due.
+        self._app_step(node, node.app.tick)  # type: ignore[union-attr]
 
     def _remove(self, node: Node) -> None:
         node.state = GONE
@@ -374,8 +471,12 @@ class World:
         history = self.history
         gone: str | None = None
         for out in outputs:
+            if node.state == GONE:
+                break  # an application on it raised: the member is treated as crashed
             if type(out) is Transmit:
                 self.network.send(node.endpoint, out.endpoint, out.data)
+            elif type(out) is Deliver and node.app is not None:
+                self._app_call_safe(node, node.app.on_messages, out.messages)
             elif type(out) is Deliver:
                 name = node.name
                 hook = self.on_deliver
@@ -397,6 +498,8 @@ class World:
                 if node.view is None or node.view.view_id != view.view_id:
                     node.view = view
                     history.view(now, node.address, view)
+                    if node.app is not None:
+                        self._app_call_safe(node, node.app.on_view, view)
             elif type(out) is Backpressure:
                 node.blocked = out.blocked
             elif type(out) is Left:
@@ -411,3 +514,13 @@ class World:
             self._remove(node)
             if self.on_gone is not None:
                 self.on_gone(node, gone)
+        elif node.app is not None and node.state != GONE:
+            self._app_pump(node)
+
+    def _app_call_safe(self, node: Node, fn: Callable[..., Any], arg: Any) -> None:
+        if node.state == GONE:
+            return
+        try:
+            fn(arg, self.loop.now)
+        except Exception as exc:
+            self._stack_failed(node, fn, exc)

@@ -1,0 +1,380 @@
+"""Grid property checkers: judge the grid events of a history (see :mod:`groupcluster.sim.grid`), never the code.
+
+Operations are intervals: a ``grid_start`` and, unless its member crashed first, a ``grid_end`` (``ok``
+True: acknowledged). A write is a PUT (its value) or a DELETE (value absent). Two operations are
+*concurrent* when their intervals overlap; a write that never ended (or failed) may or may not have taken
+effect, at any time after it started.
+
+* ``grid-fresh-reads`` — a GET returns the value of a write that could have taken effect before the GET
+  ended and that no acknowledged write *followed* before the GET began (followed: started after it ended);
+  or absent, if no acknowledged write of the key ended before the GET began. In other words: the latest
+  value acknowledged before the read started, or a concurrent one, or one that may have happened.
+* ``grid-lost-write`` — the same rule for the GETs after ``grid_converged`` (every written key is read back
+  once the healed grid converged): an acknowledged PUT's key reads back its value or a later/concurrent
+  write's; an acknowledged DELETE stays deleted unless rewritten.
+* ``grid-replicas-equal`` — after convergence (``grid_store`` events) every member is on one topology, every
+  owner of a segment holds the same entries, and no member holds a segment it does not own.
+
+**Partitions** (``grid_split`` windows recorded by the simulator, and any time the live members' views
+differ): a member that was cut off may serve a read before it notices, in every mode, so a GET overlapping
+such a window counts as started when the window opened. In ``allow_read_writes`` mode both sides also take
+writes and the merge policy (docs/grid.md: newest version wins) keeps one of them, so a write overlapping a
+window counts as lasting the whole window: writes in one window are concurrent with each other. In
+``deny_read_writes`` and ``allow_reads`` writes get no such leeway: a side that may have lost owners refuses
+them, so every acknowledged write must survive.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .checkers import STACK_CHECKERS, HistoryFormatError, HistoryIndex, Violation, _field, _str
+from .history import History, HistoryEvent
+
+INF = math.inf
+ALLOW_READ_WRITES = "allow_read_writes"
+MODES = ("deny_read_writes", "allow_reads", "allow_read_writes")
+
+
+@dataclass(slots=True)
+class GridOp:
+    id: str
+    member: str
+    op: str  # get, put, delete
+    key: str
+    value: str | None  # put: the value written; get: the value read (once ended)
+    start: float
+    end: float = INF  # INF: never ended (its member crashed)
+    ok: bool | None = None  # None: never ended
+    error: str | None = None
+    final: bool = False  # a read-back after the grid converged
+
+    @property
+    def is_write(self) -> bool:
+        return self.op != "get"
+
+    @property
+    def written(self) -> str | None:
+        """The value this write leaves (None: the key absent)."""
+        return self.value if self.op == "put" else None
+
+
+@dataclass(slots=True)
+class GridHistory:
+    mode: str
+    ops: list[GridOp]
+    windows: list[tuple[float, float]]  # reads overlapping one may be stale
+    write_windows: list[tuple[float, float]]  # two disjoint groups served writes: writes in one are concurrent
+    stores: list[HistoryEvent]
+
+
+def _opt(ev: HistoryEvent, pos: int, name: str) -> str | None:
+    raw = ev.data.get(name)
+    if raw is not None and not isinstance(raw, str):
+        raise HistoryFormatError(f"history event #{pos} ({ev.kind} by {ev.member}): {name} must be a string or null")
+    return raw
+
+
+def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHistory:
+    """Collect the grid operations, the split windows and the store snapshots of a history."""
+    events = history.events if isinstance(history, HistoryIndex | History) else list(history)
+    mode = "deny_read_writes"
+    ops: dict[str, GridOp] = {}
+    order: list[GridOp] = []
+    windows: list[tuple[float, float]] = []
+    split_start: float | None = None
+    converged_at: float | None = None
+    stores: list[HistoryEvent] = []
+    # View divergence: the live members' current views differ (a split, or a view change in progress).
+    current: dict[str, tuple[int, str]] = {}
+    diverged_since: float | None = None
+    # Two available groups: members with disjoint views, each on a topology that is available.
+    view_members: dict[str, frozenset[str]] = {}
+    available: dict[str, bool] = {}
+    grid_group: dict[str, frozenset[str]] = {}
+    merge_start: dict[str, float] = {}
+    write_windows: list[tuple[float, float]] = []
+    two_since: float | None = None
+    last_t = 0.0
+    for pos, ev in enumerate(events):
+        kind = ev.kind
+        last_t = max(last_t, ev.t)
+        if kind == "grid_start":
+            op = _str(ev, pos, "op")
+            if op not in ("get", "put", "delete"):
+                raise HistoryFormatError(f"history event #{pos} (grid_start by {ev.member}): op {op!r} unknown")
+            g = GridOp(
+                _str(ev, pos, "id"),
+                ev.member,
+                op,
+                _str(ev, pos, "key"),
+                _opt(ev, pos, "value"),
+                ev.t,
+                final=converged_at is not None and op == "get",
+            )
+            if g.id in ops:
+                raise HistoryFormatError(f"history event #{pos}: grid operation id {g.id!r} started twice")
+            ops[g.id] = g
+            order.append(g)
+        elif kind == "grid_end":
+            g2 = ops.get(_str(ev, pos, "id"))
+            if g2 is None:
+                raise HistoryFormatError(f"history event #{pos}: grid_end of an operation that never started")
+            ok = _field(ev, pos, "ok")
+            if not isinstance(ok, bool):
+                raise HistoryFormatError(f"history event #{pos} (grid_end by {ev.member}): ok must be true or false")
+            g2.end, g2.ok, g2.error = ev.t, ok, _opt(ev, pos, "error")
+            if g2.op == "get":
+                g2.value = _opt(ev, pos, "value") if ok else None
+        elif kind == "grid_config":
+            m = ev.data.get("mode", mode)
+            if m not in MODES:
+                raise HistoryFormatError(f"history event #{pos} (grid_config): mode {m!r} is not one of {MODES}")
+            mode = m
+        elif kind == "grid_split":
+            if ev.data.get("phase") == "start":
+                split_start = ev.t if split_start is None else split_start
+            elif split_start is not None:
+                windows.append((split_start, ev.t))
+                split_start = None
+        elif kind == "grid_merge":
+            if ev.data.get("phase") == "start":
+                merge_start.setdefault(ev.member, ev.t)
+            elif ev.member in merge_start:
+                write_windows.append((merge_start.pop(ev.member), ev.t))
+        elif kind == "grid_converged":
+            converged_at = ev.t
+        elif kind == "grid_store":
+            stores.append(ev)
+        elif kind == "view" or kind in ("crash", "leave", "left") or kind == "grid_topology":
+            if kind == "view":
+                raw = ev.data.get("view_id")
+                members = ev.data.get("members")
+                if isinstance(raw, list) and len(raw) == 2:
+                    current[ev.member] = (int(raw[0]), str(raw[1]))
+                if isinstance(members, list):
+                    view_members[ev.member] = frozenset(str(m) for m in members)
+            elif kind == "grid_topology":
+                # A member serves from the group it had when it installed its topology, until the next one
+                # (after a merge view, until the merged group's first topology reaches it).
+                available[ev.member] = ev.data.get("availability") == "AVAILABLE"
+                grid_group[ev.member] = view_members.get(ev.member, frozenset({ev.member}))
+            else:
+                current.pop(ev.member, None)
+                view_members.pop(ev.member, None)
+                available.pop(ev.member, None)
+                grid_group.pop(ev.member, None)
+            diverged = len(set(current.values())) > 1
+            if diverged and diverged_since is None:
+                diverged_since = ev.t
+            elif not diverged and diverged_since is not None:
+                windows.append((diverged_since, ev.t))
+                diverged_since = None
+            two = _two_available_groups(grid_group, available)
+            if two and two_since is None:
+                two_since = ev.t
+            elif not two and two_since is not None:
+                write_windows.append((two_since, ev.t))
+                two_since = None
+    if split_start is not None:
+        windows.append((split_start, INF))
+    if diverged_since is not None:
+        windows.append((diverged_since, INF))
+    if two_since is not None:
+        write_windows.append((two_since, INF))
+    write_windows.extend((t, INF) for t in merge_start.values())
+    if mode == ALLOW_READ_WRITES:
+        # Both sides of any split take writes in this mode (the grid is never degraded).
+        write_windows.extend(windows)
+    return GridHistory(mode, order, _merge_windows(windows + write_windows), _merge_windows(write_windows), stores)
+
+
+def _two_available_groups(views: dict[str, frozenset[str]], available: dict[str, bool]) -> bool:
+    """Whether two members on available topologies are not both in the group each installed its topology in
+    (two groups that may both take writes: members that started apart, a partition in ``allow_read_writes``,
+    or a member that has not noticed it was cut off)."""
+    members = sorted(m for m, ok in available.items() if ok and m in views)
+    return any(b not in views[a] or a not in views[b] for i, a in enumerate(members) for b in members[i + 1 :])
+
+
+def _merge_windows(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in sorted(windows):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _widen(start: float, end: float, windows: list[tuple[float, float]], both: bool) -> tuple[float, float]:
+    """The interval stretched over every window it overlaps (``both``: also its end)."""
+    for ws, we in windows:
+        if ws > end:
+            break
+        if we >= start:
+            start = min(start, ws)
+            if both:
+                end = max(end, we)
+    return start, end
+
+
+@dataclass(slots=True)
+class _Write:
+    op: GridOp
+    start: float
+    end: float  # INF unless acknowledged
+
+
+class _KeyWrites:
+    """The writes of one key, with what a read needs: which writes an acknowledged one followed."""
+
+    def __init__(self, writes: list[_Write]) -> None:
+        self.writes = sorted(writes, key=lambda w: w.start)
+        acked = sorted((w for w in writes if w.op.ok), key=lambda w: w.start)
+        self.acked_starts = [w.start for w in acked]
+        # suffix minimum of the end times of acknowledged writes, by start
+        self.suffix_min_end = [INF] * (len(acked) + 1)
+        for i in range(len(acked) - 1, -1, -1):
+            self.suffix_min_end[i] = min(acked[i].end, self.suffix_min_end[i + 1])
+        self.acked = acked
+        self.min_acked_end = self.suffix_min_end[0]
+
+    def followed_before(self, w: _Write, t: float) -> bool:
+        """Whether an acknowledged write started after ``w`` ended and ended before ``t``."""
+        if w.end == INF:
+            # Never acknowledged: it may take effect at any time, so nothing reliably follows it.
+            return False
+        i = bisect.bisect_right(self.acked_starts, w.end)
+        return self.suffix_min_end[i] < t
+
+    def allowed(self, start: float, end: float) -> set[str | None]:
+        vals: set[str | None] = set()
+        for w in self.writes:
+            if w.start > end:
+                break
+            if not self.followed_before(w, start):
+                vals.add(w.op.written)
+        if self.min_acked_end >= start:
+            vals.add(None)  # nothing acknowledged yet: still absent
+        return vals
+
+    def latest_before(self, t: float) -> _Write | None:
+        best = None
+        for w in self.acked:
+            if w.end < t and (best is None or w.end > best.end):
+                best = w
+        return best
+
+
+def _check_reads(gh: GridHistory) -> list[Violation]:
+    windows = gh.windows
+    by_key: dict[str, list[_Write]] = {}
+    for g in gh.ops:
+        if not g.is_write:
+            continue
+        # A failed write may still have been applied somewhere (a timeout, a member that left): it stays a
+        # candidate, but it was not acknowledged, so it never hides an older value.
+        end = g.end if g.ok else INF
+        start, end = _widen(g.start, end, gh.write_windows, both=True)
+        by_key.setdefault(g.key, []).append(_Write(g, start, end))
+    keys = {k: _KeyWrites(ws) for k, ws in by_key.items()}
+    empty = _KeyWrites([])
+    out: list[Violation] = []
+    for g in gh.ops:
+        if g.is_write or not g.ok:
+            continue
+        start, end = _widen(g.start, g.end, windows, both=False) if not g.final else (g.start, g.end)
+        kw = keys.get(g.key, empty)
+        allowed = kw.allowed(start, end)
+        if g.value in allowed:
+            continue
+        latest = kw.latest_before(start)
+        what = (
+            "nothing acknowledged before it"
+            if latest is None
+            else f"the latest acknowledged write before it was {latest.op.op} #{latest.op.id} "
+            f"({latest.op.written!r}, acknowledged at t={latest.op.end:.6f} via {latest.op.member})"
+        )
+        prop = "grid-lost-write" if g.final else "grid-fresh-reads"
+        label = "final read" if g.final else "read"
+        out.append(
+            Violation(
+                prop,
+                g.member,
+                f"{label} #{g.id} of {g.key!r} at t={g.start:.6f}..{g.end:.6f} returned {g.value!r}; {what}; "
+                f"allowed: {sorted(allowed, key=lambda v: (v is not None, v or ''))}",
+            )
+        )
+    return out
+
+
+def check_grid_fresh_reads(history: History | HistoryIndex) -> list[Violation]:
+    return [v for v in _check_reads(parse(history)) if v.property == "grid-fresh-reads"]
+
+
+def check_grid_lost_writes(history: History | HistoryIndex) -> list[Violation]:
+    return [v for v in _check_reads(parse(history)) if v.property == "grid-lost-write"]
+
+
+def check_grid_replicas(history: History | HistoryIndex) -> list[Violation]:
+    gh = parse(history)
+    if not gh.stores:
+        return []
+    out: list[Violation] = []
+    tids = {ev.data.get("topology_id") for ev in gh.stores}
+    if len(tids) > 1:
+        out.append(
+            Violation(
+                "grid-replicas-equal",
+                "-",
+                "members ended on different topologies: "
+                + ", ".join(f"{ev.member}: {ev.data.get('topology_id')}" for ev in gh.stores),
+            )
+        )
+        return out
+    held: dict[str, dict[str, dict[str, str]]] = {}
+    owners: list[list[str]] | None = None
+    for pos, ev in enumerate(gh.stores):
+        data = _field(ev, pos, "data")
+        own = _field(ev, pos, "owners")
+        if not isinstance(data, dict) or not isinstance(own, list):
+            raise HistoryFormatError(f"grid_store by {ev.member}: data must be an object and owners a list")
+        held[ev.member] = data
+        owners = own if owners is None else owners
+    assert owners is not None
+    for s, seg_owners in enumerate(owners):
+        copies = [(m, held[m].get(str(s), {})) for m in seg_owners if m in held]
+        for m, c in copies[1:]:
+            if c != copies[0][1]:
+                a, b = copies[0][1], c
+                diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+                sample = ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in diff[:3])
+                out.append(
+                    Violation(
+                        "grid-replicas-equal",
+                        m,
+                        f"segment {s}: holds other entries than owner {copies[0][0]} "
+                        f"({len(diff)} keys differ: {sample})",
+                    )
+                )
+        for m, data in held.items():
+            if m not in seg_owners and data.get(str(s)):
+                out.append(
+                    Violation(
+                        "grid-replicas-equal", m, f"holds {len(data[str(s)])} entries of segment {s}, not an owner"
+                    )
+                )
+    return out
+
+
+GRID_CHECKERS = {
+    "grid-fresh-reads": check_grid_fresh_reads,
+    "grid-lost-write": check_grid_lost_writes,
+    "grid-replicas-equal": check_grid_replicas,
+}
+
+STACK_CHECKERS["grid"] = dict(GRID_CHECKERS)

@@ -1,0 +1,128 @@
+"""The grid checkers on hand-written histories: each property both holds and breaks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from groupcluster.sim.grid_checkers import check_grid_fresh_reads, check_grid_lost_writes, check_grid_replicas, parse
+from groupcluster.sim.history import History, HistoryEvent
+
+
+def ev(t: float, member: str, kind: str, **data: Any) -> HistoryEvent:
+    return HistoryEvent(t, member, kind, data)
+
+
+def op(
+    t0: float,
+    t1: float | None,
+    i: str,
+    kind: str,
+    key: str,
+    value: str | None,
+    *,
+    ok: bool = True,
+    read: str | None = None,
+    member: str = "a",
+) -> list[HistoryEvent]:
+    out = [ev(t0, member, "grid_start", id=i, op=kind, key=key, value=value if kind == "put" else None)]
+    if t1 is not None:
+        out.append(ev(t1, member, "grid_end", id=i, ok=ok, value=read, error=None if ok else "timed out"))
+    return out
+
+
+def hist(*parts: list[HistoryEvent], mode: str = "deny_read_writes") -> History:
+    events = [ev(0.0, "-", "grid_config", mode=mode, num_owners=2, num_segments=8)]
+    for p in parts:
+        events.extend(p)
+    events.sort(key=lambda e: e.t)
+    return History(events)
+
+
+def test_latest_acknowledged_or_concurrent_value_is_fresh() -> None:
+    h = hist(
+        op(1.0, 2.0, "1", "put", "k", "v1"),
+        op(3.0, 5.0, "2", "put", "k", "v2"),  # concurrent with the read below
+        op(4.0, 4.5, "3", "get", "k", None, read="v1"),
+        op(4.0, 4.6, "4", "get", "k", None, read="v2"),
+        op(0.1, 0.2, "5", "get", "k", None, read=None),  # nothing acknowledged yet
+    )
+    assert check_grid_fresh_reads(h) == []
+
+
+def test_stale_read_is_caught() -> None:
+    h = hist(
+        op(1.0, 2.0, "1", "put", "k", "v1"),
+        op(3.0, 4.0, "2", "put", "k", "v2"),
+        op(5.0, 5.1, "3", "get", "k", None, read="v1"),
+    )
+    out = check_grid_fresh_reads(h)
+    assert len(out) == 1 and "read #3" in out[0].detail and "'v1'" in out[0].detail
+
+
+def test_unacknowledged_write_may_or_may_not_show() -> None:
+    h = hist(
+        op(1.0, 2.0, "1", "put", "k", "v1"),
+        op(3.0, None, "2", "put", "k", "v2"),  # its member crashed: no end
+        op(4.0, 8.0, "3", "put", "k", "v3", ok=False),
+        op(9.0, 9.1, "4", "get", "k", None, read="v2"),
+        op(9.2, 9.3, "5", "get", "k", None, read="v1"),
+        op(9.4, 9.5, "6", "get", "k", None, read="v3"),
+    )
+    assert check_grid_fresh_reads(h) == []
+
+
+def test_lost_write_after_convergence_and_acknowledged_delete() -> None:
+    h = hist(
+        op(1.0, 2.0, "1", "put", "k", "v1"),
+        op(1.0, 2.0, "2", "put", "j", "w1"),
+        op(3.0, 4.0, "3", "delete", "j", None),
+        [ev(10.0, "-", "grid_converged")],
+        op(11.0, 11.1, "4", "get", "k", None, read=None),
+        op(11.0, 11.1, "5", "get", "j", None, read="w1"),
+    )
+    out = check_grid_lost_writes(h)
+    assert {v.detail.split(" of ")[1].split(" ")[0] for v in out} == {"'k'", "'j'"}
+    assert check_grid_fresh_reads(h) == []  # final reads are judged by grid-lost-write only
+
+
+def test_partition_windows_per_mode() -> None:
+    # Two groups on available topologies that do not contain each other: their writes are concurrent.
+    split = [
+        ev(0.5, "a", "view", view_id=[1, "a"], members=["a"], merge=False),
+        ev(0.5, "a", "grid_topology", topology_id=1, phase="NO_REBALANCE", availability="AVAILABLE"),
+        ev(0.5, "b", "view", view_id=[1, "b"], members=["b"], merge=False),
+        ev(0.5, "b", "grid_topology", topology_id=1, phase="NO_REBALANCE", availability="AVAILABLE"),
+        ev(3.0, "a", "view", view_id=[2, "a"], members=["a", "b"], merge=True),
+        ev(3.0, "b", "view", view_id=[2, "a"], members=["a", "b"], merge=True),
+        ev(3.1, "a", "grid_topology", topology_id=5, phase="NO_REBALANCE", availability="AVAILABLE"),
+        ev(3.1, "b", "grid_topology", topology_id=5, phase="NO_REBALANCE", availability="AVAILABLE"),
+    ]
+    writes = [*op(1.0, 1.1, "1", "put", "k", "va", member="a"), *op(2.0, 2.1, "2", "put", "k", "vb", member="b")]
+    final = [ev(10.0, "-", "grid_converged"), *op(11.0, 11.1, "3", "get", "k", None, read="va")]
+    assert check_grid_lost_writes(hist(split, writes, final)) == []
+    # Without the split, "va" was followed by the acknowledged "vb": losing it is a violation.
+    assert len(check_grid_lost_writes(hist(writes, final))) == 1
+    gh = parse(hist(split, writes, final, mode="allow_read_writes"))
+    assert gh.mode == "allow_read_writes" and gh.write_windows and gh.write_windows[0][0] == 0.5
+
+
+def test_replicas_equal_and_non_owners_hold_nothing() -> None:
+    owners = [["a", "b"], ["b", "c"]]
+    good = hist(
+        [
+            ev(20.0, "a", "grid_store", topology_id=9, owners=owners, data={"0": {"k": "v"}}),
+            ev(20.0, "b", "grid_store", topology_id=9, owners=owners, data={"0": {"k": "v"}, "1": {}}),
+            ev(20.0, "c", "grid_store", topology_id=9, owners=owners, data={"1": {}}),
+        ]
+    )
+    assert check_grid_replicas(good) == []
+    bad = hist(
+        [
+            ev(20.0, "a", "grid_store", topology_id=9, owners=owners, data={"0": {"k": "v"}, "1": {"x": "y"}}),
+            ev(20.0, "b", "grid_store", topology_id=9, owners=owners, data={"0": {"k": "w"}, "1": {}}),
+            ev(20.0, "c", "grid_store", topology_id=9, owners=owners, data={"1": {}}),
+        ]
+    )
+    out = check_grid_replicas(bad)
+    assert any("segment 0" in v.detail and "k: 'v' vs 'w'" in v.detail for v in out)
+    assert any(v.member == "a" and "segment 1, not an owner" in v.detail for v in out)
