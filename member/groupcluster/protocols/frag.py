@@ -5,7 +5,9 @@ same destination and flags and a header (frag_id, index, count); frag ids increa
 reassembles per (sender, frag_id) and passes the whole message up in the position of its last fragment, so
 batch order is kept. Memory is bounded: when more than ``max_pending`` bytes are waiting for missing
 fragments, the oldest partial message is dropped (and counted); fragments of a finished or dropped id are
-ignored, and state of senders that left the view is dropped.
+ignored, and state of senders that left the view is dropped. ``max_pending`` counts each incomplete message's
+slots (a fragment may announce 65536 pieces) besides its payload, and at most :data:`MAX_SENDERS` senders are
+tracked.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ _PID = protocol_ids.FRAG
 MAX_FRAGMENTS = 1 << 16
 # Finished ids remembered per sender beyond the contiguous floor (gaps come from unicasts to others).
 _MAX_DONE = 1024
+# What an incomplete message costs besides its payload: one list slot per announced fragment, plus the
+# objects. Counted in ``max_pending``, so fragments announcing 65536 pieces cannot allocate without bound.
+_SLOT_BYTES = 8
+_PARTIAL_BYTES = 200
+# Senders whose reassembly bookkeeping is kept; anyone can send us a fragment, so this is bounded too.
+MAX_SENDERS = 4096
 
 
 @register_header
@@ -75,12 +83,13 @@ class FragConfig:
 
 
 class _Partial:
-    __slots__ = ("chunks", "missing", "size")
+    __slots__ = ("chunks", "missing", "overhead", "size")
 
     def __init__(self, count: int) -> None:
         self.chunks: list[bytes | None] = [None] * count
         self.missing = count
-        self.size = 0
+        self.size = 0  # payload bytes held
+        self.overhead = _PARTIAL_BYTES + _SLOT_BYTES * count
 
 
 class _Sender:
@@ -121,7 +130,9 @@ class Frag(Layer):
         self._senders: dict[Address, _Sender] = {}
         # (sender, frag_id) -> partial; insertion order is age, for dropping the oldest.
         self._pending: dict[tuple[Address, int], _Partial] = {}
-        self.pending_bytes = 0
+        self.pending_bytes = 0  # payload bytes held for incomplete messages
+        self.overhead_bytes = 0  # their bookkeeping (slots); both count against max_pending
+        self.dropped = 0
 
     # -- down ----------------------------------------------------------------------------------------
     def down(self, msg: Message) -> None:
@@ -174,11 +185,14 @@ class Frag(Layer):
         if partial is None:
             sender = self._senders.get(src)
             if sender is None:
+                if len(self._senders) >= MAX_SENDERS:
+                    self._forget_a_sender()
                 sender = self._senders[src] = _Sender()
             elif hdr.frag_id < sender.floor or hdr.frag_id in sender.done:
                 self.count("stale_fragments")
                 return None
             partial = self._pending[key] = _Partial(hdr.count)
+            self.overhead_bytes += partial.overhead
         elif len(partial.chunks) != hdr.count:
             self.count("inconsistent_fragments")
             return None
@@ -193,32 +207,50 @@ class Frag(Layer):
         if partial.missing == 0:
             del self._pending[key]
             self.pending_bytes -= partial.size
-            self._senders[src].finish(hdr.frag_id)
+            self.overhead_bytes -= partial.overhead
+            sender = self._senders.get(src)
+            if sender is not None:
+                sender.finish(hdr.frag_id)
             self.count("reassembled")
             headers = dict(msg.headers)
             del headers[_PID]
             return Message(msg.dest, b"".join(partial.chunks), src=src, flags=msg.flags, headers=headers)  # type: ignore[arg-type]
-        if self.pending_bytes > self.config.max_pending:
+        if self.pending_bytes + self.overhead_bytes > self.config.max_pending:
             self._drop_oldest()
         return None
 
+    def _forget_a_sender(self) -> None:
+        # The oldest sender with nothing waiting; its late fragments start a partial that max_pending bounds.
+        busy = {src for src, _ in self._pending}
+        victim = next((s for s in self._senders if s not in busy), None)
+        if victim is None:
+            victim = next(iter(self._senders))
+        del self._senders[victim]
+        self.count("forgot_sender")
+
     def _drop_oldest(self) -> None:
         pending = self._pending
-        while self.pending_bytes > self.config.max_pending and pending:
+        while self.pending_bytes + self.overhead_bytes > self.config.max_pending and pending:
             (src, frag_id), partial = next(iter(pending.items()))
             del pending[(src, frag_id)]
             self.pending_bytes -= partial.size
+            self.overhead_bytes -= partial.overhead
             sender = self._senders.get(src)
             if sender is not None:
                 sender.finish(frag_id)
             self.count("dropped_partial")
-            self.ctx.log.warning(
-                "dropped incomplete message %d from %s (%d bytes): more than %d bytes awaiting fragments",
-                frag_id,
-                src,
-                partial.size,
-                self.config.max_pending,
-            )
+            self.dropped += 1
+            # The first few are logged, then every 1000th: a flood of bogus fragments must not flood the log.
+            if self.dropped <= 10 or self.dropped % 1000 == 0:
+                self.ctx.log.warning(
+                    "dropped incomplete message %d from %s (%d bytes; %d dropped so far): more than %d bytes "
+                    "awaiting fragments",
+                    frag_id,
+                    src,
+                    partial.size,
+                    self.dropped,
+                    self.config.max_pending,
+                )
 
     # -- events ----------------------------------------------------------------------------------------
     def up_event(self, event: Event) -> None:
@@ -230,7 +262,9 @@ class Frag(Layer):
             if gone:
                 gone_set = set(gone)
                 for key in [k for k in self._pending if k[0] in gone_set]:
-                    self.pending_bytes -= self._pending.pop(key).size
+                    partial = self._pending.pop(key)
+                    self.pending_bytes -= partial.size
+                    self.overhead_bytes -= partial.overhead
                     self.count("dropped_partial_left")
         self.above.up_event(event)
 

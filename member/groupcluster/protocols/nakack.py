@@ -96,12 +96,14 @@ class Window:
     sender's behalf (only with ``retain_delivered``).
     """
 
-    __slots__ = ("buffer", "cap", "delivered", "missing_before", "received", "store")
+    __slots__ = ("buffer", "buffered_bytes", "cap", "delivered", "missing_before", "received", "store")
 
     def __init__(self, delivered: int = 0, received: int | None = None) -> None:
         self.delivered = delivered
         self.received = delivered if received is None else max(received, delivered)
         self.buffer: dict[int, Message] = {}
+        # Payload bytes in ``buffer`` (approximate: reset whenever the buffer empties), for max_buffered_bytes.
+        self.buffered_bytes = 0
         self.cap: int | None = None
         self.store: dict[int, Message] = {}
         # Seqnos missing at the previous retransmission tick: only those still missing are requested.
@@ -133,6 +135,9 @@ class NakAckConfig:
     xmit_interval: float = param("200ms", "duration", doc="how often gaps are checked and requested")
     max_xmit_batch: int = param(4096, "int", doc="most seqnos requested from one sender per interval", minimum=1)
     max_buffered: int = param(1_000_000, "int", doc="most out-of-order messages kept per sender", minimum=16)
+    max_buffered_bytes: int = param(
+        "64MiB", "size", doc="most payload bytes of out-of-order messages kept per sender; beyond, dropped", minimum=1
+    )
     retain_delivered: bool = param(
         False, "bool", doc="keep delivered messages of others until stable (FLUSH retransmits for crashed senders)"
     )
@@ -280,11 +285,16 @@ class NakAck(Layer):
     def _on_stability(self, stable: Digest) -> None:
         me = self.local_address
         if me in stable:
-            upto = stable.delivered(me)
+            # Nothing beyond our own highest seqno can be stable; a digest saying so must not make us loop.
+            upto = min(stable.delivered(me), self.seqno)
             if upto > self.gone_upto:
                 sent = self.sent
-                for s in range(self.gone_upto + 1, upto + 1):
-                    sent.pop(s, None)
+                if upto - self.gone_upto <= len(sent):
+                    for s in range(self.gone_upto + 1, upto + 1):
+                        sent.pop(s, None)
+                else:
+                    for s in [s for s in sent if s <= upto]:
+                        del sent[s]
                 self.gone_upto = upto
         for m, (stable_upto, _) in stable.items():
             w = self.windows.get(m)
@@ -345,10 +355,14 @@ class NakAck(Layer):
                 self._serve_xmit(msg.src, hdr)  # type: ignore[arg-type]
             elif kind == XMIT_GONE:
                 xw = windows.get(hdr.sender)
-                if xw is not None and hdr.seqno > xw.delivered:
+                if msg.src != hdr.sender:
+                    # Only a sender collects its own messages (see _serve_xmit); anyone else saying so is wrong.
+                    self.count("xmit_gone_ignored")
+                elif xw is not None and hdr.seqno > xw.delivered:
                     self.count("skipped_stable", hdr.seqno - xw.delivered)
-                    for s in range(xw.delivered + 1, hdr.seqno + 1):
-                        xw.buffer.pop(s, None)
+                    # Over the buffer, not the range: a peer's seqno may be 2**63, the buffer is bounded.
+                    for s in [s for s in xw.buffer if s <= hdr.seqno]:
+                        xw.buffered_bytes -= len(xw.buffer.pop(s).payload)
                     xw.delivered = hdr.seqno
                     xw.received = max(xw.received, hdr.seqno)
                     self._drain(xw, out)
@@ -414,10 +428,17 @@ class NakAck(Layer):
         if seqno in w.buffer:
             self.count("duplicates")
             return
-        if len(w.buffer) >= self.config.max_buffered:
+        if seqno != w.delivered + 1 and (
+            len(w.buffer) >= self.config.max_buffered or w.buffered_bytes > self.config.max_buffered_bytes
+        ):
+            # Dropped, not lost: it is requested again once the gap before it is filled. The next seqno is always
+            # taken: it is the one that drains the buffer.
             self.count("dropped_buffer_full")
+            if seqno > w.received:
+                w.received = seqno  # it exists: the gap up to it is requested
             return
         w.buffer[seqno] = msg
+        w.buffered_bytes += len(msg.payload)
         if seqno > w.received:
             w.received = seqno
         self._drain(w, out)
@@ -428,9 +449,13 @@ class NakAck(Layer):
         nxt = w.delivered + 1
         cap = w.cap
         while nxt in buf and (cap is None or nxt <= cap):
-            out.append(buf.pop(nxt))
+            msg = buf.pop(nxt)
+            w.buffered_bytes -= len(msg.payload)
+            out.append(msg)
             nxt += 1
         w.delivered = nxt - 1
+        if not buf:
+            w.buffered_bytes = 0
 
     # -- retransmission ----------------------------------------------------------------------------------
     def _serve_xmit(self, requester: Address, hdr: NakAckHeader) -> None:
@@ -440,12 +465,20 @@ class NakAck(Layer):
             self._serve_for(requester, sender, hdr.ranges)
             return
         gone = False
+        # At most max_xmit_batch retransmissions per request, and collected seqnos are skipped without a loop:
+        # a request's ranges come from a peer and may span 2**63.
+        budget = self.config.max_xmit_batch
         for lo, hi in hdr.ranges:
+            if lo <= self.gone_upto:
+                gone = True
+                lo = self.gone_upto + 1
             for s in range(lo, min(hi, self.seqno) + 1):
+                if budget <= 0:
+                    break
                 orig = self.sent.get(s)
                 if orig is None:
-                    gone = gone or s <= self.gone_upto
                     continue
+                budget -= 1
                 copy = orig.copy()
                 copy.dest = requester
                 # Not NO_FLOW_CONTROL: the receiver's flow layer must count the retransmission it delivers,
@@ -473,11 +506,16 @@ class NakAck(Layer):
         w = self.windows.get(sender)
         if w is None or not w.store:
             return
+        budget = self.config.max_xmit_batch
+        first = min(w.store)
         for lo, hi in ranges:
-            for s in range(lo, min(hi, w.delivered) + 1):
+            for s in range(max(lo, first), min(hi, w.delivered) + 1):
+                if budget <= 0:
+                    return
                 orig = w.store.get(s)
                 if orig is None:
                     continue
+                budget -= 1
                 copy = orig.copy()
                 copy.dest = requester
                 copy.flags |= NO_RELIABILITY

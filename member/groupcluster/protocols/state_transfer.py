@@ -726,7 +726,9 @@ class StateTransfer(Layer):
             inc.cut = hdr.cut or {}
             inc.count = hdr.count
             inc.total = hdr.total
-            inc.buf = bytearray(hdr.total)
+            # Grown as chunks arrive (they come in order), not allocated up front: an announced size costs
+            # nothing until the bytes are really sent.
+            inc.buf = bytearray()
         elif hdr.count != inc.count or hdr.total != inc.total:
             self._bad_transfer("chunk count or size changed during the transfer")
             return
@@ -736,7 +738,7 @@ class StateTransfer(Layer):
         if end > inc.total or (last and end != inc.total):
             self._bad_transfer(f"chunk {hdr.index} ends at byte {end} of {inc.total}")
             return
-        inc.buf[inc.offset : end] = payload
+        inc.buf += payload
         inc.offset = end
         inc.next_index += 1
         self.ack_due = True

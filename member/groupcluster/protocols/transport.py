@@ -4,6 +4,11 @@ Messages sent during one driver step are bundled: all multicasts of the step tra
 fit ``max_frame_size``, and so do all unicasts to one member. The same multicast frame bytes go to every
 other member of the view (encoded once). Malformed frames, frames of another cluster and unicasts meant
 for another incarnation are dropped and counted, never raised.
+
+With a cluster secret (``auth_secret_file`` or ``auth_secret_env``) every frame is sealed once after encoding
+(HMAC-SHA256, or ChaCha20-Poly1305 with ``encrypt: true``; see :mod:`.auth`) and every received frame must
+open before it is decoded: forged, replayed, truncated, unsealed and foreign frames are dropped and counted
+as ``transport.auth_rejected`` and ``transport.auth_<reason>``. Without a secret nothing of this runs.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ from typing import Any
 from ..core import protocol_ids
 from ..core.address import Address
 from ..core.config import param
-from ..core.errors import WireError
+from ..core.errors import ConfigError, WireError
 from ..core.events import Event, SetLocalAddress, ViewChange
 from ..core.layer import Layer, register_layer
 from ..core.message import Message
 from ..core.wire import WireLimits, decode_frame, encode_frame, encode_message
+from .auth import OVERHEAD, AuthError, FrameAuth, Secret, make_session, parse_secret_env, parse_secret_file
 
 # Rough per-message framing overhead used to cut frames before encoding them.
 _MESSAGE_OVERHEAD = 48
@@ -29,6 +35,39 @@ class TransportConfig:
     max_frame_size: int = param("60KiB", "size", doc="largest frame sent; bigger batches are split", minimum=512)
     max_receive_frame: int = param("4MiB", "size", doc="largest frame accepted from a peer", minimum=512)
     max_messages_per_frame: int = param(65536, "int", doc="most messages accepted in one frame", minimum=1)
+    # Secret is a frozen dataclass: an immutable default (ruff cannot see that across modules).
+    auth_secret_file: Secret | None = param(  # noqa: RUF009
+        None,
+        "custom",
+        parser=parse_secret_file,
+        doc="file holding the cluster secret (one key per line, the first signs): every frame is authenticated",
+    )
+    auth_secret_env: Secret | None = param(  # noqa: RUF009
+        None,
+        "custom",
+        parser=parse_secret_env,
+        doc="name of an environment variable holding the cluster secret (instead of auth_secret_file)",
+    )
+    encrypt: bool = param(False, "bool", doc="encrypt frames (ChaCha20-Poly1305); needs a cluster secret")
+    auth_replay_window: int = param(
+        4096, "int", doc="frames per sender accepted out of order; older ones count as replays", minimum=64
+    )
+    auth_max_senders: int = param(1024, "int", doc="sender sessions remembered for replay protection", minimum=1)
+    auth_sender_ttl: float = param(
+        "10m", "duration", doc="forget the replay state of a sender outside the view silent this long", minimum=1
+    )
+
+    def __post_init__(self) -> None:
+        if self.auth_secret_file is not None and self.auth_secret_env is not None:
+            raise ConfigError("transport: set auth_secret_file or auth_secret_env, not both")
+        if self.encrypt and self.secret is None:
+            raise ConfigError(
+                "transport.encrypt: encryption needs a cluster secret (auth_secret_file or auth_secret_env)"
+            )
+
+    @property
+    def secret(self) -> Secret | None:
+        return self.auth_secret_file or self.auth_secret_env
 
 
 @register_layer
@@ -48,6 +87,35 @@ class Transport(Layer):
         self._ucast: dict[tuple[str, int], list[Message]] = {}
         self._loopback: list[Message] = []
         self.bad_frames = 0
+        self.auth_rejected = 0
+        self._next_warning = 0.0
+        self._frame_limit = config.max_frame_size
+        self.auth: FrameAuth | None = None
+        if config.secret is not None:
+            # The simulator's session comes from the seeded RNG (reproducible runs); the asyncio driver replaces
+            # it with os.urandom bytes before the first frame (reseed_session), so no nonce is ever reused.
+            self.auth = self._make_auth(make_session(ctx.rng.randbytes))
+            self._frame_limit = max(config.max_frame_size - OVERHEAD, 256)
+
+    def _make_auth(self, session: bytes) -> FrameAuth:
+        cfg = self.config
+        assert cfg.secret is not None
+        return FrameAuth(
+            cfg.secret.keys,
+            self.ctx.cluster,
+            session=session,
+            encrypt=cfg.encrypt,
+            window=cfg.auth_replay_window,
+            max_senders=cfg.auth_max_senders,
+            sender_ttl=cfg.auth_sender_ttl,
+        )
+
+    def reseed_session(self, session: bytes) -> None:
+        """Use ``session`` (fresh random bytes from the driver) as this member's sender session."""
+        if self.auth is not None:
+            if self.auth.counter:
+                raise RuntimeError("reseed_session: frames were sealed already")
+            self.auth = self._make_auth(session)
 
     # -- down ----------------------------------------------------------------------------------------
     def down(self, msg: Message) -> None:
@@ -73,6 +141,8 @@ class Transport(Layer):
         if isinstance(event, ViewChange):
             me = self.local_address.endpoint
             self.targets = tuple(m.endpoint for m in event.view.members if m.endpoint != me)
+            if self.auth is not None:
+                self.auth.set_members(event.view.members)
         elif isinstance(event, SetLocalAddress):  # pragma: no cover - addresses are fixed at creation
             pass
         return self.below.down_event(event)
@@ -99,7 +169,7 @@ class Transport(Layer):
         return False
 
     def _frames(self, msgs: list[Message]) -> list[bytes]:
-        limit = self.config.max_frame_size
+        limit = self._frame_limit
         frames: list[bytes] = []
         encoded: list[list[Any]] = []
         size = 0
@@ -113,21 +183,38 @@ class Transport(Layer):
             size += est
         if encoded:
             frames.append(encode_frame(self.ctx.cluster, self.local_address, encoded))
+        if self.auth is not None:
+            seal = self.auth.seal
+            frames = [seal(f) for f in frames]
         self.count("frames_sent", len(frames))
         self.count("messages_sent", len(msgs))
         return frames
 
     # -- up ------------------------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
+        auth = self.auth
+        session = None
+        if auth is not None:
+            try:
+                data, session = auth.open(data, self.now)  # type: ignore[assignment]
+            except AuthError as exc:
+                self.auth_rejected += 1
+                self.count("auth_rejected")
+                self.count(f"auth_{exc.reason}")
+                self._warn("an unauthentic frame", self.auth_rejected, exc)
+                return
         try:
             sender, msgs = decode_frame(data, self.ctx.cluster, self.limits)
         except WireError as exc:
             self.bad_frames += 1
             self.count("bad_frames")
-            # Logged at warning for the first few, then only counted: a flood must not flood the log too.
-            if self.bad_frames <= 10 or self.bad_frames % 1000 == 0:
-                self.ctx.log.warning("dropped a bad frame (%d so far): %s", self.bad_frames, exc)
+            why: Exception = exc
+            if auth is None and data[:1] == b"\xc1":
+                why = WireError("a sealed (authenticated) frame, but this member has no cluster secret configured")
+            self._warn("a bad frame", self.bad_frames, why)
             return
+        if session is not None and session.sender is None:
+            session.sender = sender
         me = self.local_address
         if sender == me:
             self.count("own_frames_dropped")
@@ -144,9 +231,23 @@ class Transport(Layer):
         if batch:
             self.above.up(batch)
 
+    def _warn(self, what: str, so_far: int, exc: Exception) -> None:
+        # The first few are logged, then at most one line per 10 s: a flood must not flood the log too.
+        now = self.now
+        if so_far <= 10 or now >= self._next_warning:
+            self._next_warning = now + 10.0
+            self.ctx.log.warning("dropped %s (%d so far): %s", what, so_far, exc)
+
     def _for_me(self, dest: Address) -> bool:
         me = self.local_address
         return dest == me or (dest.is_placeholder() and dest.endpoint == me.endpoint)
 
     def describe_state(self) -> dict[str, Any]:
-        return {"targets": len(self.targets), "bad_frames": self.bad_frames}
+        state: dict[str, Any] = {"targets": len(self.targets), "bad_frames": self.bad_frames}
+        if self.auth is not None:
+            state["auth"] = {
+                "mode": "encrypt" if self.config.encrypt else "mac",
+                "sessions": len(self.auth.sessions),
+                "rejected": self.auth_rejected,
+            }
+        return state

@@ -76,12 +76,13 @@ class _SendConn:
 
 
 class _RecvConn:
-    __slots__ = ("buffer", "conn_id", "delivered")
+    __slots__ = ("buffer", "buffered_bytes", "conn_id", "delivered")
 
     def __init__(self, conn_id: int, delivered: int) -> None:
         self.conn_id = conn_id
         self.delivered = delivered
         self.buffer: dict[int, Message] = {}
+        self.buffered_bytes = 0  # payload bytes in ``buffer`` (reset whenever it empties)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,12 @@ class UnicastConfig:
     max_xmit_per_interval: int = param(4096, "int", doc="most messages resent to one peer per interval", minimum=1)
     give_up_after: float = param(
         "60s", "duration", doc="drop a connection to a non-member that acknowledged nothing for this long"
+    )
+    max_buffered: int = param(
+        100_000, "int", doc="most out-of-order messages kept per connection; beyond, dropped (resent later)", minimum=16
+    )
+    max_buffered_bytes: int = param(
+        "64MiB", "size", doc="most payload bytes of out-of-order messages kept per connection", minimum=1
     )
 
 
@@ -141,6 +148,8 @@ class Unicast(Layer):
                 continue
             conn = self.recv_conns.get(src)
             if conn is None or hdr.conn_id > conn.conn_id:
+                if conn is None and len(self.recv_conns) >= _MAX_RECV_CONNS:
+                    self._evict_recv_conn()
                 conn = self.recv_conns[src] = _RecvConn(hdr.conn_id, hdr.low - 1)
             elif hdr.conn_id < conn.conn_id:
                 self.count("stale_connection")
@@ -154,14 +163,38 @@ class Unicast(Layer):
                 conn.delivered = seqno
                 out.append(msg)
                 continue
+            if seqno != conn.delivered + 1 and (
+                len(conn.buffer) >= self.config.max_buffered or conn.buffered_bytes > self.config.max_buffered_bytes
+            ):
+                # Not acknowledged, so the sender resends it once the gap before it is filled (the next seqno is
+                # always taken: it drains the buffer).
+                self.count("dropped_buffer_full")
+                continue
             conn.buffer[seqno] = msg
+            conn.buffered_bytes += len(msg.payload)
             nxt = conn.delivered + 1
-            while nxt in conn.buffer:
-                out.append(conn.buffer.pop(nxt))
+            buffer = conn.buffer
+            while nxt in buffer:
+                ready = buffer.pop(nxt)
+                conn.buffered_bytes -= len(ready.payload)
+                out.append(ready)
                 nxt += 1
             conn.delivered = nxt - 1
+            if not buffer:
+                conn.buffered_bytes = 0
         if out:
             self.above.up(out)
+
+    def _evict_recv_conn(self) -> None:
+        # Receive state is created by whoever sends us a DATA message; keep it bounded between view changes,
+        # giving up first the oldest connection of a sender outside the view.
+        members = self.members
+        victim = next((s for s in self.recv_conns if s not in members), None)
+        if victim is None:
+            victim = next(iter(self.recv_conns))
+        del self.recv_conns[victim]
+        self.ack_due.discard(victim)
+        self.count("dropped_connections")
 
     def _on_ack(self, src: Address, hdr: UnicastHeader) -> None:
         conn = self.send_conns.get(src)
@@ -203,6 +236,7 @@ class Unicast(Layer):
                 conn = self.recv_conns.get(gone)
                 if conn is not None:
                     conn.buffer.clear()
+                    conn.buffered_bytes = 0
             self.members = new
             if len(self.recv_conns) > _MAX_RECV_CONNS:
                 for src in [s for s in self.recv_conns if s not in new][: len(self.recv_conns) - _MAX_RECV_CONNS]:

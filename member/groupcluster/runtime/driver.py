@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +42,8 @@ from ..core.errors import ConfigError
 from ..core.events import Event
 from ..core.message import Message
 from ..core.stack import LayerSpec, Stack, Transmit, resolve_config
+from ..protocols.auth import OVERHEAD as AUTH_OVERHEAD
+from ..protocols.auth import SESSION_SIZE
 
 log = logging.getLogger("groupcluster.runtime")
 
@@ -488,6 +491,11 @@ class Driver:
                 logger=self.logger,
             )
             cfg = self.stack.layers[0].config
+            reseed = getattr(self.stack.layers[0], "reseed_session", None)
+            if reseed is not None:
+                # Frame authentication: the sender session (the nonce space of encryption) must be fresh
+                # random bytes, never the seeded RNG the simulator uses, or a restart could reuse nonces.
+                reseed(os.urandom(SESSION_SIZE))
             if isinstance(net, UdpNetwork):
                 max_frame = getattr(cfg, "max_frame_size", 0)
                 if max_frame > UDP_MAX_FRAME_SETTING:
@@ -496,7 +504,7 @@ class Driver:
                         f"(a datagram holds at most {UDP_MAX_DATAGRAM} bytes; use at most 62KiB, or --transport tcp)"
                     )
             else:
-                net.max_frame = getattr(cfg, "max_receive_frame", net.max_frame)
+                net.max_frame = getattr(cfg, "max_receive_frame", net.max_frame) + AUTH_OVERHEAD
         except BaseException:
             net.close()
             self._net = None
