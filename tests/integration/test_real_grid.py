@@ -7,15 +7,19 @@ overwriting a few hundred keys round after round and reading back keys it wrote)
 (b) a member leaves gracefully with ``POST /v1/leave`` (it exits only after its segments have new owners),
 (c) the coordinator is killed with SIGKILL (2 owners: nothing acknowledged may be lost).
 
-Afterwards every acknowledged write must be readable with its last acknowledged value, no operation may have
-failed (the client's documented retries are allowed and counted), and operations must have completed during
-every phase. Finally one more member is killed, which leaves a degraded partition: the grid answers 503
-with a reason. A second test sends bad requests and expects clear 4xx JSON errors.
+A second writer does the same with batches (``put_many``/``get_many``, ``POST /v1/batch``), so batches
+are split by owner and retried per key across the same topology changes. Afterwards every acknowledged write
+must be readable with its last acknowledged value, a scan of every segment (``GET /v1/segments/{id}``) must
+return exactly the acknowledged data, no operation may have failed (the client's documented retries are
+allowed and counted), and operations must have completed during every phase. Finally one more member is
+killed, which leaves a degraded partition: the grid answers 503 with a reason, per operation in a batch.
+Other tests send bad requests (key/value, batch, segment scan) and expect clear 4xx JSON errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import threading
 import urllib.error
@@ -24,16 +28,26 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgpack
 import pytest
-from groupcluster.grid.client import AsyncGridClient, GridClient, GridRequestError, GridUnavailableError
+from groupcluster.grid.client import (
+    AsyncGridClient,
+    GridBatchError,
+    GridClient,
+    GridRequestError,
+    GridUnavailableError,
+)
 
 from .procs import FD_FLAGS, MemberProcess, Members, free_port, loopback_hosts, wait_until
 
 KEYS = 300
+BATCH_KEYS = 200
 
 
-def http(method: str, url: str, body: bytes | None = None, timeout: float = 10.0) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method)
+def http(
+    method: str, url: str, body: bytes | None = None, timeout: float = 10.0, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()
@@ -146,6 +160,55 @@ class Writer:
         self.ops_by_phase[self.phase] = self.ops_by_phase.get(self.phase, 0) + 1
 
 
+@dataclass
+class BatchWriter:
+    """One thread: rewrite BATCH_KEYS keys with ``put_many`` round after round; ``get_many`` them all back."""
+
+    client: GridClient
+    acked: dict[bytes, bytes] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    stale_reads: list[str] = field(default_factory=list)
+    rounds_by_phase: dict[str, int] = field(default_factory=dict)
+    phase: str = "start"
+    stop: threading.Event = field(default_factory=threading.Event)
+    rounds: int = 0
+
+    def run(self) -> None:
+        keys = [f"b-{i}".encode() for i in range(BATCH_KEYS)]
+        r = 0
+        while not self.stop.is_set():
+            # Each round writes every other key, so a round's batch mixes fresh values and untouched keys.
+            items = {k: f"round-{r}-{k.decode()}".encode() for i, k in enumerate(keys) if i % 2 == r % 2}
+            started_in = self.phase
+            try:
+                self.client.put_many(items)
+                self.acked.update(items)
+                got = self.client.get_many(keys)
+                stale = [k for k in keys if got[k] != self.acked.get(k)]
+                if stale:
+                    k = stale[0]
+                    self.stale_reads.append(f"{len(stale)} keys, e.g. {k!r}: {got[k]!r} != {self.acked.get(k)!r}")
+                self.rounds += 1
+                # A round counts for the phase it began in and the one it ended in: one that spans a crash
+                # (blocked until the view change) is the interesting case, not a gap.
+                for phase in {started_in, self.phase}:
+                    self.rounds_by_phase[phase] = self.rounds_by_phase.get(phase, 0) + 1
+            except (GridUnavailableError, GridRequestError) as exc:
+                self.failures.append(f"{self.phase}: {exc}")
+            r += 1
+            # Leave the (2-core) machine to the members and the single-key writer most of the time.
+            self.stop.wait(0.1)
+
+
+def scan_all(client: GridClient, num_segments: int) -> dict[bytes, bytes]:
+    out: dict[bytes, bytes] = {}
+    for s in range(num_segments):
+        for k, v in client.scan_segment(s, page_size=7):  # small pages: the cursor is exercised too
+            assert k not in out, f"segment scan returned {k!r} twice"
+            out[k] = v
+    return out
+
+
 def test_writes_survive_join_graceful_leave_and_sigkill(members: Members) -> None:
     grid = Grid(members, 4)
     for i in range(3):
@@ -153,18 +216,41 @@ def test_writes_survive_join_graceful_leave_and_sigkill(members: Members) -> Non
     first3 = ["m0", "m1", "m2"]
     wait_until("3 members with a balanced grid", lambda: grid.settled(first3), 60, members)
 
+    # A segment m0 does not read (3 members, 2 owners: about a third) is refused with its owners' URLs.
+    st = grid.status("m0")
+    assert st is not None
+    routing = st["routing"]
+    me = routing["addresses"].index(st["address"])
+    elsewhere = next(s for s, owners in enumerate(routing["owners"]) if me not in owners)
+    code, body = http_json("GET", grid.urls["m0"] + f"/v1/segments/{elsewhere}")
+    assert code == 409 and "not readable on this member" in body["error"], body
+    assert routing["members"][routing["read"][elsewhere]] in body["owners"], body
+
     client = GridClient([grid.urls[n] for n in first3], timeout=60.0, retries=40)
     writer = Writer(client)
+    batch_client = GridClient([grid.urls[n] for n in first3], timeout=60.0, retries=40, batch_size=64)
+    bwriter = BatchWriter(batch_client)
     thread = threading.Thread(target=writer.run, daemon=True)
+    bthread = threading.Thread(target=bwriter.run, daemon=True)
     thread.start()
+    bthread.start()
+
+    def set_phase(name: str) -> None:
+        writer.phase = bwriter.phase = name
+
+    def worked_in(phase: str) -> bool:
+        # A phase lasts until both writers did some work in it (a loaded machine may settle the grid before
+        # the writers got far), so "operations completed during every phase" does not depend on timing.
+        return writer.ops_by_phase.get(phase, 0) > 20 and bwriter.rounds_by_phase.get(phase, 0) >= 1
+
     try:
-        wait_until("the writer to get going", lambda: writer.writes >= 200, 30, members)
+        wait_until("the writers to get going", lambda: writer.writes >= 200 and bwriter.rounds >= 3, 30, members)
 
         # (a) a fourth member joins while the writer runs.
-        writer.phase = "join"
+        set_phase("join")
         grid.start(3)
         all4 = [*first3, "m3"]
-        wait_until("the joiner to receive its segments", lambda: grid.settled(all4), 60, members)
+        wait_until("the joiner to receive its segments", lambda: grid.settled(all4) and worked_in("join"), 60, members)
         joiner = grid.status("m3")
         assert joiner is not None and joiner["grid"]["segments_owned"] > 0
         status, metrics = http("GET", grid.urls["m3"] + "/metrics")
@@ -173,7 +259,7 @@ def test_writes_survive_join_graceful_leave_and_sigkill(members: Members) -> Non
         assert received > 0, "the joiner received no entries by state transfer"
 
         # (b) a graceful leave through the HTTP API: the member exits after handing its segments off.
-        writer.phase = "leave"
+        set_phase("leave")
         leaver = grid.procs["m1"]
         code, body = http_json("POST", grid.urls["m1"] + "/v1/leave")
         assert code == 202 and body["leaving"] is True
@@ -181,21 +267,38 @@ def test_writes_survive_join_graceful_leave_and_sigkill(members: Members) -> Non
         assert leaver.wait(5) == 0
         assert "grid segments handed off" in leaver.log_text()
         rest = ["m0", "m2", "m3"]
-        wait_until("3 members balanced after the leave", lambda: grid.settled(rest), 60, members)
+        wait_until("3 members balanced after the leave", lambda: grid.settled(rest) and worked_in("leave"), 60, members)
 
         # (c) SIGKILL of the coordinator: with 2 owners per segment nothing acknowledged is lost.
-        writer.phase = "kill"
+        set_phase("kill")
         grid.procs["m0"].kill()
         survivors = ["m2", "m3"]
-        wait_until("2 members balanced after the crash", lambda: grid.settled(survivors), 60, members)
-        writer.phase = "after"
-        before = writer.writes
-        wait_until("writes after the crash", lambda: writer.writes >= before + 100, 30, members)
+        wait_until(
+            "2 members balanced after the crash", lambda: grid.settled(survivors) and worked_in("kill"), 60, members
+        )
+        set_phase("after")
+        before, bbefore = writer.writes, bwriter.rounds
+        wait_until(
+            "writes after the crash",
+            lambda: writer.writes >= before + 100 and bwriter.rounds >= bbefore + 3,
+            30,
+            members,
+        )
     finally:
         writer.stop.set()
+        bwriter.stop.set()
         thread.join(timeout=90)
+        bthread.join(timeout=90)
     assert not thread.is_alive(), "the writer did not stop"
+    assert not bthread.is_alive(), "the batch writer did not stop"
     print(f"writer: {writer.writes} writes acknowledged, operations by phase {writer.ops_by_phase}, {client.stats}")
+    print(f"batch writer: {bwriter.rounds} rounds, by phase {bwriter.rounds_by_phase}, {batch_client.stats}")
+    batch_client.close()
+
+    assert bwriter.failures == [], f"{len(bwriter.failures)} batches failed: {bwriter.failures[:3]}"
+    assert bwriter.stale_reads == [], bwriter.stale_reads[:3]
+    for phase in ("start", "join", "leave", "kill", "after"):
+        assert bwriter.rounds_by_phase.get(phase, 0) >= 1, f"no batch round during {phase}: {bwriter.rounds_by_phase}"
 
     assert writer.failures == [], f"{len(writer.failures)} operations failed: {writer.failures[:5]}"
     assert writer.stale_reads == [], writer.stale_reads[:5]
@@ -212,6 +315,16 @@ def test_writes_survive_join_graceful_leave_and_sigkill(members: Members) -> Non
         assert not lost, f"{len(lost)} acknowledged writes not read back through {name}, e.g. {list(lost.items())[:3]}"
     client.close()
 
+    # Segment scans (each segment from a member that reads it) return exactly what was acknowledged.
+    expected = {**writer.acked, **bwriter.acked}
+    assert len(expected) == KEYS + BATCH_KEYS
+    with GridClient([grid.urls[n] for n in survivors]) as scanner:
+        scanned = scan_all(scanner, 256)
+        assert scanned == expected, (
+            f"scan: {len(set(expected) - set(scanned))} keys missing, {len(set(scanned) - set(expected))} extra, "
+            f"{sum(1 for k in expected if k in scanned and scanned[k] != expected[k])} with another value"
+        )
+
     # A degraded partition: one of the last two owners crashes, so every segment misses an owner.
     grid.procs["m2"].kill()
 
@@ -223,6 +336,11 @@ def test_writes_survive_join_graceful_leave_and_sigkill(members: Members) -> Non
     assert code == 503 and "unavailable" in body["reason"], body
     code, body = http_json("GET", grid.urls["m3"] + "/readyz")
     assert code == 503 and any("degraded" in r for r in body["reasons"]), body
+    # In a batch, the refusal is per operation; the client gives up on those keys and names them.
+    with GridClient([grid.urls["m3"]], retries=1, backoff=0.01, route=False) as c, pytest.raises(GridBatchError) as err:
+        c.put_many({b"key-1": b"x", b"key-2": b"y"})
+    assert set(err.value.failed) == {b"key-1", b"key-2"} and err.value.completed == 0
+    assert all("unavailable" in why for why in err.value.failed.values()), err.value.failed
 
 
 def _metric(text: str, name: str) -> float:
@@ -298,3 +416,144 @@ def test_async_client_round_trip(one_member: str) -> None:
             assert err.value.status == 400
 
     asyncio.run(main())
+
+
+def _mp(doc: object) -> bytes:
+    return msgpack.packb(doc, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+MP = {"Content-Type": "application/msgpack"}
+JS = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "status", "message"),
+    [
+        ({"Content-Type": "text/plain"}, b"x", 415, "not supported"),
+        ({}, b"x", 415, "not supported"),
+        (MP, b"", 400, "missing body"),
+        (MP, b"\xc1\xc1", 400, "not valid msgpack"),
+        (JS, b"{nope", 400, "not valid JSON"),
+        (MP, _mp([1, 2]), 400, "expected a map"),
+        (MP, _mp({"ops": [], "x": 1}), 400, "unknown field(s) x"),
+        (MP, _mp({"ops": []}), 400, "ops: empty"),
+        (MP, _mp({"ops": "get"}), 400, "ops: expected a list"),
+        (MP, _mp({"ops": [["pt", b"k", b"v"]]}), 400, "ops[0][0]: unknown op 'pt'"),
+        (MP, _mp({"ops": [["get", b"k"], ["put", b"k"]]}), 400, "ops[1]: put needs a value"),
+        (MP, _mp({"ops": [["get", b"k", b"v"]]}), 400, "get takes no value"),
+        (MP, _mp({"ops": [["get", "k"]]}), 400, "ops[0][1] (key): expected bytes"),
+        (MP, _mp({"ops": [["get", b""]]}), 400, "ops[0][1] (key): 0 bytes is outside"),
+        (MP, _mp({"ops": [["get", b"k" * 70_000]]}), 400, "70000 bytes is outside"),
+        (MP, _mp({"ops": [["put", b"k", b"v" * (4 * 1024 * 1024 + 1)]]}), 400, "exceed the limit"),
+        (MP, _mp({"ops": [["get", b"k"]] * 10_001}), 400, "10001 operations exceed the limit of 10000"),
+        (JS, json.dumps({"ops": [["get", "not base64!"]]}).encode(), 400, "not valid base64"),
+        (MP, b"\x00" * (32 * 1024 * 1024 + 2048), 413, "exceed the limit of 33554432"),
+    ],
+)
+def test_bad_batches_get_clear_json_errors(
+    one_member: str, headers: dict[str, str], body: bytes, status: int, message: str
+) -> None:
+    code, data = http("POST", one_member + "/v1/batch", body, headers=headers, timeout=30)
+    assert code == status, data
+    assert message in json.loads(data)["error"]
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/v1/segments/x", 400, "expected a segment number"),
+        ("/v1/segments/-1", 400, "expected a segment number"),
+        ("/v1/segments/256", 400, "outside [0, 255]"),
+        ("/v1/segments/0?limit=0", 400, "limit: expected 1 to 10000"),
+        ("/v1/segments/0?limit=10001", 400, "limit: expected 1 to 10000"),
+        ("/v1/segments/0?after=%21%21", 400, "not a cursor"),
+        ("/v1/segments/0?page=2", 400, "unknown query parameter(s) page"),
+        ("/v1/segments/", 404, "no such endpoint"),
+    ],
+)
+def test_bad_segment_scans_get_clear_json_errors(one_member: str, path: str, status: int, message: str) -> None:
+    code, data = http("GET", one_member + path)
+    assert code == status, data
+    assert message in json.loads(data)["error"]
+
+
+def test_batch_json_round_trip_and_segment_pages(one_member: str) -> None:
+    def b64(b: bytes) -> str:
+        return base64.b64encode(b).decode()
+
+    ops = [["put", b64(b"j1"), b64(b"\x00one")], ["put", b64(b"j2"), b64(b"")], ["get", b64(b"j1")]]
+    code, body = http_json_h("POST", one_member + "/v1/batch", json.dumps({"ops": ops}).encode(), JS)
+    assert code == 200, body
+    assert body["results"] == [{"status": 200}, {"status": 200}, {"status": 200, "value": b64(b"\x00one")}]
+    assert body["topology_id"] >= 1
+    ops = [["get", b64(b"j2")], ["delete", b64(b"j1")], ["get", b64(b"j1")], ["get", b64(b"never")]]
+    code, body = http_json_h("POST", one_member + "/v1/batch", json.dumps({"ops": ops}).encode(), JS)
+    assert body["results"] == [{"status": 200, "value": ""}, {"status": 200}, {"status": 404}, {"status": 404}]
+
+    # msgpack answers in msgpack, with raw bytes.
+    code, raw = http(
+        "POST", one_member + "/v1/batch", _mp({"ops": [["get", b"j2"], ["put", b"m\xff", b"\xfe"]]}), headers=MP
+    )
+    assert code == 200
+    assert msgpack.unpackb(raw)["results"] == [{"status": 200, "value": b""}, {"status": 200}]
+
+    # Pages of one segment: every key once, in key order, the cursor from one page opening the next.
+    with GridClient([one_member]) as c:
+        keys = [f"page-{i:04d}".encode() for i in range(3000)]
+        c.put_many({k: k[::-1] for k in keys})
+        seg = c.status()["routing"]
+        from groupcluster.grid.consistent_hash import segment_of
+
+        target = segment_of(keys[0], seg["num_segments"])
+        mine = sorted(k for k in keys if segment_of(k, seg["num_segments"]) == target)
+        code, page = http_json_h("GET", one_member + f"/v1/segments/{target}?limit=5", None, {})
+        assert code == 200 and page["segment"] == target and page["next"] is not None
+        first = [base64.b64decode(e[0]) for e in page["entries"]]
+        # Other tests share this member: compare against everything the segment holds.
+        everything = [k for k, _ in c.scan_segment(target, page_size=3)]
+        assert everything == sorted(set(everything)), "pages out of key order or a key twice"
+        assert first == everything[:5]
+        assert [k for k in everything if k.startswith(b"page-")] == mine
+        assert all(v == k[::-1] for k, v in c.scan_segment(target, page_size=1000) if k.startswith(b"page-"))
+
+
+def test_client_batches_round_trip(one_member: str) -> None:
+    items = {f"bk{i}".encode(): f"bv{i}".encode() * 3 for i in range(2500)}
+    with GridClient([one_member], batch_size=300, parallel=3) as c:
+        c.put_many(items)
+        c.put_many([(b"dup", b"first"), (b"dup", b"last")])  # the last value of a repeated key wins
+        got = c.get_many([*items, b"dup", b"absent-key"])
+        assert got == {**items, b"dup": b"last", b"absent-key": None}
+        c.delete_many(list(items)[:1000])
+        got = c.get_many(items)
+        assert sum(v is None for v in got.values()) == 1000
+        assert all(got[k] == items[k] for k in list(items)[1000:])
+        assert c.stats["retries"] == 0
+        assert c.get_many([]) == {}
+        with pytest.raises(TypeError):
+            c.put_many({b"k": "text"})  # type: ignore[dict-item]
+        with pytest.raises(ValueError, match="outside"):
+            c.get_many([b""])
+
+    # Without routing, batches are still cut to batch_size (the server takes at most 10,000 per request).
+    with GridClient([one_member], route=False, batch_size=100) as c:
+        c.put_many({f"nr{i}".encode(): b"x" for i in range(250)})
+        assert c.stats["requests"] == 3
+        assert set(c.get_many([f"nr{i}".encode() for i in range(250)]).values()) == {b"x"}
+
+    async def main() -> None:
+        async with AsyncGridClient([one_member], batch_size=500) as ac:
+            await ac.put_many({k: v + b"!" for k, v in items.items()})
+            got = await ac.get_many(items)
+            assert got == {k: v + b"!" for k, v in items.items()}
+            await ac.delete_many(items)
+            assert set((await ac.get_many(items)).values()) == {None}
+            seen = [k async for k, _ in ac.scan_segment(0)]
+            assert seen == sorted(seen)
+
+    asyncio.run(main())
+
+
+def http_json_h(method: str, url: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, Any]:
+    code, data = http(method, url, body, headers=headers)
+    return code, json.loads(data)

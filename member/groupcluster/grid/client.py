@@ -26,6 +26,15 @@ known URL) it uses any member it knows.
 Up to ``retries`` retries with exponential backoff (``backoff`` doubling up to 1 s), within ``timeout``
 seconds overall. A retried PUT or DELETE may be applied twice, which is harmless: the same value is written
 again. A ``4xx`` is never retried and raises :class:`GridRequestError` with the server's message.
+
+**Batches.** ``put_many``/``get_many``/``delete_many`` split the keys by the member that owns them (write
+primary, read owner), send one ``POST /v1/batch`` (msgpack) per owner and chunk of ``batch_size`` keys,
+concurrently (``parallel`` requests at a time), and retry *per key*: keys whose operation came back 503/504,
+or whose request failed on the connection, are routed again on a fresh routing table (a topology change
+moved them) with the same backoff and bounds as single operations. Keys that still fail raise
+:class:`GridBatchError`, which says which keys and why; the others are done. ``scan_segment`` pages through
+one segment (``GET /v1/segments/{id}``) on a member that reads it, following the segment to its new owner
+when a rebalance moves it; pages are in key order, so the cursor carries over between members.
 """
 
 from __future__ import annotations
@@ -34,18 +43,27 @@ import asyncio
 import http.client
 import json
 import random
+import threading
 import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
+
+import msgpack
 
 from .consistent_hash import segment_of
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_REQUEST_TIMEOUT = 35.0  # above the grid's default op_timeout (30 s): its 504 arrives first
 RETRYABLE_STATUS = frozenset({502, 503, 504})
+DEFAULT_BATCH_SIZE = 1000  # operations per batch request (the server takes up to 10,000)
+BATCH_BYTES = 4 * 1024 * 1024  # keys and values per batch request, roughly
+BATCH_KEY_LIMIT = 64 * 1024  # the grid's key limit; batch keys travel in the body, not the URL
+VALUE_LIMIT = 4 * 1024 * 1024
+MSGPACK = "application/msgpack"
 
 
 class GridClientError(Exception):
@@ -67,6 +85,19 @@ class GridUnavailableError(GridClientError):
     def __init__(self, message: str, last_status: int | None = None) -> None:
         super().__init__(message)
         self.last_status = last_status
+
+
+class GridBatchError(GridUnavailableError):
+    """Some operations of a batch failed after every retry; the rest completed.
+
+    ``failed`` maps each failed key to the last reason; ``completed`` counts the operations that succeeded.
+    """
+
+    def __init__(self, failed: dict[bytes, str], completed: int, last_status: int | None = None) -> None:
+        sample = "; ".join(f"{k!r}: {v}" for k, v in list(failed.items())[:3])
+        super().__init__(f"{len(failed)} of {len(failed) + completed} operations failed, e.g. {sample}", last_status)
+        self.failed = failed
+        self.completed = completed
 
 
 def normalize_endpoint(ep: str) -> str:
@@ -96,6 +127,144 @@ def key_path(key: bytes) -> str:
 class _Reply:
     status: int
     body: bytes
+
+
+# One operation of a batch: ("get" | "put" | "delete", key, value or None).
+_Op = tuple[str, bytes, bytes | None]
+
+
+def _check_key(key: Any) -> bytes:
+    if type(key) is not bytes:
+        raise TypeError(f"key: expected bytes, got {type(key).__name__}")
+    if not 1 <= len(key) <= BATCH_KEY_LIMIT:
+        raise ValueError(f"key: {len(key)} bytes is outside [1, {BATCH_KEY_LIMIT}]")
+    return key
+
+
+def _put_ops(items: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> list[_Op]:
+    # A dict keeps the last value of a repeated key: requests run concurrently, so two writes of one key in
+    # one call would otherwise land in no defined order.
+    pairs = dict(items.items() if isinstance(items, Mapping) else items)
+    ops: list[_Op] = []
+    for k, v in pairs.items():
+        _check_key(k)
+        if type(v) is not bytes:
+            raise TypeError(f"value of {k!r}: expected bytes, got {type(v).__name__}")
+        if len(v) > VALUE_LIMIT:
+            raise ValueError(f"value of {k!r}: {len(v)} bytes exceed the limit of {VALUE_LIMIT}")
+        ops.append(("put", k, v))
+    return ops
+
+
+def _key_ops(kind: str, keys: Iterable[bytes]) -> list[_Op]:
+    return [(kind, _check_key(k), None) for k in dict.fromkeys(keys)]
+
+
+class _BatchRun:
+    """The state of one ``*_many`` call: results so far, keys still to do, keys failed for good (no I/O)."""
+
+    def __init__(self, ops: list[_Op], timeout: float) -> None:
+        self.ops = ops
+        self.results: list[bytes | None] = [None] * len(ops)
+        self.pending: list[int] = list(range(len(ops)))
+        self.failed: dict[int, str] = {}
+        self.retry: list[int] = []
+        self.last_status: int | None = None
+        self.last_error = ""
+        self.deadline = time.monotonic() + timeout
+
+    def plan(self, router: _Router, batch_size: int, route: bool) -> list[tuple[str, list[int]]]:
+        """The pending operations grouped by target member (one member for all without ``route``), cut into
+        requests of ``batch_size`` operations / ~4 MiB."""
+        groups: dict[str, list[int]] = {}
+        anyone = None if route else router.any_endpoint()
+        for i in self.pending:
+            kind, key, _ = self.ops[i]
+            ep = anyone if anyone is not None else router.target(key, write=kind != "get")
+            groups.setdefault(ep, []).append(i)
+        plan: list[tuple[str, list[int]]] = []
+        for ep, idxs in groups.items():
+            chunk: list[int] = []
+            size = 0
+            for i in idxs:
+                _, key, value = self.ops[i]
+                n = len(key) + (len(value) if value else 0) + 16
+                if chunk and (len(chunk) >= batch_size or size + n > BATCH_BYTES):
+                    plan.append((ep, chunk))
+                    chunk, size = [], 0
+                chunk.append(i)
+                size += n
+            if chunk:
+                plan.append((ep, chunk))
+        return plan
+
+    def body(self, idxs: list[int]) -> bytes:
+        ops = []
+        for i in idxs:
+            kind, key, value = self.ops[i]
+            ops.append([kind, key, value] if kind == "put" else [kind, key])
+        return msgpack.packb({"ops": ops}, use_bin_type=True)  # type: ignore[no-any-return]
+
+    def absorb(self, router: _Router, ep: str, idxs: list[int], reply: _Reply | None, error: str = "") -> None:
+        """Take one request's outcome: results in, retryable keys to ``retry``; raises for a refused request."""
+        if reply is None:
+            router.failed(ep)
+            self.retry.extend(idxs)
+            self.last_error, self.last_status = f"{ep}: {error}", None
+            return
+        if reply.status in RETRYABLE_STATUS:
+            if reply.status == 503:
+                router.avoid[ep] = time.monotonic() + router.avoid_seconds
+            self.retry.extend(idxs)
+            self.last_error = f"{ep}: HTTP {reply.status}: {router.error_message(reply)}"
+            self.last_status = reply.status
+            return
+        if reply.status != 200:
+            raise GridRequestError(reply.status, router.error_message(reply))
+        try:
+            doc = msgpack.unpackb(reply.body, raw=False)
+            results = doc["results"]
+            if len(results) != len(idxs):
+                raise ValueError(f"{len(results)} results for {len(idxs)} operations")
+        except Exception as exc:
+            raise GridClientError(f"{ep}: malformed batch answer: {exc}") from None
+        for i, res in zip(idxs, results, strict=True):
+            status = res.get("status")
+            if status == 200:
+                self.results[i] = res.get("value")
+            elif status == 404 and self.ops[i][0] == "get":
+                self.results[i] = None
+            elif status in RETRYABLE_STATUS:
+                self.retry.append(i)
+                self.last_error = f"{ep}: {status}: {res.get('error', '')}"
+                self.last_status = status
+            else:
+                self.failed[i] = f"HTTP {status}: {res.get('error', '')}"
+
+    def next_round(self) -> bool:
+        """Move the keys to retry into ``pending``; False when nothing is left to do."""
+        self.pending, self.retry = self.retry, []
+        return bool(self.pending)
+
+    def finish(self) -> list[bytes | None]:
+        if self.pending:
+            for i in self.pending:
+                self.failed[i] = f"not done after the retries; last: {self.last_error}"
+        if self.failed:
+            failed = {self.ops[i][1]: msg for i, msg in sorted(self.failed.items())}
+            raise GridBatchError(failed, len(self.ops) - len(failed), self.last_status)
+        return self.results
+
+
+def _scan_path(segment: int, after: str | None, limit: int) -> str:
+    if type(segment) is not int or segment < 0:
+        raise ValueError(f"segment: expected a non-negative int, got {segment!r}")
+    if not 1 <= limit <= 10_000:
+        raise ValueError(f"page_size: expected 1 to 10000, got {limit}")
+    query = {"limit": str(limit)}
+    if after is not None:
+        query["after"] = after
+    return f"/v1/segments/{segment}?{urllib.parse.urlencode(query)}"
 
 
 class _Router:
@@ -135,6 +304,34 @@ class _Router:
             if url is not None and self.avoid.get(url, 0.0) <= time.monotonic():
                 return url
         return self.any_endpoint()
+
+    def scan_target(self, segment: int) -> str:
+        """The member to scan ``segment`` on: its read owner in the routing table, else any member."""
+        t = self.table
+        if t is not None:
+            try:
+                idx = t["read"][segment]
+                url = t["members"][idx] if idx >= 0 else None
+            except (KeyError, IndexError, TypeError):
+                url = None
+            if url is not None and self.avoid.get(url, 0.0) <= time.monotonic():
+                return url
+        return self.any_endpoint()
+
+    def scan_outcome(self, ep: str, reply: _Reply) -> dict[str, Any] | None:
+        """The decoded page, or None to retry elsewhere (not an owner any more, 503/504); raises for a 4xx."""
+        if reply.status == 200:
+            try:
+                page = msgpack.unpackb(reply.body, raw=False)
+                if not isinstance(page["entries"], list) or "next" not in page:
+                    raise ValueError("entries or next missing")
+            except Exception as exc:
+                raise GridClientError(f"{ep}: malformed segment page: {exc}") from None
+            return page  # type: ignore[no-any-return]
+        if reply.status == 409 or reply.status in RETRYABLE_STATUS:
+            # 409: a rebalance moved the segment; the refresh before the retry finds its new owner.
+            return None
+        raise GridRequestError(reply.status, self.error_message(reply))
 
     def learn(self, status: dict[str, Any]) -> None:
         routing = status.get("routing")
@@ -196,11 +393,23 @@ class GridClient:
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         avoid_seconds: float = 2.0,
         route: bool = True,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        parallel: int = 8,
     ) -> None:
+        if not 1 <= batch_size <= 10_000:
+            raise ValueError(f"batch_size: expected 1 to 10000, got {batch_size}")
+        if parallel < 1:
+            raise ValueError(f"parallel: expected at least 1, got {parallel}")
         self._r = _Router(endpoints, retries, backoff, timeout, avoid_seconds)
         self.request_timeout = request_timeout
         self.route = route
-        self._conns: dict[str, http.client.HTTPConnection] = {}
+        self.batch_size = batch_size
+        self.parallel = parallel
+        # Connections are per thread: the batch methods send from a small pool of worker threads.
+        self._tls = threading.local()
+        self._all_conns: list[http.client.HTTPConnection] = []
+        self._conns_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         if route:
             self.refresh()
 
@@ -219,6 +428,88 @@ class GridClient:
 
     def delete(self, key: bytes) -> None:
         self._call("DELETE", key, None)
+
+    def put_many(self, items: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> None:
+        """Write many keys (a mapping or ``(key, value)`` pairs; the last value of a repeated key wins)."""
+        self._many(_put_ops(items))
+
+    def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes | None]:
+        """The value of every key (None: absent)."""
+        ops = _key_ops("get", keys)
+        return {op[1]: v for op, v in zip(ops, self._many(ops), strict=True)}
+
+    def delete_many(self, keys: Iterable[bytes]) -> None:
+        self._many(_key_ops("delete", keys))
+
+    def scan_segment(self, segment: int, *, page_size: int = 1000) -> Iterator[tuple[bytes, bytes]]:
+        """Every entry ``(key, value)`` of ``segment``, in key order, page by page from a member that reads it."""
+        after: str | None = None
+        while True:
+            page = self._scan_page(segment, after, page_size)
+            for k, v, _ in page["entries"]:
+                yield k, v
+            after = page["next"]
+            if after is None:
+                return
+
+    def _scan_page(self, segment: int, after: str | None, limit: int) -> dict[str, Any]:
+        r = self._r
+        path = _scan_path(segment, after, limit)
+        deadline = time.monotonic() + r.timeout
+        last, last_status = "no attempt made", None
+        for attempt in range(r.retries + 1):
+            ep = r.scan_target(segment) if self.route else r.any_endpoint()
+            r.stats["requests"] += 1
+            try:
+                reply = self._request(ep, "GET", path, None, {"Accept": MSGPACK})
+            except (OSError, http.client.HTTPException) as exc:
+                r.failed(ep)
+                last, last_status = f"{ep}: {exc or type(exc).__name__}", None
+            else:
+                page = r.scan_outcome(ep, reply)
+                if page is not None:
+                    return page
+                last, last_status = f"{ep}: HTTP {reply.status}: {r.error_message(reply)}", reply.status
+            if attempt == r.retries or time.monotonic() >= deadline:
+                break
+            r.stats["retries"] += 1
+            time.sleep(min(r.delay(attempt), max(0.0, deadline - time.monotonic())))
+            if self.route:
+                self.refresh(avoid=ep)
+        raise GridUnavailableError(
+            f"scan of segment {segment} failed after {attempt + 1} attempts; last: {last}", last_status
+        )
+
+    def _many(self, ops: list[_Op]) -> list[bytes | None]:
+        r = self._r
+        run = _BatchRun(ops, r.timeout)
+        if not ops:
+            return []
+        for attempt in range(r.retries + 1):
+            plan = run.plan(r, self.batch_size, self.route)
+            r.stats["requests"] += len(plan)
+            if len(plan) == 1 or self.parallel == 1:
+                outcomes = [self._send_batch(ep, run.body(idxs)) for ep, idxs in plan]
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="grid-batch")
+                futs = [self._pool.submit(self._send_batch, ep, run.body(idxs)) for ep, idxs in plan]
+                outcomes = [f.result() for f in futs]
+            for (ep, idxs), (reply, error) in zip(plan, outcomes, strict=True):
+                run.absorb(r, ep, idxs, reply, error)
+            if not run.next_round() or attempt == r.retries or time.monotonic() >= run.deadline:
+                break
+            r.stats["retries"] += 1
+            time.sleep(min(r.delay(attempt), max(0.0, run.deadline - time.monotonic())))
+            if self.route:
+                self.refresh()
+        return run.finish()
+
+    def _send_batch(self, ep: str, body: bytes) -> tuple[_Reply | None, str]:
+        try:
+            return self._request(ep, "POST", "/v1/batch", body, {"Content-Type": MSGPACK}), ""
+        except (OSError, http.client.HTTPException) as exc:
+            return None, str(exc) or type(exc).__name__
 
     def status(self, endpoint: str | None = None) -> dict[str, Any]:
         """``GET /v1/status`` of one member (any known member by default)."""
@@ -273,40 +564,59 @@ class GridClient:
                 self.refresh(avoid=ep)
         raise GridUnavailableError(f"{method} failed after {attempt + 1} attempts; last: {last}", last_status)
 
-    def _request(self, ep: str, method: str, path: str, body: bytes | None) -> _Reply:
-        reused = ep in self._conns
+    def _thread_conns(self) -> dict[str, http.client.HTTPConnection]:
+        conns: dict[str, http.client.HTTPConnection] | None = getattr(self._tls, "conns", None)
+        if conns is None:
+            conns = self._tls.conns = {}
+        return conns
+
+    def _request(
+        self, ep: str, method: str, path: str, body: bytes | None, headers: dict[str, str] | None = None
+    ) -> _Reply:
+        reused = ep in self._thread_conns()
         try:
-            return self._request_once(ep, method, path, body)
+            return self._request_once(ep, method, path, body, headers)
         except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
             if not reused:
                 raise
         # A kept-alive connection the server had already closed (idle timeout): one fresh connection, not a
         # retry of the operation in the sense of the module docstring.
-        return self._request_once(ep, method, path, body)
+        return self._request_once(ep, method, path, body, headers)
 
-    def _request_once(self, ep: str, method: str, path: str, body: bytes | None) -> _Reply:
-        conn = self._conns.get(ep)
+    def _request_once(
+        self, ep: str, method: str, path: str, body: bytes | None, headers: dict[str, str] | None
+    ) -> _Reply:
+        conns = self._thread_conns()
+        conn = conns.get(ep)
         if conn is None:
             u = urllib.parse.urlsplit(ep)
-            conn = self._conns[ep] = http.client.HTTPConnection(u.hostname, u.port, timeout=self.request_timeout)
-        headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
+            conn = conns[ep] = http.client.HTTPConnection(u.hostname, u.port, timeout=self.request_timeout)
+            with self._conns_lock:
+                self._all_conns.append(conn)
+        if headers is None:
+            headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
         try:
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException):
             conn.close()
-            self._conns.pop(ep, None)
+            conns.pop(ep, None)
             raise
         if resp.getheader("Connection", "").lower() == "close":
             conn.close()
-            self._conns.pop(ep, None)
+            conns.pop(ep, None)
         return _Reply(resp.status, data)
 
     def close(self) -> None:
-        for conn in self._conns.values():
-            conn.close()
-        self._conns.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        with self._conns_lock:
+            for conn in self._all_conns:
+                conn.close()
+            self._all_conns.clear()
+        self._tls = threading.local()
 
     def __enter__(self) -> GridClient:
         return self
@@ -329,12 +639,20 @@ class AsyncGridClient:
         avoid_seconds: float = 2.0,
         route: bool = True,
         max_connections: int = 100,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        parallel: int = 8,
     ) -> None:
         import aiohttp
 
+        if not 1 <= batch_size <= 10_000:
+            raise ValueError(f"batch_size: expected 1 to 10000, got {batch_size}")
+        if parallel < 1:
+            raise ValueError(f"parallel: expected at least 1, got {parallel}")
         self._aiohttp = aiohttp
         self._r = _Router(endpoints, retries, backoff, timeout, avoid_seconds)
         self.route = route
+        self.batch_size = batch_size
+        self.parallel = parallel
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=request_timeout),
             connector=aiohttp.TCPConnector(limit=max_connections),
@@ -355,6 +673,88 @@ class AsyncGridClient:
 
     async def delete(self, key: bytes) -> None:
         await self._call("DELETE", key, None)
+
+    async def put_many(self, items: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> None:
+        """Write many keys (a mapping or ``(key, value)`` pairs; the last value of a repeated key wins)."""
+        await self._many(_put_ops(items))
+
+    async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes | None]:
+        ops = _key_ops("get", keys)
+        return {op[1]: v for op, v in zip(ops, await self._many(ops), strict=True)}
+
+    async def delete_many(self, keys: Iterable[bytes]) -> None:
+        await self._many(_key_ops("delete", keys))
+
+    async def scan_segment(self, segment: int, *, page_size: int = 1000) -> AsyncIterator[tuple[bytes, bytes]]:
+        """Every entry ``(key, value)`` of ``segment``, in key order (see :meth:`GridClient.scan_segment`)."""
+        after: str | None = None
+        while True:
+            page = await self._scan_page(segment, after, page_size)
+            for k, v, _ in page["entries"]:
+                yield k, v
+            after = page["next"]
+            if after is None:
+                return
+
+    async def _scan_page(self, segment: int, after: str | None, limit: int) -> dict[str, Any]:
+        r = self._r
+        path = _scan_path(segment, after, limit)
+        if self.route and r.table is None:
+            await self.refresh()
+        deadline = time.monotonic() + r.timeout
+        last, last_status = "no attempt made", None
+        for attempt in range(r.retries + 1):
+            ep = r.scan_target(segment) if self.route else r.any_endpoint()
+            r.stats["requests"] += 1
+            try:
+                reply = await self._request(ep, "GET", path, None, {"Accept": MSGPACK})
+            except (TimeoutError, OSError, self._aiohttp.ClientError) as exc:
+                r.failed(ep)
+                last, last_status = f"{ep}: {exc or type(exc).__name__}", None
+            else:
+                page = r.scan_outcome(ep, reply)
+                if page is not None:
+                    return page
+                last, last_status = f"{ep}: HTTP {reply.status}: {r.error_message(reply)}", reply.status
+            if attempt == r.retries or time.monotonic() >= deadline:
+                break
+            r.stats["retries"] += 1
+            await asyncio.sleep(min(r.delay(attempt), max(0.0, deadline - time.monotonic())))
+            if self.route:
+                await self.refresh(avoid=ep)
+        raise GridUnavailableError(
+            f"scan of segment {segment} failed after {attempt + 1} attempts; last: {last}", last_status
+        )
+
+    async def _many(self, ops: list[_Op]) -> list[bytes | None]:
+        r = self._r
+        if not ops:
+            return []
+        if self.route and r.table is None:
+            await self.refresh()
+        run = _BatchRun(ops, r.timeout)
+        sem = asyncio.Semaphore(self.parallel)
+
+        async def send(ep: str, body: bytes) -> tuple[_Reply | None, str]:
+            async with sem:
+                try:
+                    return await self._request(ep, "POST", "/v1/batch", body, {"Content-Type": MSGPACK}), ""
+                except (TimeoutError, OSError, self._aiohttp.ClientError) as exc:
+                    return None, str(exc) or type(exc).__name__
+
+        for attempt in range(r.retries + 1):
+            plan = run.plan(r, self.batch_size, self.route)
+            r.stats["requests"] += len(plan)
+            outcomes = await asyncio.gather(*(send(ep, run.body(idxs)) for ep, idxs in plan))
+            for (ep, idxs), (reply, error) in zip(plan, outcomes, strict=True):
+                run.absorb(r, ep, idxs, reply, error)
+            if not run.next_round() or attempt == r.retries or time.monotonic() >= run.deadline:
+                break
+            r.stats["retries"] += 1
+            await asyncio.sleep(min(r.delay(attempt), max(0.0, run.deadline - time.monotonic())))
+            if self.route:
+                await self.refresh()
+        return run.finish()
 
     async def status(self, endpoint: str | None = None) -> dict[str, Any]:
         ep = normalize_endpoint(endpoint) if endpoint else self._r.any_endpoint()
@@ -415,8 +815,11 @@ class AsyncGridClient:
                 await self.refresh(avoid=ep)
         raise GridUnavailableError(f"{method} failed after {attempt + 1} attempts; last: {last}", last_status)
 
-    async def _request(self, ep: str, method: str, path: str, body: bytes | None) -> _Reply:
-        headers = {"Content-Type": "application/octet-stream"} if body is not None else None
+    async def _request(
+        self, ep: str, method: str, path: str, body: bytes | None, headers: dict[str, str] | None = None
+    ) -> _Reply:
+        if headers is None and body is not None:
+            headers = {"Content-Type": "application/octet-stream"}
         async with self._session.request(method, ep + path, data=body, headers=headers) as resp:
             return _Reply(resp.status, await resp.read())
 
@@ -436,6 +839,7 @@ class AsyncGridClient:
 
 __all__ = [
     "AsyncGridClient",
+    "GridBatchError",
     "GridClient",
     "GridClientError",
     "GridRequestError",

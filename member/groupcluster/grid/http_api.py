@@ -8,6 +8,8 @@
 ``GET /v1/kv/{key}``       200 with the value as the body (``application/octet-stream``); 404 if absent
 ``PUT /v1/kv/{key}``       the body is the value; 200 once every owner holds it (acknowledged)
 ``DELETE /v1/kv/{key}``    200 once every owner removed it (deleting an absent key is not an error)
+``POST /v1/batch``         many get/put/delete operations in one request (msgpack or JSON); a result each
+``GET /v1/segments/{id}``  one page of the entries of a segment this member reads (``after``, ``limit``)
 ``POST /v1/leave``         202: hand our segments to new owners, then leave the group and exit
 ``GET /metrics``           Prometheus text format
 =========================  ==============================================================================
@@ -18,21 +20,41 @@ Keys are the URL path after ``/v1/kv/``, percent-decoded and UTF-8 encoded to by
 absent key or an unknown path, 405 for a wrong method, 413 for a value too large, 503 with a ``reason`` when
 the grid refuses for now (degraded partition, not joined yet, member leaving; ``Retry-After`` says when to
 try again, on any member), 504 when an operation timed out.
+
+**Batches** (``POST /v1/batch``): the body is ``{"ops": [[op, key, value?], ...]}`` with op ``"get"``,
+``"put"`` or ``"delete"``, in msgpack (``Content-Type: application/msgpack``; keys and values are bytes) or
+JSON (``application/json``; keys and values are base64 strings). At most :data:`MAX_BATCH_OPS` operations
+and :data:`MAX_BATCH_BYTES` bytes. All operations start in one step of the grid node, so the commands for
+one owner travel together. The answer, in the request's format, is ``{"topology_id": n, "results":
+[{"status": 200, "value": ...}, ...]}`` in request order: per operation 200 (done; ``value`` for a get),
+404 (get of an absent key), 503/504 with ``error`` (retry that operation), 500 with ``error``. A malformed
+body is a 400 naming the bad field (``ops[3][0]: unknown op 'pt'``), nothing of it runs.
+
+**Segment scan** (``GET /v1/segments/{id}?after=CURSOR&limit=N``): the live entries of a segment, in key
+order, at most ``limit`` (default 1000, at most :data:`MAX_SCAN_LIMIT`) and about 4 MiB per page, as
+``{"segment", "topology_id", "entries": [[key, value, version], ...], "next"}``: ``next`` is the cursor of
+the following page (the last key, base64url) or null at the end. msgpack with ``Accept:
+application/msgpack``, else JSON (base64 keys and values). Only a member that reads the segment in its
+topology serves it; others answer 409 with ``owners`` (HTTP URLs of the members that do).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 from aiohttp import web
 
 from ..sim.history import view_id_json
-from .messages import DEFAULT_LIMITS
-from .runtime import GridError, GridRuntime, GridTimeout, GridUnavailable
+from .messages import DEFAULT_LIMITS, DELETE, GET, PUT
+from .node import OpResult
+from .runtime import GridError, GridNotOwner, GridRuntime, GridTimeout, GridUnavailable
 
 if TYPE_CHECKING:
     from ..runtime.channel import Channel
@@ -40,7 +62,17 @@ if TYPE_CHECKING:
 # A key travels in the URL: keep it well inside the request-line limit of servers and proxies (8 KiB).
 MAX_KEY_BYTES = 4096
 MAX_VALUE_BYTES = DEFAULT_LIMITS.max_value_bytes
+# Keys in a batch travel in the body, so they may be any bytes up to the grid's own key limit.
+MAX_BATCH_KEY_BYTES = DEFAULT_LIMITS.max_key_bytes
+MAX_BATCH_OPS = 10_000
+MAX_BATCH_BYTES = 32 * 1024 * 1024
+MAX_SCAN_LIMIT = 10_000
+DEFAULT_SCAN_LIMIT = 1000
+SCAN_PAGE_BYTES = 4 * 1024 * 1024
 RETRY_AFTER_SECONDS = "1"
+MSGPACK_TYPES = frozenset({"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"})
+MSGPACK = "application/msgpack"
+OP_KINDS = {"get": GET, "put": PUT, "delete": DELETE}
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -76,19 +108,22 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status == 404:
             return json_error(404, f"no such endpoint: {request.path}")
         if exc.status == 413:
-            return json_error(413, f"request body too large (limit {MAX_VALUE_BYTES} bytes)")
+            limit = MAX_BATCH_BYTES if request.path == "/v1/batch" else MAX_VALUE_BYTES
+            return json_error(413, f"request body too large (limit {limit} bytes)")
         return json_error(exc.status, exc.reason)
 
 
 def build_app(ctx: MemberContext) -> web.Application:
-    # A little headroom over the value limit: the size check below gives the precise message.
-    app = web.Application(middlewares=[_errors_as_json], client_max_size=MAX_VALUE_BYTES + 1024)
+    # The largest body any route takes (a batch); the key/value route checks its own, smaller limit first.
+    app = web.Application(middlewares=[_errors_as_json], client_max_size=MAX_BATCH_BYTES + 1024)
     api = _Api(ctx)
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/readyz", api.readyz)
     app.router.add_get("/v1/status", api.status)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_post("/v1/leave", api.leave)
+    app.router.add_post("/v1/batch", api.batch)
+    app.router.add_get("/v1/segments/{segment}", api.segment)
     # ``{key:.*}`` also matches an empty key and keys with "/", so both get a precise 400 rather than a 404.
     for method in ("GET", "PUT", "DELETE"):
         app.router.add_route(method, "/v1/kv/{key:.*}", api.kv)
@@ -109,6 +144,123 @@ def parse_key(raw: str) -> bytes:
     if len(key) > MAX_KEY_BYTES:
         raise ValueError(f"bad key: {len(key)} bytes exceed the limit of {MAX_KEY_BYTES}")
     return key
+
+
+class BadBatch(ValueError):
+    """A malformed batch body; the message names the field."""
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _field_bytes(value: Any, where: str, binary: bool) -> bytes:
+    """A key or value from a decoded body: raw bytes in msgpack, a base64 string in JSON."""
+    if binary:
+        if type(value) is not bytes:
+            raise BadBatch(f"{where}: expected bytes (msgpack bin), got {type(value).__name__}")
+        return value
+    if type(value) is not str:
+        raise BadBatch(f"{where}: expected a base64 string, got {type(value).__name__}")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadBatch(f"{where}: not valid base64") from None
+
+
+def parse_batch(doc: Any, binary: bool) -> list[tuple[int, bytes, bytes | None]]:
+    """``(kind, key, value)`` for every operation of a decoded batch body, or :class:`BadBatch`."""
+    if not isinstance(doc, dict) or "ops" not in doc:
+        raise BadBatch('body: expected a map {"ops": [[op, key, value?], ...]}')
+    unknown = sorted(str(k) for k in doc if k != "ops")
+    if unknown:
+        raise BadBatch(f'body: unknown field(s) {", ".join(unknown)} (only "ops")')
+    ops = doc["ops"]
+    if not isinstance(ops, list):
+        raise BadBatch(f"ops: expected a list, got {type(ops).__name__}")
+    if not ops:
+        raise BadBatch("ops: empty (give at least one operation)")
+    if len(ops) > MAX_BATCH_OPS:
+        raise BadBatch(f"ops: {len(ops)} operations exceed the limit of {MAX_BATCH_OPS}")
+    out: list[tuple[int, bytes, bytes | None]] = []
+    for i, op in enumerate(ops):
+        if not isinstance(op, list) or not 2 <= len(op) <= 3:
+            raise BadBatch(f'ops[{i}]: expected [op, key] or ["put", key, value]')
+        kind = OP_KINDS.get(op[0]) if isinstance(op[0], str) else None
+        if kind is None:
+            raise BadBatch(f"ops[{i}][0]: unknown op {op[0]!r} (expected get, put or delete)")
+        key = _field_bytes(op[1], f"ops[{i}][1] (key)", binary)
+        if not 1 <= len(key) <= MAX_BATCH_KEY_BYTES:
+            raise BadBatch(f"ops[{i}][1] (key): {len(key)} bytes is outside [1, {MAX_BATCH_KEY_BYTES}]")
+        value = None
+        if kind == PUT:
+            if len(op) != 3:
+                raise BadBatch(f'ops[{i}]: put needs a value: ["put", key, value]')
+            value = _field_bytes(op[2], f"ops[{i}][2] (value)", binary)
+            if len(value) > MAX_VALUE_BYTES:
+                raise BadBatch(f"ops[{i}][2] (value): {len(value)} bytes exceed the limit of {MAX_VALUE_BYTES}")
+        elif len(op) != 2:
+            raise BadBatch(f"ops[{i}]: {op[0]} takes no value: [{op[0]!r}, key]")
+        out.append((kind, key, value))
+    return out
+
+
+def _unpack_body(raw: bytes) -> Any:
+    """A msgpack batch body with every length bounded (as :func:`~..core.wire.unpack_bounded` does for peers,
+    but a map is allowed at the top). Arrays get twice the operation limit, so a list just over the limit
+    still decodes and :func:`parse_batch` says which limit it broke."""
+    return msgpack.unpackb(
+        raw,
+        raw=False,
+        strict_map_key=True,
+        max_bin_len=MAX_VALUE_BYTES + MAX_BATCH_KEY_BYTES,
+        max_str_len=MAX_BATCH_KEY_BYTES,
+        max_array_len=2 * MAX_BATCH_OPS,
+        max_map_len=8,
+        max_ext_len=0,
+    )
+
+
+def result_doc(res: OpResult, binary: bool) -> dict[str, Any]:
+    """One operation's entry in a batch answer."""
+    if res.ok:
+        if res.kind == GET:
+            if res.value is None:
+                return {"status": 404}
+            return {"status": 200, "value": res.value if binary else _b64(res.value)}
+        return {"status": 200}
+    if "unavailable" in res.error:
+        return {"status": 503, "error": res.error}
+    if "timed out" in res.error:
+        return {"status": 504, "error": res.error}
+    return {"status": 500, "error": res.error or "operation failed"}
+
+
+def _packed(doc: dict[str, Any], binary: bool, status: int = 200) -> web.Response:
+    if binary:
+        return web.Response(body=msgpack.packb(doc, use_bin_type=True), status=status, content_type=MSGPACK)
+    return web.json_response(doc, status=status)
+
+
+_B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+
+
+def _decode_cursor(text: str) -> bytes:
+    # The cursor is base64url without padding; the decoder silently skips foreign characters, so check first.
+    bad = ValueError("after: not a cursor from a previous page (base64url)")
+    if not text or text.strip(_B64URL):
+        raise bad
+    try:
+        key = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        raise bad from None
+    if not key:
+        raise bad
+    return key
+
+
+def encode_cursor(key: bytes) -> str:
+    return base64.urlsafe_b64encode(key).decode("ascii").rstrip("=")
 
 
 class _Api:
@@ -219,6 +371,83 @@ class _Api:
             return json_error(504, str(exc))
         except GridError as exc:
             return json_error(500, str(exc))
+
+    async def batch(self, request: web.Request) -> web.Response:
+        self._count("batch")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        ctype = request.content_type
+        if ctype in MSGPACK_TYPES:
+            binary = True
+        elif ctype == "application/json":
+            binary = False
+        else:
+            return json_error(
+                415, f"Content-Type {ctype or '(none)'} is not supported: use application/msgpack or application/json"
+            )
+        length = request.content_length
+        if length is not None and length > MAX_BATCH_BYTES:
+            return json_error(413, f"body: {length} bytes exceed the limit of {MAX_BATCH_BYTES}")
+        raw = await request.read()
+        if not raw:
+            return json_error(400, 'missing body: {"ops": [[op, key, value?], ...]}')
+        try:
+            doc = _unpack_body(raw) if binary else json.loads(raw)
+        except (ValueError, msgpack.UnpackException) as exc:
+            return json_error(400, f"body: not valid {'msgpack' if binary else 'JSON'} ({exc})")
+        except Exception as exc:  # msgpack raises assorted errors on hostile input; all of them mean "bad body"
+            return json_error(400, f"body: not valid {'msgpack' if binary else 'JSON'} ({type(exc).__name__})")
+        try:
+            ops = parse_batch(doc, binary)
+        except BadBatch as exc:
+            return json_error(400, str(exc))
+        try:
+            results = await grid.run_batch(ops)
+        except GridUnavailable as exc:
+            return json_error(503, str(exc), reason=str(exc))
+        except (ValueError, TypeError) as exc:
+            return json_error(400, str(exc))
+        t = grid.node.topology if grid.node is not None else None
+        body = {
+            "topology_id": t.topology_id if t is not None else 0,
+            "results": [result_doc(r, binary) for r in results],
+        }
+        return _packed(body, binary)
+
+    async def segment(self, request: web.Request) -> web.Response:
+        self._count("segment")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        binary = any(t.strip().split(";")[0] in MSGPACK_TYPES for t in request.headers.get("Accept", "").split(","))
+        raw_seg = request.match_info["segment"]
+        if not raw_seg.isdigit():
+            return json_error(400, f"segment: expected a segment number, got {raw_seg!r}")
+        q = request.query
+        unknown = sorted(set(q) - {"after", "limit"})
+        if unknown:
+            return json_error(400, f"unknown query parameter(s) {', '.join(unknown)} (after, limit)")
+        try:
+            after = _decode_cursor(q["after"]) if "after" in q else None
+            limit_text = q.get("limit", str(DEFAULT_SCAN_LIMIT))
+            if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_SCAN_LIMIT:
+                raise ValueError(f"limit: expected 1 to {MAX_SCAN_LIMIT}, got {limit_text!r}")
+            page = grid.scan_segment(int(raw_seg), after, int(limit_text), SCAN_PAGE_BYTES)
+        except ValueError as exc:
+            return json_error(400, str(exc))
+        except GridNotOwner as exc:
+            return json_error(409, str(exc), owners=exc.owners)
+        except GridUnavailable as exc:
+            return json_error(503, str(exc), reason=str(exc))
+        entries = page.entries if binary else [[_b64(k), _b64(v), ver] for k, v, ver in page.entries]
+        body = {
+            "segment": page.segment,
+            "topology_id": page.topology_id,
+            "entries": entries,
+            "next": encode_cursor(page.entries[-1][0]) if page.more and page.entries else None,
+        }
+        return _packed(body, binary)
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -342,6 +571,13 @@ def render_metrics(ctx: MemberContext) -> str:
             "counter",
             "client operations completed here",
             [(f'{{op="{op}"}}', ops[f"ops_{op}"]) for op in ("get", "put", "delete")],
+        )
+        _metric(
+            lines,
+            "groupcluster_grid_batches_total",
+            "counter",
+            "batch requests (POST /v1/batch) completed here",
+            [("", ops["batches"])],
         )
         _metric(
             lines,

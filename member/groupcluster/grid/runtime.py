@@ -24,15 +24,22 @@ group address to URL is pruned to the view and published in :meth:`GridRuntime.r
 node needs our address, which exists only once ``connect`` runs. Events that arrive before :meth:`bind` are
 buffered in order and replayed into the node when it is created.
 
+**Batches.** :meth:`GridRuntime.run_batch` starts many operations in one step of the node, so the node's
+per-destination grouping puts the commands for one owner into one payload (a flush per operation would send
+one payload each). :meth:`GridRuntime.scan_segment` pages through a segment this member can read, for bulk
+readers that split the key space by segment (the Spark data source).
+
 The group's own state transfer is not used: the grid rebalances by itself (docs/grid.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -69,6 +76,70 @@ class GridTimeout(GridError):
     """The operation did not complete within the node's ``op_timeout``."""
 
 
+class GridNotOwner(GridError):
+    """This member cannot serve the segment (it holds no complete copy); ``owners`` lists the ones that do."""
+
+    def __init__(self, message: str, owners: list[str | None]) -> None:
+        super().__init__(message)
+        self.owners = owners
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentPage:
+    """One page of a segment scan: entries ``(key, value, version)`` in key order, after the cursor given."""
+
+    segment: int
+    topology_id: int
+    entries: list[tuple[bytes, bytes, int]]
+    more: bool  # True: entries after the last one exist; ask again with ``after`` = the last key
+
+
+KIND_NAMES = {GET: "get", PUT: "put", DELETE: "delete"}
+
+
+class _BatchingNode(GridNode):
+    """A :class:`GridNode` whose end-of-step flush can be held back while a batch of operations starts.
+
+    ``GridNode.put``/``get``/``delete`` each end their step with a flush that encodes one payload per
+    destination, so N operations started one by one leave as N payloads. Holding the flush until the last one
+    has started lets the node group the N commands by owner, as it does for everything else in one step.
+    (A ``GridNode`` method to start many operations would make this subclass unnecessary.)
+    """
+
+    _hold_flush = False
+
+    def _flush(self) -> None:
+        if not self._hold_flush:
+            super()._flush()
+
+    def start_batch(self, ops: Sequence[tuple[int, bytes, bytes | None]], now: float) -> list[int]:
+        self._hold_flush = True
+        try:
+            ids = [
+                self.get(key, now)
+                if kind == GET
+                else self.put(key, value, now)
+                if kind == PUT
+                else self.delete(key, now)  # type: ignore[arg-type]
+                for kind, key, value in ops
+            ]
+        finally:
+            self._hold_flush = False
+            self._flush()
+        return ids
+
+
+class _BatchWait:
+    """The results of one batch, filled in as the node reports them; ``done`` resolves with the last one."""
+
+    __slots__ = ("done", "remaining", "results")
+
+    def __init__(self, n: int, fut: asyncio.Future[list[OpResult]]) -> None:
+        self.results: list[OpResult | None] = [None] * n
+        self.remaining = n
+        self.done = fut
+
+
 def error_for(result: OpResult) -> GridError:
     """The exception for a failed :class:`OpResult` (the node reports the reason as text)."""
     if "unavailable" in result.error:
@@ -98,6 +169,7 @@ class GridRuntime:
         self._loop = asyncio.get_running_loop()
         self._early: list[tuple[str, Any]] = []
         self._waiting: dict[int, asyncio.Future[OpResult]] = {}
+        self._in_batch: dict[int, tuple[_BatchWait, int]] = {}  # op id -> (its batch, index in the batch)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._ready_to_leave = asyncio.Event()
@@ -143,7 +215,7 @@ class GridRuntime:
     def bind(self, ch: Channel) -> None:
         """Create the node now that the channel (and so our address) exists, and replay what came before."""
         self.ch = ch
-        self.node = GridNode(ch.address, self.config)
+        self.node = _BatchingNode(ch.address, self.config)
         early, self._early = self._early, []
         for kind, item in early:
             if kind == "view":
@@ -193,6 +265,92 @@ class GridRuntime:
             self.counters["ops_retried"] += 1
         return res
 
+    async def run_batch(self, ops: Sequence[tuple[int, bytes, bytes | None]]) -> list[OpResult]:
+        """Run ``(kind, key, value)`` operations together; one :class:`OpResult` each, in order, failures included.
+
+        All start in one step of the node. The whole batch is refused (:class:`GridUnavailable`) only when
+        this member cannot take operations at all (not joined, leaving); a segment that is unavailable or an
+        operation that times out fails that operation alone. Bad keys or values raise ValueError or TypeError
+        before anything starts.
+        """
+        node = self._require_node()
+        if node.leaving:
+            raise GridUnavailable("this member is leaving the grid; use another member")
+        limits = node.limits
+        for i, (kind, key, value) in enumerate(ops):
+            if kind not in KIND_NAMES:
+                raise ValueError(f"ops[{i}]: unknown operation kind {kind!r}")
+            if type(key) is not bytes:
+                raise TypeError(f"ops[{i}].key: expected bytes, got {type(key).__name__}")
+            if len(key) > limits.max_key_bytes:
+                raise ValueError(f"ops[{i}].key: {len(key)} bytes exceed the limit of {limits.max_key_bytes}")
+            if kind == PUT:
+                if type(value) is not bytes:
+                    raise TypeError(f"ops[{i}].value: expected bytes, got {type(value).__name__}")
+                if len(value) > limits.max_value_bytes:
+                    raise ValueError(f"ops[{i}].value: {len(value)} bytes exceed the limit of {limits.max_value_bytes}")
+        if not ops:
+            return []
+        fut: asyncio.Future[list[OpResult]] = self._loop.create_future()
+        wait = _BatchWait(len(ops), fut)
+        ids = node.start_batch(ops, self._loop.time())  # type: ignore[attr-defined]
+        for i, op in enumerate(ids):
+            self._in_batch[op] = (wait, i)
+        self._pump()
+        results: list[OpResult] = await fut
+        counters = self.counters
+        for res in results:
+            counters[f"ops_{KIND_NAMES[res.kind]}"] += 1
+            if not res.ok:
+                counters["ops_failed"] += 1
+            elif res.attempts > 1:
+                counters["ops_retried"] += 1
+        counters["batches"] += 1
+        return results
+
+    def scan_segment(
+        self, segment: int, after: bytes | None = None, limit: int = 1000, max_bytes: int = 4 << 20
+    ) -> SegmentPage:
+        """Up to ``limit`` live entries of ``segment`` with keys above ``after``, in key order (one page).
+
+        Served only by a member that reads the segment in the installed topology (it holds a complete copy);
+        others raise :class:`GridNotOwner` naming the members that do. Key order makes the cursor stable
+        while writes go on: a key present during the whole scan is returned exactly once.
+        """
+        node = self._require_node()
+        t = node.topology
+        assert t is not None and node.store is not None
+        if not 0 <= segment < t.num_segments:
+            raise ValueError(f"segment: {segment} is outside [0, {t.num_segments - 1}]")
+        if limit < 1:
+            raise ValueError(f"limit: expected at least 1, got {limit}")
+        if node.leaving:
+            raise GridUnavailable("this member is leaving the grid; read the segment from another owner")
+        if not t.can_read(segment):
+            raise GridUnavailable(f"segment {segment} is unavailable for reads ({t.mode.value})")
+        owners = t.read_owners(segment)
+        if node.address not in owners or not node.store.has_segment(segment):
+            urls = [self.endpoints.get(m) for m in owners]
+            raise GridNotOwner(f"segment {segment} is not readable on this member; read it from its owners", urls)
+        data = node.store.segments.get(segment) or {}
+        # nsmallest keeps the page O(n log limit) without sorting the whole segment for every page.
+        keys = heapq.nsmallest(
+            limit + 1, (k for k, (_, v) in data.items() if v is not None and (after is None or k > after))
+        )
+        entries: list[tuple[bytes, bytes, int]] = []
+        size = 0
+        more = len(keys) > limit
+        for k in keys[:limit]:
+            version, value = data[k]
+            assert value is not None
+            size += len(k) + len(value)
+            if entries and size > max_bytes:
+                more = True
+                break
+            entries.append((k, value, version))
+        self.counters["segment_pages"] += 1
+        return SegmentPage(segment, t.topology_id, entries, more)
+
     def _require_node(self) -> GridNode:
         if self._closed:
             raise GridUnavailable("this member has left the grid")
@@ -223,10 +381,15 @@ class GridRuntime:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        gone = GridUnavailable("this member left the grid before the operation completed")
         for fut in self._waiting.values():
             if not fut.done():
-                fut.set_exception(GridUnavailable("this member left the grid before the operation completed"))
+                fut.set_exception(gone)
         self._waiting.clear()
+        for wait, _ in self._in_batch.values():
+            if not wait.done.done():
+                wait.done.set_exception(gone)
+        self._in_batch.clear()
 
     # ==== status ============================================================================================
     @property
@@ -268,7 +431,8 @@ class GridRuntime:
         """What a client needs to route keys itself: per segment, the member to read from and to write to.
 
         Members are listed by HTTP URL (``null`` when a member has not announced one yet); ``read``/``write``
-        hold indexes into that list, ``-1`` where no live owner exists (any member forwards).
+        hold indexes into that list, ``-1`` where no live owner exists (any member forwards); ``owners`` lists,
+        per segment, every member that can serve reads and segment scans, preferred first.
         """
         node = self.node
         t = node.topology if node is not None else None
@@ -276,12 +440,13 @@ class GridRuntime:
             return None
         members = list(t.members)
         index = {m: i for i, m in enumerate(members)}
-        read, write = [], []
+        read, write, owners = [], [], []
         for s in range(t.num_segments):
             r = t.read_owners(s)
             w = t.write_primary(s)
             read.append(index.get(r[0], -1) if r else -1)
             write.append(index.get(w, -1) if w is not None else -1)
+            owners.append([index[m] for m in r if m in index])
         return {
             "topology_id": t.topology_id,
             "num_segments": t.num_segments,
@@ -289,6 +454,7 @@ class GridRuntime:
             "addresses": [str(m) for m in members],
             "read": read,
             "write": write,
+            "owners": owners,
         }
 
     def segment_of(self, key: bytes) -> int | None:
@@ -335,8 +501,17 @@ class GridRuntime:
                     log.debug("grid payload not sent: %s", exc)
         for res in node.take_results():
             fut = self._waiting.pop(res.op_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(res)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_result(res)
+                continue
+            entry = self._in_batch.pop(res.op_id, None)
+            if entry is not None:
+                wait, i = entry
+                wait.results[i] = res
+                wait.remaining -= 1
+                if wait.remaining == 0 and not wait.done.done():
+                    wait.done.set_result(wait.results)  # type: ignore[arg-type]
         if node.ready_to_leave:
             self._ready_to_leave.set()
         self._arm()

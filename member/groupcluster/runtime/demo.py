@@ -1,420 +1,266 @@
-"""``groupcluster demo``: a local cluster of member processes on loopback that loses a member and loses nothing.
+"""``groupcluster demo``: a local data grid scales 3 -> 5 -> 2 members while a writer writes, and loses nothing.
 
-Starts ``--members`` (4) ``groupcluster member`` processes on 127.0.0.11, .12, ... (one port), waits for one
-view of all of them, lets each multicast ``--messages`` test messages, kills one with SIGKILL halfway through
-its sending, waits for the survivors to install a view without it and to finish, makes them leave, and then
-judges the recorded histories with the property checkers of :mod:`groupcluster.sim.checkers`.
+1. Starts 3 grid members on 127.0.0.1 (:class:`~groupcluster.runtime.local.LocalCluster`, ports chosen free).
+2. Writes ``--keys`` (100,000) keys of ``--value-size`` bytes in batches (``put_many``, ``POST /v1/batch``).
+3. Starts a writer (its own client, in a thread) that keeps writing batches: new keys, and new values for
+   keys written in step 2.
+4. Scales to 5 members (2 join; their segments move to them), then to 2 (3 leave through ``POST /v1/leave``,
+   one at a time because each segment has 2 owners, each after handing its segments off). A progress bar
+   shows the rebalance (plain periodic lines when stdout is not a terminal).
+5. Stops the writer and reads every key back: the initial ones and every one the writer had acknowledged,
+   each of which must hold its last acknowledged value.
 
-The last line is ``demo: <M> messages delivered, <L> lost``: M counts distinct messages delivered by at least
-one member; L counts messages sent by a survivor that some survivor never delivered (what reliable FIFO
-multicast promises: a member that stays delivers everything sent by the members that stay). Messages of the
-killed member that only some survivors delivered are reported on their own line. The exit status is 1 if L
-is not zero or a checker found a violation.
+The summary ends in exactly the line ``demo: <K> keys, <L> lost``: K distinct keys checked, L of them missing
+or holding another value. The exit status is 0 only if L is 0. (A write the grid did *not* acknowledge, e.g.
+because the client gave up retrying, may or may not have been applied: either value is accepted for it.)
+
+``groupcluster demo --group`` runs the group-communication demo instead (:mod:`.group_demo`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
-from ..sim.history import History, HistoryEvent
+from .group_demo import add_group_arguments
+from .local import LocalCluster, LocalError, ProgressBar, format_table
 
-HOST_BASE = "127.0.0.{}"
-FIRST_HOST = 11
+LOAD_BATCH = 1000
+READ_BATCH = 5000
+WRITER_BATCH = 100
+WRITER_PAUSE = 0.02  # between writer batches: the rebalance shares a 2-core machine with it
+GRID_TIMEOUT = 300.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--members", type=int, default=4, help="member processes to start (2-9, default 4)")
-    parser.add_argument("--messages", type=int, default=2000, help="messages each member multicasts (default 2000)")
-    parser.add_argument("--rate", type=float, default=1000.0, help="messages per second per member (default 1000)")
-    parser.add_argument("--size", type=int, default=100, help="payload bytes (default 100)")
-    parser.add_argument("--transport", choices=("udp", "tcp"), default="udp")
-    parser.add_argument("--port", type=int, default=7800, help="port on every loopback address (default 7800)")
-    parser.add_argument("--victim", type=int, default=0, help="member number to kill (1-based; default the last)")
-    parser.add_argument("--dir", help="keep records, status files and logs here (default: a temporary directory)")
-    parser.add_argument("--timeout", type=float, default=45.0, help="give up on any phase after this long")
+    parser.add_argument("--keys", type=int, default=100_000, help="keys to write before scaling (default 100000)")
+    parser.add_argument("--value-size", type=int, default=100, help="bytes per value (default 100)")
+    parser.add_argument("--dir", help="keep the members' state, logs and status files here (default: a temp dir)")
+    parser.add_argument("--timeout", type=float, default=None, help="give up on any step after this long")
+    parser.add_argument("--group", action="store_true", help="run the group-communication demo instead")
+    add_group_arguments(parser.add_argument_group("with --group"))
 
 
 class DemoError(Exception):
     pass
 
 
-def _port_free(hosts: Iterable[str], port: int, transport: str) -> bool:
-    kinds = (socket.SOCK_DGRAM,) if transport == "udp" else (socket.SOCK_STREAM,)
-    for host in hosts:
-        for kind in kinds:
-            with socket.socket(socket.AF_INET, kind) as s:
+def _value(i: int, size: int, tag: str) -> bytes:
+    head = f"{tag}:{i}:".encode()
+    return (head + b"." * size)[:size] if size >= len(head) else head
+
+
+@dataclass
+class Writer:
+    """Writes batches until stopped: ``WRITER_BATCH // 2`` new keys and as many overwrites of loaded keys."""
+
+    endpoints: list[str]
+    loaded: int
+    size: int
+    acked: dict[bytes, bytes] = field(default_factory=dict)
+    # Keys whose last write was not acknowledged: any of these values (None: absent) is a correct read.
+    maybe: dict[bytes, set[bytes | None]] = field(default_factory=dict)
+    batches: int = 0
+    failed_batches: int = 0
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    stats: dict[str, int] = field(default_factory=dict)
+
+    def run(self) -> None:
+        from ..grid.client import GridBatchError, GridClient, GridClientError
+
+        n = 0
+        with GridClient(self.endpoints, timeout=120.0, retries=60) as client:
+            while not self.stop.is_set():
+                items: dict[bytes, bytes] = {}
+                for _ in range(WRITER_BATCH // 2):
+                    items[f"writer-{n}".encode()] = _value(n, self.size, "w")
+                    if self.loaded:
+                        # A loaded key gets a new value: the read-back must see the new one, not the loaded one.
+                        k = (n * 7919) % self.loaded
+                        items[f"key-{k}".encode()] = _value(n, self.size, "o")
+                    n += 1
                 try:
-                    s.bind((host, port))
-                except OSError:
-                    return False
-    return True
+                    client.put_many(items)
+                    failed: dict[bytes, str] = {}
+                except GridBatchError as exc:
+                    failed = exc.failed
+                    self.failed_batches += 1
+                    self.errors.append(str(exc))
+                except GridClientError as exc:
+                    failed = dict.fromkeys(items, str(exc))
+                    self.failed_batches += 1
+                    self.errors.append(str(exc))
+                for k, v in items.items():
+                    if k in failed:
+                        self.maybe.setdefault(k, set()).add(v)
+                    else:
+                        self.acked[k] = v
+                        self.maybe.pop(k, None)
+                self.batches += 1
+                self.stop.wait(WRITER_PAUSE)
+            self.stats = dict(client.stats)
 
 
-def pick_port(hosts: list[str], preferred: int, transport: str) -> int:
-    """``preferred`` if it is free on every host, else a nearby or system-chosen port free on all of them."""
-    for port in [preferred + i for i in range(20)]:
-        if 0 < port < 65536 and _port_free(hosts, port, transport):
-            return port
-    for _ in range(20):
-        kind = socket.SOCK_DGRAM if transport == "udp" else socket.SOCK_STREAM
-        with socket.socket(socket.AF_INET, kind) as s:
-            s.bind((hosts[0], 0))
-            port = s.getsockname()[1]
-        if _port_free(hosts, port, transport):
-            return port
-    raise DemoError(f"no free port found on {', '.join(hosts)}")
-
-
-class Proc:
-    """One member process and its files."""
-
-    def __init__(self, number: int, host: str, port: int, workdir: Path) -> None:
-        self.number = number
-        self.name = f"m{number}"
-        self.endpoint = f"{host}:{port}"
-        self.record = workdir / f"{self.name}.jsonl"
-        self.status_file = workdir / f"{self.name}.status.json"
-        self.log = workdir / f"{self.name}.log"
-        self.popen: subprocess.Popen[bytes] | None = None
-        self.killed_at: float | None = None
-
-    def start(self, argv: list[str]) -> None:
-        with open(self.log, "wb") as out:
-            self.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def status(self) -> dict[str, Any] | None:
-        try:
-            return json.loads(self.status_file.read_text())
-        except (OSError, ValueError):
-            return None
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def log_tail(self, lines: int = 8) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-
-class Demo:
-    def __init__(self, args: argparse.Namespace) -> None:
-        if not 2 <= args.members <= 9:
-            raise DemoError(f"--members: expected 2 to 9, got {args.members}")
-        if args.messages < 1 or args.rate <= 0 or args.size < 1:
-            raise DemoError("--messages, --rate and --size must be positive")
-        victim = args.victim or args.members
-        if not 1 <= victim <= args.members:
-            raise DemoError(f"--victim: expected 1 to {args.members}, got {args.victim}")
+class GridDemo:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        if args.keys < 0:
+            raise DemoError(f"--keys: expected 0 or more, got {args.keys}")
+        if not 1 <= args.value_size <= 1024 * 1024:
+            raise DemoError(f"--value-size: expected 1 to 1048576 bytes, got {args.value_size}")
         self.args = args
-        self.victim_number = victim
-        self.procs: list[Proc] = []
-        # Set once a member was killed: from then on a failed run still judges what was recorded.
-        self.judgeable: tuple[dict[str, str], Proc] | None = None
-        # When the demo began stopping the survivors: the checkers judge what happened before.
-        self.stopping_at = float("inf")
+        self.timeout = args.timeout or GRID_TIMEOUT
+        self.cluster = LocalCluster(workdir)
+        self.bar = ProgressBar()
         self.t0 = time.monotonic()
+        self.writer: Writer | None = None
+        self.writer_thread: threading.Thread | None = None
 
-    # -- output ------------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
+        self.bar.finish()
         print(f"[{time.monotonic() - self.t0:5.1f}s] {text}", flush=True)
 
-    # -- processes ---------------------------------------------------------------------------------------
-    def start_members(self, workdir: Path) -> None:
+    def progress(self, fraction: float | None, text: str) -> None:
+        w = self.writer
+        if w is not None:
+            text += f" | writer: {len(w.acked):,} keys acknowledged"
+        self.bar.update(fraction, text)
+
+    def endpoints(self) -> list[str]:
+        return [m.http for m in self.cluster.members]
+
+    def table(self) -> None:
+        self.bar.finish()
+        for line in format_table(self.cluster.status_rows()).splitlines():
+            print("    " + line)
+
+    def run(self) -> int:
+        from ..grid.client import GridClient
+
         args = self.args
-        hosts = [HOST_BASE.format(FIRST_HOST + i) for i in range(args.members)]
-        port = pick_port(hosts, args.port, args.transport)
-        cluster = f"demo-{os.getpid()}"
-        all_hosts = ",".join(f"{h}:{port}" for h in hosts)
+        self.say(f"starting 3 grid members on 127.0.0.1 (state and logs in {self.cluster.dir})")
+        took = self.cluster.start(3, cluster=f"demo-{id(self) % 100000}", timeout=self.timeout, progress=self.progress)
+        self.say(f"3 members formed one grid in {took:.1f}s (256 segments, 2 owners each)")
+        self.table()
+
+        client = GridClient(self.endpoints(), timeout=120.0, retries=60)
+        t = time.monotonic()
+        self.say(f"writing {args.keys:,} keys of {args.value_size} B in batches of {LOAD_BATCH:,}")
+        for start in range(0, args.keys, LOAD_BATCH * 5):
+            stop = min(args.keys, start + LOAD_BATCH * 5)
+            client.put_many({f"key-{i}".encode(): _value(i, args.value_size, "v") for i in range(start, stop)})
+            self.bar.update(stop / args.keys, f"{stop:,}/{args.keys:,} keys written")
+        dt = max(1e-9, time.monotonic() - t)
+        self.say(f"wrote {args.keys:,} keys in {dt:.1f}s ({args.keys / dt:,.0f} keys/s)")
+        self.table()
+
+        writer = self.writer = Writer(self.endpoints(), args.keys, args.value_size)
+        self.writer_thread = threading.Thread(target=writer.run, name="demo-writer", daemon=True)
+        self.writer_thread.start()
         self.say(
-            f"starting {args.members} members on {hosts[0]}..{hosts[-1].rsplit('.', 1)[1]} port {port} "
-            f"({args.transport}); files in {workdir}"
+            f"a writer keeps writing from now on: batches of {WRITER_BATCH // 2} new keys "
+            f"and {WRITER_BATCH // 2} new values for loaded keys"
         )
-        for i, host in enumerate(hosts):
-            proc = Proc(i + 1, host, port, workdir)
-            argv = [
-                sys.executable,
-                "-m",
-                "groupcluster.cli",
-                "member",
-                "--cluster",
-                cluster,
-                "--bind",
-                proc.endpoint,
-                "--hosts",
-                all_hosts,
-                "--transport",
-                args.transport,
-                "--record",
-                str(proc.record),
-                "--status-file",
-                str(proc.status_file),
-                "--send-count",
-                str(args.messages),
-                "--send-rate",
-                str(args.rate),
-                "--payload-size",
-                str(args.size),
-                "--start-when-members",
-                str(args.members),
-                # Quick failure detection so the demo shows the crash handled within seconds.
-                "--set",
-                "fd.interval=500ms",
-                "--set",
-                "fd.timeout=2s",
-                "--set",
-                "fd.verify_timeout=500ms",
-            ]
-            proc.start(argv)
-            self.procs.append(proc)
+        timings = {}
+        for target in (5, 2):
+            before = len(self.cluster.members)
+            how = "members join" if target > before else "members leave one at a time, each after handing off"
+            self.say(f"scaling {before} -> {target} ({how})")
+            t = time.monotonic()
+            self.cluster.scale(
+                target, timeout=self.timeout, progress=self.progress, report=lambda line: self.say(f"  {line}")
+            )
+            timings[f"{before}->{target}"] = time.monotonic() - t
+            self.say(f"scaled to {target} members in {timings[f'{before}->{target}']:.1f}s")
+            self.table()
 
-    def statuses(self) -> dict[str, dict[str, Any] | None]:
-        return {p.name: p.status() for p in self.procs}
+        writer.stop.set()
+        self.writer_thread.join(timeout=180)
+        if self.writer_thread.is_alive():
+            raise DemoError("the writer did not stop within 180s")
+        self.writer = None
+        self.say(
+            f"writer stopped: {writer.batches:,} batches, {len(writer.acked):,} keys acknowledged"
+            + (f", {writer.failed_batches} batches not fully acknowledged" if writer.failed_batches else "")
+            + f"; client {writer.stats}"
+        )
 
-    def check_alive(self, procs: Iterable[Proc]) -> None:
-        for p in procs:
-            if not p.alive():
-                code = p.popen.returncode if p.popen else None
-                raise DemoError(f"{p.name} ({p.endpoint}) exited early with status {code}:\n{p.log_tail()}")
+        expected: dict[bytes, bytes] = {f"key-{i}".encode(): _value(i, args.value_size, "v") for i in range(args.keys)}
+        maybe: dict[bytes, set[bytes | None]] = {}
+        for k, vals in writer.maybe.items():
+            if k in expected or k in writer.acked:
+                maybe[k] = set(vals)
+        expected.update(writer.acked)
 
-    def wait(self, what: str, predicate: Any, procs: list[Proc], progress: Any) -> float:
-        """Poll status files until ``predicate(statuses)``; print ``progress(statuses)`` every second."""
-        start = time.monotonic()
-        last_print = start
-        while True:
-            st = self.statuses()
-            if predicate(st):
-                return time.monotonic() - start
-            self.check_alive(procs)
-            now = time.monotonic()
-            if now - start > self.args.timeout:
-                raise DemoError(f"gave up after {self.args.timeout:g}s waiting for {what}: {progress(st)}")
-            if now - last_print >= 1.0:
-                self.say(f"  {what}: {progress(st)}")
-                last_print = now
-            time.sleep(0.1)
+        self.say(
+            f"reading every key back: {len(expected):,} keys "
+            f"({args.keys:,} loaded, {len(writer.acked):,} by the writer)"
+        )
+        client.refresh()
+        missing = wrong = 0
+        examples: list[str] = []
+        keys = list(expected)
+        done = 0
+        for chunk in _chunks(keys, READ_BATCH):
+            got = client.get_many(chunk)
+            for k in chunk:
+                v = got[k]
+                if v == expected[k] or v in maybe.get(k, ()):
+                    continue
+                if v is None:
+                    missing += 1
+                else:
+                    wrong += 1
+                if len(examples) < 5:
+                    examples.append(f"{k!r}: read {v!r:.40}, expected {expected[k]!r:.40}")
+            done += len(chunk)
+            self.bar.update(done / len(keys), f"{done:,}/{len(keys):,} keys read")
+        client.close()
+        lost = missing + wrong
+        self.bar.finish()
 
-    def stop_gracefully(self) -> None:
-        """SIGTERM every live member (they leave and flush their records), then wait a little."""
-        live = [p for p in self.procs if p.alive()]
-        self.stopping_at = min(self.stopping_at, time.time())
-        for p in live:
-            p.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        for p in live:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.popen.wait(timeout=10)  # type: ignore[union-attr]
+        print()
+        print("Summary")
+        print(
+            f"  members: 3 -> 5 in {timings['3->5']:.1f}s, 5 -> 2 in {timings['5->2']:.1f}s; "
+            f"total {time.monotonic() - self.t0:.1f}s"
+        )
+        print(
+            f"  keys: {args.keys:,} loaded, {len(writer.acked):,} written during the scaling, "
+            f"{len(expected):,} distinct"
+        )
+        if maybe:
+            print(f"  {len(maybe)} writes were not acknowledged (either value accepted)")
+        print(f"  read back: {len(expected) - lost:,} correct, {missing:,} missing, {wrong:,} with another value")
+        for e in examples:
+            print(f"    e.g. {e}")
+        print(f"demo: {len(expected)} keys, {lost} lost", flush=True)
+        return 0 if lost == 0 else 1
 
     def shutdown(self) -> None:
-        for p in self.procs:
-            if p.alive():
-                p.popen.kill()  # type: ignore[union-attr]
-        for p in self.procs:
-            if p.popen is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.popen.wait(timeout=5)
-
-    # -- the run -------------------------------------------------------------------------------------------
-    def run(self, workdir: Path) -> int:
-        args = self.args
-        n = args.members
-        self.start_members(workdir)
-        procs = self.procs
-        victim = procs[self.victim_number - 1]
-        survivors = [p for p in procs if p is not victim]
-        short = {}  # address string -> m1..mN, filled as members report their addresses
-
-        def views(st: dict[str, Any]) -> str:
-            parts = []
-            for name, s in st.items():
-                size = len(s["view"]["members"]) if s and s.get("view") else 0
-                parts.append(f"{name}:{size}")
-            return "view sizes " + " ".join(parts)
-
-        def one_view(st: dict[str, Any]) -> bool:
-            ids = {json.dumps(s["view"]["id"]) for s in st.values() if s and s.get("view")}
-            sizes = [len(s["view"]["members"]) for s in st.values() if s and s.get("view")]
-            return len(ids) == 1 and sizes == [n] * n
-
-        took = self.wait(f"one view of {n} members", one_view, procs, views)
-        st = self.statuses()
-        for p in procs:
-            short[st[p.name]["address"]] = p.name  # type: ignore[index]
-        first = st[procs[0].name]
-        self.say(f"joined: one view of {n} members in {took:.1f}s: {self._view_text(first['view'], short)}")  # type: ignore[index]
-
-        self.say(f"each member multicasts {args.messages} messages of {args.size} B at {args.rate:g}/s")
-
-        def sending(st: dict[str, Any]) -> str:
-            sent = sum(s["sent"] for s in st.values() if s)
-            delivered = [s["delivered_total"] if s else 0 for s in st.values()]
-            return f"sent {sent}, delivered per member {' '.join(map(str, delivered))}"
-
-        half = max(1, args.messages // 2)
-        self.wait(
-            f"{victim.name} to send {half}",
-            lambda st: bool(st[victim.name]) and st[victim.name]["sent"] >= half,
-            procs,
-            sending,
-        )
-        victim.killed_at = time.time()
-        victim.popen.kill()  # type: ignore[union-attr]
-        victim.popen.wait()  # type: ignore[union-attr]
-        pid = victim.popen.pid  # type: ignore[union-attr]
-        self.say(f"SIGKILL {victim.name} ({victim.endpoint}, pid {pid}) while it sends (it reported {half}+ sent)")
-        victim_addr = next(a for a, name in short.items() if name == victim.name)
-        self.judgeable = (short, victim)
-
-        def excluded(st: dict[str, Any]) -> bool:
-            return all(
-                st[p.name] and st[p.name]["view"] and victim_addr not in st[p.name]["view"]["members"]
-                for p in survivors
-            )
-
-        took = self.wait(f"survivors to remove {victim.name}", excluded, survivors, views)
-        st = self.statuses()
-        self.say(
-            f"survivors installed a view without {victim.name} {took:.1f}s after the kill: "
-            f"{self._view_text(st[survivors[0].name]['view'], short)}"  # type: ignore[index]
-        )
-
-        survivor_addrs = [a for a, name in short.items() if name != victim.name]
-
-        # Messages of the killed member still in flight may reach some survivors and not others: without
-        # FLUSH nothing promises otherwise, so the demo waits for those counts to settle, not to agree.
-        settled: dict[str, Any] = {"counts": None, "since": 0.0}
-
-        def finished(st: dict[str, Any]) -> bool:
-            if not all(st[p.name] and st[p.name]["send_done"] for p in survivors):
-                return False
-            for p in survivors:
-                d = st[p.name]["delivered"]
-                if any(d.get(a, 0) < args.messages for a in survivor_addrs):
-                    return False
-            counts = tuple(st[p.name]["delivered"].get(victim_addr, 0) for p in survivors)
-            now = time.monotonic()
-            if counts != settled["counts"]:
-                settled["counts"], settled["since"] = counts, now
-            return len(set(counts)) == 1 or now - settled["since"] >= 2.0
-
-        self.wait("survivors to finish", finished, survivors, sending)
-        time.sleep(0.6)  # one more status/record flush
-        final = self.statuses()
-        self.say("survivors leave (SIGTERM, graceful leave)")
-        self.stopping_at = time.time()
-        for p in survivors:
-            p.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
-        for p in survivors:
-            try:
-                code = p.popen.wait(timeout=15)  # type: ignore[union-attr]
-            except subprocess.TimeoutExpired:
-                raise DemoError(f"{p.name} did not exit within 15s of SIGTERM") from None
-            if code != 0:
-                raise DemoError(f"{p.name} exited with status {code}:\n{p.log_tail()}")
-
-        self.print_tables(final, short, victim)
-        return self.judge(short, victim)
-
-    @staticmethod
-    def _view_text(view: dict[str, Any], short: dict[str, str]) -> str:
-        creator = short.get(view["id"][1], view["id"][1])
-        return f"[{creator}|{view['id'][0]}] ({', '.join(short.get(m, m) for m in view['members'])})"
-
-    def print_tables(self, final: dict[str, Any], short: dict[str, str], victim: Proc) -> None:
-        print()
-        print("Views installed (from the recorded histories, before the survivors began to leave):")
-        print(f"  {'member':<8}{'view id':<12}members")
-        for p in self.procs:
-            for ev in _read(p.record):
-                if ev.kind == "view" and ev.t < self.stopping_at:
-                    vid = ev.data["view_id"]
-                    label = f"{short.get(vid[1], vid[1])}|{vid[0]}"
-                    members = ", ".join(short.get(m, m) for m in ev.data["members"])
-                    print(f"  {p.name:<8}{label:<12}{members}")
-        senders = [p.name for p in self.procs]
-        print()
-        print("Messages delivered (rows: member, columns: sender):")
-        print("  " + f"{'member':<8}" + "".join(f"{s:>8}" for s in senders) + f"{'total':>9}")
-        for p in self.procs:
-            st = final.get(p.name)
-            note = ""
-            if p is victim:
-                counts: dict[str, int] = defaultdict(int)
-                for ev in _read(p.record):
-                    if ev.kind == "deliver":
-                        counts[short.get(ev.data["sender"], ev.data["sender"])] += 1
-                note = "  (killed; from its record)"
-            else:
-                counts = {short.get(a, a): c for a, c in (st["delivered"] if st else {}).items()}
-            row = "".join(f"{counts.get(s, 0):>8}" for s in senders)
-            print(f"  {p.name:<8}{row}{sum(counts.values()):>9}{note}")
-        print()
-
-    def judge(self, short: dict[str, str], victim: Proc) -> int:
-        from ..sim import checkers
-
-        events: list[HistoryEvent] = []
-        victim_addr = next(a for a, name in short.items() if name == victim.name)
-        for p in self.procs:
-            # The survivors leave only after delivering everything; judging them as members that stayed (up to
-            # their leave) is the stricter check, since the checkers owe nothing to a member that left.
-            events.extend(ev for ev in _read(p.record) if ev.t < self.stopping_at)
-        assert victim.killed_at is not None
-        events.append(HistoryEvent(victim.killed_at, victim_addr, "crash"))
-        events.sort(key=lambda e: e.t)
-        history = History(events)
-        violations = checkers.check_safety(history)
-        violations += checkers.check_merge_convergence(history)
-
-        survivors = {a for a in short if a != victim_addr}
-        sent: dict[tuple[str, str], None] = {}
-        delivered: dict[str, set[tuple[str, str]]] = defaultdict(set)
-        for ev in events:
-            if ev.kind == "send" and ev.data.get("dest") is None:
-                sent[(ev.member, ev.data["msg"])] = None
-            elif ev.kind == "deliver" and ev.data.get("dest") is None:
-                delivered[ev.member].add((ev.data["sender"], ev.data["msg"]))
-        everything = set().union(*delivered.values()) if delivered else set()
-        lost = {m for m in sent if m[0] in survivors and any(m not in delivered[r] for r in survivors)}
-        from_victim = {m for m in everything if m[0] == victim_addr}
-        partial = {m for m in from_victim if any(m not in delivered[r] for r in survivors)}
-
-        by_property: dict[str, int] = defaultdict(int)
-        for v in violations:
-            by_property[v.property] += 1
-        names = [*checkers.SAFETY_CHECKERS, "merge-convergence"]
-        results = (f"{name} {by_property[name] or 'ok'}" for name in names)
-        print("Checkers: " + ", ".join(results))
-        for v in violations[:10]:
-            print(f"  violation: {v}")
-        print(
-            f"Messages of the killed {victim.name}: {len(from_victim)} delivered, "
-            f"{len(partial)} of them not by every survivor"
-        )
-        print(f"demo: {len(everything)} messages delivered, {len(lost)} lost", flush=True)
-        return 1 if lost or violations else 0
+        if self.writer is not None:
+            self.writer.stop.set()
+        if self.writer_thread is not None:
+            self.writer_thread.join(timeout=10)
+        self.bar.finish()
+        try:
+            self.cluster.stop(grace=5.0)
+        finally:
+            self.cluster.kill_all()
 
 
-def _read(path: Path) -> list[HistoryEvent]:
-    try:
-        return History.read(path).events
-    except FileNotFoundError:
-        return []
+def _chunks(items: list[bytes], n: int) -> Iterator[list[bytes]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -422,31 +268,38 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.group:
+        from . import group_demo
+
+        return group_demo.run(args)
+    workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="groupcluster-demo-"))
     try:
-        demo = Demo(args)
+        demo = GridDemo(args, workdir)
     except DemoError as exc:
         print(f"groupcluster demo: error: {exc}", file=sys.stderr)
         return 2
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="groupcluster-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
     code = 1
     try:
-        code = demo.run(workdir)
-    except DemoError as exc:
+        code = demo.run()
+    except (DemoError, LocalError) as exc:
+        demo.bar.finish()
         print(f"demo: failed: {exc}", flush=True)
-        code = 1
-        if demo.judgeable is not None:
-            demo.stop_gracefully()
-            demo.judge(*demo.judgeable)
     except KeyboardInterrupt:
+        demo.bar.finish()
         print("demo: interrupted; stopping the members", flush=True)
         code = 130
+    except Exception as exc:  # a client error after its retries: report it, never leave members behind
+        demo.bar.finish()
+        print(f"demo: failed: {type(exc).__name__}: {exc}", flush=True)
     finally:
         demo.shutdown()
         signal.signal(signal.SIGTERM, previous)
         if not args.dir and code == 0:
             shutil.rmtree(workdir, ignore_errors=True)
         elif not args.dir:
-            print(f"demo: records, status files and logs kept in {workdir}", flush=True)
+            print(f"demo: logs and status files kept in {workdir}", flush=True)
     return code
+
+
+__all__ = ["GridDemo", "add_arguments", "run"]

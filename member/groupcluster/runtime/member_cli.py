@@ -12,7 +12,9 @@ status 0). A bad stack configuration prints one line naming the key and exits wi
 ``--grid`` runs a data-grid member on the channel (:mod:`groupcluster.grid.runtime`; ``--grid-set KEY=VALUE``
 sets :class:`~groupcluster.grid.node.GridConfig` parameters) and ``--http HOST:PORT`` serves the member HTTP
 API (:mod:`groupcluster.grid.http_api`). A grid member that is asked to stop (SIGTERM, ``POST /v1/leave``)
-first hands its segments to new owners (at most ``--grid-leave-timeout`` seconds), then leaves the group.
+first hands its segments to new owners (at most ``--grid-leave-timeout`` seconds), then leaves the group. A
+second SIGTERM or SIGINT during the hand-off skips the rest of it (the member leaves the group at once): when a
+whole cluster stops, nobody is left to take the segments.
 """
 
 from __future__ import annotations
@@ -218,6 +220,7 @@ class Member:
         self.spec = spec
         self.ch: Channel | None = None
         self.stop = asyncio.Event()
+        self.hurry = asyncio.Event()  # a second stop signal: skip the rest of the grid hand-off
         self.stop_reason = ""
         self.sent = 0
         self.send_done = args.send_count == 0
@@ -440,10 +443,20 @@ class Member:
         if grid is None or grid.node is None or self.ch is None or self.ch.closed:
             return
         grid.leave()
+        handed = asyncio.ensure_future(grid.wait_ready_to_leave())
+        hurry = asyncio.ensure_future(self.hurry.wait())
         try:
-            await asyncio.wait_for(grid.wait_ready_to_leave(), self.args.grid_leave_timeout)
+            await asyncio.wait(
+                {handed, hurry}, timeout=self.args.grid_leave_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            hurry.cancel()
+            handed.cancel()
+        if grid.node.ready_to_leave:
             print(f"member {self.ch.address}: grid segments handed off", flush=True)
-        except TimeoutError:
+        elif self.hurry.is_set():
+            print(f"member {self.ch.address}: grid hand-off skipped (second stop signal)", flush=True)
+        else:
             log.warning("grid segments not handed off within %gs; leaving anyway", self.args.grid_leave_timeout)
 
     async def _run_member(self, on_messages: Any, on_view: Any) -> int:
@@ -496,6 +509,8 @@ class Member:
         if not self.stop.is_set():
             self.stop_reason = f"{sig.name}"
             self.stop.set()
+        else:
+            self.hurry.set()
 
     def _time_up(self) -> None:
         if not self.stop.is_set():

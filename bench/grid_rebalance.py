@@ -1,0 +1,265 @@
+"""Rebalance benchmark: a 4th member joins a 3-member grid holding 1,000,000 entries of 100 B, under writes.
+
+    .venv/bin/python bench/grid_rebalance.py [--entries 1000000] [--value-size 100] [--write-rate 200]
+        [--idle-seconds 10] [--grid-set KEY=VALUE ...] [--profile DIR] [--json]
+
+1. Starts 3 members (``groupcluster local`` machinery, 127.0.0.1, a temporary directory) and loads
+   ``--entries`` entries through ``put_many`` (batched).
+2. A writer *process* starts single PUTs (one at a time, ``--write-rate`` per second, 100-byte values) and
+   records when each started and how long it took.
+3. After ``--idle-seconds`` of writes on the idle grid, a 4th member starts. The rebalance runs from the
+   joiner's first view until every member is back to a balanced ``NO_REBALANCE`` topology.
+4. Reported: entries and MB moved (the members' ``rebalance_*_received_total`` counters, summed; key and
+   value bytes), entries/s and MB/s over the rebalance, and the writer's latency p50/p99 on the idle grid
+   against during the rebalance. Targets (issue 4): >= 50 MB/s moved, p99 during <= 3x idle.
+
+``--profile DIR`` runs ``py-spy record`` on the joiner and on one source member during the rebalance, writes
+their collapsed stacks there (``joiner-m4.txt``, ``source-m1.txt``: input for flamegraph.pl or speedscope)
+and prints the functions with the most samples. ``--grid-set`` passes a grid parameter to every member (e.g.
+``transfer_batch_bytes=1MiB``) to compare settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from groupcluster.grid.client import GridClient
+from groupcluster.runtime.local import LocalCluster, ProgressBar, get_json
+
+
+def metric_sum(urls: list[str], name: str) -> float:
+    total = 0.0
+    for u in urls:
+        with urllib.request.urlopen(u + "/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    total += float(line.split()[1])
+    return total
+
+
+def writer(urls: list[str], rate: float, size: int, stop: Any, out: Any) -> None:
+    """Single PUTs at ``rate`` per second, one at a time; sends [(start wall time, seconds, ok), ...] at the end."""
+    samples: list[tuple[float, float, bool]] = []
+    value = os.urandom(size)
+    rng = random.Random(1)
+    with GridClient(urls, timeout=60.0, retries=40) as c:
+        next_at = time.monotonic()
+        while not stop.is_set():
+            now = time.monotonic()
+            if now < next_at:
+                time.sleep(next_at - now)
+            next_at += 1.0 / rate
+            key = f"lat-{rng.randrange(10_000)}".encode()
+            t0 = time.time()
+            p0 = time.perf_counter()
+            ok = True
+            try:
+                c.put(key, value)
+            except Exception:
+                ok = False
+            samples.append((t0, time.perf_counter() - p0, ok))
+    out.send(samples)
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1000 if xs else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--entries", type=int, default=1_000_000)
+    ap.add_argument("--value-size", type=int, default=100)
+    ap.add_argument("--write-rate", type=float, default=200.0, help="single PUTs per second during the run")
+    ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--grid-set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--profile", metavar="DIR", help="py-spy profiles of the joiner and a source member")
+    ap.add_argument("--keep", action="store_true", help="keep the members' directory (logs)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="grid-rebalance-"))
+    cluster = LocalCluster(work)
+    bar = ProgressBar(sys.stderr)
+    stop = mp.Event()
+    parent, child = mp.Pipe(duplex=False)
+    proc: mp.Process | None = None
+    spies: list[subprocess.Popen[bytes]] = []
+    try:
+        cluster.start(3, grid_params=args.grid_set, progress=bar.update)
+        bar.finish()
+        urls = [m.http for m in cluster.members]
+        t = time.monotonic()
+        value = b"v" * args.value_size
+        step = 50_000
+        with GridClient(urls, timeout=120.0, batch_size=2000) as c:
+            for start in range(0, args.entries, step):
+                end = min(args.entries, start + step)
+                c.put_many({f"bulk-{i:07d}".encode(): value for i in range(start, end)})
+                bar.update(end / args.entries, f"loading {end:,}/{args.entries:,} entries")
+        load_s = time.monotonic() - t
+        bar.finish(f"loaded {args.entries:,} entries of {args.value_size} B in {load_s:.1f}s")
+
+        proc = mp.Process(target=writer, args=(urls, args.write_rate, args.value_size, stop, child), daemon=True)
+        proc.start()
+        time.sleep(args.idle_seconds)
+        before_entries = metric_sum(urls, "groupcluster_grid_rebalance_entries_received_total")
+        before_bytes = metric_sum(urls, "groupcluster_grid_rebalance_bytes_received_total")
+
+        t_spawn = time.time()
+        new = cluster._spawn()  # what `groupcluster local scale 4` does, with the join time observed here
+        cluster.save()
+        t_joined = None
+        while t_joined is None:
+            st = get_json(new.http + "/v1/status", timeout=1.0)
+            if st and st.get("joined"):
+                t_joined = time.time()
+            else:
+                time.sleep(0.02)
+        if args.profile:
+            out = Path(args.profile)
+            out.mkdir(parents=True, exist_ok=True)
+            spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+            for role, m in (("joiner", new), ("source", cluster.members[0])):
+                argv = [spy, "record", "-p", str(m.pid), "-o", str(out / f"{role}-{m.name}.txt"), "-f", "raw"]
+                spies.append(
+                    subprocess.Popen([*argv, "-r", "100"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                )
+        stages: list[tuple[float, str]] = []
+
+        def watch(fraction: float | None, text: str) -> None:
+            stage = text.split(" (")[0].split(" ")[0:3]
+            if not stages or stages[-1][1] != " ".join(stage):
+                stages.append((time.time(), " ".join(stage)))
+            bar.update(fraction, text)
+
+        cluster.wait_settled("the rebalance", 900, watch)
+        t_done = time.time()
+        bar.finish()
+        for s in spies:
+            s.send_signal(2)  # SIGINT: py-spy writes its profile and exits
+        all_urls = [m.http for m in cluster.members]
+        moved_entries = metric_sum(all_urls, "groupcluster_grid_rebalance_entries_received_total") - before_entries
+        moved_bytes = metric_sum(all_urls, "groupcluster_grid_rebalance_bytes_received_total") - before_bytes
+        time.sleep(2.0)  # some writes after the rebalance too
+        stop.set()
+        samples: list[tuple[float, float, bool]] = parent.recv()
+        proc.join(timeout=30)
+    finally:
+        stop.set()
+        for s in spies:
+            try:
+                s.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                s.kill()
+        cluster.stop(grace=5.0)
+        cluster.kill_all()
+        if proc is not None and proc.is_alive():
+            proc.kill()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+    idle = [d for t0, d, ok in samples if ok and t0 < t_spawn]
+    during = [d for t0, d, ok in samples if ok and t_joined <= t0 <= t_done]
+    failed = sum(1 for _, _, ok in samples if not ok)
+    dur = max(1e-9, t_done - t_joined)
+    res = {
+        "entries_loaded": args.entries,
+        "value_size": args.value_size,
+        "load_seconds": round(load_s, 2),
+        "load_entries_per_s": round(args.entries / load_s),
+        "rebalance_seconds_from_join": round(dur, 2),
+        "rebalance_seconds_from_start": round(t_done - t_spawn, 2),
+        "entries_moved": int(moved_entries),
+        "mb_moved": round(moved_bytes / 1e6, 2),
+        "entries_per_s": round(moved_entries / dur),
+        "mb_per_s": round(moved_bytes / 1e6 / dur, 2),
+        "write_rate": args.write_rate,
+        "writes_idle": len(idle),
+        "writes_during": len(during),
+        "writes_failed": failed,
+        "idle_p50_ms": round(pct(idle, 50), 2),
+        "idle_p99_ms": round(pct(idle, 99), 2),
+        "during_p50_ms": round(pct(during, 50), 2),
+        "during_p99_ms": round(pct(during, 99), 2),
+        "grid_set": args.grid_set,
+    }
+    res["p99_ratio"] = round(res["during_p99_ms"] / res["idle_p99_ms"], 2) if idle and during else None
+    # Where the slow writes are: per 0.5 s from the join, writes started, their slowest, and the stage seen.
+    timeline = []
+    for b in range(int((t_done - t_joined) / 0.5) + 3):
+        lo = t_joined + b * 0.5
+        lat = [d for t0, d, ok in samples if lo <= t0 < lo + 0.5]
+        stage = next((st for ts, st in reversed(stages) if ts <= lo + 0.5), "joining")
+        timeline.append(
+            {"t": round(b * 0.5, 1), "writes": len(lat), "max_ms": round(max(lat, default=0) * 1000, 1), "stage": stage}
+        )
+    res["timeline"] = timeline
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print(
+        f"loaded {args.entries:,} entries of {args.value_size} B into 3 members in {load_s:.1f}s "
+        f"({res['load_entries_per_s']:,} entries/s)"
+    )
+    print(
+        f"4th member joined: moved {res['entries_moved']:,} entries, {res['mb_moved']:.1f} MB in {dur:.2f}s "
+        f"after its join ({res['rebalance_seconds_from_start']:.2f}s from process start): "
+        f"{res['entries_per_s']:,} entries/s, {res['mb_per_s']:.1f} MB/s (target >= 50 MB/s)"
+    )
+    print(
+        f"single PUTs at {args.write_rate:g}/s: idle p50 {res['idle_p50_ms']:.1f} ms p99 {res['idle_p99_ms']:.1f} ms "
+        f"({len(idle)} writes); during the rebalance p50 {res['during_p50_ms']:.1f} ms "
+        f"p99 {res['during_p99_ms']:.1f} ms ({len(during)} writes); p99 ratio {res['p99_ratio']} (target <= 3); "
+        f"{failed} failed"
+    )
+    print("writes per 0.5 s from the join (started, slowest), and the rebalance stage then:")
+    for row in timeline:
+        print(f"  +{row['t']:4.1f}s {row['writes']:4d} writes, slowest {row['max_ms']:7.1f} ms   {row['stage']}")
+    if args.profile:
+        for f in sorted(Path(args.profile).glob("*.txt")):
+            print(f"\nprofile {f} (share of busy samples: own time / with callees):")
+            for line in top_functions(f):
+                print("  " + line)
+    return 0
+
+
+def top_functions(path: Path, n: int = 15) -> list[str]:
+    """The functions with the most samples in a py-spy raw (collapsed) profile; idle waiting left out."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    samples = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        frames = stack.split(";")
+        if "select (selectors.py" in frames[-1]:
+            continue  # the event loop waiting for I/O
+        c = int(count)
+        samples += c
+        own[frames[-1]] = own.get(frames[-1], 0) + c
+        for f in set(frames):
+            total[f] = total.get(f, 0) + c
+    if not samples:
+        return ["(no samples)"]
+    out = [f"{samples} busy samples"]
+    for f, c in sorted(own.items(), key=lambda kv: -kv[1])[:n]:
+        out.append(f"{c / samples * 100:5.1f}% / {total[f] / samples * 100:5.1f}%  {f}")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,773 @@
+"""``groupcluster local``: start, scale, inspect and stop a cluster of grid member processes on this machine.
+
+::
+
+    groupcluster local start --members 3        # 3 members on 127.0.0.1, ports chosen free
+    groupcluster local scale 5                  # 2 more join; their segments move to them
+    groupcluster local scale 2                  # 3 leave, one wave at a time, each after handing off
+    groupcluster local status [--json]          # member, endpoint, view, topology, phase, segments, keys
+    groupcluster local stop
+
+Members are ordinary ``groupcluster member --grid --http`` processes in their own session (they outlive the
+command). They find each other through a shared hosts file. The cluster's state lives in one directory
+(``--dir``, default ``./.groupcluster-local``): ``cluster.json`` (name, members with pid, ports and log),
+``hosts`` (the hosts file), ``mN.log`` and ``mN.status.json`` per member.
+
+**Scaling down** asks members to leave through ``POST /v1/leave``, at most ``num_owners - 1`` at a time,
+and waits until each has handed its segments off and exited before the next wave. With the grid's rule
+that an acknowledged write is on every owner, no wave can take away every copy of a segment. Members leave
+newest first; the coordinator leaves last, because a new coordinator has to recover the topology first.
+
+The same :class:`LocalCluster` runs the grid demo (:mod:`groupcluster.runtime.demo`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+DEFAULT_DIR = ".groupcluster-local"
+STATE_FILE = "cluster.json"
+HOSTS_FILE = "hosts"
+LOCK_FILE = "lock"
+HOST = "127.0.0.1"
+MAX_MEMBERS = 16
+DEFAULT_OWNERS = 2
+# A member asked to stop hands its segments off first; on a busy 2-core machine that can take minutes for
+# big grids, and a member that gave up would take data with it.
+LEAVE_TIMEOUT = 600.0
+_DIGITS = re.compile(r"[0-9][0-9,./%]*")
+STATUS_TIMEOUT = 2.0
+
+
+class LocalError(Exception):
+    """A clear, user-facing failure of a ``groupcluster local`` command."""
+
+
+@dataclass
+class MemberRecord:
+    """One member process as recorded in ``cluster.json``."""
+
+    name: str
+    number: int
+    pid: int
+    bind: str
+    http: str
+    log: str
+    started: float
+
+
+# ==== progress ==================================================================================================
+class ProgressBar:
+    """A one-line progress bar on a terminal; plain periodic lines otherwise (logs, pipes, CI).
+
+    ``update`` may be called as often as convenient: a terminal is redrawn at most 10 times a second, a
+    non-terminal gets a line every ``interval`` seconds, and at once when the text says something new.
+    """
+
+    def __init__(self, stream: TextIO | None = None, *, width: int = 30, interval: float = 2.0) -> None:
+        self.stream = stream or sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.width = width
+        self.interval = interval
+        self._last = 0.0
+        self._shown = False
+        self._last_head = ""
+
+    def update(self, fraction: float | None, text: str) -> None:
+        now = time.monotonic()
+        # What the text says, without its numbers: a new stage prints at once, new counts only periodically.
+        head = _DIGITS.sub("", text.split("|", 1)[0])
+        if self.tty:
+            if now - self._last < 0.1:
+                return
+            self._last = now
+            self.stream.write("\r" + self.render(fraction, text) + "\033[K")
+            self.stream.flush()
+            self._shown = True
+        elif now - self._last >= self.interval or head != self._last_head:
+            self._last = now
+            self._last_head = head
+            self.stream.write(self.render(fraction, text) + "\n")
+            self.stream.flush()
+
+    def render(self, fraction: float | None, text: str) -> str:
+        if fraction is None:
+            return f"  [{'.' * self.width}]      {text}"
+        f = min(1.0, max(0.0, fraction))
+        full = int(f * self.width)
+        return f"  [{'#' * full}{'-' * (self.width - full)}] {f * 100:3.0f}% {text}"
+
+    def finish(self, text: str | None = None) -> None:
+        """End the bar (a terminal line is completed); ``text`` is printed as its own line."""
+        if self.tty and self._shown:
+            self.stream.write("\n")
+        self._shown = False
+        self._last = 0.0
+        self._last_head = ""
+        if text:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+
+def rebalance_progress(statuses: Iterable[dict[str, Any] | None]) -> tuple[float | None, str]:
+    """Grid-wide transfer progress from members' ``/v1/status``: (fraction or None, a short description)."""
+    phases: set[str] = set()
+    topologies: set[int] = set()
+    to_fetch = fetched = 0
+    for st in statuses:
+        g = (st or {}).get("grid") or {}
+        if g.get("phase"):
+            phases.add(g["phase"])
+        if g.get("topology_id") is not None:
+            topologies.add(g["topology_id"])
+        reb = g.get("rebalance") or {}
+        to_fetch += int(reb.get("segments_to_fetch") or 0)
+        fetched += int(reb.get("segments_fetched") or 0)
+    topo = f"topology {max(topologies)}" if topologies else "no topology yet"
+    if "READ_OLD_WRITE_ALL" in phases and to_fetch:
+        return fetched / to_fetch, f"moving segments {fetched}/{to_fetch} ({topo})"
+    moving = phases - {"NO_REBALANCE"}
+    if moving:
+        return 1.0, f"segments moved, finishing {'/'.join(sorted(moving))} ({topo})"
+    return None, f"no rebalance running ({topo})"
+
+
+# ==== helpers ===================================================================================================
+def free_port(kind: int, host: str = HOST, avoid: Iterable[int] = ()) -> int:
+    """A port the system reports free for ``kind`` (SOCK_DGRAM or SOCK_STREAM) on ``host``."""
+    avoid = set(avoid)
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, kind) as s:
+            s.bind((host, 0))
+            port: int = s.getsockname()[1]
+        if port not in avoid:
+            return port
+    raise LocalError(f"no free port found on {host}")
+
+
+def get_json(url: str, timeout: float = STATUS_TIMEOUT) -> dict[str, Any] | None:
+    """The JSON body of a GET (whatever the status), or None when the member cannot be reached."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return json.loads(resp.read())  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as exc:
+        try:
+            return json.loads(exc.read())  # type: ignore[no-any-return]
+        except ValueError:
+            return None
+    except (OSError, ValueError):
+        return None
+
+
+def post(url: str, timeout: float = 10.0) -> tuple[int, dict[str, Any] | None]:
+    req = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read())
+        except ValueError:
+            return exc.code, None
+
+
+def pid_alive(pid: int, needle: str = "") -> bool:
+    """True if ``pid`` runs and is not a zombie; with ``needle``, its command line must contain it (pid reuse)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return not needle
+    proc = Path(f"/proc/{pid}")
+    if not proc.exists():
+        return True  # no procfs: trust the signal check
+    try:
+        stat = (proc / "stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False
+        if needle:
+            return needle.encode() in (proc / "cmdline").read_bytes()
+    except (OSError, IndexError):
+        return False
+    return True
+
+
+def remove_host(path: Path, endpoint: str) -> None:
+    """Drop ``endpoint`` from the shared hosts file (under the same lock the members take to add themselves)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    with os.fdopen(fd, "r+", encoding="utf-8") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            lines = [ln for ln in fh.read().splitlines() if ln.strip() != endpoint]
+            fh.seek(0)
+            fh.truncate()
+            fh.write("".join(f"{ln}\n" for ln in lines))
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def check_count(n: int, what: str = "N") -> int:
+    if not 1 <= n <= MAX_MEMBERS:
+        raise LocalError(f"{what}: expected 1 to {MAX_MEMBERS} members, got {n}")
+    return n
+
+
+class _Report(list[str]):
+    """The lines of what a command did, passed on to a callback as they are added."""
+
+    def __init__(self, report: Callable[[str], None] | None) -> None:
+        super().__init__()
+        self.report = report
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        if self.report is not None:
+            self.report(line)
+
+
+# ==== the cluster ===============================================================================================
+ProgressFn = Callable[[float | None, str], None]
+
+
+class LocalCluster:
+    """The member processes recorded in one directory, and the operations on them."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory).resolve()
+        self.cluster = ""
+        self.num_owners = DEFAULT_OWNERS
+        self.grid_params: list[str] = []
+        self.next_number = 1
+        self.members: list[MemberRecord] = []
+        self._popen: dict[str, subprocess.Popen[bytes]] = {}  # the members this process started
+
+    # -- state -----------------------------------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.dir / STATE_FILE
+
+    @property
+    def hosts_path(self) -> Path:
+        return self.dir / HOSTS_FILE
+
+    def load(self) -> bool:
+        """Read ``cluster.json``; False if there is none."""
+        try:
+            doc = json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError) as exc:
+            raise LocalError(f"{self.state_path}: unreadable cluster state ({exc}); remove the directory") from None
+        try:
+            self.cluster = doc["cluster"]
+            self.num_owners = int(doc.get("num_owners", DEFAULT_OWNERS))
+            self.grid_params = list(doc.get("grid_params", []))
+            self.next_number = int(doc["next_number"])
+            self.members = [MemberRecord(**m) for m in doc["members"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise LocalError(f"{self.state_path}: bad cluster state ({exc}); remove the directory") from None
+        return True
+
+    def save(self) -> None:
+        doc = {
+            "cluster": self.cluster,
+            "num_owners": self.num_owners,
+            "grid_params": self.grid_params,
+            "next_number": self.next_number,
+            "members": [asdict(m) for m in self.members],
+        }
+        tmp = self.state_path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        os.replace(tmp, self.state_path)
+
+    @contextlib.contextmanager
+    def locked(self) -> Any:
+        """Serialize commands on one directory (two ``scale`` at once would pick the same free ports)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / LOCK_FILE, "w") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise LocalError(f"another groupcluster local command is working on {self.dir}") from None
+            try:
+                yield
+            finally:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+    def alive(self, m: MemberRecord) -> bool:
+        p = self._popen.get(m.name)
+        if p is not None:
+            return p.poll() is None
+        return pid_alive(m.pid, m.bind)
+
+    def live(self) -> list[MemberRecord]:
+        return [m for m in self.members if self.alive(m)]
+
+    def require_running(self) -> None:
+        if not self.load():
+            raise LocalError(f"no cluster in {self.dir} (start one with: groupcluster local start --members N)")
+        if not self.live():
+            raise LocalError(
+                f"no member of the cluster in {self.dir} is running (start one with: groupcluster local start)"
+            )
+
+    def prune(self) -> list[MemberRecord]:
+        """Forget members whose process is gone (crashed, killed, or left); returns them."""
+        gone = [m for m in self.members if not self.alive(m)]
+        for m in gone:
+            remove_host(self.hosts_path, m.bind)
+            self._popen.pop(m.name, None)
+        self.members = [m for m in self.members if m not in gone]
+        return gone
+
+    # -- processes -------------------------------------------------------------------------------------------
+    def _spawn(self) -> MemberRecord:
+        number = self.next_number
+        self.next_number += 1
+        name = f"m{number}"
+        taken = {int(m.bind.rsplit(":", 1)[1]) for m in self.members}
+        port = free_port(socket.SOCK_DGRAM, avoid=taken)
+        http_port = free_port(socket.SOCK_STREAM, avoid=taken | {port})
+        log = self.dir / f"{name}.log"
+        argv = [
+            sys.executable,
+            "-m",
+            "groupcluster.cli",
+            "member",
+            "--cluster",
+            self.cluster,
+            "--bind",
+            f"{HOST}:{port}",
+            "--hosts-file",
+            str(self.hosts_path),
+            "--grid",
+            "--http",
+            f"{HOST}:{http_port}",
+            "--grid-leave-timeout",
+            str(LEAVE_TIMEOUT),
+            "--status-file",
+            str(self.dir / f"{name}.status.json"),
+        ]
+        for p in self.grid_params:
+            argv += ["--grid-set", p]
+        with open(log, "wb") as out:
+            # A session of its own: the member outlives this command and a Ctrl-C in its terminal.
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
+        self._popen[name] = proc
+        rec = MemberRecord(
+            name, number, proc.pid, f"{HOST}:{port}", f"http://{HOST}:{http_port}", str(log), time.time()
+        )
+        self.members.append(rec)
+        return rec
+
+    def log_tail(self, m: MemberRecord, lines: int = 8) -> str:
+        try:
+            return "\n".join(Path(m.log).read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # -- queries ---------------------------------------------------------------------------------------------
+    def statuses(self, members: Iterable[MemberRecord] | None = None) -> dict[str, dict[str, Any] | None]:
+        return {m.name: get_json(m.http + "/v1/status") for m in (self.members if members is None else members)}
+
+    def settled(self, statuses: dict[str, dict[str, Any] | None]) -> bool:
+        """Every member answers, sees exactly these members, is ready, and all agree on a balanced topology."""
+        tops = set()
+        for st in statuses.values():
+            if not st or not st.get("joined") or not st.get("grid") or not st.get("view"):
+                return False
+            g = st["grid"]
+            if len(st["view"]["members"]) != len(statuses) or not g.get("ready"):
+                return False
+            if g["phase"] != "NO_REBALANCE" or g["availability"] != "AVAILABLE":
+                return False
+            tops.add(g["topology_id"])
+        return len(tops) == 1
+
+    def wait_settled(self, what: str, timeout: float, progress: ProgressFn | None) -> float:
+        """Wait until the live members are settled; report progress about 4 times a second."""
+        start = time.monotonic()
+        while True:
+            members = list(self.members)
+            for m in members:
+                if not self.alive(m):
+                    raise LocalError(f"{m.name} ({m.http}) exited while waiting for {what}:\n{self.log_tail(m)}")
+            st = self.statuses(members)
+            if self.settled(st):
+                return time.monotonic() - start
+            if progress is not None:
+                joined = sum(1 for s in st.values() if s and s.get("joined"))
+                views = [len(s["view"]["members"]) for s in st.values() if s and s.get("view")]
+                if joined < len(members) or min(views, default=0) < len(members):
+                    progress(None, f"waiting for {len(members)} members to join ({joined} joined)")
+                else:
+                    progress(*rebalance_progress(st.values()))
+            if time.monotonic() - start > timeout:
+                raise LocalError(f"gave up after {timeout:g}s waiting for {what}: {self.describe(st)}")
+            time.sleep(0.25)
+
+    @staticmethod
+    def describe(st: dict[str, dict[str, Any] | None]) -> str:
+        parts = []
+        for name, s in st.items():
+            g = (s or {}).get("grid") or {}
+            parts.append(f"{name}: {'no answer' if not s else g.get('phase', 'not joined')}")
+        return ", ".join(parts)
+
+    def coordinator(self, st: dict[str, dict[str, Any] | None]) -> str | None:
+        by_addr = {s["address"]: name for name, s in st.items() if s and s.get("address")}
+        for s in st.values():
+            if s and s.get("coordinator"):
+                return by_addr.get(s["coordinator"])
+        return None
+
+    # -- commands --------------------------------------------------------------------------------------------
+    def start(
+        self,
+        n: int,
+        *,
+        cluster: str | None = None,
+        grid_params: Iterable[str] = (),
+        timeout: float = 120.0,
+        progress: ProgressFn | None = None,
+    ) -> float:
+        """Start ``n`` members and wait until they form one balanced grid; returns the seconds it took."""
+        check_count(n, "--members")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.load() and self.live():
+            raise LocalError(
+                f"a cluster is already running in {self.dir} ({len(self.live())} members): "
+                "stop it first (groupcluster local stop) or use another --dir"
+            )
+        params = list(grid_params)
+        for p in params:
+            key, sep, value = p.partition("=")
+            if not sep or not key:
+                raise LocalError(f"--grid-set: expected KEY=VALUE, got {p!r}")
+            if key == "num_owners":
+                try:
+                    self.num_owners = int(value)
+                except ValueError:
+                    raise LocalError(f"--grid-set num_owners: expected an integer, got {value!r}") from None
+        self.cluster = cluster or f"local-{os.getpid()}"
+        self.grid_params = params
+        self.next_number = 1
+        self.members = []
+        self.hosts_path.write_text("")
+        for _ in range(n):
+            self._spawn()
+        self.save()
+        return self.wait_settled(f"{n} members to form a grid", timeout, progress)
+
+    def scale(
+        self,
+        n: int,
+        *,
+        timeout: float = 600.0,
+        progress: ProgressFn | None = None,
+        report: Callable[[str], None] | None = None,
+    ) -> list[str]:
+        """Grow or shrink to ``n`` members (see the module docstring); returns what happened, line by line.
+
+        ``report`` gets each line as it happens (a member left, the rebalance ended).
+        """
+        check_count(n)
+        done = _Report(report)
+        for m in self.prune():
+            done.append(f"{m.name} was no longer running; forgotten")
+        current = len(self.members)
+        if n > current:
+            added = [self._spawn() for _ in range(n - current)]
+            self.save()
+            took = self.wait_settled(f"{n} members to rebalance", timeout, progress)
+            done.append(f"started {', '.join(m.name for m in added)}; rebalanced in {took:.1f}s")
+        elif n < current:
+            self._shrink(current - n, timeout, progress, done)
+        else:
+            self.save()
+            done.append(f"already {n} members")
+        return done
+
+    def _shrink(self, count: int, timeout: float, progress: ProgressFn | None, done: _Report) -> None:
+        per_wave = max(1, self.num_owners - 1)
+        deadline = time.monotonic() + timeout
+        left = 0
+        while left < count:
+            st = self.statuses()
+            coord = self.coordinator(st)
+            # Newest first; the coordinator last (its successor must recover the topology before going on).
+            order = sorted(self.members, key=lambda m: (m.name == coord, -m.number))
+            wave = order[: min(per_wave, count - left)]
+            t0 = time.monotonic()
+            for m in wave:
+                code, body = post(m.http + "/v1/leave")
+                if code != 202:
+                    raise LocalError(f"{m.name} refused to leave: HTTP {code} {body}")
+            self._wait_exit(wave, deadline, progress)
+            for m in wave:
+                remove_host(self.hosts_path, m.bind)
+                p = self._popen.pop(m.name, None)
+                code_text = "" if p is None else f" (exit status {p.returncode})"
+                done.append(f"{m.name} handed its segments off and left in {time.monotonic() - t0:.1f}s{code_text}")
+            self.members = [m for m in self.members if m not in wave]
+            self.save()
+            left += len(wave)
+        took = self.wait_settled(
+            f"{len(self.members)} members to settle", max(1.0, deadline - time.monotonic()), progress
+        )
+        done.append(f"{len(self.members)} members balanced {took:.1f}s after the last leave")
+
+    def _wait_exit(self, wave: list[MemberRecord], deadline: float, progress: ProgressFn | None) -> None:
+        names = ", ".join(m.name for m in wave)
+        while any(self.alive(m) for m in wave):
+            if time.monotonic() > deadline:
+                raise LocalError(
+                    f"{names} did not finish handing off within the timeout: {self.describe(self.statuses())}"
+                )
+            if progress is not None:
+                stay = [m for m in self.members if m not in wave]
+                fraction, text = rebalance_progress(self.statuses(stay).values())
+                progress(fraction, f"{names} leaving: {text}")
+            time.sleep(0.25)
+
+    def stop(self, grace: float = 10.0) -> tuple[int, int]:
+        """Stop every member, SIGKILL what is left after ``grace`` seconds; returns (stopped, killed).
+
+        The data goes with the cluster: members stopping at the same time have nowhere to hand it to, so each
+        gets SIGTERM twice (the second skips the grid hand-off) and leaves the group at once.
+        """
+        live = self.live()
+        for sig_round in range(2):
+            for m in live:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(m.pid, signal.SIGTERM)
+            if sig_round == 0:
+                time.sleep(0.3)  # let the first signal register as "stop" before the second says "hurry"
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(self.alive(m) for m in live):
+            time.sleep(0.1)
+        killed = 0
+        for m in live:
+            if self.alive(m):
+                killed += 1
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(m.pid, signal.SIGKILL)
+        for p in self._popen.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+        self._popen.clear()
+        self.members = []
+        if self.state_path.exists():
+            self.save()
+        return len(live) - killed, killed
+
+    def kill_all(self) -> None:
+        """SIGKILL every member this process started (clean-up after a failure)."""
+        for p in self._popen.values():
+            if p.poll() is None:
+                p.kill()
+        for p in self._popen.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+
+    # -- status ----------------------------------------------------------------------------------------------
+    def status_rows(self) -> list[dict[str, Any]]:
+        st = self.statuses()
+        by_addr = {s["address"]: name for name, s in st.items() if s and s.get("address")}
+        rows = []
+        for m in self.members:
+            s = st.get(m.name)
+            g = (s or {}).get("grid") or {}
+            view = (s or {}).get("view")
+            rows.append(
+                {
+                    "member": m.name,
+                    "pid": m.pid,
+                    "alive": self.alive(m),
+                    "endpoint": m.http,
+                    "address": (s or {}).get("address"),
+                    "coordinator": bool(s) and s.get("coordinator") == s.get("address"),  # type: ignore[union-attr]
+                    "view_id": view["id"] if view else None,
+                    "view": [by_addr.get(a, a) for a in view["members"]] if view else None,
+                    "topology_id": g.get("topology_id"),
+                    "phase": g.get("phase"),
+                    "availability": g.get("availability"),
+                    "segments_primary": g.get("segments_primary"),
+                    "segments_owned": g.get("segments_owned"),
+                    "keys": ((g.get("store") or {}).get("entries")),
+                    "ready": g.get("ready"),
+                    "leaving": g.get("leaving"),
+                }
+            )
+        return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """The status rows as an aligned text table."""
+    header = ["member", "endpoint", "view", "topology", "phase", "segments", "keys", ""]
+    lines = []
+    for r in rows:
+        if not r["alive"]:
+            lines.append([r["member"], r["endpoint"], "-", "-", "(not running)", "-", "-", ""])
+            continue
+        if r["view_id"] is None:
+            lines.append([r["member"], r["endpoint"], "-", "-", "(not joined)", "-", "-", ""])
+            continue
+        view = f"{len(r['view'])} ({','.join(r['view'])})"
+        segs = "-" if r["segments_owned"] is None else f"{r['segments_owned']} ({r['segments_primary']} primary)"
+        keys = "-" if r["keys"] is None else f"{r['keys']:,}"
+        notes = [n for n, on in (("coordinator", r["coordinator"]), ("leaving", r["leaving"])) if on]
+        if r["availability"] not in (None, "AVAILABLE"):
+            notes.append(r["availability"].lower())
+        lines.append(
+            [
+                r["member"],
+                r["endpoint"],
+                view,
+                str(r["topology_id"] if r["topology_id"] is not None else "-"),
+                r["phase"] or "-",
+                segs,
+                keys,
+                ", ".join(notes),
+            ]
+        )
+    widths = [max(len(header[i]), *(len(ln[i]) for ln in lines)) for i in range(len(header))]
+    right = {3, 6}  # numbers
+
+    def fmt(cells: list[str]) -> str:
+        out = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        return "  ".join(out).rstrip()
+
+    return "\n".join([fmt(header), *(fmt(ln) for ln in lines)])
+
+
+# ==== command line ==============================================================================================
+def _count(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of members, got {text!r}") from None
+    if not 1 <= n <= MAX_MEMBERS:
+        raise argparse.ArgumentTypeError(f"expected 1 to {MAX_MEMBERS} members, got {n}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return v
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--dir",
+        default=DEFAULT_DIR,
+        help=f"where the cluster's state, hosts file and logs live (default {DEFAULT_DIR})",
+    )
+    subs = parser.add_subparsers(dest="action", metavar="ACTION")
+    subs.required = True
+    start = subs.add_parser("start", parents=[common], help="start a local cluster of grid members")
+    start.add_argument("--members", type=_count, default=3, metavar="N", help="members to start (default 3)")
+    start.add_argument("--cluster", help="cluster name (default local-PID)")
+    start.add_argument(
+        "--grid-set",
+        dest="grid_params",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="grid parameter for every member, e.g. num_owners=2 (repeatable)",
+    )
+    start.add_argument("--timeout", type=_seconds, default=120.0, help="give up waiting after this long (default 120)")
+    scale = subs.add_parser("scale", parents=[common], help="grow or shrink the cluster to N members")
+    scale.add_argument("n", type=_count, metavar="N", help=f"members wanted (1-{MAX_MEMBERS})")
+    scale.add_argument("--timeout", type=_seconds, default=600.0, help="give up after this long (default 600)")
+    status = subs.add_parser("status", parents=[common], help="a table of the members and their grid state")
+    status.add_argument("--json", action="store_true", help="print the rows as JSON")
+    subs.add_parser("stop", parents=[common], help="stop every member (the data goes with them)")
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(args.dir)
+    try:
+        if args.action != "start" and not cluster.state_path.exists():
+            cluster.require_running()  # the clear "no cluster in DIR" error, without creating DIR for the lock
+        with cluster.locked():
+            return _run(cluster, args)
+    except LocalError as exc:
+        print(f"groupcluster local: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("groupcluster local: interrupted (the members keep running; see groupcluster local status)")
+        return 130
+
+
+def _run(cluster: LocalCluster, args: argparse.Namespace) -> int:
+    bar = ProgressBar()
+    if args.action == "start":
+        print(f"starting {args.members} members in {cluster.dir}")
+        try:
+            took = cluster.start(
+                args.members,
+                cluster=args.cluster,
+                grid_params=args.grid_params,
+                timeout=args.timeout,
+                progress=bar.update,
+            )
+        finally:
+            bar.finish()
+        print(f"{args.members} members formed one grid in {took:.1f}s")
+        print(format_table(cluster.status_rows()))
+        return 0
+    cluster.require_running()
+    if args.action == "scale":
+        before = len(cluster.live())
+        print(f"scaling from {before} to {args.n} members")
+
+        def say(line: str) -> None:
+            bar.finish()
+            print(line, flush=True)
+
+        try:
+            cluster.scale(args.n, timeout=args.timeout, progress=bar.update, report=say)
+        finally:
+            bar.finish()
+        print(format_table(cluster.status_rows()))
+        return 0
+    if args.action == "status":
+        rows = cluster.status_rows()
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print(f"cluster {cluster.cluster} in {cluster.dir}")
+            print(format_table(rows))
+        return 0
+    stopped, killed = cluster.stop()
+    print(f"stopped {stopped} members" + (f", killed {killed} that did not stop within 10s" if killed else ""))
+    return 0

@@ -1,0 +1,116 @@
+"""``groupcluster local``: start, status, scale up and down with data in the grid, stop; and its clear errors.
+
+Real member processes on 127.0.0.1, driven through the command line as a user would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from groupcluster.grid.client import GridClient
+from groupcluster.runtime.local import pid_alive
+
+
+def local(directory: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "groupcluster.cli", "local", *args, "--dir", str(directory)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def cluster_dir(tmp_path: Path) -> Iterator[Path]:
+    """The cluster's directory; whatever still runs at the end is killed, pass or fail."""
+    d = tmp_path / "cluster"
+    try:
+        yield d
+    finally:
+        try:
+            members = json.loads((d / "cluster.json").read_text())["members"]
+        except (OSError, ValueError, KeyError):
+            members = []
+        for m in members:
+            # Only our member (its bind address on the command line), never a process that reused the pid.
+            if pid_alive(m["pid"], m["bind"]):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(m["pid"], signal.SIGKILL)
+
+
+def endpoints(d: Path) -> list[str]:
+    return [m["http"] for m in json.loads((d / "cluster.json").read_text())["members"]]
+
+
+def test_start_scale_status_stop(cluster_dir: Path) -> None:
+    d = cluster_dir
+    r = local(d, "status")
+    assert r.returncode == 1 and "no cluster in" in r.stderr, r
+
+    r = local(d, "start", "--members", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 members formed one grid" in r.stdout
+    header = next(ln for ln in r.stdout.splitlines() if ln.startswith("member"))
+    for col in ("endpoint", "view", "topology", "phase", "segments", "keys"):
+        assert col in header
+
+    r = local(d, "start", "--members", "2")
+    assert r.returncode == 1 and "already running" in r.stderr, r
+
+    items = {f"lk{i}".encode(): f"lv{i}".encode() for i in range(3000)}
+    with GridClient(endpoints(d)) as c:
+        c.put_many(items)
+
+    r = local(d, "scale", "4")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "started m3, m4" in r.stdout
+    r = local(d, "status", "--json")
+    rows = json.loads(r.stdout)
+    assert [row["member"] for row in rows] == ["m1", "m2", "m3", "m4"]
+    assert all(row["phase"] == "NO_REBALANCE" and len(row["view"]) == 4 for row in rows), rows
+    assert len({row["topology_id"] for row in rows}) == 1
+    # Balanced: 256 segments x 2 owners over 4 members, and every key twice.
+    assert sorted(row["segments_owned"] for row in rows) == [128] * 4, rows
+    assert sum(row["keys"] for row in rows) == 2 * len(items), rows
+
+    # Down to 1: three leaves, one at a time (2 owners), each after handing its segments off; newest first,
+    # and the coordinator (whoever formed the group) stays.
+    coordinator = next(row["member"] for row in rows if row["coordinator"])
+    expected_leavers = [n for n in ("m4", "m3", "m2", "m1") if n != coordinator][:3]
+    r = local(d, "scale", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    left = [ln for ln in r.stdout.splitlines() if "handed its segments off and left" in ln]
+    assert [ln.split()[0] for ln in left] == expected_leavers, r.stdout
+    with GridClient(endpoints(d)) as c:
+        got = c.get_many(items)
+    assert got == items, f"{sum(got[k] != v for k, v in items.items())} keys lost"
+    r = local(d, "status")
+    assert r.returncode == 0
+    table = r.stdout.splitlines()
+    assert table[1].startswith("member") and len(table) == 3, r.stdout
+    assert coordinator in table[2] and "3,000" in table[2] and "256 (256 primary)" in table[2], r.stdout
+
+    r = local(d, "stop")
+    assert r.returncode == 0 and "stopped 1 members" in r.stdout, r
+    r = local(d, "status")
+    assert r.returncode == 1 and "no member of the cluster" in r.stderr, r
+    r = local(d, "scale", "2")
+    assert r.returncode == 1 and "no member of the cluster" in r.stderr, r
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("scale", "0"), "expected 1 to 16 members, got 0"),
+        (("scale", "x"), "expected a number of members, got 'x'"),
+        (("start", "--members", "17"), "expected 1 to 16 members, got 17"),
+        (("start", "--timeout", "-1"), "expected a positive number of seconds"),
+    ],
+)
+def test_bad_arguments(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    r = local(tmp_path, *args)
+    assert r.returncode == 2 and message in r.stderr, r
