@@ -1,0 +1,1 @@
+"""Spark data source tests (local[2] against real grid members)."""

@@ -1,0 +1,324 @@
+"""The data source through Spark (local[2]) against real grid members: three, a fourth joining, one leaving.
+
+The tests share one grid and run in file order (the last ones change its membership):
+
+* a DataFrame written with ``format("groupcluster")`` is read back complete, each key once, with the segment
+  the members compute and a version stamped by the grid; the members serve the same values to the client;
+* ``key = x`` / ``key IN (...)`` are pushed down and answered by key lookups (their rows carry no version,
+  which is how the test sees that the lookup path ran), other filters still apply;
+* bad options and schemas fail before anything is read or written, with the option named;
+* a segment scan sent to a member that does not own the segment follows it to an owner, cursor and all;
+* a streaming query restarted from its checkpoint delivers each change once, none skipped, in segment order;
+* a read while a fourth member joins (the grid rebalances under it) returns every row exactly once;
+* a Spark write while a member leaves loses nothing;
+* a write the grid refuses (a degraded partition) fails the job with the grid's reason.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from groupcluster.grid.client import GridClient
+from groupcluster.grid.consistent_hash import segment_of
+
+from .gridprocs import SparkGrid
+
+N = 3000
+
+
+def reader(spark: Any, grid: SparkGrid, **opts: str) -> Any:
+    r = spark.read.format("groupcluster").option("members", grid.endpoints(["m0", "m1"]))
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+@pytest.fixture(scope="module")
+def written(spark: Any, grid3: SparkGrid) -> dict[str, str]:
+    """N rows written through Spark: key ``row:i`` -> value ``v-i-<i*i>``."""
+    from pyspark.sql import functions as F
+
+    df = spark.range(N).select(
+        F.format_string("row:%d", "id").alias("key"),
+        F.format_string("v-%d-%d", "id", F.col("id") * F.col("id")).alias("value"),
+    )
+    df.write.format("groupcluster").option("members", grid3.endpoints(["m0"])).option("batchSize", "500").mode(
+        "append"
+    ).save()
+    return {f"row:{i}": f"v-{i}-{i * i}" for i in range(N)}
+
+
+def test_write_then_read_back_every_row_once(spark: Any, grid3: SparkGrid, written: dict[str, str]) -> None:
+    rows = reader(spark, grid3, valueType="string").collect()
+    ours = [r for r in rows if r.key.startswith("row:")]
+    counts = Counter(r.key for r in ours)
+    assert len(ours) == N, f"{len(ours)} rows for {N} keys"
+    assert all(c == 1 for c in counts.values()), [k for k, c in counts.items() if c > 1][:5]
+    for r in ours:
+        assert r.value == written[r.key]
+        assert r.segment == segment_of(r.key.encode(), 256)
+        assert r.version is not None and r.version > 0
+    # The members agree with what Spark read.
+    with GridClient([grid3.urls["m2"]]) as c:
+        sample = [f"row:{i}".encode() for i in range(0, N, 97)]
+        got = c.get_many(sample)
+    assert {k.decode(): v.decode() for k, v in got.items()} == {k.decode(): written[k.decode()] for k in sample}
+
+
+def test_binary_columns_and_spark_transform(spark: Any, grid3: SparkGrid, written: dict[str, str]) -> None:
+    df = reader(spark, grid3, keyType="binary")
+    assert [f.dataType.simpleString() for f in df.schema.fields] == ["binary", "binary", "int", "bigint"]
+    from pyspark.sql import functions as F
+
+    per_segment = (
+        df.where(F.col("key").startswith(F.lit(b"row:")))
+        .groupBy("segment")
+        .count()
+        .agg(F.sum("count").alias("rows"), F.count("segment").alias("segments"))
+        .collect()[0]
+    )
+    assert per_segment.rows == N
+    assert per_segment.segments == len({segment_of(k.encode(), 256) for k in written})
+
+
+def test_key_filters_are_pushed_down_as_lookups(spark: Any, grid3: SparkGrid, written: dict[str, str]) -> None:
+    from pyspark.sql import functions as F
+
+    df = reader(spark, grid3, valueType="string")
+    one = df.where(F.col("key") == "row:42").collect()
+    assert [(r.key, r.value) for r in one] == [("row:42", written["row:42"])]
+    assert one[0].version is None, "a pushed-down key lookup returns values only: the lookup path did not run"
+    assert one[0].segment == segment_of(b"row:42", 256)
+
+    keys = ["row:1", "row:2", "row:2999", "absent:7"]
+    some = df.where(F.col("key").isin(keys)).collect()
+    assert sorted((r.key, r.value) for r in some) == sorted((k, written[k]) for k in keys if k in written)
+
+    # Conjunction of two pushed filters, plus a filter Spark keeps for itself.
+    both = df.where(F.col("key").isin(["row:5", "row:6"]) & (F.col("key") == "row:6") & F.col("value").endswith("36"))
+    assert [r.key for r in both.collect()] == ["row:6"]
+    assert df.where((F.col("key") == "row:5") & (F.col("key") == "row:6")).count() == 0
+
+
+def test_bad_options_fail_with_the_option_named(spark: Any, grid3: SparkGrid) -> None:
+    """Through Spark, the messages reach the user (the full set of option errors: test_spark_plan.py)."""
+    one = spark.range(1)
+    with pytest.raises(Exception, match="option members is required"):
+        spark.read.format("groupcluster").load().collect()
+    with pytest.raises(Exception, match=r"supports mode\('append'\) only"):
+        one.selectExpr("'k' as key", "'v' as value").write.format("groupcluster").option(
+            "members", grid3.endpoints()
+        ).mode("overwrite").save()
+    with pytest.raises(Exception, match="column 'value' is int"):
+        one.selectExpr("'k' as key", "1 as value").write.format("groupcluster").option(
+            "members", grid3.endpoints()
+        ).mode("append").save()
+
+
+def test_null_values_fail_or_delete(spark: Any, grid3: SparkGrid) -> None:
+    df = spark.createDataFrame([("nv:1", "a"), ("nv:2", None)], "key string, value string")
+    ep = grid3.endpoints()
+    with pytest.raises(Exception, match="key 'nv:2' has a null value"):
+        df.write.format("groupcluster").option("members", ep).mode("append").save()
+    spark.createDataFrame([("nv:2", "b")], "key string, value string").write.format("groupcluster").option(
+        "members", ep
+    ).mode("append").save()
+    df.write.format("groupcluster").option("members", ep).option("nullValue", "delete").mode("append").save()
+    with GridClient([grid3.urls["m1"]]) as c:
+        assert c.get_many([b"nv:1", b"nv:2"]) == {b"nv:1": b"a", b"nv:2": None}
+
+
+def test_write_the_grid_refuses_fails_the_job(spark: Any, grid3: SparkGrid) -> None:
+    """A value over the grid's 4 MiB limit: the job fails naming the key and the limit; nothing is swallowed."""
+    big = "x" * (4 * 1024 * 1024 + 1)
+    df = spark.createDataFrame([("big:1", big)], "key string, value string")
+    with pytest.raises(Exception, match=r"groupcluster write failed in Spark partition \d+.*exceed the limit"):
+        df.write.format("groupcluster").option("members", grid3.endpoints()).mode("append").save()
+
+
+def test_segment_scan_follows_the_segment_to_an_owner(grid3: SparkGrid, written: dict[str, str]) -> None:
+    """Asked of a member that does not read the segment (409 with the owners), the scan moves to an owner and
+    carries its cursor on: small pages, every key of the segment once."""
+    from groupcluster.spark.gridio import GridIO
+    from groupcluster.spark.options import parse_options
+
+    io = GridIO(parse_options({"members": grid3.endpoints(["m0"]), "pageSize": "3"}))
+    try:
+        seg = segment_of(b"row:7", io.refresh().num_segments)
+        # Three members, two owners per segment: exactly one member does not hold it.
+        stranger = next(u for u in (grid3.urls[n] for n in ("m0", "m1", "m2")) if _owns_nothing_of(u, seg))
+        entries = io.read_segment(seg, prefer=stranger)
+    finally:
+        io.close()
+    keys = [k for k, _, _ in entries]
+    assert io.stats["moved"] >= 1, io.stats
+    assert keys == sorted(set(keys)), "keys twice or out of order"
+    expected = sorted(k.encode() for k in written if segment_of(k.encode(), 256) == seg)
+    assert [k for k in keys if k.startswith(b"row:")] == expected
+    assert io.stats["pages"] > 1
+
+
+def _owns_nothing_of(url: str, seg: int) -> bool:
+    """True if the member at ``url`` does not read ``seg`` (it answers 409 for a scan of it)."""
+    from .gridprocs import http
+
+    return http("GET", f"{url}/v1/segments/{seg}?limit=1")[0] == 409
+
+
+def test_stream_restarted_from_its_checkpoint(spark: Any, grid3: SparkGrid, tmp_path: Any) -> None:
+    """Two runs of one streaming query (trigger availableNow) with writes before each: each change arrives
+    once, the second run starts where the checkpoint says, and per segment the versions only grow."""
+    checkpoint = str(tmp_path / "checkpoint")
+    seen: list[tuple[int, str, str, int, int]] = []  # batch id, key, value, segment, version
+
+    def collect(batch: Any, batch_id: int) -> None:
+        for r in batch.collect():
+            seen.append((batch_id, r.key, r.value, r.segment, r.version))
+
+    def run() -> None:
+        stream = (
+            spark.readStream.format("groupcluster")
+            .option("members", grid3.endpoints(["m1", "m2"]))
+            .option("valueType", "string")
+            .load()
+            .where("key like 'st:%'")
+        )
+        q = stream.writeStream.foreachBatch(collect).option("checkpointLocation", checkpoint)
+        query = q.trigger(availableNow=True).start()
+        assert query.awaitTermination(180), "the availableNow run did not finish"
+        assert query.exception() is None, query.exception()
+
+    with GridClient([grid3.urls["m0"]]) as c:
+        c.put_many({f"st:a{i}".encode(): b"1" for i in range(200)})
+    run()
+    first = list(seen)
+    with GridClient([grid3.urls["m0"]]) as c:
+        c.put_many({f"st:b{i}".encode(): b"2" for i in range(200)})
+        c.put_many({f"st:a{i}".encode(): b"3" for i in range(50)})
+    run()
+    run()  # nothing new: a third run from the checkpoint delivers nothing
+    second = seen[len(first) :]
+
+    assert sorted((k, v) for _, k, v, _, _ in first) == sorted((f"st:a{i}", "1") for i in range(200))
+    expected_second = [(f"st:b{i}", "2") for i in range(200)] + [(f"st:a{i}", "3") for i in range(50)]
+    assert sorted((k, v) for _, k, v, _, _ in second) == sorted(expected_second)
+    pairs = Counter((k, ver) for _, k, _, _, ver in seen)
+    assert all(c == 1 for c in pairs.values()), "a change was delivered twice"
+    assert {b for b, *_ in first}.isdisjoint({b for b, *_ in second}), "the restart re-ran a finished batch"
+    top_first: dict[int, int] = {}
+    for _, _, _, seg, ver in first:
+        top_first[seg] = max(top_first.get(seg, 0), ver)
+    for _, key, _, seg, ver in second:
+        assert ver > top_first.get(seg, 0), f"{key}: version {ver} not after segment {seg}'s offset"
+
+
+def test_read_while_a_member_joins_returns_every_row_once(spark: Any, grid3: SparkGrid) -> None:
+    """A fourth member joins and segments move to it while reads run.
+
+    Deterministic part: a scan of every segment is stopped after its first page, the member joins and the
+    grid settles, then the scans go on from their cursors. Segments whose old owner dropped them must be
+    followed to their new owner (409 -> owners), and every key must still come exactly once. End-to-end
+    part: Spark reads run in a loop during the rebalance; each must return every row exactly once.
+    """
+    from groupcluster.spark.gridio import GridIO
+    from groupcluster.spark.options import parse_options
+
+    keys = {f"join:{i}".encode(): f"j{i}".encode() for i in range(20_000)}
+    with GridClient([grid3.urls["m0"]]) as c:
+        c.put_many(keys)
+    names = ["m0", "m1", "m2"]
+    io = GridIO(parse_options({"members": grid3.endpoints(names), "pageSize": "40"}))
+    n = io.refresh().num_segments
+    scans = {seg: io.scan_segment(seg) for seg in range(n)}
+    scanned: list[bytes] = []
+    for gen in scans.values():
+        scanned += [k for k, _, _ in next(gen, [])]
+
+    results: list[bool] = []  # per Spark read: did it overlap a topology change
+    problems: list[str] = []
+    grid3.start(3)
+    everyone = [*names, "m3"]
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        before = grid3.topology_ids(everyone)
+        # Small pages: more requests per segment, so more of them straddle a topology change.
+        rows = reader(spark, grid3, pageSize="200").where("key like 'join:%'").select("key", "value").collect()
+        after = grid3.topology_ids(everyone)
+        counts = Counter(r.key for r in rows)
+        dups = sum(c - 1 for c in counts.values())
+        wrong = [r.key for r in rows if keys.get(r.key.encode()) != r.value]
+        missing = len(keys) - len(counts)
+        if dups or wrong or missing:
+            problems.append(f"{len(rows)} rows: {dups} duplicates, {missing} missing, {len(wrong)} wrong values")
+        results.append(before != after or len(after) > 1)
+        if grid3.settled(everyone) and any(results):
+            break
+    assert not problems, problems
+    assert any(results), f"no Spark read overlapped the rebalance ({len(results)} reads)"
+    grid3.wait_settled(everyone, timeout=60)
+
+    for gen in scans.values():
+        for page in gen:
+            scanned += [k for k, _, _ in page]
+    io.close()
+    assert io.stats["moved"] > 0, f"no scan had to follow its segment: {io.stats}"
+    ours = Counter(k for k in scanned if k.startswith(b"join:"))
+    assert set(ours) == set(keys), f"{len(set(keys) - set(ours))} keys missing"
+    assert max(ours.values()) == 1, "a key came twice"
+    # The settled grid of four still reads complete.
+    assert reader(spark, grid3).where("key like 'join:%'").count() == len(keys)
+
+
+def test_spark_write_during_a_join_loses_nothing(spark: Any, grid3: SparkGrid) -> None:
+    """Writes retried on topology changes: a Spark write while a member leaves and the grid rebalances."""
+    from pyspark.sql import functions as F
+
+    names = [n for n in ("m0", "m1", "m2", "m3") if n in grid3.procs and grid3.procs[n].alive()]
+    assert len(names) == 4, "runs after the join test"
+    leaver = grid3.urls["m3"]
+    done = threading.Event()
+
+    def leave_soon() -> None:
+        time.sleep(1.0)
+        from .gridprocs import http
+
+        http("POST", leaver + "/v1/leave")
+        done.set()
+
+    t = threading.Thread(target=leave_soon)
+    t.start()
+    df = spark.range(30_000).select(
+        F.format_string("w:%d", "id").alias("key"), F.col("id").cast("string").alias("value")
+    )
+    df.write.format("groupcluster").option("members", grid3.endpoints(["m0", "m1"])).mode("append").save()
+    t.join()
+    grid3.procs["m3"].wait(timeout=120)
+    grid3.wait_settled(["m0", "m1", "m2"], timeout=60)
+    with GridClient([grid3.urls["m0"]]) as c:
+        got = c.get_many([f"w:{i}".encode() for i in range(30_000)])
+    missing = [k for k, v in got.items() if v is None]
+    assert not missing, f"{len(missing)} rows missing, e.g. {missing[:5]}"
+    assert all(v == k[2:] for k, v in got.items())
+
+
+def test_write_the_degraded_grid_refuses_fails_the_job(spark: Any, grid3: SparkGrid) -> None:
+    """Two of three members killed: the survivor is a degraded partition that refuses writes (503, segment
+    unavailable). The Spark job must fail with that reason after its bounded retries, not report success."""
+    grid3.procs["m1"].kill()
+    grid3.procs["m2"].kill()
+    deadline = time.monotonic() + 60
+    while True:
+        st = grid3.status("m0")
+        if st and st["grid"] and st["grid"]["availability"] != "AVAILABLE":
+            break
+        assert time.monotonic() < deadline, f"m0 never became degraded: {st and st['grid']}"
+        time.sleep(0.2)
+    df = spark.createDataFrame([(f"deg:{i}", "v") for i in range(50)], "key string, value string")
+    with pytest.raises(Exception, match=r"groupcluster write failed in Spark partition \d+.*unavailable for writes"):
+        df.write.format("groupcluster").option("members", grid3.endpoints(["m0"])).option("retries", "2").option(
+            "timeout", "10"
+        ).mode("append").save()
