@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "member": ("groupcluster.runtime.member_cli", "run one member process"),
     "demo": ("groupcluster.runtime.demo", "run a local grid that scales 3 -> 5 -> 2 under writes and loses nothing"),
     "local": ("groupcluster.runtime.local", "start, scale, inspect and stop a local cluster of grid members"),
+    "chaos": ("groupcluster.runtime.chaos", "kill, pause and replace real members under load; check the history"),
     "sim": ("groupcluster.sim.cli", "deterministic simulation with fault injection and property checks"),
     "check": ("groupcluster.sim.check_cli", "run the property checkers over recorded history files"),
     "bench": ("groupcluster.bench.cli", "benchmarks: our stack side by side with JGroups, PySyncObj and raw TCP"),

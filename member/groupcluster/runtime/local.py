@@ -260,6 +260,9 @@ class LocalCluster:
         self.next_number = 1
         self.members: list[MemberRecord] = []
         self._popen: dict[str, subprocess.Popen[bytes]] = {}  # the members this process started
+        # Members started by this object record their history (``--record``) to ``mN.history.jsonl``
+        # (``groupcluster chaos`` feeds their views to the checkers); not kept in cluster.json.
+        self.record = False
 
     # -- state -----------------------------------------------------------------------------------------------
     @property
@@ -370,6 +373,8 @@ class LocalCluster:
         ]
         for p in self.grid_params:
             argv += ["--grid-set", p]
+        if self.record:
+            argv += ["--record", str(self.history_path(name))]
         with open(log, "wb") as out:
             # A session of its own: the member outlives this command and a Ctrl-C in its terminal.
             proc = subprocess.Popen(
@@ -381,6 +386,20 @@ class LocalCluster:
         )
         self.members.append(rec)
         return rec
+
+    def spawn(self) -> MemberRecord:
+        """Start one more member (it joins the running cluster) and record it in ``cluster.json``."""
+        rec = self._spawn()
+        self.save()
+        return rec
+
+    def history_path(self, name: str) -> Path:
+        """Where member ``name`` records its history when :attr:`record` is set."""
+        return self.dir / f"{name}.history.jsonl"
+
+    def popen(self, name: str) -> subprocess.Popen[bytes] | None:
+        """The process of member ``name`` if this object started it."""
+        return self._popen.get(name)
 
     def log_tail(self, m: MemberRecord, lines: int = 8) -> str:
         try:

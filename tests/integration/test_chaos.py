@@ -1,0 +1,170 @@
+"""``groupcluster chaos``: a one-minute run of real members under SIGKILL, SIGSTOP and leave faults is clean,
+and the checking side really catches a lost write or diverged replicas in that run's own history.
+
+The run is driven through the command line as a user would; its history is kept (``--dir``) so the second
+half can doctor it and show that the same checks then fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from groupcluster.runtime.chaos import HISTORY_FILE, KINDS, FaultSchedule, check_history
+from groupcluster.runtime.local import pid_alive
+from groupcluster.sim.history import History, HistoryEvent
+
+SUMMARY = re.compile(r"^chaos: (\d+) ops, (\d+) violations, (\d+) lost$")
+
+
+def chaos(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "groupcluster.cli", "chaos", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@dataclass
+class Run:
+    proc: subprocess.CompletedProcess[str]
+    report: dict[str, Any]
+    summary: str
+    directory: Path
+
+
+@pytest.fixture(scope="module")
+def one_minute(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    d = tmp_path_factory.mktemp("chaos") / "run"
+    try:
+        proc = chaos("--minutes", "1", "--seed", "1", "--json", "--dir", str(d))
+        lines = proc.stdout.strip().splitlines()
+        assert len(lines) >= 2, f"no report (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        yield Run(proc, json.loads(lines[-2]), lines[-1], d)
+    finally:
+        # A run that timed out leaves members (in their own sessions) behind: kill ours, never a reused pid.
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            for m in json.loads((d / "cluster.json").read_text())["members"]:
+                if pid_alive(m["pid"], m["bind"]):
+                    os.kill(m["pid"], signal.SIGKILL)
+
+
+def test_one_minute_run_is_clean_and_has_every_fault_kind(one_minute: Run) -> None:
+    run = one_minute
+    detail = f"{run.proc.stdout[-3000:]}\n{run.proc.stderr[-3000:]}"
+    m = SUMMARY.match(run.summary)
+    assert m, f"last line is not the summary: {run.summary!r}\n{detail}"
+    ops, violations, lost = (int(g) for g in m.groups())
+    assert (violations, lost) == (0, 0), detail
+    assert run.proc.returncode == 0, detail
+    assert ops == run.report["ops"] and ops > 500, run.report
+    kinds = run.report["fault_kinds"]
+    assert {k: kinds.get(k, 0) > 0 for k in ("kill", "pause", "leave")} == dict.fromkeys(
+        ("kill", "pause", "leave"), True
+    )
+    assert all(f["recovered_after"] is not None for f in run.report["faults"]), run.report["faults"]
+    assert run.report["keys_checked"] > 0
+    assert run.report["violations"] == {"grid-fresh-reads": 0, "grid-lost-write": 0, "grid-replicas-equal": 0}
+    # The same seed draws the same schedule: the first three faults are the three kinds in a seeded order.
+    assert len({f["kind"] for f in run.report["faults"][:3]}) == 3
+
+
+def replay_schedule(seed: int, members: int, faults: int) -> list[tuple[str, str, str | None]]:
+    """The (kind, victim, replacement) a seed draws for a run's first ``faults`` faults, without a cluster."""
+    schedule = FaultSchedule(seed)
+    names = [f"m{i}" for i in range(1, members + 1)]
+    nxt = members + 1
+    out: list[tuple[str, str, str | None]] = []
+    for number in range(1, faults + 1):
+        schedule.gap()
+        kind, victim, _ = schedule.draw(number, names)
+        replacement = None
+        if kind != "pause":
+            replacement = f"m{nxt}"
+            nxt += 1
+            names = [n for n in names if n != victim] + [replacement]
+        out.append((kind, victim, replacement))
+    return out
+
+
+def test_the_run_followed_its_seeds_schedule(one_minute: Run) -> None:
+    faults = one_minute.report["faults"]
+    ran = [(f["kind"], f["member"], f["replacement"]) for f in faults]
+    assert ran == replay_schedule(1, one_minute.report["members"], len(faults))
+
+
+def test_same_seed_same_schedule_other_seed_another() -> None:
+    a, b = replay_schedule(7, 4, 12), replay_schedule(7, 4, 12)
+    assert a == b
+    assert a != replay_schedule(8, 4, 12)
+    assert sorted(k for k, _, _ in a[:3]) == sorted(KINDS)
+
+
+def _events(run: Run) -> list[HistoryEvent]:
+    return History.read(run.directory / HISTORY_FILE).events
+
+
+def test_checks_catch_a_lost_write_in_the_real_history(one_minute: Run) -> None:
+    events = _events(one_minute)
+    assert check_history(History(events))[0]["grid-lost-write"] == 0
+    # The last acknowledged put of each key; doctor the read-back of one whose value should still be there.
+    starts = {e.data["id"]: e for e in events if e.kind == "grid_start"}
+    last_put: dict[str, str] = {}
+    for e in events:
+        if e.kind == "grid_end" and e.data["ok"] and starts[e.data["id"]].member == "writer":
+            s = starts[e.data["id"]]
+            last_put[s.data["key"]] = s.data["op"]
+    final = next(
+        e
+        for e in events
+        if e.kind == "grid_end" and starts[e.data["id"]].member == "final" and e.data["ok"] and e.data["value"]
+    )
+    key = starts[final.data["id"]].data["key"]
+    doctored = [HistoryEvent(e.t, e.member, e.kind, {**e.data, "value": None}) if e is final else e for e in events]
+    violations, samples, lost = check_history(History(doctored))
+    assert violations["grid-lost-write"] == 1, samples
+    assert lost == {key}
+
+
+def test_checks_catch_diverged_replicas_in_the_real_history(one_minute: Run) -> None:
+    events = _events(one_minute)
+    stores = [e for e in events if e.kind == "grid_store"]
+    assert len(stores) == one_minute.report["members"]
+    # Change one entry in one owner's copy of a segment that holds data.
+    victim = next(e for e in stores if any(e.data["data"].values()))
+    seg, entries = next((s, d) for s, d in victim.data["data"].items() if d)
+    k = sorted(entries)[0]
+    data = {**victim.data["data"], seg: {**entries, k: entries[k] + "-diverged"}}
+    doctored = [HistoryEvent(e.t, e.member, e.kind, {**e.data, "data": data}) if e is victim else e for e in events]
+    violations, samples, _ = check_history(History(doctored))
+    assert violations["grid-replicas-equal"] >= 1, samples
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--minutes", "0", "--seed", "1"], "--minutes: expected minutes between 0 and 1440"),
+        (["--minutes", "x", "--seed", "1"], "--minutes: expected minutes between 0 and 1440"),
+        (["--minutes", "1", "--seed", "-3"], "--seed: expected a seed"),
+        (["--minutes", "1", "--seed", "1", "--members", "2"], "--members: expected 3 to 16 members"),
+        (["--minutes", "1"], "the following arguments are required: --seed"),
+    ],
+)
+def test_bad_arguments_are_named(args: list[str], message: str) -> None:
+    proc = chaos(*args, timeout=60)
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr
+
+
+def test_a_dir_holding_a_cluster_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text("{}")
+    proc = chaos("--minutes", "1", "--seed", "1", "--dir", str(tmp_path), timeout=60)
+    assert proc.returncode == 2
+    assert "already holds a cluster" in proc.stderr
