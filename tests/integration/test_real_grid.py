@@ -22,8 +22,10 @@ import asyncio
 import base64
 import json
 import threading
+import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -484,10 +486,13 @@ def test_batch_json_round_trip_and_segment_pages(one_member: str) -> None:
     ops = [["put", b64(b"j1"), b64(b"\x00one")], ["put", b64(b"j2"), b64(b"")], ["get", b64(b"j1")]]
     code, body = http_json_h("POST", one_member + "/v1/batch", json.dumps({"ops": ops}).encode(), JS)
     assert code == 200, body
+    # A get carries the version of its value (this member owns every segment).
+    assert type(body["results"][2].pop("version")) is int
     assert body["results"] == [{"status": 200}, {"status": 200}, {"status": 200, "value": b64(b"\x00one")}]
     assert body["topology_id"] >= 1
     ops = [["get", b64(b"j2")], ["delete", b64(b"j1")], ["get", b64(b"j1")], ["get", b64(b"never")]]
     code, body = http_json_h("POST", one_member + "/v1/batch", json.dumps({"ops": ops}).encode(), JS)
+    assert type(body["results"][0].pop("version")) is int
     assert body["results"] == [{"status": 200, "value": ""}, {"status": 200}, {"status": 404}, {"status": 404}]
 
     # msgpack answers in msgpack, with raw bytes.
@@ -495,7 +500,9 @@ def test_batch_json_round_trip_and_segment_pages(one_member: str) -> None:
         "POST", one_member + "/v1/batch", _mp({"ops": [["get", b"j2"], ["put", b"m\xff", b"\xfe"]]}), headers=MP
     )
     assert code == 200
-    assert msgpack.unpackb(raw)["results"] == [{"status": 200, "value": b""}, {"status": 200}]
+    results = msgpack.unpackb(raw)["results"]
+    assert type(results[0].pop("version")) is int
+    assert results == [{"status": 200, "value": b""}, {"status": 200}]
 
     # Pages of one segment: every key once, in key order, the cursor from one page opening the next.
     with GridClient([one_member]) as c:
@@ -557,3 +564,199 @@ def test_client_batches_round_trip(one_member: str) -> None:
 def http_json_h(method: str, url: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, Any]:
     code, data = http(method, url, body, headers=headers)
     return code, json.loads(data)
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/v1/changes/x", 400, "expected a segment number"),
+        ("/v1/changes/256", 400, "outside [0, 255]"),
+        ("/v1/changes/0?after=-1", 400, "after: expected a version"),
+        ("/v1/changes/0?after=abc", 400, "after: expected a version"),
+        ("/v1/changes/0?limit=0", 400, "limit: expected 1 to 10000"),
+        ("/v1/changes/0?since=3", 400, "unknown query parameter(s) since"),
+    ],
+)
+def test_bad_change_feed_requests_get_clear_json_errors(one_member: str, path: str, status: int, message: str) -> None:
+    code, data = http("GET", one_member + path)
+    assert code == status, data
+    assert message in json.loads(data)["error"]
+
+
+def _same_segment_keys(prefix: str, n: int, num_segments: int) -> tuple[int, list[bytes]]:
+    from groupcluster.grid.consistent_hash import segment_of
+
+    first = f"{prefix}-0".encode()
+    seg = segment_of(first, num_segments)
+    keys = [first]
+    i = 1
+    while len(keys) < n:
+        k = f"{prefix}-{i}".encode()
+        if segment_of(k, num_segments) == seg:
+            keys.append(k)
+        i += 1
+    return seg, keys
+
+
+def test_change_feed_gives_every_put_overwrite_and_delete_in_version_order(one_member: str) -> None:
+    with GridClient([one_member]) as c:
+        seg, (a, b) = _same_segment_keys("feed", 2, c.status()["routing"]["num_segments"])
+        # Where the feed stands now (other tests share this member and may have written to the segment).
+        after = 0
+        while True:
+            page = c.changes(seg, after)
+            assert page["covered"], page
+            after = page["upto"]
+            if not page["more"]:
+                break
+        c.put(a, b"1")
+        c.put(a, b"2")
+        c.delete(a)
+        c.put(b, b"x")
+        c.put(a, b"3")
+        got: list[list[Any]] = []
+        cursor = after
+
+        def caught_up() -> bool:
+            nonlocal cursor
+            page = c.changes(seg, cursor, limit=2)  # small pages: the cursor carries over between them
+            assert page["covered"] and page["upto"] >= cursor
+            got.extend(page["entries"])
+            cursor = page["upto"]
+            return len(got) >= 5
+
+        deadline = time.monotonic() + 20
+        while not caught_up():
+            assert time.monotonic() < deadline, f"the feed showed only {got} after 20 s"
+            time.sleep(0.05)
+        assert [(k, v) for _, k, v in got] == [(a, b"1"), (a, b"2"), (a, None), (b, b"x"), (a, b"3")]
+        versions = [ver for ver, _, _ in got]
+        assert versions == sorted(versions) and len(set(versions)) == 5 and versions[0] > after
+        # Nothing more, and the same range read again gives the same entries (a restarted reader).
+        assert c.changes(seg, cursor)["entries"] == []
+        again = c.changes(seg, after)["entries"]
+        assert [tuple(e) for e in again] == [tuple(e) for e in got]
+
+        # Batch gets and scans carry the version the feed shows for the value.
+        assert c.get_many_versions([a, b, b"feed-absent"]) == {
+            a: (b"3", versions[4]),
+            b: (b"x", versions[3]),
+            b"feed-absent": (None, None),
+        }
+        scanned = {k: ver for k, _, ver in c.scan_segment_versions(seg)}
+        assert scanned[a] == versions[4] and scanned[b] == versions[3]
+
+    # JSON: keys and values in base64, a delete as null.
+    code, body = http_json("GET", one_member + f"/v1/changes/{seg}?after={after}")
+    assert code == 200 and body["covered"] is True and body["segment"] == seg
+    b64 = [base64.b64encode(b"1").decode(), base64.b64encode(b"2").decode(), None]
+    assert [e[2] for e in body["entries"]][:3] == b64
+    assert body["entries"][0][1] == base64.b64encode(a).decode()
+
+
+def test_change_feed_across_a_join_misses_no_write_and_repeats_none(members: Members) -> None:
+    """A writer overwrites and deletes keys one operation at a time while a second member joins (segments
+    move, primaries change, writes are re-driven with their old versions); a follower reads the change feed
+    of the keys' segments meanwhile, from each of a segment's read owners in turn (one cursor: versions are
+    comparable across owners and primaries). Per key, what the feed gave after the last point where a log
+    did not reach back to the cursor (a new owner's floor) must be exactly the tail of the writer's
+    acknowledged operations: none missing (a re-driven write overtaken by the cursor would be), none twice,
+    in order."""
+    from groupcluster.grid.consistent_hash import segment_of
+
+    grid = Grid(members, 2)
+    grid.start(0)
+    wait_until("a one-member grid", lambda: grid.settled(["m0"]), 60, members)
+    keys = [f"fj-{i}".encode() for i in range(60)]
+    client = GridClient([grid.urls["m0"]], timeout=60.0, retries=40)
+    n_seg = client.status()["routing"]["num_segments"]
+    segments = sorted({segment_of(k, n_seg) for k in keys})
+    acked: dict[bytes, list[bytes | None]] = {k: [] for k in keys}
+    stop = threading.Event()
+    failures: list[str] = []
+
+    def write() -> None:
+        i = 0
+        while not stop.is_set():
+            k = keys[i % len(keys)]
+            try:
+                if i % 7 == 3:
+                    client.delete(k)
+                    acked[k].append(None)
+                else:
+                    v = f"v{i}".encode()
+                    client.put(k, v)
+                    acked[k].append(v)
+            except Exception as exc:  # any failure is a test failure; the writer's retries cover topology changes
+                failures.append(f"{k!r}: {exc}")
+            i += 1
+
+    cursor = dict.fromkeys(segments, 0)
+    fed: dict[bytes, list[tuple[int, bytes | None]]] = {k: [] for k in keys}
+    restarts: dict[int, int] = {}  # segment -> the floor the follower last jumped to
+    served: Counter[str] = Counter()
+    rounds = iter(range(1_000_000))
+
+    def follow_once() -> None:
+        turn = next(rounds)
+        st = grid.status("m0") or grid.status("m1")
+        assert st is not None
+        routing = st["routing"]
+        for seg in segments:
+            urls = [routing["members"][i] for i in routing["owners"][seg] if routing["members"][i]]
+            if not urls:
+                continue
+            url = urls[turn % len(urls)]
+            path = f"/v1/changes/{seg}?after={cursor[seg]}"
+            code, raw = http("GET", url + path, headers={"Accept": "application/msgpack"})
+            if code in (409, 503):
+                continue  # routing moved on between our status read and this request; next round
+            assert code == 200, raw
+            page = msgpack.unpackb(raw)
+            served[url] += 1
+            if not page["covered"]:
+                # A log that begins after our cursor (a new owner): history before its floor is not in it.
+                restarts[seg] = page["floor"]
+                for k in keys:
+                    if segment_of(k, n_seg) == seg:
+                        fed[k] = []
+                cursor[seg] = page["floor"]
+                continue
+            for ver, k, v in page["entries"]:
+                if k in fed:
+                    fed[k].append((ver, v))
+            assert page["upto"] >= cursor[seg]
+            cursor[seg] = page["upto"]
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    try:
+        for _ in range(5):
+            follow_once()
+        grid.start(1)
+        deadline = time.monotonic() + 90
+        while not grid.settled(["m0", "m1"]):
+            assert time.monotonic() < deadline, f"no settled 2-member grid\n{members.describe()}"
+            follow_once()
+        for _ in range(5):
+            follow_once()
+    finally:
+        stop.set()
+        thread.join(30)
+    for _ in range(4):
+        follow_once()
+        time.sleep(0.3)
+
+    assert not failures, failures[:5]
+    assert len(served) == 2 and min(served.values()) > len(segments), f"not read from both owners: {served}"
+    for k in keys:
+        versions = [ver for ver, _ in fed[k]]
+        assert versions == sorted(set(versions)), f"{k!r}: feed out of order or repeated: {versions}"
+        values = [v for _, v in fed[k]]
+        ops = acked[k]
+        assert values, f"{k!r}: nothing in the feed after its segment's last restart"
+        assert ops[len(ops) - len(values) :] == values, (
+            f"{k!r}: the feed is not the tail of the acknowledged writes (a write missed or repeated):\n"
+            f"feed {values[-8:]}\nacked {ops[-8:]}"
+        )
+    client.close()

@@ -126,3 +126,42 @@ def test_replicas_equal_and_non_owners_hold_nothing() -> None:
     out = check_grid_replicas(bad)
     assert any("segment 0" in v.detail and "k: 'v' vs 'w'" in v.detail for v in out)
     assert any(v.member == "a" and "segment 1, not an owner" in v.detail for v in out)
+
+
+def test_read_through_a_grid_that_never_met_the_writers_grid() -> None:
+    # Seeds 68 and 126: b formed a grid of its own and read absent a key a's grid had acknowledged. Until b's
+    # grid meets a's (a view with both), a's writes are ones that may have happened for b's reads.
+    views = [
+        ev(0.5, "a", "view", view_id=[1, "a"], members=["a"], merge=False),
+        ev(2.5, "b", "view", view_id=[1, "b"], members=["b"], merge=False),
+        ev(6.0, "a", "view", view_id=[2, "a"], members=["a", "b"], merge=True),
+        ev(6.0, "b", "view", view_id=[2, "a"], members=["a", "b"], merge=True),
+        ev(6.5, "-", "grid_converged"),
+    ]
+    write = op(1.0, 1.1, "1", "put", "k", "va", member="a")
+    apart = op(3.0, 3.1, "2", "get", "k", None, read=None, member="b")
+    assert check_grid_fresh_reads(hist(views[:4], write, apart)) == []
+    # Once b's view contains a, a read through b that misses "va" is stale again.
+    after = op(7.0, 7.1, "3", "get", "k", None, read=None, member="b")
+    out = check_grid_fresh_reads(hist(views[:4], write, after))
+    assert len(out) == 1 and "read #3" in out[0].detail
+    # The same read through a member of a's own grid was never excused.
+    same = op(3.0, 3.1, "4", "get", "k", None, read=None, member="a")
+    assert len(check_grid_fresh_reads(hist(views[:4], write, same))) == 1
+
+
+def test_allow_read_writes_read_overlapping_a_split_may_be_absent() -> None:
+    # Seeds 50 and 81: in allow_read_writes a side without any owner of a segment starts it empty.
+    views = [
+        ev(0.5, "a", "view", view_id=[1, "a"], members=["a", "b"], merge=False),
+        ev(0.5, "b", "view", view_id=[1, "a"], members=["a", "b"], merge=False),
+        ev(4.0, "b", "view", view_id=[2, "b"], members=["b"], merge=False),
+        ev(4.1, "a", "view", view_id=[2, "a"], members=["a"], merge=False),
+    ]
+    write = op(1.0, 1.1, "1", "put", "k", "va", member="a")
+    read = op(4.5, 4.6, "2", "get", "k", None, read=None, member="b")
+    assert check_grid_fresh_reads(hist(views, write, read, mode="allow_read_writes")) == []
+    assert len(check_grid_fresh_reads(hist(views, write, read, mode="deny_read_writes"))) == 1
+    # Outside a split the rule does not apply.
+    early = op(2.0, 2.1, "3", "get", "k", None, read=None, member="b")
+    assert len(check_grid_fresh_reads(hist(views, write, early, mode="allow_read_writes"))) == 1

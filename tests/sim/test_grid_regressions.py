@@ -1,7 +1,9 @@
 """Grid seeds that once broke a property replay here (``groupcluster sim --stack grid --seeds 1 --start S``).
 
-Each entry names what the seed found; the fix is in grid/node.py or grid/store.py (and a unit test in
-tests/unit/test_grid_node.py or test_grid_store.py where the case can be built by hand).
+Each entry names what the seed found; the fix is in grid/node.py, grid/topology.py or grid/store.py (and a unit
+test in tests/unit/test_grid_node.py or test_grid_store.py where the case can be built by hand), or in the
+checkers (sim/grid_checkers.py, with a test in tests/sim/test_grid_checkers.py) when the run was right and the
+judgement wrong.
 """
 
 from __future__ import annotations
@@ -24,6 +26,38 @@ MERGE_READ = (
     "a read right after a merge, before the merged-in member's push arrived, was judged stale: the checker "
     "now treats writes as concurrent until every merging member's push is acknowledged (grid_merge events)"
 )
+MERGE_HOLD = (
+    "a member that had formed a grid of its own served a read from it after the merge view, before the merged "
+    "group's first topology reached it, missing a write the other grid acknowledged seconds earlier (now: reads "
+    "wait for the merged group's topology after a merge view)"
+)
+MERGE_HOLD_WRITE = (
+    "a member acknowledged a delete in the gap between the merge view and the merged group's first topology, "
+    "stamped with its old partition's version; the other side's older value won the merge (now: writes are held "
+    "in that gap too, and stamped under the merged topology)"
+)
+SEPARATE_GRIDS = (
+    "a read through a member whose grid had never been in one view with the writer's grid was judged stale: the "
+    "checker now treats writes acknowledged through a grid the reader has not met as writes that may have happened"
+)
+ARW_EMPTY_SIDE = (
+    "allow_read_writes: a side left without any owner of a segment starts it empty, so a read overlapping the "
+    "split returned absent; the checker now allows absent for reads overlapping a split in that mode"
+)
+DEGRADED_WRITE_KEPT = (
+    "a write applied by the primary whose backup was cut off by a degraded topology was dropped (error to the "
+    "client), leaving the replicas different for good after force_available (now: kept and re-driven)"
+)
+DEGRADED_NO_DROP = (
+    "members cut off into partitions of their own dropped their copies on installing degraded topologies that "
+    "did not name them owners; the merged group adopted a topology naming them owners and acknowledged writes "
+    "were lost (now: copies are dropped only on available topologies)"
+)
+NO_TAKER_DEGRADED = (
+    "found while making a member that nobody can take over from ready to leave at once: a degraded topology's "
+    "CH does not list every member that could take segments, so members left with data (now: only on an "
+    "available, balanced topology)"
+)
 
 # (seed, scenario, what the seed found)
 REGRESSIONS: list[tuple[int, Scenario, str]] = [
@@ -34,6 +68,16 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (54, GRID, MERGE_READ),
     (11, GRID, MERGE_READ),
     (47, GRID, MERGE_READ),
+    (20, GRID, MERGE_HOLD),
+    (70, GRID, MERGE_HOLD),
+    (68, GRID, SEPARATE_GRIDS),
+    (126, GRID, SEPARATE_GRIDS),
+    (50, GRID, ARW_EMPTY_SIDE),
+    (81, GRID, ARW_EMPTY_SIDE),
+    (24, GRID, DEGRADED_WRITE_KEPT),
+    (15, GRID, DEGRADED_NO_DROP),
+    (41, GRID, NO_TAKER_DEGRADED),
+    (607, GRID, MERGE_HOLD_WRITE),
 ]
 
 

@@ -13,18 +13,20 @@ from groupcluster.sim.grid import grid_scenario
 from groupcluster.sim.runner import default_jobs, run_many
 from groupcluster.sim.scenario import SeedResult, check_determinism
 
-STALE_AFTER_CHURN = "grid-fresh-reads: a read returns absent for a key acknowledged earlier (under investigation)"
-# (seed -> what still breaks) with grid_scenario() defaults
+# (seed -> what still breaks) with grid_scenario() defaults. Seeds 0-399 pass (15, 20, 24, 50, 68, 70, 81 and 126
+# were diagnosed and fixed: test_grid_regressions.py). The open ones below are in the slow range (400-999); each
+# fails at the commit before the issue-4 seed fixes too.
+NOT_DIAGNOSED = "not diagnosed yet"
+SEPARATE_VERSIONS = (
+    "; maybe the open merge-policy question (docs/grid.md, Not done yet): grids that never met stamp versions "
+    "from the same topology ids, so at their merge an older write can beat a later acknowledged one"
+)
 KNOWN_OPEN: dict[int, str] = {
-    15: "grid-lost-write after the operator forced a grid available that group churn under loss had degraded "
-    "(owners were excluded by the group, not by the schedule's budget)",
-    20: STALE_AFTER_CHURN,
-    24: "grid-replicas-equal: one owner holds a value the other lacks after convergence (under investigation)",
-    50: STALE_AFTER_CHURN,
-    68: STALE_AFTER_CHURN,
-    70: STALE_AFTER_CHURN,
-    81: STALE_AFTER_CHURN,
-    126: STALE_AFTER_CHURN,
+    460: "grid-convergence: every member on one available NO_REBALANCE topology after healing, yet the run "
+    "never counts the grid as whole; " + NOT_DIAGNOSED,
+    513: "grid-lost-write: an older value read back after convergence; " + NOT_DIAGNOSED + SEPARATE_VERSIONS,
+    590: "grid-fresh-reads and grid-lost-write (absent); " + NOT_DIAGNOSED,
+    591: "grid-lost-write: an older value read back after convergence; " + NOT_DIAGNOSED + SEPARATE_VERSIONS,
 }
 
 

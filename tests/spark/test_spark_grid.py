@@ -4,11 +4,12 @@ The tests share one grid and run in file order (the last ones change its members
 
 * a DataFrame written with ``format("groupcluster")`` is read back complete, each key once, with the segment
   the members compute and a version stamped by the grid; the members serve the same values to the client;
-* ``key = x`` / ``key IN (...)`` are pushed down and answered by key lookups (their rows carry no version,
-  which is how the test sees that the lookup path ran), other filters still apply;
+* ``key = x`` / ``key IN (...)`` are pushed down and answered by key lookups (the members count batch
+  requests and no segment scans meanwhile), with the versions a scan shows; other filters still apply;
 * bad options and schemas fail before anything is read or written, with the option named;
 * a segment scan sent to a member that does not own the segment follows it to an owner, cursor and all;
-* a streaming query restarted from its checkpoint delivers each change once, none skipped, in segment order;
+* a streaming query restarted from its checkpoint delivers each change once, none skipped, in segment order,
+  deletions and every overwrite between triggers included;
 * a read while a fourth member joins (the grid rebalances under it) returns every row exactly once;
 * a Spark write while a member leaves loses nothing;
 * a write the grid refuses (a degraded partition) fails the job with the grid's reason.
@@ -25,7 +26,7 @@ import pytest
 from groupcluster.grid.client import GridClient
 from groupcluster.grid.consistent_hash import segment_of
 
-from .gridprocs import SparkGrid
+from .gridprocs import SparkGrid, http
 
 N = 3000
 
@@ -85,14 +86,33 @@ def test_binary_columns_and_spark_transform(spark: Any, grid3: SparkGrid, writte
     assert per_segment.segments == len({segment_of(k.encode(), 256) for k in written})
 
 
+def _requests(grid: SparkGrid, kind: str) -> int:
+    """How many HTTP requests of ``kind`` (``batch``, ``segment``, ...) the members have served."""
+    total = 0
+    for url in grid.urls.values():
+        try:
+            _, body = http("GET", url + "/metrics")
+        except OSError:
+            continue  # a member that left
+        for line in body.decode().splitlines():
+            if line.startswith(f'groupcluster_http_requests_total{{kind="{kind}"}}'):
+                total += int(float(line.split()[-1]))
+    return total
+
+
 def test_key_filters_are_pushed_down_as_lookups(spark: Any, grid3: SparkGrid, written: dict[str, str]) -> None:
     from pyspark.sql import functions as F
 
     df = reader(spark, grid3, valueType="string")
+    scans, batches = _requests(grid3, "segment"), _requests(grid3, "batch")
     one = df.where(F.col("key") == "row:42").collect()
     assert [(r.key, r.value) for r in one] == [("row:42", written["row:42"])]
-    assert one[0].version is None, "a pushed-down key lookup returns values only: the lookup path did not run"
+    assert _requests(grid3, "segment") == scans, "a pushed-down key filter scanned segments"
+    assert _requests(grid3, "batch") > batches
     assert one[0].segment == segment_of(b"row:42", 256)
+    with GridClient([grid3.urls["m0"]]) as c:
+        scanned = {k: ver for k, _, ver in c.scan_segment_versions(one[0].segment)}
+    assert one[0].version == scanned[b"row:42"], "a key lookup carries the version of its value"
 
     keys = ["row:1", "row:2", "row:2999", "absent:7"]
     some = df.where(F.col("key").isin(keys)).collect()
@@ -170,16 +190,18 @@ def _owns_nothing_of(url: str, seg: int) -> bool:
 
 
 def test_stream_restarted_from_its_checkpoint(spark: Any, grid3: SparkGrid, tmp_path: Any) -> None:
-    """Two runs of one streaming query (trigger availableNow) with writes before each: each change arrives
-    once, the second run starts where the checkpoint says, and per segment the versions only grow."""
+    """Runs of one streaming query (trigger availableNow) with writes, overwrites and deletes before each: every
+    change arrives once (each overwrite, each deletion as a null value), the next run starts where the
+    checkpoint says, and per segment the versions only grow."""
     checkpoint = str(tmp_path / "checkpoint")
-    seen: list[tuple[int, str, str, int, int]] = []  # batch id, key, value, segment, version
+    seen: list[tuple[int, str, str | None, int, int]] = []  # batch id, key, value, segment, version
 
     def collect(batch: Any, batch_id: int) -> None:
         for r in batch.collect():
             seen.append((batch_id, r.key, r.value, r.segment, r.version))
 
-    def run() -> None:
+    def run() -> list[tuple[int, str, str | None, int, int]]:
+        before = len(seen)
         stream = (
             spark.readStream.format("groupcluster")
             .option("members", grid3.endpoints(["m1", "m2"]))
@@ -191,29 +213,61 @@ def test_stream_restarted_from_its_checkpoint(spark: Any, grid3: SparkGrid, tmp_
         query = q.trigger(availableNow=True).start()
         assert query.awaitTermination(180), "the availableNow run did not finish"
         assert query.exception() is None, query.exception()
+        return seen[before:]
+
+    def changes(run_rows: list[tuple[int, str, str | None, int, int]]) -> list[tuple[str, str | None]]:
+        # Per key in version order: the changes of one key share its segment, whose order is by version.
+        return [(k, v) for _, k, v, _, _ in sorted(run_rows, key=lambda r: (r[1], r[4]))]
 
     with GridClient([grid3.urls["m0"]]) as c:
         c.put_many({f"st:a{i}".encode(): b"1" for i in range(200)})
-    run()
-    first = list(seen)
+    first = run()
     with GridClient([grid3.urls["m0"]]) as c:
         c.put_many({f"st:b{i}".encode(): b"2" for i in range(200)})
         c.put_many({f"st:a{i}".encode(): b"3" for i in range(50)})
-    run()
-    run()  # nothing new: a third run from the checkpoint delivers nothing
-    second = seen[len(first) :]
+        for i in range(5):  # two overwrites of one key between triggers: both arrive, in order
+            c.put(f"st:a{100 + i}".encode(), b"4")
+            c.put(f"st:a{100 + i}".encode(), b"5")
+        c.delete_many([f"st:a{i}".encode() for i in range(150, 160)])
+        c.put(b"st:c", b"6")
+        c.delete(b"st:c")  # written and deleted between triggers: both arrive
+    second = run()
+    third = run()  # nothing new: a run from the checkpoint delivers nothing
+    with GridClient([grid3.urls["m0"]]) as c:
+        c.delete_many([f"st:b{i}".encode() for i in range(10)])
+    fourth = run()
 
-    assert sorted((k, v) for _, k, v, _, _ in first) == sorted((f"st:a{i}", "1") for i in range(200))
-    expected_second = [(f"st:b{i}", "2") for i in range(200)] + [(f"st:a{i}", "3") for i in range(50)]
-    assert sorted((k, v) for _, k, v, _, _ in second) == sorted(expected_second)
+    # The first run starts from the earliest offsets: the grid's present state (which a segment's history
+    # before its log's floor is reduced to), then nothing else of "st:".
+    assert sorted(changes(first)) == sorted((f"st:a{i}", "1") for i in range(200))
+    expected = (
+        [(f"st:b{i}", "2") for i in range(200)]
+        + [(f"st:a{i}", "3") for i in range(50)]
+        + [(f"st:a{100 + i}", v) for i in range(5) for v in ("4", "5")]
+        + [(f"st:a{i}", None) for i in range(150, 160)]
+        + [("st:c", "6"), ("st:c", None)]
+    )
+    assert sorted(changes(second), key=repr) == sorted(expected, key=repr)
+    assert [(k, v) for k, v in changes(second) if k in ("st:a100", "st:c")] == [
+        ("st:a100", "4"),
+        ("st:a100", "5"),
+        ("st:c", "6"),
+        ("st:c", None),
+    ]
+    assert third == []
+    assert sorted(changes(fourth)) == sorted((f"st:b{i}", None) for i in range(10))
+
     pairs = Counter((k, ver) for _, k, _, _, ver in seen)
     assert all(c == 1 for c in pairs.values()), "a change was delivered twice"
-    assert {b for b, *_ in first}.isdisjoint({b for b, *_ in second}), "the restart re-ran a finished batch"
-    top_first: dict[int, int] = {}
-    for _, _, _, seg, ver in first:
-        top_first[seg] = max(top_first.get(seg, 0), ver)
-    for _, key, _, seg, ver in second:
-        assert ver > top_first.get(seg, 0), f"{key}: version {ver} not after segment {seg}'s offset"
+    batches = [{b for b, *_ in r} for r in (first, second, fourth)]
+    assert all(a.isdisjoint(b) for i, a in enumerate(batches) for b in batches[i + 1 :]), "a batch ran twice"
+    top: dict[int, int] = {}
+    for rows in (first, second, fourth):
+        run_top = dict(top)
+        for _, key, _, seg, ver in rows:
+            assert ver > top.get(seg, 0), f"{key}: version {ver} not after segment {seg}'s offset"
+            run_top[seg] = max(run_top.get(seg, 0), ver)
+        top = run_top
 
 
 def test_read_while_a_member_joins_returns_every_row_once(spark: Any, grid3: SparkGrid) -> None:

@@ -22,9 +22,21 @@ from dataclasses import dataclass, field
 
 import pytest
 from groupcluster.core.address import Address
-from groupcluster.grid.messages import DELETE, GET, PUT
+from groupcluster.grid.consistent_hash import ConsistentHash
+from groupcluster.grid.messages import (
+    DELETE,
+    GET,
+    OK,
+    PUT,
+    Backup,
+    Command,
+    Response,
+    Topology,
+    decode_payload,
+    encode_payload,
+)
 from groupcluster.grid.node import GridConfig, GridNode, OpResult
-from groupcluster.grid.topology import Availability, Phase, owner_set
+from groupcluster.grid.topology import Availability, CacheTopology, PartitionHandling, Phase, owner_set
 
 CONFIG = GridConfig.from_dict(
     {
@@ -497,3 +509,187 @@ def test_merge_of_two_grids_keeps_the_newest_version_of_every_key() -> None:
         got = {k: v for _s, k, _ver, v in store.items()}
         assert got == expected, (x, got)
     assert len(ops) == 4 and net.nodes[a].metrics["grid.merge_entries_pushed"] >= 2
+
+
+def test_member_alone_is_ready_to_leave_at_once() -> None:
+    # Nobody could take its segments: before, ready_to_leave never turned True and the member waited out
+    # the whole leave timeout.
+    net = FakeNet(random.Random(7))
+    (a,) = net.add(1)
+    net.run_until(1.0)
+    net.nodes[a].put(b"k", b"v", net.now)
+    net.collect(a)
+    net.run_until(2.0)
+    assert not net.nodes[a].ready_to_leave
+    net.nodes[a].leave(net.now)
+    assert net.nodes[a].ready_to_leave
+    assert net.nodes[a].metrics["grid.left_without_taker"] == 1
+
+
+def test_member_whose_peers_have_no_capacity_is_ready_to_leave_at_once() -> None:
+    net = FakeNet(random.Random(8))
+    (a,) = net.add(1)
+    client_cfg = GridConfig.from_dict({**_config_dict(CONFIG), "capacity": 0.0})
+    b = member(net.next_id)
+    net.next_id += 1
+    net.nodes[b] = GridNode(b, client_cfg)
+    net.install_view([a, b])
+    net.run_until(2.0)
+    t = net.nodes[b].topology
+    assert t is not None and b in t.members and b not in owner_set(t.current)
+    net.nodes[a].leave(net.now)
+    net.collect(a)
+    assert net.nodes[a].ready_to_leave
+
+
+def test_leaving_member_with_a_peer_that_has_capacity_waits_for_handoff() -> None:
+    net = FakeNet(random.Random(9))
+    a, _b = net.add(2)
+    net.run_until(2.0)
+    net.nodes[a].leave(net.now)
+    net.collect(a)
+    assert not net.nodes[a].ready_to_leave  # b can take the segments: hand off first
+    net.run_until(5.0)
+    assert net.nodes[a].ready_to_leave
+    assert net.nodes[a].metrics["grid.left_without_taker"] == 0
+
+
+def _config_dict(cfg: GridConfig) -> dict[str, object]:
+    import dataclasses
+
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _topology(
+    tid: int,
+    owners: list[tuple[Address, ...]],
+    members: tuple[Address, ...],
+    *,
+    degraded: bool = False,
+    stable: tuple[Address, ...] | None = None,
+) -> CacheTopology:
+    k = max(len(o) for o in owners)
+    ch = ConsistentHash.from_owner_map(
+        len(owners), k, owners, {m: 1.0 for m in {*members, *(o for own in owners for o in own)}}
+    )
+    avail = Availability.DEGRADED if degraded else Availability.AVAILABLE
+    stable = members if stable is None else stable
+    return CacheTopology(tid, 0, Phase.NO_REBALANCE, ch, None, members, avail, stable, PartitionHandling.ALLOW_READS)
+
+
+def test_degraded_topology_does_not_drop_copies() -> None:
+    # Found by grid simulation seed 15: members cut off into partitions of their own installed degraded
+    # topologies that did not name them owners and dropped their (complete) copies; the merged group then
+    # adopted another partition's topology naming them owners, and acknowledged writes were gone. A degraded
+    # topology is provisional: copies go only once an available topology says they are not ours.
+    coord, x = member(1), member(2)
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 2, "num_owners": 1}))
+    node.on_view((coord, x), 0.0)
+
+    def install(t: CacheTopology, now: float) -> None:
+        node.on_messages([(coord, encode_payload([Topology(t)]))], now)
+
+    install(_topology(5, [(x,), (coord,)], (coord, x)), 0.1)
+    assert node.store is not None
+    node.store.write(0, b"k", 1, b"v")
+    install(_topology(6, [(coord,), (coord,)], (coord, x), degraded=True), 0.2)
+    assert node.store.has_segment(0) and node.store.value(0, b"k") == b"v"
+    install(_topology(7, [(coord,), (coord,)], (coord, x)), 0.3)
+    assert not node.store.has_segment(0)  # available, and not ours: dropped now
+
+
+def test_reads_wait_for_the_merged_topology_after_a_merge_view() -> None:
+    # Found by grid simulation seeds 20 and 70: a member that had formed its own grid served a read from
+    # it after the merge view, before the merged group's topology reached it, and missed a write the other
+    # grid had acknowledged seconds earlier. Reads now wait for the merged group's first topology.
+    coord, x = member(1), member(2)
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 2, "num_owners": 1, "attempt_timeout": "1s"}))
+    node.on_view((x,), 0.0)
+    assert node.topology is not None and node.topology.topology_id == 1
+    first = node.get(b"k", 0.1)
+    assert [r.op_id for r in node.take_results()] == [first]  # served locally at once, before the merge
+    node.on_view((coord, x), 0.2, merge=True)
+    op = node.get(b"k", 0.3)
+    node.tick(0.35)
+    assert node.take_results() == [] and node.metrics["grid.ops_held_merging"] >= 1
+    # The merged group's topology (the other grid's, whose member coord owns everything) arrives: the read
+    # goes to coord now instead of being answered from x's own grid.
+    node.take_outbox()
+    t = _topology(9, [(coord,), (coord,)], (coord, x))
+    node.on_messages([(coord, encode_payload([Topology(t)]))], 0.4)
+    assert node.take_results() == []
+    sent = [m for o in node.take_outbox() if o.dest == coord for m in decode_payload(o.payload)]
+    cmds = [m for m in sent if isinstance(m, Command) and m.op_id == op]
+    assert len(cmds) == 1 and cmds[0].topology_id == 9
+    reply = Response(op, cmds[0].attempt, OK, 9, b"from-the-other-grid", "")
+    node.on_messages([(coord, encode_payload([reply]))], 0.45)
+    res = node.take_results()
+    assert [(r.op_id, r.ok, r.value) for r in res] == [(op, True, b"from-the-other-grid")]
+
+
+def test_write_cut_off_by_a_degraded_topology_is_redriven_once_available() -> None:
+    # Found by grid simulation seed 24: the primary applied a write whose backup never arrived, then a
+    # degraded topology (the backup's side gone) made the segment unwritable; the write was dropped with an
+    # error to the client, so primary and backup held different values for good once the operator forced
+    # the grid available. Now the client still hears the error, but the write is kept and re-driven.
+    x, y, z = member(1), member(2), member(3)
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 1, "num_owners": 2}))
+    node.on_view((x, y), 0.0)
+    node.on_messages([(x, encode_payload([Topology(_topology(5, [(x, y)], (x, y)))]))], 0.1)
+    node.take_outbox()
+    op = node.put(b"k", b"v", 0.2)
+    backups = [m for o in node.take_outbox() if o.dest == y for m in decode_payload(o.payload)]
+    assert len(backups) == 1 and isinstance(backups[0], Backup)
+    version = backups[0].version
+    node.on_view((x, z), 1.0)  # y is gone before acknowledging
+    node.on_messages([(x, encode_payload([Topology(_topology(6, [(x, y)], (x, z), degraded=True))]))], 1.1)
+    res = node.take_results()
+    assert [(r.op_id, r.ok) for r in res] == [(op, False)] and "unavailable" in res[0].error
+    assert node.metrics["grid.writes_kept_degraded"] == 1
+    node.take_outbox()
+    # The operator forces the grid available: z takes y's place and receives the write, same version.
+    node.on_messages([(x, encode_payload([Topology(_topology(7, [(x, z)], (x, z)))]))], 2.0)
+    sent = [m for o in node.take_outbox() if o.dest == z for m in decode_payload(o.payload)]
+    redriven = [m for m in sent if isinstance(m, Backup)]
+    assert [(b.key, b.version, b.value) for b in redriven] == [(b"k", version, b"v")]
+
+
+def _tombstones(net: FakeNet) -> dict[Address, int]:
+    return {a: net.nodes[a].store.tombstones for a in net.view}  # type: ignore[union-attr]
+
+
+def test_tombstones_expire_after_the_grace_period() -> None:
+    cfg = GridConfig.from_dict({**_config_dict(CONFIG), "tombstone_grace": "5s"})
+    net = FakeNet(random.Random(10), cfg)
+    a, b = net.add(2)
+    net.run_until(2.0)
+    net.nodes[a].put(b"k", b"v", net.now)
+    net.collect(a)
+    net.run_until(3.0)
+    net.nodes[a].delete(b"k", net.now)
+    net.collect(a)
+    net.run_until(4.0)
+    assert _tombstones(net) == {a: 1, b: 1}  # both owners keep the deletion
+    net.run_until(7.9)
+    assert _tombstones(net) == {a: 1, b: 1}
+    net.run_until(8.1)  # ~5 s after each stored it, with no rebalance running
+    assert _tombstones(net) == {a: 0, b: 0}
+    assert sum(net.nodes[x].metrics["grid.tombstones_expired"] for x in (a, b)) == 2
+
+
+def test_tombstones_stay_while_degraded_and_with_grace_zero() -> None:
+    for grace, crash in (("5s", True), ("0s", False)):
+        cfg = GridConfig.from_dict({**_config_dict(CONFIG), "tombstone_grace": grace})
+        net = FakeNet(random.Random(11), cfg)
+        a, b = net.add(2)
+        net.run_until(2.0)
+        net.nodes[a].delete(b"k", net.now)
+        net.collect(a)
+        net.run_until(2.5)
+        if crash:
+            net.crash(b)  # half of the stable owners gone: degraded, a partition may push old values later
+        net.run_until(30.0)
+        t = net.nodes[a].topology
+        assert t is not None and (t.availability == Availability.DEGRADED) == crash
+        assert net.nodes[a].store.tombstones == 1, grace  # type: ignore[union-attr]
+        assert net.nodes[a].next_deadline() is None or not crash

@@ -146,3 +146,33 @@ def test_equal_versions_with_different_values_resolve_the_same_everywhere() -> N
         assert s.get(1, b"k") == (7, b"b")
         assert not s.write(1, b"k", 7, None)  # a deletion loses a tie
         assert s.write(1, b"k", 8, None) and s.get(1, b"k") == (8, None)
+
+
+def test_tombstones_expire_by_the_time_this_store_got_them() -> None:
+    s = SegmentStore(4)
+    s.keep_tombstones = True
+    s.write(0, b"a", 10, b"x", now=1.0)
+    s.write(0, b"a", 11, None, now=2.0)  # tombstone at t=2
+    s.apply_transferred(1, [(b"b", 5, None), (b"c", 6, b"y")], now=3.0)  # a transferred tombstone at t=3
+    s.write(2, b"d", 7, None, now=4.0)
+    s.write(2, b"d", 8, b"back", now=4.5)  # rewritten: its tombstone is no longer one
+    assert s.tombstones == 2 and s.oldest_tombstone() == 2.0
+    assert s.expire_tombstones(1.9, 0.0) == 0
+    assert s.expire_tombstones(7.0, 5.0) == 1 and s.get(0, b"a") is None
+    # The rewritten key's queued tombstone is skipped, the live value stays.
+    assert s.expire_tombstones(10.0, 0.0) == 1 and s.get(1, b"b") is None
+    assert s.get(2, b"d") == (8, b"back") and s.get(1, b"c") == (6, b"y")
+    assert s.tombstones == 0 and s.oldest_tombstone() is None
+    # Once expired, an older value is accepted again: that is the trade-off of the grace period.
+    assert s.write(0, b"a", 10, b"x", now=11.0)
+
+
+def test_expiry_skips_tombstones_of_dropped_segments_and_newer_deletes() -> None:
+    s = SegmentStore(4)
+    s.keep_tombstones = True
+    s.write(0, b"a", 1, None, now=1.0)
+    s.write(0, b"a", 2, None, now=5.0)  # a newer delete of the same key: dated t=5 now
+    s.write(3, b"z", 1, None, now=1.5)
+    s.remove_segment(3)
+    assert s.expire_tombstones(2.0, 0.0) == 0 and s.get(0, b"a") == (2, None)
+    assert s.expire_tombstones(5.5, 0.5) == 1 and s.tombstones == 0

@@ -338,3 +338,18 @@ def test_property_planner_invariants(events: list[tuple[str, int]], n: int) -> N
     assert set(owner_set(final.current)) == staying
     k = min(2, len(staying))
     assert all(len(o) == k for o in final.current.owners)
+
+
+def test_ch_lists_a_member_with_capacity_even_when_nothing_moves_to_it() -> None:
+    # One segment, one owner: a joiner's share rounds down to nothing and no data moves, but the current CH
+    # must still list it with its capacity: a leaving member reads from the CH whether anybody could take its
+    # segments (GridNode._no_taker), and would otherwise leave at once with the only copy.
+    a, b = m(0), m(1)
+    p = RebalancePlanner([a], num_segments=1, num_owners=1)
+    p.on_statuses({a: MemberStatus(1.0, False, None)}, 0.0)
+    p.on_view([a, b], 1.0)
+    out = p.on_statuses({b: MemberStatus(1.0, False, None)}, 1.0)
+    t = p.topology
+    assert t is not None and t.phase == Phase.NO_REBALANCE and out
+    assert t.current.owner_map() == [(a,)] and b in t.members
+    assert t.current.capacity_of(b) == 1.0

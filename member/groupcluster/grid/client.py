@@ -35,6 +35,11 @@ moved them) with the same backoff and bounds as single operations. Keys that sti
 :class:`GridBatchError`, which says which keys and why; the others are done. ``scan_segment`` pages through
 one segment (``GET /v1/segments/{id}``) on a member that reads it, following the segment to its new owner
 when a rebalance moves it; pages are in key order, so the cursor carries over between members.
+
+**Versions.** ``scan_segment_versions`` yields ``(key, value, version)``; ``get_many_versions`` returns
+``(value, version)`` per key, the version being the one the segment's primary stamped on that value
+(``None`` when the answering member did not hold the key's segment, which happens only while the routing
+table is out of date). ``changes`` reads one page of a segment's change feed (``GET /v1/changes/{id}``).
 """
 
 from __future__ import annotations
@@ -166,6 +171,7 @@ class _BatchRun:
     def __init__(self, ops: list[_Op], timeout: float) -> None:
         self.ops = ops
         self.results: list[bytes | None] = [None] * len(ops)
+        self.versions: list[int | None] = [None] * len(ops)
         self.pending: list[int] = list(range(len(ops)))
         self.failed: dict[int, str] = {}
         self.retry: list[int] = []
@@ -232,6 +238,8 @@ class _BatchRun:
             status = res.get("status")
             if status == 200:
                 self.results[i] = res.get("value")
+                version = res.get("version")
+                self.versions[i] = version if type(version) is int else None
             elif status == 404 and self.ops[i][0] == "get":
                 self.results[i] = None
             elif status in RETRYABLE_STATUS:
@@ -254,6 +262,16 @@ class _BatchRun:
             failed = {self.ops[i][1]: msg for i, msg in sorted(self.failed.items())}
             raise GridBatchError(failed, len(self.ops) - len(failed), self.last_status)
         return self.results
+
+
+def _changes_path(segment: int, after: int, limit: int) -> str:
+    if type(segment) is not int or segment < 0:
+        raise ValueError(f"segment: expected a non-negative int, got {segment!r}")
+    if type(after) is not int or after < 0:
+        raise ValueError(f"after: expected a version (int >= 0), got {after!r}")
+    if not 1 <= limit <= 10_000:
+        raise ValueError(f"limit: expected 1 to 10000, got {limit}")
+    return f"/v1/changes/{segment}?after={after}&limit={limit}"
 
 
 def _scan_path(segment: int, after: str | None, limit: int) -> str:
@@ -323,7 +341,8 @@ class _Router:
         if reply.status == 200:
             try:
                 page = msgpack.unpackb(reply.body, raw=False)
-                if not isinstance(page["entries"], list) or "next" not in page:
+                # A scan page has "next"; a change-feed page has "upto" instead.
+                if not isinstance(page["entries"], list) or ("next" not in page and "upto" not in page):
                     raise ValueError("entries or next missing")
             except Exception as exc:
                 raise GridClientError(f"{ep}: malformed segment page: {exc}") from None
@@ -395,6 +414,7 @@ class GridClient:
         route: bool = True,
         batch_size: int = DEFAULT_BATCH_SIZE,
         parallel: int = 8,
+        token: str | None = None,
     ) -> None:
         if not 1 <= batch_size <= 10_000:
             raise ValueError(f"batch_size: expected 1 to 10000, got {batch_size}")
@@ -402,6 +422,8 @@ class GridClient:
             raise ValueError(f"parallel: expected at least 1, got {parallel}")
         self._r = _Router(endpoints, retries, backoff, timeout, avoid_seconds)
         self.request_timeout = request_timeout
+        # Sent as a bearer token with every request: members started with --kv-token-file require it.
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self.route = route
         self.batch_size = batch_size
         self.parallel = parallel
@@ -438,23 +460,39 @@ class GridClient:
         ops = _key_ops("get", keys)
         return {op[1]: v for op, v in zip(ops, self._many(ops), strict=True)}
 
+    def get_many_versions(self, keys: Iterable[bytes]) -> dict[bytes, tuple[bytes | None, int | None]]:
+        """``(value, version)`` of every key (value None: absent; version None: not known, see the module)."""
+        ops = _key_ops("get", keys)
+        versions: list[int | None] = []
+        values = self._many(ops, versions)
+        return {op[1]: (v, ver) for op, v, ver in zip(ops, values, versions, strict=True)}
+
     def delete_many(self, keys: Iterable[bytes]) -> None:
         self._many(_key_ops("delete", keys))
 
     def scan_segment(self, segment: int, *, page_size: int = 1000) -> Iterator[tuple[bytes, bytes]]:
         """Every entry ``(key, value)`` of ``segment``, in key order, page by page from a member that reads it."""
+        for k, v, _ in self.scan_segment_versions(segment, page_size=page_size):
+            yield k, v
+
+    def scan_segment_versions(self, segment: int, *, page_size: int = 1000) -> Iterator[tuple[bytes, bytes, int]]:
+        """Every entry ``(key, value, version)`` of ``segment``, in key order (as :meth:`scan_segment`)."""
         after: str | None = None
         while True:
             page = self._scan_page(segment, after, page_size)
-            for k, v, _ in page["entries"]:
-                yield k, v
+            yield from ((k, v, ver) for k, v, ver in page["entries"])
             after = page["next"]
             if after is None:
                 return
 
-    def _scan_page(self, segment: int, after: str | None, limit: int) -> dict[str, Any]:
+    def changes(self, segment: int, after: int = 0, *, limit: int = 1000) -> dict[str, Any]:
+        """One page of the change feed of ``segment`` after version ``after``, from a member that reads it:
+        ``{"covered", "floor", "entries": [[version, key, value or None], ...], "upto", "more", ...}``."""
+        return self._scan_page(segment, None, limit, _changes_path(segment, after, limit))
+
+    def _scan_page(self, segment: int, after: str | None, limit: int, path: str | None = None) -> dict[str, Any]:
         r = self._r
-        path = _scan_path(segment, after, limit)
+        path = path or _scan_path(segment, after, limit)
         deadline = time.monotonic() + r.timeout
         last, last_status = "no attempt made", None
         for attempt in range(r.retries + 1):
@@ -480,7 +518,7 @@ class GridClient:
             f"scan of segment {segment} failed after {attempt + 1} attempts; last: {last}", last_status
         )
 
-    def _many(self, ops: list[_Op]) -> list[bytes | None]:
+    def _many(self, ops: list[_Op], versions: list[int | None] | None = None) -> list[bytes | None]:
         r = self._r
         run = _BatchRun(ops, r.timeout)
         if not ops:
@@ -503,7 +541,10 @@ class GridClient:
             time.sleep(min(r.delay(attempt), max(0.0, run.deadline - time.monotonic())))
             if self.route:
                 self.refresh()
-        return run.finish()
+        results = run.finish()
+        if versions is not None:
+            versions.extend(run.versions)
+        return results
 
     def _send_batch(self, ep: str, body: bytes) -> tuple[_Reply | None, str]:
         try:
@@ -595,6 +636,8 @@ class GridClient:
                 self._all_conns.append(conn)
         if headers is None:
             headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
+        if self._auth:
+            headers = {**headers, **self._auth}
         try:
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
@@ -641,6 +684,7 @@ class AsyncGridClient:
         max_connections: int = 100,
         batch_size: int = DEFAULT_BATCH_SIZE,
         parallel: int = 8,
+        token: str | None = None,
     ) -> None:
         import aiohttp
 
@@ -656,6 +700,7 @@ class AsyncGridClient:
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=request_timeout),
             connector=aiohttp.TCPConnector(limit=max_connections),
+            headers={"Authorization": f"Bearer {token}"} if token else None,
         )
         self._refreshing: asyncio.Task[bool] | None = None
 
@@ -685,20 +730,38 @@ class AsyncGridClient:
     async def delete_many(self, keys: Iterable[bytes]) -> None:
         await self._many(_key_ops("delete", keys))
 
+    async def get_many_versions(self, keys: Iterable[bytes]) -> dict[bytes, tuple[bytes | None, int | None]]:
+        """``(value, version)`` of every key (see :meth:`GridClient.get_many_versions`)."""
+        ops = _key_ops("get", keys)
+        versions: list[int | None] = []
+        values = await self._many(ops, versions)
+        return {op[1]: (v, ver) for op, v, ver in zip(ops, values, versions, strict=True)}
+
     async def scan_segment(self, segment: int, *, page_size: int = 1000) -> AsyncIterator[tuple[bytes, bytes]]:
         """Every entry ``(key, value)`` of ``segment``, in key order (see :meth:`GridClient.scan_segment`)."""
+        async for k, v, _ in self.scan_segment_versions(segment, page_size=page_size):
+            yield k, v
+
+    async def scan_segment_versions(
+        self, segment: int, *, page_size: int = 1000
+    ) -> AsyncIterator[tuple[bytes, bytes, int]]:
+        """Every entry ``(key, value, version)`` of ``segment``, in key order."""
         after: str | None = None
         while True:
             page = await self._scan_page(segment, after, page_size)
-            for k, v, _ in page["entries"]:
-                yield k, v
+            for k, v, ver in page["entries"]:
+                yield k, v, ver
             after = page["next"]
             if after is None:
                 return
 
-    async def _scan_page(self, segment: int, after: str | None, limit: int) -> dict[str, Any]:
+    async def changes(self, segment: int, after: int = 0, *, limit: int = 1000) -> dict[str, Any]:
+        """One page of the change feed of ``segment`` (see :meth:`GridClient.changes`)."""
+        return await self._scan_page(segment, None, limit, _changes_path(segment, after, limit))
+
+    async def _scan_page(self, segment: int, after: str | None, limit: int, path: str | None = None) -> dict[str, Any]:
         r = self._r
-        path = _scan_path(segment, after, limit)
+        path = path or _scan_path(segment, after, limit)
         if self.route and r.table is None:
             await self.refresh()
         deadline = time.monotonic() + r.timeout
@@ -726,7 +789,7 @@ class AsyncGridClient:
             f"scan of segment {segment} failed after {attempt + 1} attempts; last: {last}", last_status
         )
 
-    async def _many(self, ops: list[_Op]) -> list[bytes | None]:
+    async def _many(self, ops: list[_Op], versions: list[int | None] | None = None) -> list[bytes | None]:
         r = self._r
         if not ops:
             return []
@@ -754,7 +817,10 @@ class AsyncGridClient:
             await asyncio.sleep(min(r.delay(attempt), max(0.0, run.deadline - time.monotonic())))
             if self.route:
                 await self.refresh()
-        return run.finish()
+        results = run.finish()
+        if versions is not None:
+            versions.extend(run.versions)
+        return results
 
     async def status(self, endpoint: str | None = None) -> dict[str, Any]:
         ep = normalize_endpoint(endpoint) if endpoint else self._r.any_endpoint()

@@ -10,7 +10,10 @@
 ``DELETE /v1/kv/{key}``    200 once every owner removed it (deleting an absent key is not an error)
 ``POST /v1/batch``         many get/put/delete operations in one request (msgpack or JSON); a result each
 ``GET /v1/segments/{id}``  one page of the entries of a segment this member reads (``after``, ``limit``)
+``GET /v1/changes/{id}``   one page of the change feed of a segment this member reads (``after``, ``limit``)
 ``POST /v1/leave``         202: hand our segments to new owners, then leave the group and exit
+``POST /v1/force-available`` on the coordinator: leave degraded mode with the members present (operator's
+                           override after members are known dead, not cut off; 409 on other members)
 ``GET /metrics``           Prometheus text format
 =========================  ==============================================================================
 
@@ -36,12 +39,25 @@ order, at most ``limit`` (default 1000, at most :data:`MAX_SCAN_LIMIT`) and abou
 the following page (the last key, base64url) or null at the end. msgpack with ``Accept:
 application/msgpack``, else JSON (base64 keys and values). Only a member that reads the segment in its
 topology serves it; others answer 409 with ``owners`` (HTTP URLs of the members that do).
+
+**Change feed** (``GET /v1/changes/{id}?after=VERSION&limit=N``): the writes (puts and deletes, every
+overwrite) this member applied to a segment with versions above ``after``, in version order, up to a
+*stable* point (no write at or below it can still arrive here), as ``{"segment", "topology_id", "covered",
+"floor", "entries": [[version, key, value or null], ...], "upto", "more"}``. Continue with ``after=upto``.
+``covered`` false: the member's log does not reach back to ``after`` (it starts at ``floor``: a new owner,
+or a log truncated at :data:`~.runtime.DEFAULT_FEED_ENTRIES` entries or ``DEFAULT_FEED_BYTES``); read the
+segment by scan instead.
+Same formats, 409 and 503 answers as the segment scan.
+
+Batch ``get`` results carry ``version`` (the version of the value returned) when the member that answers the
+request holds the key's segment, which it does when the client routed the key to its read owner.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -87,6 +103,11 @@ class MemberContext:
     channel: Callable[[], Channel | None]
     started: float = field(default_factory=time.time)
     http_requests: dict[str, int] = field(default_factory=dict)
+    # Bearer tokens: ``admin_token`` guards POST /v1/leave; ``kv_token`` guards the data endpoints (/v1/kv,
+    # /v1/batch, /v1/segments, /v1/changes). None leaves them open. Probes, status and metrics stay open so
+    # Kubernetes and Prometheus need no secret.
+    admin_token: str | None = None
+    kv_token: str | None = None
 
 
 def json_error(status: int, message: str, **extra: Any) -> web.Response:
@@ -113,17 +134,46 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         return json_error(exc.status, exc.reason)
 
 
+_DATA_PREFIXES = ("/v1/kv", "/v1/batch", "/v1/segments", "/v1/changes")
+
+
+def _token_middleware(ctx: MemberContext) -> Any:
+    @web.middleware
+    async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        if path in ("/v1/leave", "/v1/force-available"):
+            expected, what = ctx.admin_token, "the admin token (--admin-token-file)"
+        elif path.startswith(_DATA_PREFIXES):
+            expected, what = ctx.kv_token, "the data token (--kv-token-file)"
+        else:
+            return await handler(request)
+        if expected is not None:
+            given = request.headers.get("Authorization", "")
+            scheme, _, token = given.partition(" ")
+            # Constant-time comparison: the time a wrong token takes says nothing about the right one.
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
+                problem = "missing" if not given else "wrong"
+                resp = json_error(401, f"{problem} bearer token: {path} needs 'Authorization: Bearer' with {what}")
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="groupcluster"'
+                return resp
+        return await handler(request)
+
+    return check_token
+
+
 def build_app(ctx: MemberContext) -> web.Application:
     # The largest body any route takes (a batch); the key/value route checks its own, smaller limit first.
-    app = web.Application(middlewares=[_errors_as_json], client_max_size=MAX_BATCH_BYTES + 1024)
+    app = web.Application(middlewares=[_errors_as_json, _token_middleware(ctx)], client_max_size=MAX_BATCH_BYTES + 1024)
     api = _Api(ctx)
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/readyz", api.readyz)
     app.router.add_get("/v1/status", api.status)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_post("/v1/leave", api.leave)
+    app.router.add_post("/v1/force-available", api.force_available)
     app.router.add_post("/v1/batch", api.batch)
     app.router.add_get("/v1/segments/{segment}", api.segment)
+    app.router.add_get("/v1/changes/{segment}", api.changes)
     # ``{key:.*}`` also matches an empty key and keys with "/", so both get a precise 400 rather than a 404.
     for method in ("GET", "PUT", "DELETE"):
         app.router.add_route(method, "/v1/kv/{key:.*}", api.kv)
@@ -221,13 +271,16 @@ def _unpack_body(raw: bytes) -> Any:
     )
 
 
-def result_doc(res: OpResult, binary: bool) -> dict[str, Any]:
-    """One operation's entry in a batch answer."""
+def result_doc(res: OpResult, binary: bool, version: int | None = None) -> dict[str, Any]:
+    """One operation's entry in a batch answer (``version``: of a get's value, when known)."""
     if res.ok:
         if res.kind == GET:
             if res.value is None:
                 return {"status": 404}
-            return {"status": 200, "value": res.value if binary else _b64(res.value)}
+            doc: dict[str, Any] = {"status": 200, "value": res.value if binary else _b64(res.value)}
+            if version is not None:
+                doc["version"] = version
+            return doc
         return {"status": 200}
     if "unavailable" in res.error:
         return {"status": 503, "error": res.error}
@@ -321,6 +374,30 @@ class _Api:
             body["routing"] = grid.routing()
         return web.json_response(body)
 
+    async def force_available(self, request: web.Request) -> web.Response:
+        self._count("force_available")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        ch = self.ctx.channel()
+        if ch is None or not ch.joined or grid.node is None:
+            return json_error(409, "not joined to the group yet")
+        before = (grid.status().get("topology") or {}).get("availability")
+        if not grid.force_available():
+            view = ch.view
+            return json_error(
+                409,
+                "only the coordinator can force availability: ask it",
+                coordinator=str(view.coordinator) if view is not None else None,
+            )
+        return web.json_response(
+            {
+                "forced": before != "AVAILABLE",
+                "availability_before": before,
+                "detail": "segments whose owners are all gone start empty; the others keep their data",
+            }
+        )
+
     async def leave(self, request: web.Request) -> web.Response:
         self._count("leave")
         ch = self.ctx.channel()
@@ -409,9 +486,10 @@ class _Api:
         except (ValueError, TypeError) as exc:
             return json_error(400, str(exc))
         t = grid.node.topology if grid.node is not None else None
+        versions = grid.versions_of(ops, results)
         body = {
             "topology_id": t.topology_id if t is not None else 0,
-            "results": [result_doc(r, binary) for r in results],
+            "results": [result_doc(r, binary, v) for r, v in zip(results, versions, strict=True)],
         }
         return _packed(body, binary)
 
@@ -446,6 +524,48 @@ class _Api:
             "topology_id": page.topology_id,
             "entries": entries,
             "next": encode_cursor(page.entries[-1][0]) if page.more and page.entries else None,
+        }
+        return _packed(body, binary)
+
+    async def changes(self, request: web.Request) -> web.Response:
+        self._count("changes")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        binary = any(t.strip().split(";")[0] in MSGPACK_TYPES for t in request.headers.get("Accept", "").split(","))
+        raw_seg = request.match_info["segment"]
+        if not raw_seg.isdigit():
+            return json_error(400, f"segment: expected a segment number, got {raw_seg!r}")
+        q = request.query
+        unknown = sorted(set(q) - {"after", "limit"})
+        if unknown:
+            return json_error(400, f"unknown query parameter(s) {', '.join(unknown)} (after, limit)")
+        try:
+            after_text = q.get("after", "0")
+            if not after_text.isdigit() or int(after_text) >= 1 << 63:
+                raise ValueError(f"after: expected a version (an integer >= 0), got {after_text!r}")
+            limit_text = q.get("limit", str(DEFAULT_SCAN_LIMIT))
+            if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_SCAN_LIMIT:
+                raise ValueError(f"limit: expected 1 to {MAX_SCAN_LIMIT}, got {limit_text!r}")
+            page = grid.changes(int(raw_seg), int(after_text), int(limit_text), SCAN_PAGE_BYTES)
+        except ValueError as exc:
+            return json_error(400, str(exc))
+        except GridNotOwner as exc:
+            return json_error(409, str(exc), owners=exc.owners)
+        except GridUnavailable as exc:
+            return json_error(503, str(exc), reason=str(exc))
+        if binary:
+            entries: list[list[Any]] = [[ver, k, v] for ver, k, v in page.entries]
+        else:
+            entries = [[ver, _b64(k), None if v is None else _b64(v)] for ver, k, v in page.entries]
+        body = {
+            "segment": page.segment,
+            "topology_id": page.topology_id,
+            "covered": page.covered,
+            "floor": page.floor,
+            "entries": entries,
+            "upto": page.upto,
+            "more": page.more,
         }
         return _packed(body, binary)
 

@@ -86,6 +86,11 @@ class GridConfig:
     retry_backoff: float = param("20ms", "duration", doc="wait before retrying on an unchanged topology")
     recovery_timeout: float = param("3s", "duration", doc="new coordinator: wait this long for members' statuses")
     max_queued: int = param(100_000, "int", doc="requests held for a topology not yet installed", minimum=1)
+    tombstone_grace: float = param(
+        "10m",
+        "duration",
+        doc="keep a deletion's tombstone this long (then drop it once no rebalance or merge runs); 0 keeps them",
+    )
 
     def __post_init__(self) -> None:
         from ..core.errors import ConfigError
@@ -96,6 +101,8 @@ class GridConfig:
             raise ConfigError(f"grid.num_owners: {self.num_owners} is outside [1, {MAX_OWNERS}]")
         if not 0 <= self.capacity <= 1_000_000:
             raise ConfigError(f"grid.capacity: {self.capacity} is outside [0, 1000000]")
+        if self.tombstone_grace < 0:
+            raise ConfigError(f"grid.tombstone_grace: {self.tombstone_grace:g}s is negative (0 keeps tombstones)")
 
     @classmethod
     def from_dict(cls, params: dict[str, Any]) -> GridConfig:
@@ -159,7 +166,7 @@ class _Op:
 class _PendingWrite:
     """A write this member stamped and applied, not yet on every write owner (see :meth:`GridNode._redrive`)."""
 
-    __slots__ = ("attempt", "awaiting", "key", "op_id", "origin", "topology_id", "value", "version")
+    __slots__ = ("attempt", "awaiting", "key", "merge", "op_id", "origin", "topology_id", "value", "version")
 
     def __init__(
         self,
@@ -171,6 +178,8 @@ class _PendingWrite:
         key: bytes,
         version: int,
         value: bytes | None,
+        *,
+        merge: bool = False,
     ) -> None:
         self.origin = origin
         self.op_id = op_id
@@ -180,6 +189,9 @@ class _PendingWrite:
         self.key = key
         self.version = version
         self.value = value
+        # A merge push (:meth:`GridNode._push_merged`). Like a write whose client was already answered (op_id
+        # 0), nobody waits for it; unlike that one, it keeps ``GridNode.merging`` True until it is done.
+        self.merge = merge
 
 
 class _InXfer:
@@ -238,6 +250,9 @@ class GridNode:
         # Set by a merge view while our topology was available: our entries may conflict with what the other
         # partition wrote, so we push them to the owners of the first topology the merged group installs.
         self._merge_from: int | None = None
+        # Set by any merge view to the topology id we had: until the merged group's first topology arrives
+        # we hold client commands, because our topology may be the other partition's (docs/grid.md, merges).
+        self._merge_hold: int | None = None
         self._early_statuses: dict[Address, MemberStatus] = {}
         self._loop: deque[tuple[Address, GridMessage]] = deque()
         self._out: dict[Address | None, list[GridMessage]] = {}
@@ -255,6 +270,8 @@ class GridNode:
         t = self.topology
         if merge and t is not None and t.availability == Availability.AVAILABLE and self.store is not None:
             self._merge_from = t.topology_id
+        if merge and t is not None:
+            self._merge_hold = t.topology_id
         alive = set(self.view)
         if self.view[0] == self.address:
             if self.planner is None or merge or old_coord != self.address:
@@ -322,6 +339,10 @@ class GridNode:
         if self._refetch_at is not None and now >= self._refetch_at:
             self._refetch_at = None
             self._plan_fetches()
+        expiry = self._tombstone_expiry()
+        if expiry is not None and now >= expiry:
+            assert self.store is not None
+            self.metrics["grid.tombstones_expired"] += self.store.expire_tombstones(now, self.config.tombstone_grace)
         self._flush()
 
     def next_deadline(self) -> float | None:
@@ -329,6 +350,9 @@ class GridNode:
         times = [t for t in (self.planner.next_deadline() if self.planner else None, self._refetch_at) if t is not None]
         if self._queued:
             times.append(self._queued[0][0])
+        expiry = self._tombstone_expiry()
+        if expiry is not None:
+            times.append(expiry)
         for op in self._ops.values():
             times.append(op.deadline)
             if op.not_before is None:
@@ -336,6 +360,23 @@ class GridNode:
             elif op.not_before[1] > 0:
                 times.append(op.not_before[1])
         return min(times) if times else None
+
+    def _tombstone_expiry(self) -> float | None:
+        """When the oldest tombstone may go, or None while none may (see docs/grid.md, tombstones).
+
+        Tombstones stop a deleted key from coming back when an older value arrives: by state transfer during a
+        rebalance, or pushed by another partition after a merge. So none goes while a rebalance or a merge
+        runs, or while our topology is degraded (a partition may still have older values to push when it
+        merges back); otherwise a tombstone goes ``tombstone_grace`` after this member stored it.
+        """
+        grace = self.config.tombstone_grace
+        t = self.topology
+        if grace <= 0 or self.store is None or t is None:
+            return None
+        if t.phase != Phase.NO_REBALANCE or t.availability != Availability.AVAILABLE or self.merging:
+            return None
+        oldest = self.store.oldest_tombstone()
+        return None if oldest is None else oldest + grace
 
     # -- client operations ----------------------------------------------------------------------------------
     def get(self, key: bytes, now: float) -> int:
@@ -383,7 +424,7 @@ class GridNode:
     def merging(self) -> bool:
         """True from a merge view (while our topology was available) until every entry we pushed to the
         merged group's owners is acknowledged (see :meth:`_push_merged`)."""
-        return self._merge_from is not None or any(pw.op_id == 0 for pw in self._writes.values())
+        return self._merge_from is not None or any(pw.merge for pw in self._writes.values())
 
     @property
     def pending_ops(self) -> int:
@@ -505,6 +546,8 @@ class GridNode:
             return
         self.topology = t
         self.metrics["grid.topologies_installed"] += 1
+        if self._merge_hold is not None and t.topology_id > self._merge_hold:
+            self._merge_hold = None  # the merged group's topology: commands are served again (held ones below)
         me = self.address
         if self.store is None or self.store.num_segments != t.num_segments:
             self.store = SegmentStore(t.num_segments)
@@ -518,8 +561,11 @@ class GridNode:
         # after a merge, and an older value must not bring a deleted key back (see docs/grid.md, merge).
         store.keep_tombstones = True
         keep = t.segments_to_keep(me)
-        if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL):
-            # Old copies go only once no topology in use can still read them (see docs/grid.md).
+        if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) and t.availability == Availability.AVAILABLE:
+            # Old copies go only once no topology in use can still read them (see docs/grid.md). Never on a
+            # degraded topology: it is provisional (owners are missing, a partition may have cut us off),
+            # and the merged group may adopt another partition's topology that names us an owner of what we
+            # would drop here; seed 15 lost acknowledged writes that way. Dropping waits for availability.
             for s in store.held_segments() - keep:
                 self.metrics["grid.entries_dropped"] += store.remove_segment(s)
         if t.phase == Phase.READ_OLD_WRITE_ALL:
@@ -581,11 +627,21 @@ class GridNode:
         self._emit(self.view[0], Confirm(t.topology_id))
 
     def _check_ready(self) -> None:
-        if not self.leaving or self.ready_to_leave or self._ops or self._writes:
+        if not self.leaving or self.ready_to_leave or self._ops:
             return  # a graceful leave also drains this member's own client operations
         t = self.topology
         if t is None:
             self.ready_to_leave = True  # never held data
+            return
+        if self._no_taker(t):
+            # Nobody could take our segments (we are alone, or every other member owns nothing by its
+            # capacity): waiting would only run into the leave timeout, and the data goes either way.
+            # Writes still being replicated to members that are gone or own nothing cannot finish either.
+            if not any(pw.op_id != 0 for pw in self._writes.values()):
+                self.metrics["grid.left_without_taker"] += 1
+                self.ready_to_leave = True
+            return
+        if self._writes:
             return
         if (
             t.phase == Phase.NO_REBALANCE
@@ -598,6 +654,23 @@ class GridNode:
             if self.planner is not None and not self.planner.all_installed():
                 return
             self.ready_to_leave = True
+
+    def _no_taker(self, t: CacheTopology) -> bool:
+        """Whether no other member could take our segments: we are alone, or every other member owns nothing
+        by its capacity (0) or is leaving too.
+
+        Only on an available, balanced topology: its current CH lists every member that could own segments,
+        with its capacity (the planner sees to it), so a member it does not list has capacity 0 or is leaving.
+        A degraded topology says nothing of the kind: we may just be cut off from the others, who would take
+        our segments once the partition heals, so we wait for that (or the leave timeout).
+        """
+        if t.phase != Phase.NO_REBALANCE or t.availability != Availability.AVAILABLE:
+            return False
+        others = [m for m in self.view if m != self.address]
+        if any(m not in t.members for m in others):
+            return False  # a member the topology does not know yet (joining): its capacity is unknown
+        caps = dict(zip(t.current.members, t.current.capacities, strict=True))
+        return all(caps.get(m, 0.0) == 0 for m in others)
 
     # ==== operations (originator side) =====================================================================
     def _start_op(self, kind: int, key: bytes, value: bytes | None, now: float) -> int:
@@ -706,6 +779,14 @@ class GridNode:
         seg = segment_of(cmd.key, t.num_segments)
         store = self.store
         assert store is not None
+        if self._merge_hold is not None:
+            # A merge view came and the merged group's first topology has not: ours may be the topology of a
+            # partition whose data the merged group does not continue. A read from it would miss what the
+            # other side acknowledged long ago (seeds 20, 70), and a write stamped with its version could lose
+            # the merge to an older value of the other side (seed 607). Hold both until that topology comes.
+            self.metrics["grid.ops_held_merging"] += 1
+            self._hold(t.topology_id + 1, src, cmd)
+            return
         if cmd.kind == GET:
             if not t.can_read(seg):
                 self._respond(src, cmd.op_id, cmd.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
@@ -726,7 +807,7 @@ class GridNode:
         self._seq += 1
         version = make_version(t.topology_id, self._seq)
         value = cmd.value if cmd.kind == PUT else None
-        store.write(seg, cmd.key, version, value)
+        store.write(seg, cmd.key, version, value, now=self._now)
         backups = owners[1:]
         if not backups:
             self._respond(src, cmd.op_id, cmd.attempt, OK, t.topology_id)
@@ -752,18 +833,21 @@ class GridNode:
         t = self.topology
         assert t is not None and self.store is not None
         seg = segment_of(pw.key, t.num_segments)
-        if not t.can_write(seg) and pw.op_id == 0:
-            # A merge push for a segment this (degraded) topology cannot write: keep it for the next one.
+        if not t.can_write(seg):
+            # This (degraded) topology cannot write the segment. The client, if one waits, hears the error
+            # now; the write itself stays, to be re-driven by the next topology that can write the segment:
+            # we applied it already (and maybe some backups did), so dropping it would leave the copies
+            # differing for good once the grid is available again (seed 24). Merge pushes wait the same way.
+            if pw.op_id != 0:
+                self._respond(pw.origin, pw.op_id, pw.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
+                pw.op_id = 0
+                self.metrics["grid.writes_kept_degraded"] += 1
             pw.topology_id = t.topology_id
             pw.awaiting = set()
             return
-        if not t.can_write(seg):
-            del self._writes[wid]
-            self._respond(pw.origin, pw.op_id, pw.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
-            return
         owners = t.write_owners(seg)
         if self.address in owners:
-            self.store.write(seg, pw.key, pw.version, pw.value)
+            self.store.write(seg, pw.key, pw.version, pw.value, now=self._now)
         pw.topology_id = t.topology_id
         pw.awaiting = {m for m in owners if m != self.address}
         self.metrics["grid.writes_redriven"] += 1
@@ -788,7 +872,7 @@ class GridNode:
         for _s, key, version, value in entries:
             wid = self._next_write
             self._next_write += 1
-            pw = _PendingWrite(self.address, 0, 0, 0, set(), key, version, value)
+            pw = _PendingWrite(self.address, 0, 0, 0, set(), key, version, value, merge=True)
             self._writes[wid] = pw
             self._redrive(wid, pw)
         self.metrics["grid.merge_entries_pushed"] += len(entries)
@@ -802,7 +886,7 @@ class GridNode:
         if b.topology_id < t.topology_id or self.address not in t.write_owners(seg):
             self._emit(src, BackupAck(b.write_id, RETRY, t.topology_id))
             return
-        self.store.write(seg, b.key, b.version, b.value)  # type: ignore[union-attr]
+        self.store.write(seg, b.key, b.version, b.value, now=self._now)  # type: ignore[union-attr]
         self._emit(src, BackupAck(b.write_id, OK, t.topology_id))
 
     def _on_backup_ack(self, src: Address, ack: BackupAck) -> None:
@@ -906,7 +990,7 @@ class GridNode:
         store = self.store
         assert store is not None
         if d.segment in xf.remaining and d.entries:
-            applied = store.apply_transferred(d.segment, d.entries)
+            applied = store.apply_transferred(d.segment, d.entries, now=self._now)
             self.metrics["grid.xfer_entries_in"] += len(d.entries)
             self.metrics["grid.xfer_entries_applied"] += applied
             self.metrics["grid.xfer_bytes_in"] += sum(len(k) + (len(v) if v else 0) for k, _, v in d.entries)

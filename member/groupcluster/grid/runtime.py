@@ -29,6 +29,13 @@ per-destination grouping puts the commands for one owner into one payload (a flu
 one payload each). :meth:`GridRuntime.scan_segment` pages through a segment this member can read, for bulk
 readers that split the key space by segment (the Spark data source).
 
+**Change feed.** The node is a :class:`FeedNode`, whose store (:class:`FeedStore`) also logs, per segment,
+every write it applies (puts, deletes, each overwrite) in a bounded log; :meth:`GridRuntime.changes` answers
+it in version order up to a point where nothing older can still arrive (:meth:`GridRuntime.stable_version`:
+every member announces, with its URL, the oldest topology whose writes it may still re-drive). The Spark
+stream reads it (docs/spark.md). Batch gets report versions from the local copy
+(:meth:`GridRuntime.versions_of`): the node's answers carry values only.
+
 The group's own state transfer is not used: the grid rebalances by itself (docs/grid.md).
 """
 
@@ -37,8 +44,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +56,9 @@ from ..core.message import Message
 from ..core.view import View
 from .consistent_hash import segment_of
 from .messages import DELETE, GET, PUT
-from .node import GridConfig, GridNode, OpResult
-from .topology import Availability, Phase
+from .node import GridConfig, GridNode, OpResult, _PendingWrite
+from .store import SEQ_BITS, SegmentStore, version_topology
+from .topology import Availability, CacheTopology, Phase
 
 if TYPE_CHECKING:
     from ..runtime.channel import Channel
@@ -96,6 +104,167 @@ class SegmentPage:
 
 KIND_NAMES = {GET: "get", PUT: "put", DELETE: "delete"}
 
+# ==== the change feed ===================================================================================
+DEFAULT_FEED_ENTRIES = 10_000  # per segment; a reader further behind falls back to a scan of the segment
+# Per segment too: the log keeps overwritten values alive, so it is bounded in bytes (256 segments: 64 MiB).
+DEFAULT_FEED_BYTES = 256 * 1024
+FEED_ENTRY_OVERHEAD = 64  # bytes counted per log entry besides key and value (tuple, version, deque slot)
+ALL_STABLE = (1 << 63) - 1  # "every entry in the log is stable"
+
+# (version, key, value or None for a deletion): one write applied by this member, as the feed gives it.
+FeedEntry = tuple[int, bytes, bytes | None]
+
+
+def _entry_size(key: bytes, value: bytes | None) -> int:
+    return len(key) + (len(value) if value is not None else 0) + FEED_ENTRY_OVERHEAD
+
+
+class FeedLog:
+    """The writes one member applied to one segment, in the order they arrived (bounded).
+
+    ``floor``: the log holds every write this member applied with a version above it (a reader whose offset
+    is below ``floor`` cannot be served from the log). ``declared``: the highest version already answered as
+    stable; a write arriving at or below it (only a merge push can) came too late for readers that passed it
+    and is counted in :attr:`FeedStore.late`.
+    """
+
+    __slots__ = ("declared", "entries", "floor", "size", "top")
+
+    def __init__(self, floor: int) -> None:
+        self.entries: deque[FeedEntry] = deque()
+        self.size = 0  # bytes counted (keys, values, FEED_ENTRY_OVERHEAD each)
+        self.floor = floor
+        self.top = floor
+        self.declared = floor
+
+
+@dataclass(frozen=True, slots=True)
+class ChangePage:
+    """One answer of the change feed for a segment.
+
+    ``covered`` False: the log does not reach back to ``after`` (``floor`` is where it starts); read the
+    segment by scan instead. Otherwise ``entries`` are the writes with versions in ``(after, upto]`` in version
+    order (``(version, key, value or None)``), and the reader continues with ``after = upto``; ``more`` says
+    the page stopped at ``limit`` and more stable entries follow.
+    """
+
+    segment: int
+    topology_id: int
+    covered: bool
+    floor: int
+    entries: list[FeedEntry]
+    upto: int
+    more: bool
+
+
+class FeedStore(SegmentStore):
+    """A :class:`SegmentStore` that also keeps, per segment, a log (bounded in entries and bytes) of the writes
+    applied through :meth:`write` (local writes, backups, re-driven writes and merge pushes; not state
+    transfer).
+
+    A log starts when the member starts holding the segment. A segment created by the first topology that
+    names us its owner (no fetch) starts complete (``floor`` 0); a segment cleared for a fetch under topology
+    T starts at ``floor = (T << 40) - 1``: the transfer brings everything stamped before T (not logged), and
+    every write stamped under T or later reaches us as a write owner through :meth:`write`.
+    """
+
+    __slots__ = ("feeds", "late", "max_bytes", "max_entries", "topology_id")
+
+    def __init__(
+        self, num_segments: int, max_entries: int = DEFAULT_FEED_ENTRIES, max_bytes: int = DEFAULT_FEED_BYTES
+    ) -> None:
+        super().__init__(num_segments)
+        if max_entries < 1:
+            raise ValueError(f"max_entries: expected at least 1, got {max_entries}")
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes: expected at least 1, got {max_bytes}")
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.feeds: dict[int, FeedLog] = {}
+        # The topology being installed: new logs of fetched segments start at its first version.
+        self.topology_id = 0
+        self.late = 0  # entries that arrived below a version already answered as stable
+
+    def _fetch_floor(self) -> int:
+        return max(0, (self.topology_id << SEQ_BITS) - 1)
+
+    def add_segment(self, segment: int) -> None:
+        if segment not in self.segments:
+            self._check_segment(segment)
+            self.feeds[segment] = FeedLog(0)
+        super().add_segment(segment)
+
+    def remove_segment(self, segment: int) -> int:
+        self.feeds.pop(segment, None)
+        return super().remove_segment(segment)
+
+    def clear_segment(self, segment: int) -> int:
+        n = super().clear_segment(segment)
+        self.feeds[segment] = FeedLog(self._fetch_floor())
+        return n
+
+    def write(self, segment: int, key: bytes, version: int, value: bytes | None, *, now: float = 0.0) -> bool:
+        applied = super().write(segment, key, version, value, now=now)
+        if applied:
+            log = self.feeds.get(segment)
+            if log is None:
+                # Created by a write, not by a topology: what came before is unknown to us.
+                log = self.feeds[segment] = FeedLog(self._fetch_floor())
+            if version <= log.declared:
+                # Arrived behind a point already answered as stable (a merge pushes each partition's entries
+                # with their old versions): readers past it never see it. Counted, so it shows.
+                self.late += 1
+            log.entries.append((version, key, value))
+            log.size += _entry_size(key, value)
+            if version > log.top:
+                log.top = version
+            # Eviction is in arrival order and raises the floor to the highest version evicted: an entry that
+            # stays has a version above it or arrived later, so "complete above floor" stays true. The newest
+            # entry always stays, whatever its size.
+            while len(log.entries) > 1 and (len(log.entries) > self.max_entries or log.size > self.max_bytes):
+                old = log.entries.popleft()
+                log.size -= _entry_size(old[1], old[2])
+                log.floor = max(log.floor, old[0])
+        return applied
+
+    def changes(self, segment: int, after: int, limit: int, stable: int, max_bytes: int = 4 << 20) -> ChangePage:
+        """The writes with versions in ``(after, stable]`` in version order, at most ``limit`` (one page).
+
+        ``stable``: no write with a version at or below it can still arrive (:data:`ALL_STABLE`: none below
+        any version; the runtime works it out from what every member has in flight).
+        """
+        self._check_segment(segment)
+        if after < 0:
+            raise ValueError(f"after: expected a version >= 0, got {after}")
+        if limit < 1:
+            raise ValueError(f"limit: expected at least 1, got {limit}")
+        log = self.feeds.get(segment)
+        if log is None or after < log.floor:
+            floor = log.floor if log is not None else ALL_STABLE
+            return ChangePage(segment, self.topology_id, False, floor, [], after, False)
+        bound = min(stable, log.top)
+        # heapq.nsmallest keeps a page O(n log limit) instead of sorting the whole log each time.
+        picked = heapq.nsmallest(limit + 1, (e for e in log.entries if after < e[0] <= bound))
+        more = len(picked) > limit
+        out: list[FeedEntry] = []
+        size = 0
+        for e in picked[:limit]:
+            size += len(e[1]) + (len(e[2]) if e[2] is not None else 0)
+            if out and size > max_bytes:
+                more = True
+                break
+            out.append(e)
+        upto = out[-1][0] if more else max(after, bound)
+        if upto > log.declared:
+            log.declared = upto
+        return ChangePage(segment, self.topology_id, True, log.floor, out, upto, more)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["feed_entries"] = sum(len(f.entries) for f in self.feeds.values())
+        d["feed_late"] = self.late
+        return d
+
 
 class _BatchingNode(GridNode):
     """A :class:`GridNode` whose end-of-step flush can be held back while a batch of operations starts.
@@ -127,6 +296,50 @@ class _BatchingNode(GridNode):
             self._hold_flush = False
             self._flush()
         return ids
+
+
+def stable_bound(topology_id: int, own_low: int, others: Iterable[int]) -> int:
+    """The version at or below which no write can still arrive at a member whose topology is ``topology_id``.
+
+    ``own_low`` and ``others``: per member of the view, the lowest topology whose versions may still come
+    from it (0 for a member not heard from). Once all reached our topology, every entry held is final
+    (:data:`ALL_STABLE`); otherwise only versions of topologies below the lowest one.
+    """
+    low = min([own_low, *others])
+    return ALL_STABLE if low >= topology_id else max(0, (low << SEQ_BITS) - 1)
+
+
+class FeedNode(_BatchingNode):
+    """A batching :class:`GridNode` whose store is a :class:`FeedStore`, and which reports how far back
+    writes it stamped earlier are still on their way (:meth:`oldest_unfinished`)."""
+
+    feed_entries = DEFAULT_FEED_ENTRIES
+    feed_bytes = DEFAULT_FEED_BYTES
+    _redriven = False
+
+    def _install(self, t: CacheTopology) -> None:
+        if self.topology is None or t.topology_id > self.topology.topology_id:
+            if not isinstance(self.store, FeedStore) or self.store.num_segments != t.num_segments:
+                # Put the feed store in place before GridNode._install would create a plain one.
+                self.store = FeedStore(t.num_segments, self.feed_entries, self.feed_bytes)
+            self.store.topology_id = t.topology_id
+        super()._install(t)
+
+    def _redrive(self, wid: int, pw: _PendingWrite) -> None:
+        self._redriven = True
+        super()._redrive(wid, pw)
+
+    def oldest_unfinished(self) -> int:
+        """The lowest topology id whose versions may still arrive from us: our installed topology, or the
+        stamp topology of a write we applied under an older one and are still pushing to its owners."""
+        t = self.topology
+        low = t.topology_id if t is not None else 0
+        for pw in self._writes.values():
+            vt = version_topology(pw.version)
+            if vt < low:
+                low = vt
+        self._redriven = False
+        return low
 
 
 class _BatchWait:
@@ -174,6 +387,11 @@ class GridRuntime:
         self._timer_at: float | None = None
         self._ready_to_leave = asyncio.Event()
         self._closed = False
+        # The change feed's stability: per member, the lowest topology id whose versions may still arrive
+        # from it (announced with the member info); ours is computed, what we announced last is remembered.
+        self.unfinished: dict[Address, int] = {}
+        self._announced_low: int | None = None
+        self._low_topology = -1
 
     # ==== channel callbacks (register them with Channel.connect) ============================================
     def on_view(self, view: View) -> None:
@@ -182,6 +400,8 @@ class GridRuntime:
             return
         self.node.on_view(view.members, self._loop.time(), merge=view.is_merge)
         self.endpoints = {a: u for a, u in self.endpoints.items() if a in view.members}
+        self.unfinished = {a: v for a, v in self.unfinished.items() if a in view.members}
+        self._announced_low = None  # new members need to hear it
         self._announce()
         self._pump()
 
@@ -215,7 +435,7 @@ class GridRuntime:
     def bind(self, ch: Channel) -> None:
         """Create the node now that the channel (and so our address) exists, and replay what came before."""
         self.ch = ch
-        self.node = _BatchingNode(ch.address, self.config)
+        self.node = FeedNode(ch.address, self.config)
         early, self._early = self._early, []
         for kind, item in early:
             if kind == "view":
@@ -308,6 +528,25 @@ class GridRuntime:
         counters["batches"] += 1
         return results
 
+    def versions_of(
+        self, ops: Sequence[tuple[int, bytes, bytes | None]], results: Sequence[OpResult]
+    ) -> list[int | None]:
+        """For each successful get of ``ops`` that found a value, its version when this member holds the key's
+        segment and still has that value (a client routes gets to a read owner, so it usually does); None
+        otherwise. The node's answers carry values only, so the version comes from the local copy."""
+        node = self.node
+        store = node.store if node is not None else None
+        t = node.topology if node is not None else None
+        out: list[int | None] = []
+        for (kind, key, _), res in zip(ops, results, strict=True):
+            version = None
+            if kind == GET and res.ok and res.value is not None and store is not None and t is not None:
+                entry = store.get(segment_of(key, t.num_segments), key)
+                if entry is not None and entry[1] == res.value:
+                    version = entry[0]
+            out.append(version)
+        return out
+
     def scan_segment(
         self, segment: int, after: bytes | None = None, limit: int = 1000, max_bytes: int = 4 << 20
     ) -> SegmentPage:
@@ -351,6 +590,48 @@ class GridRuntime:
         self.counters["segment_pages"] += 1
         return SegmentPage(segment, t.topology_id, entries, more)
 
+    def stable_version(self) -> int:
+        """The version at or below which no write can still arrive at this member (:data:`ALL_STABLE`: none).
+
+        A segment's versions under one topology come from its one primary, in order (FIFO channel), so the
+        only writes that arrive out of version order are the re-driven ones: stamped under an older topology,
+        pushed to the owners of a newer one. Every member announces the lowest topology it may still push
+        such writes of (:meth:`FeedNode.oldest_unfinished`); once every member of the view announced at least
+        our topology, nothing older can come and the whole log is stable. Until then only the versions of
+        topologies before the lowest announced one are. A member not heard from yet counts as 0.
+        """
+        node = self._require_node()
+        t = node.topology
+        assert t is not None and isinstance(node, FeedNode)
+        others = (self.unfinished.get(m, 0) for m in node.view if m != node.address)
+        return stable_bound(t.topology_id, node.oldest_unfinished(), others)
+
+    def changes(self, segment: int, after: int, limit: int = 1000, max_bytes: int = 4 << 20) -> ChangePage:
+        """One page of the change feed of ``segment`` after version ``after`` (see :class:`FeedStore`).
+
+        Served, like a segment scan, only by a member that reads the segment in its installed topology;
+        others raise :class:`GridNotOwner` naming the members that do.
+        """
+        node = self._require_node()
+        t = node.topology
+        store = node.store
+        assert t is not None and store is not None
+        if not 0 <= segment < t.num_segments:
+            raise ValueError(f"segment: {segment} is outside [0, {t.num_segments - 1}]")
+        if node.leaving:
+            raise GridUnavailable("this member is leaving the grid; read the segment from another owner")
+        if not t.can_read(segment):
+            raise GridUnavailable(f"segment {segment} is unavailable for reads ({t.mode.value})")
+        owners = t.read_owners(segment)
+        if node.address not in owners or not store.has_segment(segment) or not isinstance(store, FeedStore):
+            urls = [self.endpoints.get(m) for m in owners]
+            raise GridNotOwner(f"segment {segment} is not readable on this member; read it from its owners", urls)
+        page = store.changes(segment, after, limit, self.stable_version(), max_bytes)
+        self.counters["change_pages"] += 1
+        if not page.covered:
+            self.counters["change_pages_uncovered"] += 1
+        return page
+
     def _require_node(self) -> GridNode:
         if self._closed:
             raise GridUnavailable("this member has left the grid")
@@ -367,6 +648,16 @@ class GridRuntime:
             return
         node.leave(self._loop.time())
         self._pump()
+
+    def force_available(self) -> bool:
+        """Operator's override, on the coordinator only (False elsewhere): leave degraded mode with the members
+        present, accepting that segments whose owners are all gone lost their data (see GridNode)."""
+        node = self.node
+        if node is None:
+            return False
+        forced = node.force_available(self._loop.time())
+        self._pump()
+        return forced
 
     async def wait_ready_to_leave(self) -> None:
         await self._ready_to_leave.wait()
@@ -464,10 +755,31 @@ class GridRuntime:
     # ==== plumbing ============================================================================================
     def _announce(self) -> None:
         ch = self.ch
-        if ch is None or self.http_url is None or ch.closed or ch.leaving:
+        if ch is None or ch.closed or ch.leaving:
             return
-        self.endpoints[ch.address] = self.http_url
-        ch.send(_INFO_PREFIX + msgpack.packb({"http": self.http_url}))
+        info: dict[str, Any] = {}
+        if self.http_url is not None:
+            self.endpoints[ch.address] = self.http_url
+            info["http"] = self.http_url
+        node = self.node
+        if isinstance(node, FeedNode) and node.topology is not None:
+            low = node.oldest_unfinished()
+            info["low"] = low
+            self._announced_low = low
+            self._low_topology = node.topology.topology_id
+        if info:
+            ch.send(_INFO_PREFIX + msgpack.packb(info))
+
+    def _maybe_announce_low(self) -> None:
+        """Announce our :meth:`FeedNode.oldest_unfinished` when it changed (cheap when nothing was re-driven)."""
+        node = self.node
+        if not isinstance(node, FeedNode) or node.topology is None:
+            return
+        tid = node.topology.topology_id
+        if not node._redriven and tid == self._low_topology and self._announced_low == tid:
+            return  # nothing old in flight and no re-drive since: the answer is still our topology id
+        if node.oldest_unfinished() != self._announced_low or tid != self._low_topology:
+            self._announce()
 
     def _on_info(self, src: Address, payload: bytes) -> None:
         if len(payload) > MAX_INFO_BYTES:
@@ -475,14 +787,22 @@ class GridRuntime:
             return
         try:
             info = msgpack.unpackb(payload[1:], raw=False)
-            url = info["http"]
-            if not isinstance(url, str) or not url.startswith("http"):
+            if not isinstance(info, dict):
+                raise ValueError("not a map")
+            url = info.get("http")
+            if url is not None and (not isinstance(url, str) or not url.startswith("http")):
                 raise ValueError(f"http: expected a URL, got {url!r}")
+            low = info.get("low")
+            if low is not None and (type(low) is not int or low < 0):
+                raise ValueError(f"low: expected a topology id, got {low!r}")
         except Exception as exc:  # a peer's bad bytes are dropped and counted, never a crash
             self.counters["bad_info"] += 1
             log.warning("dropped a member-info payload from %s: %s", src, exc)
             return
-        self.endpoints[src] = url
+        if url is not None:
+            self.endpoints[src] = url
+        if low is not None:
+            self.unfinished[src] = low
 
     def _pump(self) -> None:
         node = self.node
@@ -514,6 +834,8 @@ class GridRuntime:
                     wait.done.set_result(wait.results)  # type: ignore[arg-type]
         if node.ready_to_leave:
             self._ready_to_leave.set()
+        if ch is not None and not ch.closed:
+            self._maybe_announce_low()
         self._arm()
 
     def _arm(self) -> None:

@@ -7,12 +7,15 @@ rule Infinispan states as "a write during a transfer wins over a transferred val
 state transfer is applied only where the key is absent or holds an older version, and a deletion during a
 transfer leaves a *tombstone* (its version, no value) so an older transferred value cannot resurrect the key.
 The node keeps tombstones (``keep_tombstones``) because after a merge another partition's older entries arrive
-too; :meth:`SegmentStore.purge_tombstones` drops them. Two different values with the same version (possible
-only between partitions) resolve to the greater value, a deletion counting least.
+too; :meth:`SegmentStore.purge_tombstones` drops them all, :meth:`SegmentStore.expire_tombstones` those older
+than a time (the node's ``tombstone_grace``; the time of a tombstone is when *this* store got it). Two different
+values with the same version (possible only between partitions) resolve to the greater value, a deletion
+counting least.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -43,7 +46,7 @@ def _tie_wins(new: bytes | None, old: bytes | None) -> bool:
 class SegmentStore:
     """Entries of the segments this member holds: ``segment -> {key: (version, value | None)}``."""
 
-    __slots__ = ("keep_tombstones", "num_segments", "segments", "tombstones")
+    __slots__ = ("_tomb_queue", "keep_tombstones", "num_segments", "segments", "tombstones")
 
     def __init__(self, num_segments: int) -> None:
         self.num_segments = num_segments
@@ -51,6 +54,9 @@ class SegmentStore:
         # While True (a rebalance runs) a delete leaves a tombstone instead of removing the key.
         self.keep_tombstones = False
         self.tombstones = 0
+        # (time stored, segment, key, version) of every tombstone in the order they came (times only grow):
+        # entries whose key has since changed or gone are skipped when they come up for expiry.
+        self._tomb_queue: deque[tuple[float, int, bytes, int]] = deque()
 
     # -- segments -------------------------------------------------------------------------------------------
     def has_segment(self, segment: int) -> bool:
@@ -91,14 +97,15 @@ class SegmentStore:
         return None if entry is None else entry[1]
 
     # -- writes ---------------------------------------------------------------------------------------------
-    def write(self, segment: int, key: bytes, version: int, value: bytes | None) -> bool:
-        """Apply a put (value) or delete (None) if ``version`` is newer than what is stored; True if applied."""
+    def write(self, segment: int, key: bytes, version: int, value: bytes | None, *, now: float = 0.0) -> bool:
+        """Apply a put (value) or delete (None) if ``version`` is newer than what is stored; True if applied.
+        ``now`` dates a tombstone for :meth:`expire_tombstones`."""
         # One rule for local writes and transferred entries: the newer version wins, tombstones included.
-        return self.apply_transferred(segment, ((key, version, value),)) == 1
+        return self.apply_transferred(segment, ((key, version, value),), now=now) == 1
 
-    def apply_transferred(self, segment: int, entries: Iterable[TransferEntry]) -> int:
+    def apply_transferred(self, segment: int, entries: Iterable[TransferEntry], *, now: float = 0.0) -> int:
         """Apply a batch of entries (received by state transfer, or one local write); a local newer version or
-        tombstone wins. Returns how many were applied."""
+        tombstone wins. Returns how many were applied. ``now`` dates the tombstones kept."""
         data = self.segments.get(segment)
         if data is None:
             self._check_segment(segment)
@@ -115,6 +122,7 @@ class SegmentStore:
                     if old is None or old[1] is not None:
                         self.tombstones += 1
                     data[key] = (version, None)
+                    self._tomb_queue.append((now, segment, key, version))
                 elif old is not None:
                     if old[1] is None:
                         self.tombstones -= 1
@@ -137,6 +145,26 @@ class SegmentStore:
                 del data[k]
             dropped += len(dead)
         self.tombstones = 0
+        self._tomb_queue.clear()
+        return dropped
+
+    def oldest_tombstone(self) -> float | None:
+        """When the oldest tombstone still queued for expiry was stored (None: none)."""
+        return self._tomb_queue[0][0] if self._tomb_queue else None
+
+    def expire_tombstones(self, now: float, grace: float) -> int:
+        """Drop the tombstones stored at least ``grace`` seconds before ``now``; returns how many were dropped."""
+        queue = self._tomb_queue
+        dropped = 0
+        # The same sum as the caller's deadline (oldest + grace), so a due tombstone always goes (no rounding
+        # gap that would leave the deadline in the past and a driver ticking in a loop).
+        while queue and queue[0][0] + grace <= now:
+            _, segment, key, version = queue.popleft()
+            data = self.segments.get(segment)
+            if data is not None and data.get(key) == (version, None):
+                del data[key]
+                self.tombstones -= 1
+                dropped += 1
         return dropped
 
     # -- iteration ------------------------------------------------------------------------------------------

@@ -450,8 +450,14 @@ class RebalancePlanner:
         target = balanced(t.current.owner_map(), owners, self._caps(), self.num_segments, self.num_owners)
         members = self._member_tuple()
         if target.owner_map() == t.current.owner_map():
-            if set(members) != set(t.members):
-                return self._set(self._bump(t, members=members))
+            listed = dict(zip(target.members, target.capacities, strict=True))
+            if set(members) != set(t.members) or listed != dict(
+                zip(t.current.members, t.current.capacities, strict=True)
+            ):
+                # Nothing moves, but the CH lists every member that could own segments (with its capacity),
+                # even one whose share rounds down to none: a leaving member reads "nobody could take my
+                # segments" from the CH (GridNode._no_taker), so none that could may be missing from it.
+                return self._set(self._bump(t, members=members, current=target))
             return None
         self.rebalances_started += 1
         self.max_rebalance_id = max(self.max_rebalance_id, t.rebalance_id) + 1

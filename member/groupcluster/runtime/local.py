@@ -435,6 +435,10 @@ class LocalCluster:
                     raise LocalError(f"{m.name} ({m.http}) exited while waiting for {what}:\n{self.log_tail(m)}")
             st = self.statuses(members)
             if self.settled(st):
+                if progress is not None:
+                    # A last full bar: on a fast machine the rebalance may finish between two polls.
+                    tops = {s["grid"]["topology_id"] for s in st.values() if s and s.get("grid")}
+                    progress(1.0, f"rebalance done (topology {max(tops, default=0)})")
                 return time.monotonic() - start
             if progress is not None:
                 joined = sum(1 for s in st.values() if s and s.get("joined"))

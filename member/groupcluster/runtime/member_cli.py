@@ -124,6 +124,17 @@ def _grid_set_arg(text: str) -> tuple[str, Any]:
     return key, parsed
 
 
+def _token_file(path: str) -> str:
+    """The bearer token in ``path`` (surrounding whitespace stripped); a clear argparse error otherwise."""
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise argparse.ArgumentTypeError(f"{path}: the token must be one word of at least 16 characters")
+    return token
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, help="cluster name (members of other clusters are ignored)")
     parser.add_argument("--bind", required=True, type=_endpoint_arg, metavar="HOST:PORT", help="our endpoint")
@@ -173,6 +184,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_endpoint_arg,
         metavar="HOST:PORT",
         help="serve /healthz, /readyz, /v1/status, /v1/kv/{key}, /v1/leave and /metrics here",
+    )
+    grid.add_argument(
+        "--admin-token-file",
+        dest="admin_token",
+        type=_token_file,
+        metavar="PATH",
+        help="POST /v1/leave requires 'Authorization: Bearer TOKEN' with the token in this file",
+    )
+    grid.add_argument(
+        "--kv-token-file",
+        dest="kv_token",
+        type=_token_file,
+        metavar="PATH",
+        help="the data endpoints (/v1/kv, /v1/batch, /v1/segments, /v1/changes) require this bearer token",
     )
     kube_discovery.add_arguments(parser)
     work = parser.add_argument_group("test workload")
@@ -419,7 +444,12 @@ class Member:
         from ..grid.http_api import MemberContext, build_app
 
         ctx = MemberContext(
-            cluster=self.args.cluster, grid=self.grid, request_leave=self.request_leave, channel=lambda: self.ch
+            cluster=self.args.cluster,
+            grid=self.grid,
+            request_leave=self.request_leave,
+            channel=lambda: self.ch,
+            admin_token=self.args.admin_token,
+            kv_token=self.args.kv_token,
         )
         runner = web.AppRunner(build_app(ctx), access_log=None)
         await runner.setup()

@@ -21,12 +21,20 @@ such a window counts as started when the window opened. In ``allow_read_writes``
 writes and the merge policy (docs/grid.md: newest version wins) keeps one of them, so a write overlapping a
 window counts as lasting the whole window: writes in one window are concurrent with each other. In
 ``deny_read_writes`` and ``allow_reads`` writes get no such leeway: a side that may have lost owners refuses
-them, so every acknowledged write must survive.
+them, so every acknowledged write must survive. In ``allow_read_writes`` a read overlapping a window may also
+return absent: a side left without any owner of a segment starts it empty (the mode's trade-off).
+
+**Separate grids** (members that started apart, or a restarted member that formed a group of its own): a
+member's grid holds nothing of a grid it has never been in one view with. So a write acknowledged through a
+member the reader had not yet been in one view with (directly, or through members that were) when the read
+started binds that read only as a write that *may* have happened: it neither hides older values nor rules out
+absent. After the merge view the merged group's data includes it (the merge push), and reads must see it.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -69,6 +77,8 @@ class GridHistory:
     windows: list[tuple[float, float]]  # reads overlapping one may be stale
     write_windows: list[tuple[float, float]]  # two disjoint groups served writes: writes in one are concurrent
     stores: list[HistoryEvent]
+    # member -> {member -> when it first installed a view linking its grid to that member's grid}
+    known: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
 
 def _opt(ev: HistoryEvent, pos: int, name: str) -> str | None:
@@ -99,6 +109,10 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
     write_windows: list[tuple[float, float]] = []
     two_since: float | None = None
     last_t = 0.0
+    # Grid lineages: the members whose writes a member's grid may hold (see "Separate grids" above), and who
+    # installed each view so far (two members' grids meet when both installed one view).
+    installed: dict[tuple[int, str], list[str]] = {}
+    known: dict[str, dict[str, float]] = {}
     for pos, ev in enumerate(events):
         kind = ev.kind
         last_t = max(last_t, ev.t)
@@ -157,6 +171,8 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
                     current[ev.member] = (int(raw[0]), str(raw[1]))
                 if isinstance(members, list):
                     view_members[ev.member] = frozenset(str(m) for m in members)
+                    if isinstance(raw, list) and len(raw) == 2:
+                        _link(ev.member, current[ev.member], ev.t, installed, known)
             elif kind == "grid_topology":
                 # A member serves from the group it had when it installed its topology, until the next one
                 # (after a merge view, until the merged group's first topology reaches it).
@@ -189,7 +205,30 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
     if mode == ALLOW_READ_WRITES:
         # Both sides of any split take writes in this mode (the grid is never degraded).
         write_windows.extend(windows)
-    return GridHistory(mode, order, _merge_windows(windows + write_windows), _merge_windows(write_windows), stores)
+    return GridHistory(
+        mode, order, _merge_windows(windows + write_windows), _merge_windows(write_windows), stores, known
+    )
+
+
+def _link(
+    member: str,
+    view_id: tuple[int, str],
+    t: float,
+    installed: dict[tuple[int, str], list[str]],
+    known: dict[str, dict[str, float]],
+) -> None:
+    """``member`` installed view ``view_id`` at ``t``: its grid meets the grids of the members that installed
+    the same view before it. (Being listed in someone's view is not enough: a member that never installs that
+    view, e.g. one whose join failed and that formed a group of its own, keeps a grid of its own.)"""
+    mine = known.setdefault(member, {member: -INF})
+    peers = installed.setdefault(view_id, [])
+    for other in peers:
+        theirs = known.setdefault(other, {other: -INF})
+        for m in list(theirs):
+            mine.setdefault(m, t)
+        for m in list(mine):
+            theirs.setdefault(m, t)
+    peers.append(member)
 
 
 def _two_available_groups(views: dict[str, frozenset[str]], available: dict[str, bool]) -> bool:
@@ -220,6 +259,10 @@ def _widen(start: float, end: float, windows: list[tuple[float, float]], both: b
             if both:
                 end = max(end, we)
     return start, end
+
+
+def _overlaps(start: float, end: float, windows: list[tuple[float, float]]) -> bool:
+    return any(ws <= end and we >= start for ws, we in windows)
 
 
 @dataclass(slots=True)
@@ -270,6 +313,15 @@ class _KeyWrites:
         return best
 
 
+def _foreign(read: GridOp, writes: Iterable[_Write], known: dict[str, dict[str, float]]) -> set[int]:
+    """The acknowledged writes (by id) made through a member whose grid the reader's had not met when the read
+    started. Histories without views (hand-written ones) have no lineages: nothing is foreign there."""
+    mine = known.get(read.member)
+    if mine is None:
+        return set()
+    return {id(w) for w in writes if w.end != INF and w.op.member in known and mine.get(w.op.member, INF) > read.start}
+
+
 def _check_reads(gh: GridHistory) -> list[Violation]:
     windows = gh.windows
     by_key: dict[str, list[_Write]] = {}
@@ -289,7 +341,13 @@ def _check_reads(gh: GridHistory) -> list[Violation]:
             continue
         start, end = _widen(g.start, g.end, windows, both=False) if not g.final else (g.start, g.end)
         kw = keys.get(g.key, empty)
+        foreign = _foreign(g, by_key.get(g.key, ()), gh.known)
+        if foreign:
+            # Writes acknowledged through a grid the reader's grid had not met yet: they may have happened.
+            kw = _KeyWrites([_Write(w.op, w.start, INF) if id(w) in foreign else w for w in by_key[g.key]])
         allowed = kw.allowed(start, end)
+        if gh.mode == ALLOW_READ_WRITES and not g.final and _overlaps(g.start, g.end, windows):
+            allowed.add(None)  # a side without any owner of the segment started it empty
         if g.value in allowed:
             continue
         latest = kw.latest_before(start)

@@ -160,7 +160,20 @@ class GridIO:
         query = {"limit": str(self.opts.page_size)}
         if after is not None:
             query["after"] = after
-        path = f"/v1/segments/{segment}?{urllib.parse.urlencode(query)}"
+        return self._get_page(segment, f"/v1/segments/{segment}?{urllib.parse.urlencode(query)}", target, "next")
+
+    def changes(self, segment: int, after: int, target: str | None = None) -> tuple[dict[str, Any], str]:
+        """One page of the segment's change feed after version ``after`` (``GET /v1/changes/{id}``) from a
+        member that reads the segment, and the member that served it."""
+        path = f"/v1/changes/{segment}?after={after}&limit={self.opts.page_size}"
+        page, ep = self._get_page(segment, path, target, "upto")
+        for name, kind in (("covered", bool), ("floor", int), ("upto", int), ("more", bool)):
+            if type(page.get(name)) is not kind:
+                raise GridSourceError(f"{ep}: malformed change page of segment {segment}: {name} missing")
+        self.stats["change_pages"] = self.stats.get("change_pages", 0) + 1
+        return page, ep
+
+    def _get_page(self, segment: int, path: str, target: str | None, marker: str) -> tuple[dict[str, Any], str]:
         deadline = time.monotonic() + self.opts.timeout
         last = "no attempt"
         for attempt in range(self.opts.retries + 1):
@@ -178,8 +191,8 @@ class GridIO:
                 if status == 200:
                     try:
                         page = msgpack.unpackb(body, raw=False)
-                        if not isinstance(page.get("entries"), list) or "next" not in page:
-                            raise ValueError("entries or next missing")
+                        if not isinstance(page.get("entries"), list) or marker not in page:
+                            raise ValueError(f"entries or {marker} missing")
                     except Exception as exc:
                         raise GridSourceError(f"{ep}: malformed page of segment {segment}: {exc}") from None
                     return page, ep
@@ -225,6 +238,12 @@ class GridIO:
     def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes | None]:
         try:
             return self.client.get_many(keys)
+        except GridClientError as exc:
+            raise GridSourceError(f"key lookup failed: {exc}") from exc
+
+    def get_many_versions(self, keys: Iterable[bytes]) -> dict[bytes, tuple[bytes | None, int | None]]:
+        try:
+            return self.client.get_many_versions(keys)
         except GridClientError as exc:
             raise GridSourceError(f"key lookup failed: {exc}") from exc
 

@@ -10,8 +10,8 @@
 
 **Schema** (read and stream): ``key`` (string, or binary with ``keyType=binary``), ``value`` (binary, or
 string with ``valueType=string``), ``segment`` (int: the key's segment) and ``version`` (long: the version
-the segment's primary owner stamped on the write, ``(topology_id << 40) | seq``; null for rows fetched by a
-pushed-down key lookup, which returns values only).
+the segment's primary owner stamped on the write, ``(topology_id << 40) | seq``; also for rows fetched by a
+pushed-down key lookup). In the stream a deletion is a row whose ``value`` is null.
 
 **Batch read**: one Spark partition per group of segments (:func:`.plan.plan_groups`), each segment scanned
 from a member that reads it and followed to its new owner when a rebalance moves it (:mod:`.gridio`): each
@@ -51,9 +51,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from ..grid.consistent_hash import segment_of
+from .feed import Change, segment_end, segment_range
 from .gridio import Entry, GridIO, GridSourceError, GridWriteError
 from .options import GridOptions, OptionError, parse_options
-from .plan import Offset, RangeGroup, SegmentGroup, in_range, plan_groups, plan_ranges
+from .plan import Offset, RangeGroup, SegmentGroup, plan_groups, plan_ranges
 
 log = logging.getLogger("groupcluster.spark")
 
@@ -87,7 +88,11 @@ def _arrow_schema(opts: GridOptions) -> pa.Schema:
 
 
 def _record_batch(
-    opts: GridOptions, keys: list[bytes], values: list[bytes], segments: list[int], versions: list[int | None]
+    opts: GridOptions,
+    keys: list[bytes],
+    values: list[bytes | None],
+    segments: list[int],
+    versions: list[int | None],
 ) -> pa.RecordBatch:
     """One Arrow batch of rows; bytes go into string columns as they are, after an UTF-8 check by Arrow."""
     schema = _arrow_schema(opts)
@@ -108,7 +113,9 @@ def _record_batch(
     )
 
 
-def _is_utf8(b: bytes) -> bool:
+def _is_utf8(b: bytes | None) -> bool:
+    if b is None:
+        return True  # a deletion in the stream: a null value
     try:
         b.decode("utf-8")
         return True
@@ -116,7 +123,9 @@ def _is_utf8(b: bytes) -> bool:
         return False
 
 
-def _segment_batches(opts: GridOptions, segment: int, entries: Sequence[Entry]) -> Iterator[pa.RecordBatch]:
+def _segment_batches(
+    opts: GridOptions, segment: int, entries: Sequence[Entry] | Sequence[Change]
+) -> Iterator[pa.RecordBatch]:
     """The entries of one segment as Arrow batches, built column by column (no per-row Python objects)."""
     for i in range(0, len(entries), ROWS_PER_ARROW_BATCH):
         chunk = entries[i : i + ROWS_PER_ARROW_BATCH]
@@ -257,11 +266,13 @@ class GroupClusterReader(DataSourceReader):
         if not keys:
             return
         n = io.current_routing().num_segments
-        found = sorted((k, v) for k, v in io.get_many(keys).items() if v is not None)
+        found = sorted((k, v, ver) for k, (v, ver) in io.get_many_versions(keys).items() if v is not None)
         if found:
-            ks = [k for k, _ in found]
-            # The batch API returns values only: version is null for these rows.
-            yield _record_batch(self.opts, ks, [v for _, v in found], [segment_of(k, n) for k in ks], [None] * len(ks))
+            ks = [k for k, _, _ in found]
+            # The batch answer carries each value's version (null only if a member off the routing answered).
+            yield _record_batch(
+                self.opts, ks, [v for _, v, _ in found], [segment_of(k, n) for k in ks], [ver for *_, ver in found]
+            )
 
 
 # ==== batch write ================================================================================================
@@ -387,40 +398,40 @@ class RangePartition(InputPartition):
 
 
 class GroupClusterStreamReader(DataSourceStreamReader):
-    """The grid's changes as a stream: per segment, entries in version order; the offset is a version per segment.
+    """The grid's changes as a stream: per segment, every write in version order; the offset is a version per
+    segment.
 
-    Each micro-batch delivers, per segment, the entries whose version lies between the last offset and the
-    newest version found when the batch was planned (:mod:`.plan`). A restarted query continues from the
-    offsets in its checkpoint: ranges do not overlap and leave no hole, so no change is delivered twice and
-    none is skipped. What the stream is, precisely (docs/spark.md): the *latest* version of each key changed
-    since the previous batch (two writes of one key between batches arrive as the second one); deletions are
-    not in it (the grid keeps no tombstones outside rebalances); the order is per segment, the order in which
-    the segment's primary owner applied the writes (not one total order across segments).
+    Each micro-batch delivers, per segment, the writes whose version lies between the last offset and the end
+    the driver found when it planned the batch, read from the member-side change feed (:mod:`.feed`): every
+    put, every overwrite and every deletion (a row with a null value), once each. A restarted query continues
+    from the offsets in its checkpoint: ranges do not overlap and leave no hole, and a range read again gives
+    the same writes, so no change is delivered twice and none is skipped. Where a member's log does not reach
+    back to the offset (a segment it fetched in a rebalance, or a log truncated because the stream fell far
+    behind) the part below the log comes from a scan: the current value of the keys last written in that gap.
+    The order is per segment (the order of versions), not one total order (docs/spark.md).
     """
 
     def __init__(self, opts: GridOptions) -> None:
         self.opts = opts
 
-    def _maxima(self) -> tuple[int, dict[int, int]]:
-        """The number of segments and, per segment, the highest version present now (a scan of the grid)."""
+    def _ends(self, base: Offset | None) -> tuple[int, dict[int, int]]:
+        """The number of segments and, per segment, how far the feed lets the stream advance from ``base``."""
         io = GridIO(self.opts)
         try:
             routing = io.refresh()
-            maxima: dict[int, int] = {}
+            start = base if base is not None else Offset.zero(routing.num_segments)
+            start.check_compatible(Offset.zero(routing.num_segments))
+            ends: dict[int, int] = {}
             for g in plan_groups(routing, self.opts.num_partitions):
                 for seg in g.segments:
-                    top = 0
-                    for page in io.scan_segment(seg, prefer=g.owner):
-                        top = max(top, max(e[2] for e in page))
-                    if top:
-                        maxima[seg] = top
-            return routing.num_segments, maxima
+                    ends[seg] = segment_end(io, seg, start.versions[seg], g.owner)
+            return routing.num_segments, ends
         finally:
             io.close()
 
     def initialOffset(self) -> dict[str, Any]:
-        n, maxima = self._maxima() if self.opts.starting_offsets == "latest" else (self._num_segments(), {})
-        return Offset.zero(n).advanced(maxima).to_json()
+        n, ends = self._ends(None) if self.opts.starting_offsets == "latest" else (self._num_segments(), {})
+        return Offset.zero(n).advanced(ends).to_json()
 
     def _num_segments(self) -> int:
         io = GridIO(self.opts)
@@ -430,10 +441,9 @@ class GroupClusterStreamReader(DataSourceStreamReader):
             io.close()
 
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
-        n, maxima = self._maxima()
-        base = Offset.from_json(start) if start else Offset.zero(n)
-        base.check_compatible(Offset.zero(n))
-        return base.advanced(maxima).to_json()
+        base = Offset.from_json(start) if start else None
+        n, ends = self._ends(base)
+        return (base or Offset.zero(n)).advanced(ends).to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         lo, hi = Offset.from_json(start), Offset.from_json(end)
@@ -450,12 +460,10 @@ class GroupClusterStreamReader(DataSourceStreamReader):
         g = partition.group
         io = GridIO(self.opts)
         try:
-            ranges = {seg: (lo, hi) for seg, lo, hi in zip(g.segments, g.starts, g.ends, strict=True)}
-            for seg, all_entries in _prefetched(io, g.segments, g.owner):
-                lo, hi = ranges[seg]
-                entries = in_range(all_entries, lo, hi)
-                entries.sort(key=lambda e: e[2])  # the order the segment's primary applied them
-                yield from _segment_batches(self.opts, seg, entries)
+            for seg, lo, hi in zip(g.segments, g.starts, g.ends, strict=True):
+                changes = segment_range(io, seg, lo, hi, g.owner)
+                if changes:
+                    yield from _segment_batches(self.opts, seg, changes)
         finally:
             io.close()
 
