@@ -399,6 +399,13 @@ class _Router:
         raise GridRequestError(reply.status, self.error_message(reply))
 
 
+def _check_batching(batch_size: int, parallel: int) -> None:
+    if not 1 <= batch_size <= 10_000:
+        raise ValueError(f"batch_size: expected 1 to 10000, got {batch_size}")
+    if parallel < 1:
+        raise ValueError(f"parallel: expected at least 1, got {parallel}")
+
+
 class GridClient:
     """Blocking client. Not thread-safe: one client per thread (it keeps one connection per member)."""
 
@@ -416,10 +423,7 @@ class GridClient:
         parallel: int = 8,
         token: str | None = None,
     ) -> None:
-        if not 1 <= batch_size <= 10_000:
-            raise ValueError(f"batch_size: expected 1 to 10000, got {batch_size}")
-        if parallel < 1:
-            raise ValueError(f"parallel: expected at least 1, got {parallel}")
+        _check_batching(batch_size, parallel)
         self._r = _Router(endpoints, retries, backoff, timeout, avoid_seconds)
         self.request_timeout = request_timeout
         # Sent as a bearer token with every request: members started with --kv-token-file require it.
@@ -688,10 +692,7 @@ class AsyncGridClient:
     ) -> None:
         import aiohttp
 
-        if not 1 <= batch_size <= 10_000:
-            raise ValueError(f"batch_size: expected 1 to 10000, got {batch_size}")
-        if parallel < 1:
-            raise ValueError(f"parallel: expected at least 1, got {parallel}")
+        _check_batching(batch_size, parallel)
         self._aiohttp = aiohttp
         self._r = _Router(endpoints, retries, backoff, timeout, avoid_seconds)
         self.route = route

@@ -493,8 +493,9 @@ class _Api:
         }
         return _packed(body, binary)
 
-    async def segment(self, request: web.Request) -> web.Response:
-        self._count("segment")
+    def _segment_request(self, request: web.Request) -> tuple[GridRuntime, bool, int, int] | web.Response:
+        """What /v1/segments/{id} and /v1/changes/{id} share: (grid, msgpack answer?, segment, page limit), or
+        the 4xx answer naming what is wrong."""
         grid = self.ctx.grid
         if grid is None:
             return json_error(404, "this member runs no data grid (start it with --grid)")
@@ -506,12 +507,20 @@ class _Api:
         unknown = sorted(set(q) - {"after", "limit"})
         if unknown:
             return json_error(400, f"unknown query parameter(s) {', '.join(unknown)} (after, limit)")
+        limit_text = q.get("limit", str(DEFAULT_SCAN_LIMIT))
+        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_SCAN_LIMIT:
+            return json_error(400, f"limit: expected 1 to {MAX_SCAN_LIMIT}, got {limit_text!r}")
+        return grid, binary, int(raw_seg), int(limit_text)
+
+    async def segment(self, request: web.Request) -> web.Response:
+        self._count("segment")
+        parsed = self._segment_request(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        grid, binary, seg, limit = parsed
         try:
-            after = _decode_cursor(q["after"]) if "after" in q else None
-            limit_text = q.get("limit", str(DEFAULT_SCAN_LIMIT))
-            if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_SCAN_LIMIT:
-                raise ValueError(f"limit: expected 1 to {MAX_SCAN_LIMIT}, got {limit_text!r}")
-            page = grid.scan_segment(int(raw_seg), after, int(limit_text), SCAN_PAGE_BYTES)
+            after = _decode_cursor(request.query["after"]) if "after" in request.query else None
+            page = grid.scan_segment(seg, after, limit, SCAN_PAGE_BYTES)
         except ValueError as exc:
             return json_error(400, str(exc))
         except GridNotOwner as exc:
@@ -529,25 +538,15 @@ class _Api:
 
     async def changes(self, request: web.Request) -> web.Response:
         self._count("changes")
-        grid = self.ctx.grid
-        if grid is None:
-            return json_error(404, "this member runs no data grid (start it with --grid)")
-        binary = any(t.strip().split(";")[0] in MSGPACK_TYPES for t in request.headers.get("Accept", "").split(","))
-        raw_seg = request.match_info["segment"]
-        if not raw_seg.isdigit():
-            return json_error(400, f"segment: expected a segment number, got {raw_seg!r}")
-        q = request.query
-        unknown = sorted(set(q) - {"after", "limit"})
-        if unknown:
-            return json_error(400, f"unknown query parameter(s) {', '.join(unknown)} (after, limit)")
+        parsed = self._segment_request(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        grid, binary, seg, limit = parsed
+        after_text = request.query.get("after", "0")
+        if not after_text.isdigit() or int(after_text) >= 1 << 63:
+            return json_error(400, f"after: expected a version (an integer >= 0), got {after_text!r}")
         try:
-            after_text = q.get("after", "0")
-            if not after_text.isdigit() or int(after_text) >= 1 << 63:
-                raise ValueError(f"after: expected a version (an integer >= 0), got {after_text!r}")
-            limit_text = q.get("limit", str(DEFAULT_SCAN_LIMIT))
-            if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_SCAN_LIMIT:
-                raise ValueError(f"limit: expected 1 to {MAX_SCAN_LIMIT}, got {limit_text!r}")
-            page = grid.changes(int(raw_seg), int(after_text), int(limit_text), SCAN_PAGE_BYTES)
+            page = grid.changes(seg, int(after_text), limit, SCAN_PAGE_BYTES)
         except ValueError as exc:
             return json_error(400, str(exc))
         except GridNotOwner as exc:
