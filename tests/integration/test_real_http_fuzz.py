@@ -19,7 +19,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from .procs import Members, wait_until
@@ -158,11 +158,24 @@ def check_request(member_url: tuple[str, int], method: str, path: str, headers: 
 
 requests = {"method": st.sampled_from(METHODS), "path": paths, "headers": header_sets, "body": bodies}
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database=None)
+# The test command's share is derandomized (the same inputs every run, so CI is not a lottery); the longer slow
+# run draws new inputs each time and what it finds becomes an @example here.
+FUZZ_FIXED = settings(FUZZ, max_examples=60, derandomize=True)
 
 
 @pytest.mark.timeout(300)
-@settings(FUZZ, max_examples=60)
+@settings(FUZZ_FIXED)
 @given(**requests)
+# Found by a CI run: a body that does not decode as its Content-Encoding was answered 500.
+@example(
+    method="PUT",
+    path="/v1/kv/k",
+    headers=["Content-Type: application/json", "Accept: application/msgpack", "Content-Encoding: gzip"],
+    body=b"\x00\x00",
+)
+@example(
+    method="POST", path="/v1/batch", headers=["Content-Type: application/json", "Content-Encoding: deflate"], body=b"{}"
+)
 def test_bad_requests_get_4xx_with_a_clear_message_never_5xx(member_url: tuple[str, int], **request: Any) -> None:
     check_request(member_url, **request)
 

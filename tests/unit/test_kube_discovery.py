@@ -138,10 +138,11 @@ class FakeApi:
     def __init__(self) -> None:
         self.valid_tokens = {"token-1"}
         self.forbid = False
+        self.chunked = False  # answer in several chunks with pauses, as a real API server may
         self.pods: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str, str]] = []  # (path, selector, token)
 
-    async def pods_handler(self, request: web.Request) -> web.Response:
+    async def pods_handler(self, request: web.Request) -> web.StreamResponse:
         token = request.headers.get("Authorization", "").removeprefix("Bearer ")
         self.requests.append((request.path, request.query.get("labelSelector", ""), token))
         if token not in self.valid_tokens:
@@ -153,7 +154,17 @@ class FakeApi:
                 f'in API group "" in the namespace "{ns}"'
             )
             return web.json_response({"kind": "Status", "message": msg, "code": 403}, status=403)
-        return web.json_response({"kind": "PodList", "items": self.pods})
+        if not self.chunked:
+            return web.json_response({"kind": "PodList", "items": self.pods})
+        body = json.dumps({"kind": "PodList", "items": self.pods}).encode()
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        for start in range(0, len(body), 40):
+            await resp.write(body[start : start + 40])
+            await asyncio.sleep(0.01)  # the client sees the first chunk before the rest exists
+        await resp.write_eof()
+        return resp
 
 
 @contextlib.asynccontextmanager
@@ -283,6 +294,25 @@ def test_lists_pods_through_a_ca_bundle_and_feeds_update_hosts(tmp_path: Path, p
             assert path == "/api/v1/namespaces/prod/pods"
             assert selector == "groupcluster.io/cluster=orders"
             assert token == "token-1"
+
+    asyncio.run(body())
+
+
+def test_a_pod_list_answered_in_chunks_is_read_to_its_end(tmp_path: Path, pki: dict[str, Path]) -> None:
+    # A CI run saw "the pod list is not JSON" from a real API server: only the first chunk had been read.
+    async def body() -> None:
+        async with serve_api(pki) as api:
+            fake, server = api
+            fake.chunked = True
+            fake.pods = [_pod(f"p{i}", f"10.0.0.{i}") for i in range(1, 6)]
+            updates: list[UpdateHosts] = []
+            disc = _discovery(server, _sa_dir(tmp_path, pki), updates)
+            try:
+                assert await disc.poll() is True
+            finally:
+                await disc.aclose()
+            assert disc.failures == 0
+            assert [h for h, _ in updates[-1].hosts] == [f"10.0.0.{i}" for i in range(1, 6)]
 
     asyncio.run(body())
 

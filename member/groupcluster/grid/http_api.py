@@ -66,6 +66,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from ..sim.history import view_id_json
 from .messages import DEFAULT_LIMITS, DELETE, GET, PUT
@@ -120,6 +121,10 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
     """aiohttp answers unknown paths, wrong methods and oversized bodies in HTML; clients want JSON."""
     try:
         return await handler(request)
+    except RequestPayloadError as exc:
+        # The body could not be read as sent: a Content-Encoding that does not decode, a chunked body cut short.
+        # The request is at fault, so the answer is a 400 that says why (aiohttp would answer 500).
+        return json_error(400, f"request body: {_payload_error_text(exc)}")
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -132,6 +137,15 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
             limit = MAX_BATCH_BYTES if request.path == "/v1/batch" else MAX_VALUE_BYTES
             return json_error(413, f"request body too large (limit {limit} bytes)")
         return json_error(exc.status, exc.reason)
+
+
+def _payload_error_text(exc: RequestPayloadError) -> str:
+    """aiohttp's payload errors read '400, message:\n  <text>'; keep the text."""
+    text = " ".join(str(exc).split())
+    head, sep, rest = text.partition("message: ")
+    if sep and head.rstrip(", ").isdigit():
+        text = rest
+    return text or "could not be read"
 
 
 _DATA_PREFIXES = ("/v1/kv", "/v1/batch", "/v1/segments", "/v1/changes")

@@ -68,6 +68,20 @@ MEMBER_PORT_NAME = "member"
 MAX_LIST_BYTES = 32 * 1024 * 1024
 
 
+async def _read_at_most(stream: Any, limit: int) -> bytes:
+    """The body up to `limit` bytes. StreamReader.read(n) returns what has arrived so far, which for a chunked
+    answer may be only its first chunk; read until the end or the limit."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = await stream.read(limit - size)
+        if not chunk:
+            break
+        parts.append(chunk)
+        size += len(chunk)
+    return b"".join(parts)
+
+
 class KubeConfigError(ConfigError):
     """In-cluster credentials are missing or unusable; the message says which file or variable."""
 
@@ -360,7 +374,7 @@ class KubeDiscovery:
             headers = {"Authorization": f"Bearer {self.tokens.get()}", "Accept": "application/json"}
             try:
                 async with session.get(self._url(), headers=headers) as resp:
-                    body = await resp.content.read(MAX_LIST_BYTES + 1)
+                    body = await _read_at_most(resp.content, MAX_LIST_BYTES + 1)
                     if resp.status == 401 and attempt == 1:
                         log.info("kube discovery: the API server answered 401; re-reading the token file")
                         self.tokens.invalidate()
