@@ -11,8 +11,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from .auth import (
+    ADMIN_TOKEN_KEY,
+    CLUSTER_SECRET_KEY,
+    KV_TOKEN_KEY,
+    MIN_GENERATED_CHARS,
+    required_keys,
+)
 from .model import (
     API_VERSION,
+    AUTH_MODE_ANNOTATION,
     CLUSTER_LABEL,
     KIND,
     MANAGED_BY,
@@ -25,6 +33,15 @@ from .model import (
 Manifest = dict[str, Any]
 
 MEMBER_CONTAINER = "member"
+# The cluster Secret's volume. Its directory reaches the member through $(GROUPCLUSTER_VOLUME_AUTH), set to the
+# mount path: on a real kubelet that is where the files are; the local control plane's node agent (which does
+# not honour mount paths) announces each volume's directory under exactly this name, so the same pod runs there.
+AUTH_VOLUME = "auth"
+AUTH_MOUNT_PATH = "/etc/groupcluster/auth"
+AUTH_DIR_ENV = "GROUPCLUSTER_VOLUME_AUTH"
+# The image's non-root user and group (Dockerfile): the Secret's files are made readable to that group only.
+MEMBER_GID = 10001
+AUTH_FILE_MODE = 0o440
 # Seconds beyond the grid hand-off for the group leave itself and the process to exit.
 EXIT_GRACE = 30
 
@@ -107,6 +124,14 @@ def member_args(spec: ClusterSpec) -> list[str]:
         args += ["--grid-set", f"{key}={grid[key]}"]
     for key in sorted(spec.stack_set):
         args += ["--set", f"{key}={spec.stack_set[key]}"]
+    if spec.auth.enabled:
+        where = f"$({AUTH_DIR_ENV})"
+        args += ["--set", f"transport.auth_secret_file={where}/{CLUSTER_SECRET_KEY}"]
+        if spec.auth.encrypt:
+            args += ["--set", "transport.encrypt=true"]
+        args += ["--admin-token-file", f"{where}/{ADMIN_TOKEN_KEY}"]
+        if spec.auth.kv_token:
+            args += ["--kv-token-file", f"{where}/{KV_TOKEN_KEY}"]
     return args
 
 
@@ -127,7 +152,10 @@ def build_member_pod(spec: ClusterSpec, uid: str, ordinal: int, spec_hash: str |
     name = pod_name(spec, ordinal)
     meta = _metadata(spec, uid, name)
     meta["labels"][ORDINAL_LABEL] = str(ordinal)
-    meta["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash or spec.pod_hash()}
+    meta["annotations"] = {
+        SPEC_HASH_ANNOTATION: spec_hash or spec.pod_hash(),
+        AUTH_MODE_ANNOTATION: spec.auth.mode,
+    }
     tmpl = spec.pod_template
     tmeta = tmpl.get("metadata") or {}
     tspec = tmpl.get("spec") or {}
@@ -140,6 +168,9 @@ def build_member_pod(spec: ClusterSpec, uid: str, ordinal: int, spec_hash: str |
         _field_env("POD_NAMESPACE", "metadata.namespace"),
         *copy.deepcopy(tspec.get("env") or []),
     ]
+    if spec.auth.enabled:
+        # Before the template's env cannot matter: Kubernetes expands $(VAR) in args from the final env list.
+        env.insert(3, {"name": AUTH_DIR_ENV, "value": AUTH_MOUNT_PATH})
     http_probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
     container: dict[str, Any] = {
         "name": MEMBER_CONTAINER,
@@ -170,6 +201,8 @@ def build_member_pod(spec: ClusterSpec, uid: str, ordinal: int, spec_hash: str |
     }
     if spec.resources:
         container["resources"] = copy.deepcopy(spec.resources)
+    if spec.auth.enabled:
+        container["volumeMounts"] = [{"name": AUTH_VOLUME, "mountPath": AUTH_MOUNT_PATH, "readOnly": True}]
     pod_spec: dict[str, Any] = {
         "serviceAccountName": service_account_name(spec),
         "restartPolicy": "Never",
@@ -183,9 +216,56 @@ def build_member_pod(spec: ClusterSpec, uid: str, ordinal: int, spec_hash: str |
             pod_spec[key] = copy.deepcopy(tspec[key])
     if tspec.get("securityContext"):
         pod_spec["securityContext"] = copy.deepcopy(tspec["securityContext"])
+    if spec.auth.enabled:
+        # Secret files belong to root; fsGroup gives them the member's group, and mode 0440 lets only that group
+        # read them. A template's own fsGroup wins (then it is the template's job to match the user).
+        pod_spec["securityContext"] = {"fsGroup": MEMBER_GID, **(pod_spec.get("securityContext") or {})}
+        pod_spec["volumes"] = [
+            {
+                "name": AUTH_VOLUME,
+                "secret": {
+                    "secretName": spec.auth_secret_name,
+                    "defaultMode": AUTH_FILE_MODE,
+                    # Only what the member reads: an unused key (kv-token while kvToken is off) stays out.
+                    "items": [{"key": k, "path": k} for k in required_keys(spec)],
+                },
+            }
+        ]
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod_spec}
+
+
+def build_auth_secret(spec: ClusterSpec, uid: str, *, cluster_secret: str, admin_token: str, kv_token: str) -> Manifest:
+    """The operator-owned Secret ``<name>-auth``, with the random material the caller drew.
+
+    ``kv-token`` is always written, also while ``spec.auth.kvToken`` is false: turning that on later then only
+    rolls the members, while a Secret without the key would have to be edited by hand (the operator never
+    changes a Secret it finds, so that its keys cannot be rotated behind the members' back).
+    """
+    if spec.auth.existing_secret:
+        raise ValueError(f"spec.auth.existingSecret is {spec.auth.existing_secret!r}: the user manages that Secret")
+    for what, value in (("cluster_secret", cluster_secret), ("admin_token", admin_token), ("kv_token", kv_token)):
+        # One line, one word: a newline would make the cluster secret two keys, a space breaks a bearer token.
+        if len(value) < MIN_GENERATED_CHARS or any(c.isspace() for c in value):
+            raise ValueError(f"{what}: expected one word of at least {MIN_GENERATED_CHARS} random characters")
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": spec.auth_secret_name,
+            "namespace": spec.namespace,
+            "labels": labels(spec, "auth"),
+            "ownerReferences": [owner_reference(spec, uid)],
+        },
+        # The member reads the cluster secret as lines of text: end it with a newline like any text file.
+        "stringData": {
+            CLUSTER_SECRET_KEY: cluster_secret + "\n",
+            ADMIN_TOKEN_KEY: admin_token,
+            KV_TOKEN_KEY: kv_token,
+        },
+    }
 
 
 def build_headless_service(spec: ClusterSpec, uid: str) -> Manifest:

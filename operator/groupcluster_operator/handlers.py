@@ -1,11 +1,18 @@
 """The kopf handlers: thin, they observe and execute; every decision is the planner's.
 
 One timer per GroupCluster runs :func:`reconcile` every ``interval`` seconds (kopf never runs two at once for
-one object): it makes sure the supporting objects exist, lists the member pods, asks every running member
-for ``/v1/status``, hands all of it to :func:`groupcluster_operator.planner.plan`, executes the returned
-actions, posts one Kubernetes event per step and writes the status. Deleting a GroupCluster needs little:
-everything it created carries an owner reference, so the garbage collector removes it; :func:`on_delete` only
-stops the member pods promptly (the data is discarded with the resource, there is nobody to hand it to).
+one object): it makes sure the supporting objects and the cluster Secret exist, lists the member pods, asks
+every running member for ``/v1/status``, hands all of it to :func:`groupcluster_operator.planner.plan`,
+executes the returned actions, posts one Kubernetes event per step and writes the status.
+
+The cluster Secret (``spec.auth``, :mod:`groupcluster_operator.auth`) is created once with fresh random keys
+and never written again; it is read back through the API (cached for :data:`AUTH_EVERY` seconds) for the
+admin token the operator sends on ``POST /v1/leave`` and ``/v1/force-available``, and for the digest of its
+keys that is part of the members' spec hash (an edited Secret rolls the members, who read it at start).
+
+Deleting a GroupCluster needs little: everything it created (the Secret too) carries an owner reference, so
+the garbage collector removes it; :func:`on_delete` only stops the member pods promptly (the data is
+discarded with the resource, there is nobody to hand it to).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import asyncio
 import datetime
 import logging
 import os
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +29,7 @@ import aiohttp
 import kopf
 
 from . import builders
+from .auth import RANDOM_BYTES, AuthMaterial, AuthSecretError, read_auth_secret
 from .kubeapi import ApiError, KubeApi
 from .model import CLUSTER_LABEL, GROUP, LEAVE_ANNOTATION, PLURAL, VERSION, ClusterSpec, SpecError
 from .planner import CreatePod, DeletePod, MemberReport, Plan, PodState, RequestLeave, plan
@@ -30,6 +39,19 @@ log = logging.getLogger("groupcluster_operator")
 STATUS_TIMEOUT = 3.0
 # Supporting objects (account, role, service, budget) are checked this often, and whenever the spec changes.
 ENSURE_EVERY = 30.0
+# The cluster Secret is read again this often (a broken one on every reconciliation, to see a fix at once).
+AUTH_EVERY = 30.0
+
+
+@dataclass
+class _AuthState:
+    """What the operator last read from a cluster's Secret."""
+
+    key: tuple[str, bool]  # (Secret name, kvToken): another Secret or other keys need a fresh read
+    when: float
+    material: AuthMaterial | None
+    problem: str | None
+    digest: str = ""  # of the last good read: pods keep their hash while a broken Secret is being fixed
 
 
 @dataclass
@@ -42,6 +64,7 @@ class OperatorConfig:
     api: KubeApi | None = None
     http: aiohttp.ClientSession | None = None
     ensured: dict[str, tuple[float, str]] = field(default_factory=dict)  # uid -> (when, spec hash)
+    auth: dict[str, _AuthState] = field(default_factory=dict)  # uid -> the Secret as last read
 
 
 CONFIG = OperatorConfig()
@@ -102,18 +125,30 @@ async def fetch_report(pod: PodState, port: int) -> MemberReport | None:
         return None
 
 
-async def request_leave(pod: PodState, port: int) -> str | None:
-    """POST /v1/leave; returns an error text, or None when the member accepted."""
+async def post_admin(pod: PodState, port: int, path: str, token: str | None) -> tuple[int, str]:
+    """POST an admin endpoint of a member with the admin token; (HTTP status or 0 without an answer, text)."""
     if not pod.ip:
-        return "the pod has no IP"
+        return 0, "the pod has no IP"
     session = await _http()
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
-        async with session.post(f"http://{_host(pod.ip)}:{port}/v1/leave") as resp:
-            if resp.status == 202:
-                return None
-            return f"HTTP {resp.status}: {(await resp.text())[:200]}"
+        async with session.post(f"http://{_host(pod.ip)}:{port}{path}", headers=headers) as resp:
+            return resp.status, (await resp.text())[:200]
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        return 0, f"{type(exc).__name__}: {exc}"
+
+
+async def request_leave(pod: PodState, port: int, token: str | None = None) -> tuple[int, str | None]:
+    """POST /v1/leave; returns (status, error text), the error None when the member accepted (202)."""
+    status, text = await post_admin(pod, port, "/v1/leave", token)
+    if status == 202:
+        return status, None
+    return status, f"HTTP {status}: {text}" if status else text
+
+
+async def request_force_available(pod: PodState, port: int, token: str | None = None) -> tuple[int, str]:
+    """POST /v1/force-available to the coordinator's member (ends a degraded mode: see docs/operator.md)."""
+    return await post_admin(pod, port, "/v1/force-available", token)
 
 
 def _host(ip: str) -> str:
@@ -140,13 +175,74 @@ async def _ensure_supporting(api: KubeApi, spec: ClusterSpec, uid: str) -> None:
     CONFIG.ensured[uid] = (loop.time(), spec_hash)
 
 
-async def _execute(api: KubeApi, spec: ClusterSpec, uid: str, step: Plan, pods: dict[str, PodState]) -> list[str]:
+def _secret_ref(spec: ClusterSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": spec.auth_secret_name, "namespace": spec.namespace},
+    }
+
+
+async def _ensure_auth(api: KubeApi, spec: ClusterSpec, uid: str, keyed_members: int) -> _AuthState | None:
+    """The cluster Secret, created when missing (never overwritten), read and checked; None without spec.auth.
+
+    ``keyed_members``: running members that read a Secret. While there are any, a missing Secret is not
+    recreated: new keys would start members that cannot talk to them (a split), so it is reported instead.
+    """
+    if not spec.auth.enabled:
+        CONFIG.auth.pop(uid, None)
+        return None
+    loop = asyncio.get_running_loop()
+    key = (spec.auth_secret_name, spec.auth.kv_token)
+    state = CONFIG.auth.get(uid)
+    if state is not None and state.key == key and state.problem is None and loop.time() - state.when < AUTH_EVERY:
+        return state
+    digest = state.digest if state is not None and state.key[0] == key[0] else ""
+    name = f"{spec.namespace}/{spec.auth_secret_name}"
+    try:
+        obj = await api.get(_secret_ref(spec))
+        if obj is None and not spec.auth.existing_secret and keyed_members:
+            raise AuthSecretError(
+                f"Secret {name} is gone while {keyed_members} member(s) run with its keys: new keys would split "
+                "the cluster, so the operator does not make one; recreate it with the same keys (the members hold "
+                "them in their mounted files), or delete the member pods to start afresh (their data is lost)"
+            )
+        if obj is None and not spec.auth.existing_secret:
+            manifest = builders.build_auth_secret(
+                spec,
+                uid,
+                cluster_secret=secrets.token_urlsafe(RANDOM_BYTES),
+                admin_token=secrets.token_urlsafe(RANDOM_BYTES),
+                kv_token=secrets.token_urlsafe(RANDOM_BYTES),
+            )
+            try:
+                obj = await api.create(manifest)
+                log.info("%s/%s: created Secret %s (cluster key and tokens)", spec.namespace, spec.name, name)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                # Created meanwhile (an operator restart racing this one): use that one, never ours.
+                obj = await api.get(_secret_ref(spec))
+        material = read_auth_secret(spec, obj)
+    except AuthSecretError as exc:
+        state = _AuthState(key, loop.time(), None, str(exc), digest)
+    except ApiError as exc:
+        state = _AuthState(key, loop.time(), None, f"Secret {name} cannot be read or created ({exc})", digest)
+    else:
+        state = _AuthState(key, loop.time(), material, None, material.digest)
+    CONFIG.auth[uid] = state
+    return state
+
+
+async def _execute(
+    api: KubeApi, spec: ClusterSpec, uid: str, step: Plan, pods: dict[str, PodState], spec_hash: str, token: str | None
+) -> list[str]:
     """Carry out the plan's actions; returns what failed (as event messages)."""
     failed = []
     for action in step.actions:
         try:
             if isinstance(action, CreatePod):
-                await api.create(builders.build_member_pod(spec, uid, action.ordinal))
+                await api.create(builders.build_member_pod(spec, uid, action.ordinal, spec_hash))
             elif isinstance(action, DeletePod):
                 await api.delete_pod(spec.namespace, action.pod, action.grace_seconds)
             elif isinstance(action, RequestLeave):
@@ -154,8 +250,18 @@ async def _execute(api: KubeApi, spec: ClusterSpec, uid: str, step: Plan, pods: 
                 # The annotation first: it is what says "leaving" to the planner, across operator restarts.
                 ref = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod.name, "namespace": spec.namespace}}
                 await api.merge_patch(ref, {"metadata": {"annotations": {LEAVE_ANNOTATION: _now()}}})
-                error = await request_leave(pod, spec.http_port)
-                if error is not None:
+                status, error = await request_leave(pod, spec.http_port, token)
+                if status == 401:
+                    # The member holds another admin token (the Secret was edited after it started; it runs an
+                    # old spec hash and is rolling out anyway). Deleting its pod sends SIGTERM, which hands the
+                    # data off and leaves exactly like POST /v1/leave; the pod's grace period covers that.
+                    CONFIG.auth.pop(uid, None)
+                    await api.delete_pod(spec.namespace, pod.name)
+                    failed.append(
+                        f"{pod.name} refused the admin token (HTTP 401): stopping it through its pod instead "
+                        "(SIGTERM hands its data off the same way)"
+                    )
+                elif error is not None:
                     failed.append(f"asking {pod.name} to leave failed ({error}); will ask again")
         except ApiError as exc:
             failed.append(f"{type(action).__name__} {getattr(action, 'pod', '')}: {exc}")
@@ -191,10 +297,23 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         if any(ref.get("uid") == uid for ref in (p.get("metadata") or {}).get("ownerReferences") or ())
     ]
     pods = [PodState.from_pod(p) for p in owned]
+    keyed = sum(1 for p in pods if p.auth_mode not in (None, "off") and not p.finished)
+    auth = await _ensure_auth(api, spec, uid, keyed)
+    material = auth.material if auth is not None else None
+    spec_hash = spec.pod_hash(auth.digest if auth is not None else "")
     results = await asyncio.gather(*(fetch_report(p, spec.http_port) for p in pods))
     reports = {p.name: r for p, r in zip(pods, results, strict=True)}
-    step = plan(spec, pods, reports, previous_conditions=current_status.get("conditions") or (), now=_now())
-    failed = await _execute(api, spec, uid, step, {p.name: p for p in pods})
+    step = plan(
+        spec,
+        pods,
+        reports,
+        spec_hash=spec_hash,
+        previous_conditions=current_status.get("conditions") or (),
+        now=_now(),
+        auth_problem=auth.problem if auth is not None else None,
+    )
+    token = material.admin_token if material is not None else None
+    failed = await _execute(api, spec, uid, step, {p.name: p for p in pods}, spec_hash, token)
     for ev in step.events:
         kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
         level = logging.WARNING if ev.type == "Warning" else logging.INFO
@@ -223,6 +342,7 @@ async def on_delete(body: kopf.Body, **_: Any) -> None:
     for pod in owned:
         await api.delete_pod(str(namespace), pod["metadata"]["name"], DELETE_GRACE_SECONDS)
     CONFIG.ensured.pop(str(uid), None)
+    CONFIG.auth.pop(str(uid), None)
     log.info("%s/%s: deleted; stopped %d member pod(s)", namespace, name, len(owned))
 
 

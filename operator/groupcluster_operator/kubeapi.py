@@ -300,6 +300,7 @@ PLURALS = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "GroupCluster": "groupclusters",
     "Event": "events",
+    "Secret": "secrets",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -24,6 +25,9 @@ CLUSTER_LABEL = "groupcluster.io/cluster"
 ORDINAL_LABEL = "groupcluster.io/ordinal"
 SPEC_HASH_ANNOTATION = "groupcluster.io/spec-hash"
 LEAVE_ANNOTATION = "groupcluster.io/leave-requested"
+# How a pod's member authenticates frames (off | mac | aead): members that differ cannot form one group, so the
+# planner never mixes them (see planner rule 0).
+AUTH_MODE_ANNOTATION = "groupcluster.io/auth-mode"
 MANAGED_BY = "groupcluster-operator"
 
 PARTITION_HANDLING = {
@@ -34,6 +38,13 @@ PARTITION_HANDLING = {
 PRESETS = ("fifo", "vsync", "total-order")
 TRANSPORTS = ("udp", "tcp")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+AUTH_MODES = ("off", "mac", "aead")
+# Layer parameters that spec.auth manages: a spec.stack.set entry for them would fight the operator's own.
+AUTH_MANAGED_PARAMS = ("transport.auth_secret_file", "transport.auth_secret_env", "transport.encrypt")
+# A Kubernetes object name (RFC 1123 subdomain), which a Secret's name must be.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class SpecError(ValueError):
@@ -67,6 +78,57 @@ def _str_map(spec: Mapping[str, Any], key: str, where: str = "spec") -> dict[str
     return {k: str(v) for k, v in value.items()}
 
 
+def _bool(spec: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    value = spec.get(key, default)
+    if type(value) is not bool:
+        raise SpecError(f"{where}.{key}: expected true or false, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class AuthSpec:
+    """``spec.auth``: frame authentication with the cluster Secret, optional encryption and API tokens."""
+
+    enabled: bool = True
+    encrypt: bool = False
+    kv_token: bool = False
+    existing_secret: str = ""  # empty: the operator creates and owns ``<name>-auth``
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, Any]) -> AuthSpec:
+        raw = spec.get("auth")
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, Mapping):
+            raise SpecError(f"spec.auth: expected an object, got {raw!r}")
+        unknown = sorted(set(raw) - {"enabled", "encrypt", "kvToken", "existingSecret"})
+        if unknown:
+            known = "enabled, encrypt, kvToken, existingSecret"
+            raise SpecError(f"spec.auth: unknown field(s) {', '.join(unknown)} (known: {known})")
+        existing = raw.get("existingSecret") or ""
+        if not isinstance(existing, str) or (existing and (len(existing) > 253 or not _DNS_SUBDOMAIN.match(existing))):
+            raise SpecError(f"spec.auth.existingSecret: {existing!r} is not a valid Secret name (lower-case RFC 1123)")
+        out = cls(
+            enabled=_bool(raw, "enabled", True, "spec.auth"),
+            encrypt=_bool(raw, "encrypt", False, "spec.auth"),
+            kv_token=_bool(raw, "kvToken", False, "spec.auth"),
+            existing_secret=existing,
+        )
+        if not out.enabled and (out.encrypt or out.kv_token or out.existing_secret):
+            raise SpecError(
+                "spec.auth: encrypt, kvToken and existingSecret need enabled: true (without the Secret there is no "
+                "key to encrypt with and no token to check)"
+            )
+        return out
+
+    @property
+    def mode(self) -> str:
+        """What the members run: ``off`` (no frame authentication), ``mac`` (HMAC) or ``aead`` (encrypted)."""
+        if not self.enabled:
+            return "off"
+        return "aead" if self.encrypt else "mac"
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """One GroupCluster's desired state (spec fields, defaults applied)."""
@@ -89,6 +151,7 @@ class ClusterSpec:
     http_port: int = 8080
     leave_timeout: int = 120
     pod_template: dict[str, Any] = field(default_factory=dict)
+    auth: AuthSpec = field(default_factory=AuthSpec)
 
     @classmethod
     def from_resource(cls, body: Mapping[str, Any], default_image: str = "") -> ClusterSpec:
@@ -129,6 +192,7 @@ class ClusterSpec:
             http_port=_int(spec, "httpPort", 8080, 1, 65535),
             leave_timeout=_int(spec, "leaveTimeoutSeconds", 120, 1, 3600),
             pod_template=dict(template),
+            auth=AuthSpec.from_spec(spec),
         )
         if out.member_port == out.http_port:
             raise SpecError(f"spec.memberPort and spec.httpPort: both are {out.http_port}; they must differ")
@@ -136,6 +200,8 @@ class ClusterSpec:
             layer, dot, param = key.partition(".")
             if not dot or not layer or not param:
                 raise SpecError(f"spec.stack.set: key {key!r} should look like layer.key (e.g. fd.timeout)")
+            if key in AUTH_MANAGED_PARAMS:
+                raise SpecError(f"spec.stack.set: {key} is managed by spec.auth (the operator's Secret); remove it")
         return out
 
     @property
@@ -156,10 +222,21 @@ class ClusterSpec:
         """
         return max(1, self.num_owners - 1)
 
-    def pod_hash(self) -> str:
-        """Hash of everything a member pod runs (not replicas): a change rolls the members one at a time."""
-        relevant = asdict(self)
+    @property
+    def auth_secret_name(self) -> str:
+        """The Secret the members mount: the user's ``existingSecret``, else the operator's ``<name>-auth``."""
+        return self.auth.existing_secret or f"{self.name}-auth"
+
+    def pod_hash(self, secret_digest: str = "") -> str:
+        """Hash of everything a member pod runs (not replicas): a change rolls the members one at a time.
+
+        ``secret_digest`` (a digest of the Secret's keys the members read, from the handler) is part of it:
+        members read their keys once at start, so an edit of the Secret (a key rotation) must roll them too.
+        """
+        relevant: dict[str, Any] = asdict(self)
         for key in ("replicas", "name", "namespace"):
             relevant.pop(key)
+        if secret_digest:
+            relevant["secret_digest"] = secret_digest
         text = json.dumps(relevant, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -24,6 +24,15 @@ The rules, in the order they are checked:
 6. As many as wanted but some run an old spec (image or settings changed): once the group is stable, add one
    member on the new spec; rule 5 then asks one old member to leave. Members roll one at a time, the
    coordinator last, and the cluster never has fewer members than wanted.
+
+Two guards override the rules above (the cluster is reported Degraded, with a Warning event, until fixed):
+
+* The cluster Secret is missing or unusable (the handler passes ``auth_problem``): no pod is created or
+  replaced and no member is asked to leave (that needs the Secret's admin token); finished pods are still
+  deleted.
+* A member would be created whose frame authentication (``spec.auth``: off, HMAC, encrypted) differs from
+  the running members': the two could not read each other's frames, so the new member would form a group of
+  its own. No pod is created; leaves still proceed, so scaling to 0 and back applies the change.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import LEAVE_ANNOTATION, ORDINAL_LABEL, SPEC_HASH_ANNOTATION, ClusterSpec
+from .model import AUTH_MODE_ANNOTATION, LEAVE_ANNOTATION, ORDINAL_LABEL, SPEC_HASH_ANNOTATION, ClusterSpec
 
 
 # -- inputs ------------------------------------------------------------------------------------------------------
@@ -50,6 +59,7 @@ class PodState:
     leave_requested: bool = False
     exit_code: int | None = None
     reason: str = ""  # the container's termination reason, e.g. OOMKilled, Error
+    auth_mode: str | None = None  # off | mac | aead (the pod's annotation); None: unknown
 
     @property
     def finished(self) -> bool:
@@ -83,6 +93,8 @@ class PodState:
             leave_requested=LEAVE_ANNOTATION in annotations,
             exit_code=exit_code,
             reason=reason,
+            # A pod of ours without the annotation was made by an operator that predates spec.auth: no auth.
+            auth_mode=annotations.get(AUTH_MODE_ANNOTATION) or ("off" if SPEC_HASH_ANNOTATION in annotations else None),
         )
 
 
@@ -258,8 +270,9 @@ def plan(
     spec_hash: str | None = None,
     previous_conditions: Sequence[Mapping[str, Any]] = (),
     now: str = "",
+    auth_problem: str | None = None,
 ) -> Plan:
-    """The next step for one GroupCluster (see the module docstring for the rules)."""
+    """The next step for one GroupCluster (see the module docstring for the rules and the guards)."""
     spec_hash = spec_hash or spec.pod_hash()
     obs = _observe(pods, reports)
     out = Plan()
@@ -348,12 +361,46 @@ def plan(
         else:
             out.phase, out.message = "Running", f"{n} member(s) in view {obs.view_id}"
 
-    if obs.degraded_reasons:
+    blocked = _guards(spec, obs, out, auth_problem)
+    degraded = blocked + obs.degraded_reasons
+    if degraded:
         out.phase = "Degraded"
-        out.message = "; ".join(obs.degraded_reasons) + (f"; {out.message}" if out.message else "")
-
-    out.status = _status(spec, spec_hash, pods, reports, obs, ready, out, previous_conditions, now)
+        out.message = "; ".join(degraded) + (f"; {out.message}" if out.message else "")
+    reason = "MembersUnavailable"
+    if auth_problem:
+        reason = "AuthSecretInvalid"
+    elif blocked:
+        reason = "AuthSettingsDiffer"
+    if blocked:
+        # One Warning per new problem, not one per reconciliation (every few seconds).
+        before = next((c for c in previous_conditions if isinstance(c, Mapping) and c.get("type") == "Degraded"), {})
+        if before.get("status") != "True" or before.get("message") != "; ".join(degraded):
+            out.events.append(Event("Warning", reason, "; ".join(blocked)))
+    out.status = _status(spec, spec_hash, pods, reports, obs, ready, out, previous_conditions, now, degraded, reason)
     return out
+
+
+def _guards(spec: ClusterSpec, obs: _Observed, out: Plan, auth_problem: str | None) -> list[str]:
+    """Drop the actions the guards forbid (module docstring); returns why, for the Degraded condition."""
+    blocked: list[str] = []
+    forbidden: tuple[type, ...] = ()
+    if auth_problem:
+        blocked.append(auth_problem + "; no member is created, replaced or asked to leave until it is fixed")
+        forbidden = (CreatePod, RequestLeave)
+    running = sorted({p.auth_mode for p in obs.active + obs.leaving if p.auth_mode is not None} - {spec.auth.mode})
+    if running and any(isinstance(a, CreatePod) for a in out.actions):
+        blocked.append(
+            f"spec.auth asks for frame authentication {spec.auth.mode!r} but members run {', '.join(running)}: "
+            "members that differ cannot read each other's frames, so no member is added; revert spec.auth, or "
+            "scale to 0 and back up to apply it (the in-memory data is discarded)"
+        )
+        forbidden = (*forbidden, CreatePod)
+    if forbidden:
+        out.actions = [a for a in out.actions if not isinstance(a, forbidden)]
+        # Their events announced steps that will not happen now (each reason goes with one kind of action).
+        gone = {"MemberCreated"} | ({"MemberLeaving"} if RequestLeave in forbidden else set())
+        out.events = [e for e in out.events if e.reason not in gone]
+    return blocked
 
 
 def _condition(
@@ -379,6 +426,8 @@ def _status(
     out: Plan,
     previous_conditions: Sequence[Mapping[str, Any]],
     now: str,
+    degraded: list[str],
+    degraded_reason: str,
 ) -> dict[str, Any]:
     prev = {str(c.get("type")): c for c in previous_conditions if isinstance(c, Mapping)}
     n = len(obs.active)
@@ -437,9 +486,9 @@ def _status(
         ),
         _condition(
             "Degraded",
-            bool(obs.degraded_reasons),
-            "MembersUnavailable" if obs.degraded_reasons else "Healthy",
-            "; ".join(obs.degraded_reasons),
+            bool(degraded),
+            degraded_reason if degraded else "Healthy",
+            "; ".join(degraded),
             prev,
             now,
         ),

@@ -495,6 +495,9 @@ class PodWorker:
                     env[name] = ref_value
             else:
                 env[name] = ""
+        # Mount paths are not honoured here, so where a volume really is wins over a pod's own value for the
+        # same name (a pod that sets GROUPCLUSTER_VOLUME_<NAME> to the volume's mountPath runs on both).
+        env.update(self.volume_env)
         return env
 
     # -------------------------------------------------------------- volumes

@@ -240,6 +240,26 @@ def test_force_available_accepts_the_loss() -> None:
     assert set(owner_set(p.topology.current)) == {m(0)}  # type: ignore[union-attr]
 
 
+def test_a_member_that_joined_a_group_never_starts_an_empty_grid_of_its_own() -> None:
+    # Seed 590: a member joined a group, never received its topology, was cut off and, as coordinator of a
+    # view of its own, started an empty grid that answered reads with "absent".
+    p = RebalancePlanner([m(3)], num_segments=SEGS, num_owners=2, may_start_grid=False)
+    assert p.on_statuses({m(3): MemberStatus(1.0, False, None)}, 0.0) == []
+    assert p.topology is None
+    # It waits for a member that holds a topology: after a merge view the node recovers with a new planner.
+    held = joined(2).topology
+    assert held is not None
+    merged = RebalancePlanner([m(3), m(0)], num_segments=SEGS, num_owners=2, may_start_grid=False)
+    statuses = {m(3): MemberStatus(1.0, False, None), m(0): MemberStatus(1.0, False, held)}
+    out = merged.on_statuses(statuses, 1.0)
+    assert out and merged.topology is not None and merged.topology.topology_id > held.topology_id
+    # ... or for the operator, who accepts that the grid starts empty.
+    q = RebalancePlanner([m(3)], num_segments=SEGS, num_owners=2, may_start_grid=False)
+    q.on_statuses({m(3): MemberStatus(1.0, False, None)}, 0.0)
+    out = q.force_available()
+    assert out and q.topology is not None and set(owner_set(q.topology.current)) == {m(3)}
+
+
 def test_topology_and_status_wire_round_trip_and_validation() -> None:
     p = joined(3)
     p.on_view([m(0), m(1), m(2), m(3)], 1.0)

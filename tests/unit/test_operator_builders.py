@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from groupcluster.grid.node import GridConfig
@@ -51,23 +52,42 @@ def test_member_pod_runs_a_discovering_grid_member_with_probes() -> None:
     assert pspec["terminationGracePeriodSeconds"] > 120
 
 
-def test_member_args_are_accepted_by_the_real_member_command() -> None:
+def _secret_files(tmp_path: Path, s: ClusterSpec) -> Path:
+    """The files a kubelet would mount from the operator's Secret (its volume's items), in a directory."""
+    secret = builders.build_auth_secret(s, UID, cluster_secret="c" * 43, admin_token="a" * 43, kv_token="k" * 43)
+    (volume,) = builders.build_member_pod(s, UID, 0)["spec"]["volumes"]
+    for item in volume["secret"]["items"]:
+        (tmp_path / item["path"]).write_text(secret["stringData"][item["key"]])
+    return tmp_path
+
+
+def _parse_member_args(args: list[str], auth_dir: Path) -> argparse.Namespace:
+    """The args as the container would run them ($(VAR) expanded), parsed by the real member command."""
+    args = [a.replace("$(POD_IP)", "10.1.2.3").replace(f"$({builders.AUTH_DIR_ENV})", str(auth_dir)) for a in args]
+    assert args[0] == "member"
+    parser = argparse.ArgumentParser()
+    member_cli.add_arguments(parser)
+    return parser.parse_args(args[1:])
+
+
+def test_member_args_are_accepted_by_the_real_member_command(tmp_path: Path) -> None:
     s = spec(
         numOwners=3,
         numSegments=64,
         partitionHandling="AllowReads",
         stack={"preset": "total-order", "transport": "tcp", "set": {"fd.timeout": "5s"}},
         grid={"op_timeout": "20s"},
+        auth={"encrypt": True, "kvToken": True},
     )
     container = builders.build_member_pod(s, UID, 0)["spec"]["containers"][0]
-    args = [a.replace("$(POD_IP)", "10.1.2.3") for a in container["args"]]
-    assert args[0] == "member"
-    parser = argparse.ArgumentParser()
-    member_cli.add_arguments(parser)
-    ns = parser.parse_args(args[1:])
+    ns = _parse_member_args(container["args"], _secret_files(tmp_path, s))
     assert ns.bind == ("10.1.2.3", 7800) and ns.http == ("10.1.2.3", 8080)
     assert ns.transport == "tcp" and ns.kube_discovery and ns.grid
-    member_cli.load_spec(ns.stack, ns.overrides)  # a bad layer key would raise ConfigError here
+    # The member read the tokens from the Secret's files.
+    assert (ns.admin_token, ns.kv_token) == ("a" * 43, "k" * 43)
+    stack = member_cli.load_spec(ns.stack, ns.overrides)  # a bad layer key or secret file would raise here
+    transport = stack[0]
+    assert transport["encrypt"] is True and transport["auth_secret_file"].endswith("/cluster-secret")
     grid = GridConfig.from_dict(dict(ns.grid_params))
     assert (grid.num_owners, grid.num_segments, grid.partition_handling, grid.op_timeout) == (
         3,
@@ -75,6 +95,62 @@ def test_member_args_are_accepted_by_the_real_member_command() -> None:
         "allow_reads",
         20.0,
     )
+
+
+def test_auth_is_on_by_default_hmac_only_with_the_admin_token(tmp_path: Path) -> None:
+    s = spec()
+    pod = builders.build_member_pod(s, UID, 0)
+    (c,) = pod["spec"]["containers"]
+    ns = _parse_member_args(c["args"], _secret_files(tmp_path, s))
+    assert ns.admin_token == "a" * 43 and ns.kv_token is None  # the data endpoints stay open by default
+    stack = member_cli.load_spec(ns.stack, ns.overrides)
+    assert stack[0].get("encrypt") in (None, False) and stack[0]["auth_secret_file"]
+    assert not any("kv-token" in a for a in c["args"])
+    # The Secret is mounted read-only, readable by the member's group only, with only the keys it reads.
+    (volume,) = pod["spec"]["volumes"]
+    assert volume["secret"]["secretName"] == "orders-auth"
+    assert volume["secret"]["defaultMode"] == 0o440
+    assert [i["key"] for i in volume["secret"]["items"]] == ["cluster-secret", "admin-token"]
+    assert c["volumeMounts"] == [{"name": "auth", "mountPath": builders.AUTH_MOUNT_PATH, "readOnly": True}]
+    assert pod["spec"]["securityContext"]["fsGroup"] == builders.MEMBER_GID
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env[builders.AUTH_DIR_ENV] == builders.AUTH_MOUNT_PATH
+    assert pod["metadata"]["annotations"]["groupcluster.io/auth-mode"] == "mac"
+
+
+def test_without_auth_no_secret_is_mounted_and_no_auth_argument_is_passed() -> None:
+    pod = builders.build_member_pod(spec(auth={"enabled": False}), UID, 0)
+    (c,) = pod["spec"]["containers"]
+    assert "volumes" not in pod["spec"] and "volumeMounts" not in c
+    assert not [a for a in c["args"] if "auth" in a or "token" in a]
+    assert pod["metadata"]["annotations"]["groupcluster.io/auth-mode"] == "off"
+
+
+def test_existing_secret_is_mounted_and_a_template_fs_group_wins() -> None:
+    s = spec(
+        auth={"existingSecret": "my-keys", "kvToken": True}, podTemplate={"spec": {"securityContext": {"fsGroup": 7}}}
+    )
+    pod = builders.build_member_pod(s, UID, 0)
+    (volume,) = pod["spec"]["volumes"]
+    assert volume["secret"]["secretName"] == "my-keys"
+    assert [i["key"] for i in volume["secret"]["items"]] == ["cluster-secret", "admin-token", "kv-token"]
+    assert pod["spec"]["securityContext"] == {"fsGroup": 7}
+
+
+def test_a_change_of_spec_auth_or_of_the_secret_changes_the_pod_hash() -> None:
+    base = spec().pod_hash()
+    hashes = {
+        base,
+        spec(auth={"encrypt": True}).pod_hash(),
+        spec(auth={"kvToken": True}).pod_hash(),
+        spec(auth={"enabled": False}).pod_hash(),
+        spec(auth={"existingSecret": "other"}).pod_hash(),
+        spec().pod_hash("digest-of-the-keys"),
+    }
+    assert len(hashes) == 6
+    assert spec(replicas=5).pod_hash() == base  # replicas is not something a pod runs
+    pod = builders.build_member_pod(spec(), UID, 0, spec().pod_hash("d1"))
+    assert pod["metadata"]["annotations"]["groupcluster.io/spec-hash"] == spec().pod_hash("d1")
 
 
 def test_pod_template_overrides_merge_without_breaking_our_labels() -> None:

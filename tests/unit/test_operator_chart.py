@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 from groupcluster_operator import builders
-from groupcluster_operator.model import ClusterSpec
+from groupcluster_operator.model import AuthSpec, ClusterSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "groupcluster"
@@ -63,6 +63,16 @@ def test_crd_defaults_agree_with_the_operator_defaults() -> None:
         assert spec_props[field]["default"] == value, field
     stack = spec_props["stack"]["properties"]
     assert stack["preset"]["default"] == d.preset and stack["transport"]["default"] == d.transport
+    auth = spec_props["auth"]
+    assert auth["default"] == {} and auth["description"]
+    props = auth["properties"]
+    assert (props["enabled"]["default"], props["encrypt"]["default"], props["kvToken"]["default"]) == (
+        d.auth.enabled,
+        d.auth.encrypt,
+        d.auth.kv_token,
+    )
+    assert all(p.get("description") for p in props.values())
+    assert "default" not in props["existingSecret"]
 
 
 def _rules() -> list[dict[str, Any]]:
@@ -88,9 +98,19 @@ def test_operator_rbac_covers_every_object_it_creates_and_no_more_than_needed() 
         assert _allowed(rules, "", "pods", verb)
     assert _allowed(rules, "groupcluster.io", "groupclusters/status", "patch")
     assert _allowed(rules, "", "events", "create")
-    # Least privilege: no wildcards, no secrets, no deletion of anything but pods.
+    # The auth Secret: the operator creates it and reads it by name, nothing more.
+    auth_spec = ClusterSpec(name="x", namespace="y", image="i", auth=AuthSpec(kv_token=True))
+    secret = builders.build_auth_secret(
+        auth_spec, "u", cluster_secret="c" * 43, admin_token="a" * 43, kv_token="k" * 43
+    )
+    assert secret["kind"] == "Secret"
+    for verb in ("get", "create"):
+        assert _allowed(rules, "", "secrets", verb), f"{verb} secrets"
+    for verb in ("list", "watch", "update", "patch", "delete", "deletecollection"):
+        assert not _allowed(rules, "", "secrets", verb), f"{verb} secrets is more than the operator needs"
+    # Least privilege: no wildcards, no deletion of anything but pods.
     for r in rules:
-        assert "*" not in r["verbs"] and "*" not in r["resources"] and "secrets" not in r["resources"]
+        assert "*" not in r["verbs"] and "*" not in r["resources"]
         if "delete" in r["verbs"]:
             assert r["resources"] == ["pods"]
 

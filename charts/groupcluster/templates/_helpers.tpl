@@ -39,7 +39,8 @@ app.kubernetes.io/component: operator
 
 {{/*
 The operator's rights, least privilege: GroupClusters (kopf adds its finalizer and annotations, the operator
-writes the status), the member pods and the objects it creates for each cluster, and events.
+writes the status), the member pods and the objects it creates for each cluster (the auth Secret: get and
+create only), and events.
 */}}
 {{- define "groupcluster.rules" -}}
 - apiGroups: ["groupcluster.io"]
@@ -54,6 +55,12 @@ writes the status), the member pods and the objects it creates for each cluster,
   verbs: ["get", "list", "create", "delete", "patch"]
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
+  verbs: ["get", "create"]
+# Each GroupCluster's auth Secret (NAME-auth, or spec.auth.existingSecret): get reads the admin token and checks
+# the keys by name; create makes NAME-auth once. No list or watch (the operator never needs all the namespace's
+# Secrets), no update, patch or delete (it never rewrites keys; the garbage collector removes NAME-auth).
+- apiGroups: [""]
+  resources: ["secrets"]
   verbs: ["get", "create"]
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]

@@ -261,8 +261,15 @@ class RebalancePlanner:
         mode: PartitionHandling = PartitionHandling.DENY_READ_WRITES,
         recovery_timeout: float = 3.0,
         now: float = 0.0,
+        may_start_grid: bool = True,
     ) -> None:
         self.view: tuple[Address, ...] = tuple(view)
+        # Whether this coordinator may start a new, empty grid when no member reports a topology. A member
+        # that once joined another member's group may not: its grid exists elsewhere (behind a partition, or
+        # its topology was lost in transit), and an empty grid of its own would answer reads with "absent"
+        # and take writes that an older value beats at the merge (seed 590). It waits for a member with a
+        # topology, or for the operator's force_available().
+        self.may_start_grid = may_start_grid
         self.num_segments = num_segments
         self.num_owners = num_owners
         self.mode = mode
@@ -346,6 +353,9 @@ class RebalancePlanner:
     def force_available(self) -> list[Output]:
         """Operator's override: accept the losses and leave degraded mode with the members present."""
         t = self.topology
+        if t is None and not self.recovering:
+            self.may_start_grid = True  # nobody holds a topology: accept that the grid starts empty
+            return self._update()
         if t is None or t.availability == Availability.AVAILABLE:
             return []
         self.topology = replace(t, stable_members=tuple(m for m in t.stable_members if m in self.members))
@@ -386,7 +396,7 @@ class RebalancePlanner:
             return []
         if t is None:
             owners = self._owner_candidates()
-            if not owners:
+            if not owners or not self.may_start_grid:
                 return []
             ch = balanced(None, owners, self._caps(), self.num_segments, self.num_owners)
             return [(None, self._set(self._new(0, Phase.NO_REBALANCE, ch, None, stable=owner_set(ch))))]
