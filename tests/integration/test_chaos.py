@@ -1,5 +1,6 @@
-"""``groupcluster chaos``: a one-minute run of real members under SIGKILL, SIGSTOP and leave faults is clean,
-and the checking side really catches a lost write or diverged replicas in that run's own history.
+"""``groupcluster chaos``: a one-minute run of real members under SIGKILL, SIGSTOP, leave and network-cut faults
+is clean, a cut really isolated its member, and the checking side really catches a lost write or diverged
+replicas in that run's own history.
 
 The run is driven through the command line as a user would; its history is kept (``--dir``) so the second
 half can doctor it and show that the same checks then fail.
@@ -20,11 +21,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from groupcluster.runtime.chaos import HISTORY_FILE, KINDS, FaultSchedule, check_history
+from groupcluster.runtime.chaos import CUT_LENGTH, HISTORY_FILE, KINDS, FaultSchedule, check_history
 from groupcluster.runtime.local import pid_alive
 from groupcluster.sim.history import History, HistoryEvent
 
 SUMMARY = re.compile(r"^chaos: (\d+) ops, (\d+) violations, (\d+) lost$")
+# The one-minute run's seed: its first fault is a cut long enough (9.9 s) to get the member excluded, and the
+# first four faults (every kind) fit in the minute.
+SEED = 11
+# A cut at least this long is past the failure detector's timeout (4 s) + verify (1 s) + a heartbeat interval
+# and the view change: the member is excluded (and comes back through a merge).
+EXCLUDING_CUT = 8.0
 
 
 def chaos(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -44,7 +51,7 @@ class Run:
 def one_minute(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     d = tmp_path_factory.mktemp("chaos") / "run"
     try:
-        proc = chaos("--minutes", "1", "--seed", "1", "--json", "--dir", str(d))
+        proc = chaos("--minutes", "1", "--seed", str(SEED), "--json", "--dir", str(d))
         lines = proc.stdout.strip().splitlines()
         assert len(lines) >= 2, f"no report (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         yield Run(proc, json.loads(lines[-2]), lines[-1], d)
@@ -66,14 +73,12 @@ def test_one_minute_run_is_clean_and_has_every_fault_kind(one_minute: Run) -> No
     assert run.proc.returncode == 0, detail
     assert ops == run.report["ops"] and ops > 500, run.report
     kinds = run.report["fault_kinds"]
-    assert {k: kinds.get(k, 0) > 0 for k in ("kill", "pause", "leave")} == dict.fromkeys(
-        ("kill", "pause", "leave"), True
-    )
+    assert {k: kinds.get(k, 0) > 0 for k in KINDS} == dict.fromkeys(("kill", "pause", "leave", "cut"), True)
     assert all(f["recovered_after"] is not None for f in run.report["faults"]), run.report["faults"]
     assert run.report["keys_checked"] > 0
     assert run.report["violations"] == {"grid-fresh-reads": 0, "grid-lost-write": 0, "grid-replicas-equal": 0}
-    # The same seed draws the same schedule: the first three faults are the three kinds in a seeded order.
-    assert len({f["kind"] for f in run.report["faults"][:3]}) == 3
+    # The same seed draws the same schedule: the first four faults are the four kinds in a seeded order.
+    assert len({f["kind"] for f in run.report["faults"][:4]}) == 4
 
 
 def replay_schedule(seed: int, members: int, faults: int) -> list[tuple[str, str, str | None]]:
@@ -86,7 +91,7 @@ def replay_schedule(seed: int, members: int, faults: int) -> list[tuple[str, str
         schedule.gap()
         kind, victim, _ = schedule.draw(number, names)
         replacement = None
-        if kind != "pause":
+        if kind not in ("pause", "cut"):
             replacement = f"m{nxt}"
             nxt += 1
             names = [n for n in names if n != victim] + [replacement]
@@ -97,18 +102,50 @@ def replay_schedule(seed: int, members: int, faults: int) -> list[tuple[str, str
 def test_the_run_followed_its_seeds_schedule(one_minute: Run) -> None:
     faults = one_minute.report["faults"]
     ran = [(f["kind"], f["member"], f["replacement"]) for f in faults]
-    assert ran == replay_schedule(1, one_minute.report["members"], len(faults))
+    assert ran == replay_schedule(SEED, one_minute.report["members"], len(faults))
 
 
 def test_same_seed_same_schedule_other_seed_another() -> None:
     a, b = replay_schedule(7, 4, 12), replay_schedule(7, 4, 12)
     assert a == b
     assert a != replay_schedule(8, 4, 12)
-    assert sorted(k for k, _, _ in a[:3]) == sorted(KINDS)
+    assert sorted(k for k, _, _ in a[:4]) == sorted(KINDS)
+    lengths = [FaultSchedule(seed).draw(1, ["m1", "m2", "m3", "m4"]) for seed in range(40)]
+    cuts = [d.hold for d in lengths if d.kind == "cut"]
+    assert cuts and all(CUT_LENGTH[0] <= h <= CUT_LENGTH[1] for h in cuts)
 
 
 def _events(run: Run) -> list[HistoryEvent]:
     return History.read(run.directory / HISTORY_FILE).events
+
+
+def test_a_cut_really_cut_its_member_off(one_minute: Run) -> None:
+    """Both sides' faults layers dropped the other side's frames; a long cut got the member out of the others'
+    views (or them out of its view) while it lasted, and the group merged back after the heal."""
+    cuts = [f for f in one_minute.report["faults"] if f["kind"] == "cut"]
+    assert cuts, one_minute.report["faults"]
+    for f in cuts:
+        by_victim, by_others = f["dropped"]
+        assert by_victim > 0 and by_others > 0, f
+    events = _events(one_minute)
+    marks = [e for e in events if e.kind == "cut"]
+    assert [e.data["phase"] for e in marks] == ["start", "end"] * len(cuts)
+    views = [e for e in events if e.kind == "view"]
+    checked = 0
+    for f, start, end in zip(cuts, marks[::2], marks[1::2], strict=True):
+        victim = start.member
+        if f["length"] < EXCLUDING_CUT:
+            continue
+        checked += 1
+        before = next(e for e in reversed(views) if e.member == victim and e.t < start.t)
+        during = [e for e in views if start.t <= e.t <= end.t]
+        shrank = [e for e in during if e.member == victim and len(e.data["members"]) < len(before.data["members"])]
+        excluded = [e for e in during if e.member != victim and victim not in e.data["members"]]
+        assert shrank or excluded, f"no view without {victim} during the cut {f}:\n{during}"
+        # After the heal the victim and the others are in one view again (through MERGE).
+        merged = [e for e in views if e.t > start.t and e.member == victim and e.data.get("merge")]
+        assert any(len(e.data["members"]) == len(before.data["members"]) for e in merged), merged[:3]
+    assert checked, f"no cut of {EXCLUDING_CUT:g}s or more in {cuts}"
 
 
 def test_checks_catch_a_lost_write_in_the_real_history(one_minute: Run) -> None:

@@ -11,15 +11,33 @@
    over a small pool of keys (puts of unique values, some deletes; gets). Every operation is recorded as a
    ``grid_start`` event before the request and a ``grid_end`` event after the answer: the events of the
    simulator's grid histories (:mod:`groupcluster.sim.grid_checkers`), so one code judges both.
-3. Every few seconds it injects a fault drawn from a :class:`random.Random` seeded with ``--seed``: SIGKILL a
-   member and start a replacement, SIGSTOP a member for 1 to 10 seconds then SIGCONT it (a long pause gets
-   it excluded; it comes back through a merge), or ask a member to leave gracefully (``POST /v1/leave``)
-   and start a replacement. The kind, the victim (by name: ``m1``, ``m2``, ...; replacements take the next
-   number) and the delays come from the seed alone, so a seed replays its fault schedule (the timing of
-   the operations around it is the machine's). The first three faults are the three kinds in a seeded
-   order, so every run of three faults or more has each kind.
-   At most ``num_owners - 1`` members are down or paused at a time: before a fault that would exceed it the
-   run waits until the grid is balanced again (every member ready on one topology, no rebalance running).
+3. Every few seconds it injects a fault drawn from a :class:`random.Random` seeded with ``--seed``:
+
+   * ``kill``: SIGKILL a member and start a replacement;
+   * ``pause``: SIGSTOP a member for 1 to 10 seconds, then SIGCONT it (a long pause gets it excluded; it comes
+     back through a merge);
+   * ``leave``: ask a member to leave gracefully (``POST /v1/leave``) and start a replacement;
+   * ``cut``: cut a member off the network for 2 to 12 seconds, then heal. Every member runs with
+     ``--faults-control`` (a ``faults`` layer above its transport, steered by its file ``mN.faults.json``,
+     :mod:`groupcluster.runtime.faults_control`); the run writes the partition {victim} | {everybody else}
+     into every live member's file, waits until each reports it applied it, and after the cut writes the
+     heal the same way. Both sides drop the other side's frames, so the victim keeps running and answering
+     its clients on its own: before anyone notices it serves what its side can (a read of its own copy, a
+     write that then waits for the other owner), once excluded it is a one-member group whose degraded
+     topology refuses what it cannot serve safely (503 in the default ``deny_read_writes`` mode). A long cut
+     (past the failure detector's 4 s + 1 s) gets it excluded, and after the heal it comes back through a
+     merge; a short one is ridden out. The report gives, per cut, the frames each side's faults layer
+     dropped: that the cut really cut.
+
+   The kind, the victim (by name: ``m1``, ``m2``, ...; replacements take the next number) and the delays come
+   from the seed alone, so a seed replays its fault schedule (the timing of the operations around it is the
+   machine's). The first four faults are the four kinds in a seeded order, so every run of four faults or
+   more has each kind. At most ``num_owners - 1`` members are faulted at a time (down, paused, or cut off):
+   a fault counts until the grid is balanced again after it, and before a fault that would exceed the
+   limit the run waits until it is (every member ready on one topology, no rebalance running). Operations
+   are only acknowledged when the member answered OK, whatever side of a cut it was on: the checkers judge
+   them all, with no allowance for the cut beyond what the members' own views show (the ``cut`` events in
+   the history are for readers; no checker reads them).
 4. At the end: faults stop, the grid converges, the workload stops, every key ever written is read back
    (``grid_converged`` then final reads), every owner's copy of every segment is scanned (``grid_store``),
    and the checkers run: ``grid-fresh-reads``, ``grid-lost-write`` and ``grid-replicas-equal``.
@@ -50,11 +68,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
+from .faults_control import HEAL_DOCUMENT, partition_document, write_control
 from .local import DEFAULT_OWNERS, MAX_MEMBERS, LocalCluster, LocalError, MemberRecord, get_json, post
 
-KINDS = ("kill", "pause", "leave")
+KINDS = ("kill", "pause", "leave", "cut")
 KEY_POOL = 64  # few keys: reads and writes of one key overlap often, which is what the checkers judge
 DELETE_SHARE = 0.1
 OP_PAUSE = 0.01  # between a thread's operations: the members share a small machine with the workload
@@ -63,6 +82,16 @@ FAULT_GAP = (2.0, 5.0)  # seconds between faults (seeded)
 # member is suspected and excluded, and on SIGCONT it comes back through a merge; shorter pauses are
 # ridden out. Both happen.
 PAUSE_LENGTH = (1.0, 10.0)
+# Seconds a cut-off member stays cut off (seeded): like a pause, a long cut gets it excluded (and it comes back
+# through a merge), a short one is ridden out; unlike a pause, the member keeps running and serving its
+# clients on its own side meanwhile.
+CUT_LENGTH = (2.0, 12.0)
+# The partition a cut writes ends on its own this long after the cut should have been healed, so members
+# heal even if this process dies in between.
+CUT_SAFETY = 60.0
+# How long every member may take to apply a control file (it polls every 0.2 s; its status file, which says
+# that it did, is rewritten every 0.5 s).
+CONTROL_TIMEOUT = 10.0
 START_TIMEOUT = 180.0
 SETTLE_TIMEOUT = 180.0
 # Kinds of the members' own history events the checkers use (views: divergence windows and grid lineages).
@@ -84,7 +113,11 @@ class FaultRecord:
     member: str
     detail: str
     replacement: str | None = None
+    length: float | None = None  # seconds a pause or a cut lasted
     recovered_after: float | None = None  # seconds from the fault until the grid was balanced again
+    # A cut: frames to or from the other side that the victim's faults layer dropped, and the others' layers
+    # together (their counters over the cut, read just before the heal): that the cut really cut.
+    dropped: list[int] | None = None
     started: float = field(default=0.0, repr=False)  # time.monotonic() of the fault
 
 
@@ -237,8 +270,14 @@ class ChaosResult:
         return doc
 
 
+class FaultDraw(NamedTuple):
+    kind: str
+    victim: str
+    hold: float  # seconds a pause or a cut lasts (drawn for every kind, used by these two)
+
+
 class FaultSchedule:
-    """The seeded draws of a run: gaps, kinds, victims and pause lengths, in the order the run asks for them.
+    """The seeded draws of a run: gaps, kinds, victims and pause/cut lengths, in the order the run asks for them.
 
     Victims are drawn by name from the members present (``m1``, ``m2``, ... with replacements taking the next
     number), which the schedule itself determines, so a seed replays the same faults on the same names.
@@ -251,14 +290,16 @@ class FaultSchedule:
     def gap(self) -> float:
         return self.rng.uniform(*FAULT_GAP)
 
-    def draw(self, number: int, names: list[str]) -> tuple[str, str, float]:
-        """Fault ``number`` (from 1): (kind, victim, pause seconds). The first three are each kind once."""
+    def draw(self, number: int, names: list[str]) -> FaultDraw:
+        """Fault ``number`` (from 1). The first ``len(KINDS)`` faults are each kind once, in a seeded order."""
         if number == 1:
             self._first = self.rng.sample(KINDS, len(KINDS))
         kind = self._first[number - 1] if number <= len(KINDS) else self.rng.choice(KINDS)
         victim = self.rng.choice(sorted(names, key=lambda n: (len(n), n)))
-        pause_for = self.rng.uniform(*PAUSE_LENGTH)  # drawn for every kind: later draws do not depend on kinds
-        return kind, victim, pause_for
+        # Both lengths are drawn for every kind: later draws do not depend on which kinds came before.
+        pause_for = self.rng.uniform(*PAUSE_LENGTH)
+        cut_for = self.rng.uniform(*CUT_LENGTH)
+        return FaultDraw(kind, victim, cut_for if kind == "cut" else pause_for)
 
 
 class Chaos:
@@ -283,6 +324,8 @@ class Chaos:
         self.schedule = FaultSchedule(seed)
         self.cluster = LocalCluster(directory)
         self.cluster.record = True
+        self.cluster.faults_control = True  # a faults layer in every member, steered by its control file
+        self.applied: dict[str, int] = {}  # member name -> control files written to it so far
         self.log = HistoryLog()
         self.faults: list[FaultRecord] = []
         self.down = 0  # faults since the grid was last balanced
@@ -309,7 +352,7 @@ class Chaos:
 
     def inject(self, number: int, t0: float) -> FaultRecord:
         """Inject fault ``number`` (drawn by :attr:`schedule`) and start a replacement where one is due."""
-        kind, victim_name, pause_for = self.schedule.draw(number, [m.name for m in self.cluster.members])
+        kind, victim_name, hold = self.schedule.draw(number, [m.name for m in self.cluster.members])
         victim = next(m for m in self.cluster.members if m.name == victim_name)
         now = time.monotonic()
         rec = FaultRecord(number, round(now - t0, 1), kind, victim.name, "", started=now)
@@ -326,10 +369,14 @@ class Chaos:
         elif kind == "pause":
             os.kill(victim.pid, signal.SIGSTOP)
             try:
-                time.sleep(pause_for)
+                time.sleep(hold)
             finally:
                 os.kill(victim.pid, signal.SIGCONT)
-            rec.detail = f"SIGSTOP {pause_for:.1f}s, SIGCONT"
+            rec.detail = f"SIGSTOP {hold:.1f}s, SIGCONT"
+            rec.length = round(hold, 1)
+        elif kind == "cut":
+            self.cut(victim, addr, hold, rec)
+            rec.length = round(hold, 1)
         else:
             self.log.add(addr, "leave")
             code, body = post(victim.http + "/v1/leave")
@@ -348,6 +395,66 @@ class Chaos:
         extra = f", replaced by {rec.replacement}" if rec.replacement else ""
         self.say(f"  fault {number} at {rec.at:5.1f}s: {kind} {victim.name} ({rec.detail}{extra})")
         return rec
+
+    def cut(self, victim: MemberRecord, addr: str, seconds: float, rec: FaultRecord) -> None:
+        """Cut ``victim`` off from every other member for ``seconds``, then heal.
+
+        Every live member (the victim too) gets the same partition {victim} | {the others} in its control
+        file, so each side drops the other's frames: the others see the victim go silent and it sees them go
+        silent, while both keep running and answering their clients (HTTP is not cut).
+        """
+        members = list(self.cluster.members)
+        others = [m.bind for m in members if m is not victim]
+        before = self._dropped(victim, members)
+        started = time.monotonic()
+        self.log.add(addr, "cut", phase="start", groups=[[victim.bind], others])
+        try:
+            self._control(members, partition_document([[victim.bind], others], seconds + CUT_SAFETY))
+            time.sleep(max(0.0, seconds - (time.monotonic() - started)))
+            rec.dropped = [n - b for n, b in zip(self._dropped(victim, members), before, strict=True)]
+        finally:
+            self._control(members, HEAL_DOCUMENT)
+            self.log.add(addr, "cut", phase="end")
+        by_victim, by_others = rec.dropped
+        rec.detail = f"cut off {seconds:.1f}s, healed; frames dropped by it {by_victim}, by the others {by_others}"
+
+    def _status_file(self, m: MemberRecord) -> dict[str, Any]:
+        with contextlib.suppress(OSError, ValueError):
+            doc = json.loads((self.dir / f"{m.name}.status.json").read_text())
+            if isinstance(doc, dict):
+                return doc
+        return {}
+
+    def _control(self, members: list[MemberRecord], doc: dict[str, Any]) -> None:
+        """Write ``doc`` into the members' control files and wait until every one applied it."""
+        for m in members:
+            write_control(self.cluster.faults_control_path(m.name), doc)
+            self.applied[m.name] = self.applied.get(m.name, 0) + 1
+        deadline = time.monotonic() + CONTROL_TIMEOUT
+        waiting = list(members)
+        while waiting:
+            waiting = [
+                m
+                for m in waiting
+                if ((self._status_file(m).get("faults_control") or {}).get("applied") or 0) < self.applied[m.name]
+            ]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                why = {m.name: (self._status_file(m).get("faults_control") or {}) for m in waiting}
+                raise ChaosError(f"members did not apply their faults control file within {CONTROL_TIMEOUT:g}s: {why}")
+            time.sleep(0.1)
+
+    def _dropped(self, victim: MemberRecord, members: list[MemberRecord]) -> list[int]:
+        """Frames the victim's faults layer dropped so far, and the other members' together."""
+
+        def dropped(m: MemberRecord) -> int:
+            metrics = self._status_file(m).get("metrics") or {}
+            return int(metrics.get("faults.partition_dropped", 0)) + int(
+                metrics.get("faults.partition_dropped_down", 0)
+            )
+
+        return [dropped(victim), sum(dropped(m) for m in members if m is not victim)]
 
     # -- read-back and replicas ------------------------------------------------------------------------------
     def read_back(self, keys: list[bytes]) -> None:

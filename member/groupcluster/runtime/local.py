@@ -263,6 +263,9 @@ class LocalCluster:
         # Members started by this object record their history (``--record``) to ``mN.history.jsonl``
         # (``groupcluster chaos`` feeds their views to the checkers); not kept in cluster.json.
         self.record = False
+        # ... and take faults-layer settings from ``mN.faults.json`` (``--faults-control``: how chaos cuts one
+        # off the network).
+        self.faults_control = False
 
     # -- state -----------------------------------------------------------------------------------------------
     @property
@@ -375,6 +378,8 @@ class LocalCluster:
             argv += ["--grid-set", p]
         if self.record:
             argv += ["--record", str(self.history_path(name))]
+        if self.faults_control:
+            argv += ["--faults-control", str(self.faults_control_path(name))]
         with open(log, "wb") as out:
             # A session of its own: the member outlives this command and a Ctrl-C in its terminal.
             proc = subprocess.Popen(
@@ -396,6 +401,10 @@ class LocalCluster:
     def history_path(self, name: str) -> Path:
         """Where member ``name`` records its history when :attr:`record` is set."""
         return self.dir / f"{name}.history.jsonl"
+
+    def faults_control_path(self, name: str) -> Path:
+        """Member ``name``'s faults control file when :attr:`faults_control` is set."""
+        return self.dir / f"{name}.faults.json"
 
     def popen(self, name: str) -> subprocess.Popen[bytes] | None:
         """The process of member ``name`` if this object started it."""

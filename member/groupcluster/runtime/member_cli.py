@@ -9,6 +9,10 @@ counters as JSON, for scripts, tests and the demo. ``--record`` appends the memb
 SIGTERM or SIGINT, ``--exit-after-delivered`` and ``--run-for`` end the member with a graceful leave (exit
 status 0). A bad stack configuration prints one line naming the key and exits with status 2.
 
+``--faults-control PATH`` puts a ``faults`` layer above the transport (unless the stack has one) and, once
+joined, applies the JSON in ``PATH`` to it whenever the file changes (:mod:`groupcluster.runtime.faults_control`):
+how ``groupcluster chaos`` cuts a member off the network.
+
 ``--grid`` runs a data-grid member on the channel (:mod:`groupcluster.grid.runtime`; ``--grid-set KEY=VALUE``
 sets :class:`~groupcluster.grid.node.GridConfig` parameters) and ``--http HOST:PORT`` serves the member HTTP
 API (:mod:`groupcluster.grid.http_api`). A grid member that is asked to stop (SIGTERM, ``POST /v1/leave``)
@@ -46,6 +50,7 @@ from ..stacks import PRESETS, load_stack_file
 from . import kube_discovery
 from .channel import Channel, ChannelError, build_spec
 from .driver import TRANSPORTS, parse_endpoint
+from .faults_control import FaultsControl, with_faults_layer
 
 log = logging.getLogger("groupcluster.member")
 
@@ -157,6 +162,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override one layer parameter, e.g. fd.timeout=2s (repeatable)",
     )
     parser.add_argument("--record", metavar="FILE", help="append our history (JSON lines) to FILE")
+    parser.add_argument(
+        "--faults-control",
+        metavar="PATH",
+        help="add a faults layer and apply the JSON in PATH to it whenever the file changes (polled every 0.2 s)",
+    )
     parser.add_argument("--status-file", metavar="PATH", help="rewrite a JSON status here about every 0.5 s")
     parser.add_argument(
         "--join-timeout", type=_positive_float, default=60.0, metavar="SECONDS", help="give up joining after this long"
@@ -261,6 +271,7 @@ class Member:
         self.left = False
         self.started = time.time()
         self.grid: GridRuntime | None = None
+        self.faults_control: FaultsControl | None = None
         self.grid_config: GridConfig | None = (
             GridConfig.from_dict(dict(args.grid_params)) if getattr(args, "grid", False) else None
         )
@@ -373,6 +384,7 @@ class Member:
             "left": self.left,
             "metrics": ch.metrics() if ch is not None else {},
             "grid": self._grid_summary(),
+            "faults_control": self.faults_control.status() if self.faults_control is not None else None,
         }
 
     def _grid_summary(self) -> dict[str, Any] | None:
@@ -520,6 +532,9 @@ class Member:
         if self.grid is not None:
             self.grid.bind(ch)
         print(f"member {ch.address}: joined {ch.view}", flush=True)
+        if getattr(args, "faults_control", None):
+            self.faults_control = FaultsControl(args.faults_control, ch.driver.control)
+            self.faults_control.start()
         tasks = [loop.create_task(self.status_loop()), loop.create_task(self.workload(ch))]
         if args.run_for is not None:
             loop.call_later(args.run_for, self._time_up)
@@ -529,6 +544,8 @@ class Member:
         finally:
             for task in tasks:
                 task.cancel()
+            if self.faults_control is not None:
+                self.faults_control.stop()
             ok = await ch.leave()
             self.left = ok
             self.write_status()
@@ -553,6 +570,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("no --hosts and no --hosts-file: this member can only start a group of its own")
     try:
         spec = load_spec(args.stack, args.overrides)
+        if getattr(args, "faults_control", None):
+            spec = with_faults_layer(spec)
         return asyncio.run(Member(args, spec).main())
     except ConfigError as exc:
         # One line, even when the message quotes a multi-line YAML parser error.
