@@ -2,17 +2,21 @@
 (default 50 MB), a joiner in this process joins and fetches it; prints the time and MB/s.
 
     .venv/bin/python bench/state_transfer.py [--size-mb 50] [--members 1] [--stack vsync] [--chunk-size 56KiB]
+        [--transport udp] [--json]
     .venv/bin/python bench/state_transfer.py --members 4 --size-mb 10   # time to add a 5th member (issue 3)
 
 The clock runs from the joiner's connect (join, with a flush on the vsync stack, included) and, separately,
-from its first view to ``set_state``; MB/s is the state size over the latter. Members run on loopback
-(127.0.0.21 and up; the joiner takes the next address).
+from its first view to ``set_state``; MB/s (10^6 bytes) is the state size over the latter. Members run on
+127.0.0.1, each on its own free port. ``--json`` prints one object (``size_bytes``, ``transfer_s``,
+``join_and_transfer_s``, ``mb_per_s``, the settings): the ``groupcluster bench`` suite reads it
+(workload ``state-transfer-10MB``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -27,9 +31,11 @@ from groupcluster.runtime.channel import Channel
 async def main():
     size, window = int(sys.argv[1]), int(sys.argv[6])
     bind, hosts, stack, chunk = sys.argv[2:6]
+    transport = sys.argv[7]
     state = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
     host, port = bind.rsplit(":", 1)
     ch = await Channel.connect("bench-state", bind=(host, int(port)), initial_hosts=hosts.split(","), stack=stack,
+                               transport=transport,
                                stack_overrides={"state": {"chunk_size": chunk, "window": window}},
                                get_state=lambda: state)
     print("ready", flush=True)
@@ -41,40 +47,45 @@ asyncio.run(main())
 """
 
 
-def free_port(hosts: list[str]) -> int:
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.bind((hosts[0], 0))
+HOST = "127.0.0.1"
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free for both UDP and TCP on 127.0.0.1 (the transport may be either)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
             port = s.getsockname()[1]
         try:
-            for h in hosts[1:]:
-                with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                    s.bind((h, port))
-            return port
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.bind((HOST, port))
         except OSError:
             continue
-    raise RuntimeError("no free port")
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 async def run(args: argparse.Namespace) -> None:
-    hosts = [f"127.0.0.{21 + i}" for i in range(args.members + 1)]
-    port = free_port(hosts)
-    everyone = ",".join(f"{h}:{port}" for h in hosts)
+    ports = free_ports(args.members + 1)
+    everyone = ",".join(f"{HOST}:{p}" for p in ports)
     size = int(args.size_mb * 1_000_000)
     donors: list[subprocess.Popen[bytes]] = []
     try:
-        for host in hosts[:-1]:  # one after the other: each has joined when it prints "ready"
+        for port in ports[:-1]:  # one after the other: each has joined when it prints "ready"
             donor = subprocess.Popen(
                 [
                     sys.executable,
                     "-c",
                     DONOR_CODE,
                     str(size),
-                    f"{host}:{port}",
+                    f"{HOST}:{port}",
                     everyone,
                     args.stack,
                     args.chunk_size,
                     str(args.window),
+                    args.transport,
                 ],
                 stdout=subprocess.PIPE,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -83,15 +94,16 @@ async def run(args: argparse.Namespace) -> None:
             assert donor.stdout is not None
             line = await asyncio.to_thread(donor.stdout.readline)
             if line.strip() != b"ready":
-                raise RuntimeError(f"member {host} did not start: {line!r}")
+                raise RuntimeError(f"member {HOST}:{port} did not start: {line!r}")
         received: list[int] = []
         t_view: list[float] = []
         t0 = time.perf_counter()
         ch = await Channel.connect(
             "bench-state",
-            bind=(hosts[-1], port),
+            bind=(HOST, ports[-1]),
             initial_hosts=everyone.split(","),
             stack=args.stack,
+            transport=args.transport,
             stack_overrides={"state": {"chunk_size": args.chunk_size, "window": args.window}},
             set_state=lambda data: received.append(len(data)),
             on_view=lambda v: t_view.append(time.perf_counter()) if not t_view else None,
@@ -100,12 +112,26 @@ async def run(args: argparse.Namespace) -> None:
         t1 = time.perf_counter()
         assert received == [size], f"received {received}, expected [{size}]"
         transfer = t1 - t_view[0]
-        print(
-            f"state transfer: {size / 1e6:.1f} MB over {args.stack}, chunk {args.chunk_size}, window {args.window}, "
-            f"joining a group of {args.members}"
-        )
-        print(f"  join + transfer: {t1 - t0:.2f} s; transfer after the first view: {transfer:.2f} s")
-        print(f"  throughput: {size / 1e6 / transfer:.1f} MB/s")
+        if args.json:
+            doc = {
+                "size_bytes": size,
+                "stack": args.stack,
+                "transport": args.transport,
+                "chunk_size": args.chunk_size,
+                "window": args.window,
+                "members": args.members,
+                "join_and_transfer_s": round(t1 - t0, 4),
+                "transfer_s": round(transfer, 4),
+                "mb_per_s": round(size / 1e6 / transfer, 3),
+            }
+            print(json.dumps(doc))
+        else:
+            print(
+                f"state transfer: {size / 1e6:.1f} MB over {args.stack} ({args.transport}), chunk {args.chunk_size}, "
+                f"window {args.window}, joining a group of {args.members}"
+            )
+            print(f"  join + transfer: {t1 - t0:.2f} s; transfer after the first view: {transfer:.2f} s")
+            print(f"  throughput: {size / 1e6 / transfer:.1f} MB/s")
         await ch.leave()
     finally:
         for donor in donors:
@@ -124,7 +150,12 @@ def main() -> None:
     ap.add_argument("--stack", default="vsync")
     ap.add_argument("--chunk-size", default="56KiB")
     ap.add_argument("--window", type=int, default=8)
-    asyncio.run(run(ap.parse_args()))
+    ap.add_argument("--transport", choices=("udp", "tcp"), default="udp")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    args = ap.parse_args()
+    if args.size_mb <= 0 or args.members <= 0 or args.window <= 0:
+        ap.error("--size-mb, --members and --window must be positive")
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``groupcluster bench --suite peers``: our stack and its peers on the same workloads, in one invocation.
 
-    groupcluster bench --suite peers --quick                 # headline workloads, one run each (~2 minutes)
+    groupcluster bench --suite peers --quick                 # headline workloads, one run each (~4 minutes)
     groupcluster bench --suite peers --out docs/benchmarks   # everything, 3 runs each; table, JSON and PNGs
     groupcluster bench --suite peers --workloads 'fifo-*' --systems groupcluster,raw-asyncio --json
     groupcluster bench --list
@@ -44,9 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", type=_csv, metavar="PATTERNS", help="comma-separated names or globs")
     parser.add_argument("--systems", type=_csv, metavar="PATTERNS", help=f"comma-separated of {', '.join(SYSTEMS)}")
     parser.add_argument("--repeat", type=int, help="runs per figure; the median is reported (default 3, quick 1)")
-    parser.add_argument("--messages", type=int, help="messages per sender when all send (default 25000, quick 10000)")
+    parser.add_argument("--messages", type=int, help="messages per sender when all send (default 12000, quick 10000)")
     parser.add_argument("--counter-ops", type=int, help="increments per node, replicated counter (default 5000)")
     parser.add_argument("--latency-seconds", type=float, help="length of a paced latency run (default 4, quick 2)")
+    parser.add_argument("--join-rounds", type=int, help="joins per run of join-4 / join-flush-4 (default 3, quick 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--out", metavar="DIR", help="also write DIR/results.json, DIR/results.txt and PNG plots")
     parser.add_argument("--list", action="store_true", help="list the workloads and their systems, then exit")
@@ -58,7 +59,8 @@ def _settings(args: argparse.Namespace) -> Any:
     s = Settings()
     if args.quick:
         s.repeat, s.messages, s.counter_ops, s.latency_seconds = 1, 10000, 3000, 2.0
-    for name in ("repeat", "messages", "counter_ops", "latency_seconds"):
+        s.join_rounds, s.grid_single_ops, s.grid_batch_ops = 2, 500, 10000
+    for name in ("repeat", "messages", "counter_ops", "latency_seconds", "join_rounds"):
         value = getattr(args, name)
         if value is not None:
             if value <= 0:
@@ -70,7 +72,7 @@ def _settings(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     if args.list:
         for w in WORKLOADS.values():
-            print(f"{w.name:<26} {w.description}; systems: {', '.join(w.systems)}")
+            print(f"{w.name:<36} {w.unit:<17} {w.description}; systems: {', '.join(w.systems)}")
         return 0
     patterns = args.workloads or (list(QUICK_WORKLOADS) if args.quick else ["*"])
     names = with_peaks(select(patterns, WORKLOADS))
@@ -107,7 +109,10 @@ def run(args: argparse.Namespace) -> int:
             except Exception as exc:  # one peer failing must not lose the others' figures
                 failures.append(f"{name} / {system}: {exc}")
                 progress(f"  {name:<24} {system:<18} FAILED: {exc}")
+    elapsed = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
+    progress(f"bench peers: {len(results)} results, {len(failures)} failures in {elapsed / 60:.1f} minutes")
     env = environment(started.strftime("%Y-%m-%d %H:%M UTC"), load, os.cpu_count())
+    env["minutes"] = round(elapsed / 60, 1)
     env["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     settings_doc = {
         "repeat": settings.repeat,
@@ -115,6 +120,10 @@ def run(args: argparse.Namespace) -> int:
         "counter_ops_per_node": settings.counter_ops,
         "raw_factor": settings.raw_factor,
         "latency_seconds": settings.latency_seconds,
+        "join_rounds": settings.join_rounds,
+        "rebalance_idle_seconds": settings.rebalance_idle_seconds,
+        "grid_single_ops_per_client": settings.grid_single_ops,
+        "grid_batch_ops_per_client": settings.grid_batch_ops,
         "workloads": names,
         "systems": systems,
     }

@@ -1,7 +1,9 @@
 """Build and start the JGroups peers: JGroups 5 from Maven Central, JGroups 2.12 from Debian's libjgroups-java.
 
-The harness sources live in ``bench/peers/jgroups/`` of the repository (a Maven project for JGroups 5 and a
-second entry point, ``src-2.12/``, compiled with the same ``Core.java`` against the 2.12 jar). Builds go to
+The harness sources live in ``bench/peers/jgroups/`` of the repository (a Maven project for JGroups 5 and
+second entry points, ``src-2.12/``, compiled with the same ``Core.java`` and ``LifecycleCore.java`` against the
+2.12 jar). ``Harness``/``Harness212`` run the multicast workloads, ``Lifecycle``/``Lifecycle212`` the joins
+and state transfers (:mod:`groupcluster.bench.lifecycle`). Builds go to
 ``~/.cache/groupcluster/bench`` (``$GROUPCLUSTER_BENCH_CACHE`` overrides it) in a folder named after a hash of
 the sources, so an edit rebuilds and nothing lands in the work tree. Maven first runs offline (``-o``, from
 the local repository filled by an earlier build) and goes to the registry only when that fails.
@@ -26,6 +28,9 @@ CONFIGS = {
     ("jgroups-5", "total-order"): "jgroups5-sequencer.xml",
     ("jgroups-2.12", "fifo"): "jgroups212-nakack2.xml",
     ("jgroups-2.12", "total-order"): "jgroups212-sequencer.xml",
+    ("jgroups-5", "join"): "jgroups5-nakack2.xml",  # JGroups 5 has no FLUSH: a GMS join
+    ("jgroups-5", "state"): "jgroups5-state.xml",
+    ("jgroups-2.12", "join-flush"): "jgroups212-flush.xml",
 }
 
 
@@ -76,25 +81,39 @@ class JavaPeer:
     classpath: str
     main_class: str
     conf_dir: Path
+    lifecycle_class: str = ""
 
-    def command(self, order: str, cluster: str, ports: list[int], rank: int, options: list[str]) -> list[str]:
-        conf = self.conf_dir / CONFIGS[(self.system, order)]
+    def _java(self, config: str, ports: list[int], rank: int, discover: int, main: str) -> list[str]:
+        conf = self.conf_dir / CONFIGS[(self.system, config)]
         hosts = ",".join(f"127.0.0.1[{p}]" for p in ports)
         return [
             "java",
             *JVM_OPTS,
             f"-Djgroups.bind_port={ports[rank]}",
             f"-Djgroups.initial_hosts={hosts}",
-            f"-Djgroups.members={len(ports)}",
+            f"-Djgroups.members={discover}",
             "-cp",
             self.classpath,
-            self.main_class,
+            main,
             str(conf),
-            cluster,
-            "--rank",
-            str(rank),
-            *options,
         ]
+
+    def command(self, order: str, cluster: str, ports: list[int], rank: int, options: list[str]) -> list[str]:
+        main = self._java(order, ports, rank, len(ports), self.main_class)
+        return [*main, cluster, "--rank", str(rank), *options]
+
+    def lifecycle_command(
+        self, config: str, cluster: str, ports: list[int], rank: int, mode: str, options: list[str], discover: int
+    ) -> list[str]:
+        """A member (``mode`` "member") or the joiner ("join") of a join or state workload.
+
+        ``discover`` is how many members JGroups 2.12's discovery waits for (``num_initial_members``): the
+        members already there, so a joiner does not wait out the discovery timeout for itself.
+        """
+        if not self.lifecycle_class:
+            raise BenchSetupError(f"{self.system}: no join/state harness")
+        main = self._java(config, ports, rank, discover, self.lifecycle_class)
+        return [*main, cluster, mode, *options]
 
 
 def _need(tool: str, hint: str) -> None:
@@ -125,7 +144,10 @@ def jgroups5(log: Callable[[str], None] | None = None) -> JavaPeer:
             tail = "\n".join(build_log.read_text(errors="replace").splitlines()[-15:])
             raise BenchSetupError(f"the JGroups 5 harness did not build (log {build_log}):\n{tail}")
     libs = sorted((out / "target" / "lib").glob("*.jar"))
-    return JavaPeer("jgroups-5", os.pathsep.join(map(str, [jar, *libs])), "io.groupcluster.bench.Harness", src / "conf")
+    classpath = os.pathsep.join(map(str, [jar, *libs]))
+    return JavaPeer(
+        "jgroups-5", classpath, "io.groupcluster.bench.Harness", src / "conf", "io.groupcluster.bench.Lifecycle"
+    )
 
 
 def _jgroups212_jar(log: Callable[[str], None] | None) -> Path:
@@ -150,16 +172,24 @@ def jgroups212(log: Callable[[str], None] | None = None) -> JavaPeer:
     files = [*_sources(src, "src", "src-2.12")]
     out = cache_root() / f"jgroups212-{_digest(files, src)}"
     classes = out / "classes"
-    marker = classes / "io" / "groupcluster" / "bench" / "Harness212.class"
+    marker = classes / "io" / "groupcluster" / "bench" / "Lifecycle212.class"
     if not marker.is_file():
         _need("javac", "install a JDK >= 17")
         if log:
             log(f"compiling the JGroups 2.12 harness into {out} (once)")
         classes.mkdir(parents=True, exist_ok=True)
-        core = src / "src" / "main" / "java" / "io" / "groupcluster" / "bench" / "Core.java"
-        entry = src / "src-2.12" / "io" / "groupcluster" / "bench" / "Harness212.java"
+        shared = src / "src" / "main" / "java" / "io" / "groupcluster" / "bench"
+        entries = src / "src-2.12" / "io" / "groupcluster" / "bench"
+        files = [shared / "Core.java", shared / "LifecycleCore.java"]
+        files += [entries / "Harness212.java", entries / "Lifecycle212.java"]
         build_log = out / "build.log"
-        if not _run(["javac", "-nowarn", "-d", str(classes), "-cp", str(jar), str(core), str(entry)], out, build_log):
+        if not _run(["javac", "-nowarn", "-d", str(classes), "-cp", str(jar), *map(str, files)], out, build_log):
             raise BenchSetupError(f"the JGroups 2.12 harness did not compile (log {build_log})")
     classpath = os.pathsep.join([str(classes), str(jar)])
-    return JavaPeer("jgroups-2.12", classpath, "io.groupcluster.bench.Harness212", src / "conf")
+    return JavaPeer(
+        "jgroups-2.12",
+        classpath,
+        "io.groupcluster.bench.Harness212",
+        src / "conf",
+        "io.groupcluster.bench.Lifecycle212",
+    )

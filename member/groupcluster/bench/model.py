@@ -1,9 +1,11 @@
 """The pure part of the benchmark suite: workloads, result entries, aggregation, JSON and the table.
 
 Nothing here starts a process or reads a clock, so it is unit-tested (tests/unit/test_bench_cli.py). A run of
-one system on one workload yields one :class:`RunReport` per member (the ``RESULT`` line of a worker, see
-:mod:`groupcluster.bench.workers`); :func:`throughput` and :func:`latency` turn a run into one figure, and
-:func:`aggregate` turns the repeats into the median that the table, the JSON and the plots show.
+one system on a multicast workload yields one :class:`RunReport` per member (the ``RESULT`` line of a worker,
+see :mod:`groupcluster.bench.workers`); :func:`throughput` and :func:`latency` turn a run into one figure, and
+:func:`aggregate` turns the repeats into the median that the table, the JSON and the plots show. The join,
+state-transfer and grid workloads (:data:`LIFECYCLE_KINDS`) run the standalone scripts under ``bench/`` and
+the JGroups ``Lifecycle`` harness instead; :mod:`groupcluster.bench.figures` reads their output.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ SYSTEMS = (GROUPCLUSTER, JGROUPS5, JGROUPS212, PYSYNCOBJ, RAW, RAW_RELAY)
 THROUGHPUT_UNIT = "msgs/s per member"
 OPS_UNIT = "ops/s per node"
 LATENCY_UNIT = "ms"
+MB_UNIT = "MB/s"  # 10^6 bytes per second
+ENTRIES_UNIT = "entries/s"
+GRID_OPS_UNIT = "ops/s"  # all clients of a grid together
+
+# Workload kinds that are not multicast runs of the workers: each runs a script or the JGroups Lifecycle harness.
+LIFECYCLE_KINDS = ("join", "state", "rebalance", "grid-ops")
 
 
 @dataclass(frozen=True)
@@ -35,20 +43,34 @@ class Workload:
     """One measured situation: who sends what through which kind of ordering."""
 
     name: str
-    order: str  # "fifo", "total-order" or "counter" (replicated counter updates, totally ordered)
+    order: str  # "fifo", "total-order" or "counter" (replicated counter updates, totally ordered); "" otherwise
     members: int
     senders: int
-    size: int
-    kind: str = "throughput"  # or "latency": paced at half the system's own peak of ``peak_of``
+    size: int  # bytes per message; the state's bytes (state); entries loaded (rebalance)
+    kind: str = "throughput"  # "latency": paced at half the system's own peak of ``peak_of``; or LIFECYCLE_KINDS
     peak_of: str | None = None
     systems: tuple[str, ...] = ()
     description: str = ""
+    stack: str = ""  # join: our stack preset ("fifo": a GMS join, "vsync": a flushed join)
+    figure: str = ""  # rebalance, grid-ops: which figure of the shared run (see groupcluster.bench.figures)
+    fixed_unit: str = ""
 
     @property
     def unit(self) -> str:
+        if self.fixed_unit:
+            return self.fixed_unit
         if self.kind == "latency":
             return LATENCY_UNIT
         return OPS_UNIT if self.order == "counter" else THROUGHPUT_UNIT
+
+    @property
+    def run_group(self) -> str:
+        """Workloads of one group read their figures from the same runs (one rebalance gives MB/s and more)."""
+        if self.kind == "rebalance":
+            return f"grid-rebalance-{self.size // 1000}k"
+        if self.kind == "grid-ops":
+            return "grid-ops"
+        return self.name
 
 
 def _size_label(size: int) -> str:
@@ -104,13 +126,116 @@ def _workloads() -> list[Workload]:
             description="3 nodes, every node increments a replicated counter",
         )
     )
+    out.extend(_lifecycle_workloads())
+    return out
+
+
+# Sizes of the lifecycle workloads (the names carry them; the runner passes them to the scripts).
+STATE_BYTES = 10_000_000
+REBALANCE_ENTRIES = 200_000
+GRID_OPS_CLIENTS = 4
+
+
+def _lifecycle_workloads() -> list[Workload]:
+    """Joins, state transfer, rebalance and grid operations (issue 8 item 4)."""
+    out = [
+        Workload(
+            "join-4",
+            "",
+            4,
+            0,
+            0,
+            kind="join",
+            stack="fifo",
+            systems=(GROUPCLUSTER, JGROUPS5),
+            fixed_unit=LATENCY_UNIT,
+            description="a 4th member joins 3 that multicast 200 msgs/s each (GMS join, no flush); "
+            "ms from its stack's start to the view of 4",
+        ),
+        Workload(
+            "join-flush-4",
+            "",
+            4,
+            0,
+            0,
+            kind="join",
+            stack="vsync",
+            systems=(GROUPCLUSTER, JGROUPS212),
+            fixed_unit=LATENCY_UNIT,
+            description="the same join with a flush before the view (our vsync stack, JGroups 2.12 pbcast.FLUSH)",
+        ),
+        Workload(
+            f"state-transfer-{STATE_BYTES // 1_000_000}MB",
+            "",
+            2,
+            0,
+            STATE_BYTES,
+            kind="state",
+            systems=(GROUPCLUSTER, JGROUPS5),
+            fixed_unit=MB_UNIT,
+            description=f"a joiner fetches a {STATE_BYTES // 1_000_000} MB state from one member; "
+            "MB/s from its first view to the last byte",
+        ),
+    ]
+    reb = f"grid-rebalance-{REBALANCE_ENTRIES // 1000}k"
+    loaded = f"a 4th member joins 3 holding {REBALANCE_ENTRIES:,} entries of 100 B, single PUTs at 200/s"
+    for suffix, figure, unit, what in (
+        ("", "mb_per_s", MB_UNIT, "MB/s moved (keys and values) from its join to a balanced topology"),
+        ("-entries", "entries_per_s", ENTRIES_UNIT, "entries/s moved"),
+        ("-write-p99-idle", "idle_p99_ms", LATENCY_UNIT, "single-PUT p99 before the join (the idle figure)"),
+        ("-write-p99-during", "during_p99_ms", LATENCY_UNIT, "single-PUT p99 during the rebalance"),
+    ):
+        out.append(
+            Workload(
+                reb + suffix,
+                "",
+                4,
+                0,
+                REBALANCE_ENTRIES,
+                kind="rebalance",
+                figure=figure,
+                systems=(GROUPCLUSTER,),
+                fixed_unit=unit,
+                description=f"{loaded}: {what}",
+            )
+        )
+    # In the order grid_throughput.py runs its steps (puts first: the gets read what they wrote).
+    for mode, what in (
+        ("single", "one key per request, 16 in flight per client"),
+        ("batch", "1000 keys per request"),
+    ):
+        for op in ("put", "get"):
+            out.append(
+                Workload(
+                    f"grid-ops-{op}-{mode}",
+                    "",
+                    3,
+                    GRID_OPS_CLIENTS,
+                    100,
+                    kind="grid-ops",
+                    figure=f"{mode} {op}",
+                    systems=(GROUPCLUSTER,),
+                    fixed_unit=GRID_OPS_UNIT,
+                    description=f"{GRID_OPS_CLIENTS} client processes, 3 members, 100 B values, {what}; "
+                    "ops/s of all clients",
+                )
+            )
     return out
 
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _workloads()}
 
-# The quick selection: the headline workloads, about two minutes for every system.
-QUICK_WORKLOADS = ("fifo-4x100B", "total-order-4x100B", "replicated-counter-3")
+# The quick selection: the headline workloads, about four minutes for every system.
+QUICK_WORKLOADS = (
+    "fifo-4x100B",
+    "total-order-4x100B",
+    "replicated-counter-3",
+    "join-4",
+    "state-transfer-10MB",
+    "grid-ops-*-batch",
+)
+# Higher is better for these units (the table's ratio column); lower is better for ms.
+HIGHER_IS_BETTER = (THROUGHPUT_UNIT, OPS_UNIT, MB_UNIT, ENTRIES_UNIT, GRID_OPS_UNIT)
 
 
 def select(patterns: Iterable[str], names: Iterable[str]) -> list[str]:
@@ -223,7 +348,7 @@ def ratios(results: Sequence[Result], base: str = GROUPCLUSTER) -> dict[tuple[st
     by_key = {(r.workload, r.system): r for r in results}
     out: dict[tuple[str, str], float] = {}
     for r in results:
-        if r.system == base or r.unit == LATENCY_UNIT or r.value <= 0:
+        if r.system == base or r.unit not in HIGHER_IS_BETTER or r.value <= 0:
             continue
         ours = by_key.get((r.workload, base))
         if ours is not None:
@@ -231,9 +356,9 @@ def ratios(results: Sequence[Result], base: str = GROUPCLUSTER) -> dict[tuple[st
     return out
 
 
-def _fmt_value(value: float, unit: str) -> str:
-    if unit == LATENCY_UNIT:
-        return f"{value:.2f}"
+def fmt_value(value: float, unit: str) -> str:
+    if unit in (LATENCY_UNIT, MB_UNIT):
+        return f"{value:,.2f}"
     return f"{value:,.0f}"
 
 
@@ -244,13 +369,13 @@ def format_table(results: Sequence[Result], base: str = GROUPCLUSTER) -> str:
     for r in results:
         spread = f"{len(r.samples)}"
         if len(r.samples) >= 2:
-            spread += f" ({_fmt_value(min(r.samples), r.unit)} - {_fmt_value(max(r.samples), r.unit)})"
+            spread += f" ({fmt_value(min(r.samples), r.unit)} - {fmt_value(max(r.samples), r.unit)})"
         ratio = rel.get((r.workload, r.system))
         rows.append(
             (
                 r.workload,
                 r.system,
-                _fmt_value(r.value, r.unit),
+                fmt_value(r.value, r.unit),
                 r.unit,
                 spread,
                 "" if ratio is None else f"{ratio:.2f}x",

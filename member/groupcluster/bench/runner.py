@@ -1,5 +1,7 @@
 """Run the peers suite: start every system's member processes on loopback, collect their result lines.
 
+(The join, state-transfer and grid workloads go to :class:`groupcluster.bench.lifecycle.LifecycleRunner`.)
+
 One run = one system on one workload: N member processes on 127.0.0.1 (Python workers, member JVMs or
 PySyncObj nodes), each printing one ``RESULT`` line when it has delivered everything; then the runner kills
 them all (SIGKILL: nobody leaves while another still needs it, and teardown is not measured). Runs are
@@ -22,11 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import jgroups
+from .lifecycle import LifecycleRunner
 from .model import (
     GROUPCLUSTER,
     JGROUPS5,
     JGROUPS212,
     LATENCY_UNIT,
+    LIFECYCLE_KINDS,
     PYSYNCOBJ,
     RAW,
     RAW_RELAY,
@@ -48,12 +52,19 @@ class RunFailed(Exception):
 class Settings:
     """How much each run sends (the same for every system of a workload) and how often runs repeat."""
 
-    messages: int = 25000  # per sender when all send; a lone sender sends members * messages
+    # Per sender when all send; a lone sender sends members * messages. 12000 keeps the default suite (3 runs of
+    # everything, joins, state transfer and the grid included) near 25 minutes on the shared 2-core machine.
+    messages: int = 12000
     counter_ops: int = 5000  # increments per node in replicated-counter-3
     raw_factor: int = 4  # the raw limit runs longer, or it ends before a measurement is meaningful
     repeat: int = 3
     latency_seconds: float = 4.0
     timeout: float = 180.0
+    join_rounds: int = 3  # joins per run of join-4 / join-flush-4 (the run's figure is their median)
+    rebalance_idle_seconds: float = 3.0  # writes on the idle grid before the 4th member starts
+    grid_single_ops: int = 1000  # keys per client, one per request (grid-ops-*-single)
+    grid_batch_ops: int = 20000  # keys per client in batches (grid-ops-*-batch)
+    script_timeout: float = 600.0  # one run of a bench/ script or of a JGroups joiner
     cluster_prefix: str = field(default_factory=lambda: f"gcb{os.getpid()}")
 
 
@@ -84,6 +95,7 @@ class Runner:
         self.peaks: dict[tuple[str, str], float] = {}
         self._java: dict[str, jgroups.JavaPeer] = {}
         self._runs = 0
+        self.lifecycle = LifecycleRunner(settings, progress, self._java_peer, free_ports)
 
     # -- commands ----------------------------------------------------------------------------------------
     def _java_peer(self, system: str) -> jgroups.JavaPeer:
@@ -172,6 +184,8 @@ class Runner:
 
     def measure(self, system: str, w: Workload) -> list[Result]:
         """The figure(s) of one system on one workload: the median of ``repeat`` runs."""
+        if w.kind in LIFECYCLE_KINDS:
+            return self.lifecycle.measure(system, w)
         reps = self.settings.repeat
         if w.kind == "throughput":
             samples = []

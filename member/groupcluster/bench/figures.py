@@ -1,0 +1,192 @@
+"""Read the join, state-transfer and grid figures out of what the scripts and the JGroups harness print.
+
+Pure functions over text and parsed JSON, unit-tested in tests/unit/test_bench_workloads.py. The scripts
+(``bench/join_latency.py``, ``bench/state_transfer.py``, ``bench/grid_rebalance.py``,
+``bench/grid_throughput.py``) print one JSON object with ``--json``; the JGroups ``Lifecycle`` harness prints
+``RESULT {json}`` lines (``join_ms``, ``state_ms``, ``state_bytes``). A missing or malformed figure is a
+:class:`FigureError` naming the key and what was there, so a changed script fails loudly instead of feeding
+a wrong number into the table.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .model import Workload
+
+
+class FigureError(ValueError):
+    """A script's or harness's output lacks a figure the suite needs."""
+
+
+def script_json(stdout: str, script: str) -> dict[str, Any]:
+    """The JSON object a script printed with ``--json``: the whole output, or the object on its last lines.
+
+    Scripts print their object last (compact on one line or indented over many); anything before it (a stray
+    progress line) is skipped by trying each line that opens an object at its first column, last first.
+    """
+    text = stdout.strip()
+    if not text:
+        raise FigureError(f"{script}: printed nothing on stdout (expected one JSON object with --json)")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        lines = text.splitlines()
+        doc = None
+        for i in range(len(lines) - 1, -1, -1):
+            if lines[i].startswith("{"):
+                try:
+                    doc = json.loads("\n".join(lines[i:]))
+                    break
+                except ValueError:
+                    continue
+        if doc is None:
+            raise FigureError(f"{script}: no JSON object in its output: {text[-300:]!r}") from None
+    if not isinstance(doc, dict):
+        raise FigureError(f"{script}: printed {type(doc).__name__}, expected a JSON object")
+    return doc
+
+
+def number(doc: Mapping[str, Any], *path: str, source: str) -> float:
+    """``doc[path[0]][path[1]]...`` as a float; a FigureError names the missing key and the keys present."""
+    node: Any = doc
+    for depth, key in enumerate(path):
+        if not isinstance(node, Mapping) or key not in node:
+            where = ".".join(path[:depth]) or "the top level"
+            present = sorted(node) if isinstance(node, Mapping) else type(node).__name__
+            raise FigureError(f"{source}: no {key!r} in {where} (found: {present})")
+        node = node[key]
+    if isinstance(node, bool) or not isinstance(node, int | float):
+        raise FigureError(f"{source}: {'.'.join(path)} is {node!r}, not a number")
+    return float(node)
+
+
+def numbers(doc: Mapping[str, Any], key: str, source: str) -> list[float]:
+    """A non-empty list of numbers under ``key``."""
+    value = doc.get(key)
+    if not isinstance(value, list) or not value:
+        raise FigureError(f"{source}: {key!r} is {value!r}, expected a non-empty list of numbers")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+        raise FigureError(f"{source}: {key!r} holds a value that is not a number: {value!r}")
+    return [float(v) for v in value]
+
+
+def join_ms(doc: Mapping[str, Any]) -> float:
+    """One join run of bench/join_latency.py: the median over its rounds of the stack-start-to-view ms."""
+    return statistics.median(numbers(doc, "join_ms", "join_latency.py"))
+
+
+def state_mb_per_s(doc: Mapping[str, Any], size: int) -> float:
+    """One run of bench/state_transfer.py: the state's MB (10^6 bytes) over the transfer seconds."""
+    got = number(doc, "size_bytes", source="state_transfer.py")
+    if got != size:
+        raise FigureError(f"state_transfer.py: moved a state of {got:.0f} bytes, expected {size}")
+    seconds = number(doc, "transfer_s", source="state_transfer.py")
+    if seconds <= 0:
+        raise FigureError(f"state_transfer.py: transfer_s is {seconds}, not positive")
+    return size / 1e6 / seconds
+
+
+def lifecycle_result(line: str) -> dict[str, Any] | None:
+    """The object of a JGroups Lifecycle harness's ``RESULT {json}`` line, or None for any other line."""
+    if not line.startswith("RESULT "):
+        return None
+    try:
+        doc = json.loads(line[len("RESULT ") :])
+    except ValueError as exc:
+        raise FigureError(f"Lifecycle harness: bad RESULT line {line!r}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise FigureError(f"Lifecycle harness: RESULT is not an object: {line!r}")
+    return doc
+
+
+def view_line(line: str) -> int | None:
+    """The view size in a Lifecycle member's ``VIEW n`` line, or None for any other line."""
+    if not line.startswith("VIEW "):
+        return None
+    try:
+        return int(line[len("VIEW ") :])
+    except ValueError:
+        raise FigureError(f"Lifecycle harness: bad VIEW line {line!r}") from None
+
+
+def java_join_ms(results: Sequence[Mapping[str, Any]]) -> float:
+    """The median ``join_ms`` of a run's joiners (one RESULT per round)."""
+    if not results:
+        raise FigureError("Lifecycle harness: no joiner reported a result")
+    return statistics.median(number(r, "join_ms", source="Lifecycle harness") for r in results)
+
+
+def java_state_mb_per_s(result: Mapping[str, Any], size: int) -> float:
+    """MB/s of a Lifecycle joiner's state: ``state_bytes`` over ``state_ms`` (first view to last byte)."""
+    got = number(result, "state_bytes", source="Lifecycle harness")
+    if got != size:
+        raise FigureError(f"Lifecycle harness: got a state of {got:.0f} bytes, expected {size}")
+    ms = number(result, "state_ms", source="Lifecycle harness")
+    if ms <= 0:
+        raise FigureError(f"Lifecycle harness: state_ms is {ms}, not positive")
+    return size / 1e6 / (ms / 1000.0)
+
+
+def rebalance_figure(doc: Mapping[str, Any], w: Workload) -> float:
+    """One figure of a bench/grid_rebalance.py run (``w.figure``: mb_per_s, entries_per_s, idle_p99_ms, ...)."""
+    loaded = number(doc, "entries_loaded", source="grid_rebalance.py")
+    if loaded != w.size:
+        raise FigureError(f"grid_rebalance.py: loaded {loaded:.0f} entries, expected {w.size}")
+    if number(doc, "entries_moved", source="grid_rebalance.py") <= 0:
+        raise FigureError("grid_rebalance.py: the joiner received no entries (entries_moved is 0)")
+    return number(doc, w.figure, source="grid_rebalance.py")
+
+
+def grid_ops_figure(doc: Mapping[str, Any], w: Workload) -> float:
+    """Operations per second of one step (``w.figure``: "single put", "batch get", ...) of grid_throughput.py."""
+    ops = number(doc, w.figure, "ops", source="grid_throughput.py")
+    if ops <= 0:
+        raise FigureError(f"grid_throughput.py: step {w.figure!r} did no operations")
+    return number(doc, w.figure, "ops_per_s", source="grid_throughput.py")
+
+
+def _median_of(values: Sequence[Any]) -> float | None:
+    nums = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    return statistics.median(nums) if nums else None
+
+
+def note(system: str, w: Workload, docs: Sequence[Any]) -> str:
+    """What else the runs said, for the JSON's ``note`` (best effort: a missing detail is left out)."""
+    parts: list[str] = []
+    if w.kind == "join" and system == "groupcluster":
+        rounds = [v for d in docs for v in d.get("join_ms", [])]
+        launch = _median_of([v for d in docs for v in d.get("launch_to_view_ms", [])])
+        parts.append("rounds " + ", ".join(f"{v:.0f}" for v in rounds) + " ms")
+        if launch is not None:
+            parts.append(f"from process launch (Python start-up included) {launch:.0f} ms")
+    elif w.kind == "join":
+        rounds = [r for d in docs for r in d]
+        parts.append("rounds " + ", ".join(f"{r.get('join_ms', 0):.0f}" for r in rounds) + " ms")
+        start = _median_of([r.get("stack_start_ms") for r in rounds])
+        if start is not None:
+            parts.append(f"of which connect to stack start {start:.0f} ms")
+    elif w.kind == "state" and system == "groupcluster":
+        both = _median_of([d.get("join_and_transfer_s") for d in docs])
+        if both is not None:
+            parts.append(f"join + transfer {both * 1000:.0f} ms")
+    elif w.kind == "state":
+        both = _median_of([d.get("join_and_state_ms") for d in docs])
+        if both is not None:
+            parts.append(f"join + transfer {both:.0f} ms")
+    elif w.kind == "rebalance":
+        mb = _median_of([d.get("mb_moved") for d in docs])
+        entries = _median_of([d.get("entries_moved") for d in docs])
+        secs = _median_of([d.get("rebalance_seconds_from_join") for d in docs])
+        if mb is not None and entries is not None and secs is not None:
+            parts.append(f"moved {entries:,.0f} entries, {mb:.1f} MB in {secs:.2f} s from the join (medians)")
+    elif w.kind == "grid-ops":
+        steps = [d.get(w.figure) for d in docs if isinstance(d.get(w.figure), Mapping)]
+        p50 = _median_of([s.get("p50_ms") for s in steps])
+        p99 = _median_of([s.get("p99_ms") for s in steps])
+        if p50 is not None and p99 is not None:
+            parts.append(f"request latency p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+    return "; ".join(parts)

@@ -1,0 +1,303 @@
+"""Run the join, state-transfer, rebalance and grid-operation workloads of the peers suite.
+
+Our side runs the standalone scripts of the repository's ``bench/`` folder as subprocesses with ``--json``
+(``join_latency.py``, ``state_transfer.py``, ``grid_rebalance.py``, ``grid_throughput.py``), so the suite and
+the scripts measure one way; :mod:`groupcluster.bench.figures` reads their output. The JGroups side runs the
+``Lifecycle`` harness (``bench/peers/jgroups``): member JVMs that print ``READY`` and ``VIEW n``, and one
+joiner JVM per round that prints ``RESULT {json}`` and leaves. All on 127.0.0.1, one run at a time.
+
+A script that overruns its time gets SIGINT first (its ``finally`` stops the members it started, some of which
+run in their own sessions), then SIGKILL for its whole process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import figures
+from .jgroups import JavaPeer, harness_dir
+from .model import GROUPCLUSTER, JGROUPS5, JGROUPS212, Result, Workload, aggregate, fmt_value
+
+if TYPE_CHECKING:
+    from .runner import Settings
+
+# The light load on the members a joiner joins, as bench/join_latency.py's default.
+JOIN_LOAD_RATE = 200
+# Which harness configuration runs a lifecycle workload on a JVM system (see jgroups.CONFIGS).
+JAVA_CONFIGS = {
+    ("join", "fifo", JGROUPS5): "join",
+    ("join", "vsync", JGROUPS212): "join-flush",
+    ("state", "", JGROUPS5): "state",
+}
+
+
+class LifecycleFailed(Exception):
+    """A script or harness run gave no figure; the message carries its last words."""
+
+
+def bench_dir() -> Path:
+    """The repository's ``bench/`` folder (the scripts live there, next to peers/jgroups)."""
+    return harness_dir().parent.parent
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return f"\n  {path.name}:\n    " + "\n    ".join(text) if text else ""
+
+
+def _stop_group(proc: subprocess.Popen[Any], grace: float) -> None:
+    """SIGINT to the process group (the script's cleanup runs), then SIGKILL to what is left of it."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+class LifecycleRunner:
+    """Measures the lifecycle workloads; runs shared by workloads of one group happen once per repeat."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        progress: Callable[[str], None],
+        java_peer: Callable[[str], JavaPeer],
+        free_ports: Callable[[int], list[int]],
+    ) -> None:
+        self.settings = settings
+        self.progress = progress
+        self.java_peer = java_peer
+        self.free_ports = free_ports
+        self._docs: dict[tuple[str, str], list[Any]] = {}
+        self._runs = 0
+
+    def measure(self, system: str, w: Workload) -> list[Result]:
+        docs = self._docs.get((w.run_group, system))
+        if docs is None:
+            docs = []
+            for i in range(self.settings.repeat):
+                t0 = time.monotonic()
+                docs.append(self.run_once(system, w))
+                self.progress(
+                    f"  {w.run_group:<36} {system:<18} run {i + 1}/{self.settings.repeat} "
+                    f"done in {time.monotonic() - t0:.0f}s"
+                )
+            self._docs[(w.run_group, system)] = docs
+        samples = [self.figure(system, w, doc) for doc in docs]
+        shown = ", ".join(fmt_value(s, w.unit) for s in samples)
+        self.progress(f"  {w.name:<36} {system:<18} {shown} {w.unit}")
+        return [aggregate(w.name, system, w.unit, samples, figures.note(system, w, docs))]
+
+    # -- one run -----------------------------------------------------------------------------------------
+    def run_once(self, system: str, w: Workload) -> Any:
+        """The raw output of one run: a script's JSON object, or the JGroups joiners' RESULT objects."""
+        self._runs += 1
+        cluster = f"{self.settings.cluster_prefix}-l{self._runs}"
+        if system == GROUPCLUSTER:
+            return self._script(*self._script_args(w, cluster))
+        if w.kind == "join":
+            return self._java_join(system, w, cluster)
+        if w.kind == "state":
+            return self._java_state(system, w, cluster)
+        raise LifecycleFailed(f"{w.name}: no way to run it on {system}")
+
+    def figure(self, system: str, w: Workload, doc: Any) -> float:
+        if w.kind == "join":
+            return figures.join_ms(doc) if system == GROUPCLUSTER else figures.java_join_ms(doc)
+        if w.kind == "state":
+            if system == GROUPCLUSTER:
+                return figures.state_mb_per_s(doc, w.size)
+            return figures.java_state_mb_per_s(doc, w.size)
+        if w.kind == "rebalance":
+            return figures.rebalance_figure(doc, w)
+        if w.kind == "grid-ops":
+            return figures.grid_ops_figure(doc, w)
+        raise LifecycleFailed(f"{w.name}: unknown kind {w.kind!r}")
+
+    def _script_args(self, w: Workload, cluster: str) -> tuple[str, list[str]]:
+        s = self.settings
+        if w.kind == "join":
+            args = ["--members", str(w.members - 1), "--rounds", str(s.join_rounds), "--stack", w.stack]
+            return "join_latency.py", [*args, "--transport", "tcp", "--rate", str(JOIN_LOAD_RATE), "--cluster", cluster]
+        if w.kind == "state":
+            # TCP like the JGroups peer; one member holds the state (the JGroups coordinator serves it too).
+            return "state_transfer.py", ["--size-mb", f"{w.size / 1e6:g}", "--members", "1", "--transport", "tcp"]
+        if w.kind == "rebalance":
+            return "grid_rebalance.py", ["--entries", str(w.size), "--idle-seconds", f"{s.rebalance_idle_seconds:g}"]
+        if w.kind == "grid-ops":
+            args = ["--clients", str(w.senders), "--members", str(w.members), "--value-size", str(w.size)]
+            return "grid_throughput.py", [
+                *args,
+                "--single-ops",
+                str(s.grid_single_ops),
+                "--batch-ops",
+                str(s.grid_batch_ops),
+            ]
+        raise LifecycleFailed(f"{w.name}: unknown kind {w.kind!r}")
+
+    def _script(self, name: str, args: list[str]) -> dict[str, Any]:
+        script = bench_dir() / name
+        if not script.is_file():
+            raise LifecycleFailed(f"{script} not found (the suite runs the repository's bench scripts)")
+        logdir = Path(tempfile.mkdtemp(prefix="gc-bench-lifecycle-"))
+        err_path = logdir / f"{script.stem}.err"
+        cmd = [sys.executable, str(script), *args, "--json"]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, env=env, start_new_session=True)
+            try:
+                out, _ = proc.communicate(timeout=self.settings.script_timeout)
+            except subprocess.TimeoutExpired:
+                _stop_group(proc, 60.0)
+                raise LifecycleFailed(
+                    f"{name} ran longer than {self.settings.script_timeout:g}s" + _tail(err_path) + f"\n  ({logdir})"
+                ) from None
+            finally:
+                _stop_group(proc, 30.0)  # only if still running (Ctrl-C, SIGTERM of the suite)
+        if proc.returncode != 0:
+            raise LifecycleFailed(f"{name} exited with {proc.returncode}" + _tail(err_path) + f"\n  ({logdir})")
+        return figures.script_json(out.decode(errors="replace"), name)
+
+    # -- JGroups -----------------------------------------------------------------------------------------
+    def _java_join(self, system: str, w: Workload, cluster: str) -> list[dict[str, Any]]:
+        config = JAVA_CONFIGS.get(("join", w.stack, system))
+        if config is None:
+            raise LifecycleFailed(f"{w.name}: no {system} configuration for a {w.stack} join")
+        n, rounds = w.members, self.settings.join_rounds
+        # A fresh port per joiner: JGroups 2.12 members take ~15 s to let a leaver's address go, and a joiner
+        # reusing it waits that long (ours reuse one port; their clock starts after it is bound either way).
+        ports = self.free_ports(n - 1 + rounds)
+        with _JavaGroup(self.java_peer(system), config, cluster, ports, self.progress) as group:
+            group.start_members(n - 1, ["--rate", str(JOIN_LOAD_RATE)])
+            results = []
+            for r in range(rounds):
+                results.append(group.join(n, [], f"joiner{r}", self.settings.script_timeout, n - 1 + r))
+                group.wait_left(n - 1, 60.0)  # back to n-1 members before the next round
+            return results
+
+    def _java_state(self, system: str, w: Workload, cluster: str) -> dict[str, Any]:
+        config = JAVA_CONFIGS.get(("state", "", system))
+        if config is None:
+            raise LifecycleFailed(f"{w.name}: no {system} state configuration")
+        with _JavaGroup(self.java_peer(system), config, cluster, self.free_ports(2), self.progress) as group:
+            group.start_members(1, ["--state-bytes", str(w.size)])
+            return group.join(2, ["--state-bytes", str(w.size)], "joiner", self.settings.script_timeout, 1)
+
+
+class _JavaGroup:
+    """Member JVMs of one run (stdout read by threads: READY, VIEW n) and their joiners; all killed at exit."""
+
+    def __init__(
+        self, peer: JavaPeer, config: str, cluster: str, ports: list[int], progress: Callable[[str], None]
+    ) -> None:
+        self.peer = peer
+        self.config = config
+        self.cluster = cluster
+        self.ports = ports
+        self.progress = progress
+        self.logdir = Path(tempfile.mkdtemp(prefix="gc-bench-lifecycle-"))
+        self.procs: list[subprocess.Popen[str]] = []
+        self.views: dict[int, int] = {}
+        self.view_changes: dict[int, int] = {}
+        self._changes_at_join: dict[int, int] = {}
+        self.ready: set[int] = set()
+        self.changed = threading.Condition()
+        self.discover = 0
+
+    def __enter__(self) -> _JavaGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait()
+
+    def _fail(self, what: str) -> LifecycleFailed:
+        tails = "".join(_tail(f) for f in sorted(self.logdir.glob("*.err")))
+        return LifecycleFailed(f"{self.peer.system}: {what}{tails}\n  (logs in {self.logdir})")
+
+    def _watch(self, rank: int, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.strip()
+            with self.changed:
+                if line == "READY":
+                    self.ready.add(rank)
+                else:
+                    size = figures.view_line(line)
+                    if size is not None:
+                        self.views[rank] = size
+                        self.view_changes[rank] = self.view_changes.get(rank, 0) + 1
+                self.changed.notify_all()
+
+    def _wait(self, pred: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not pred():
+                left = deadline - time.monotonic()
+                dead = [i for i, p in enumerate(self.procs) if p.poll() is not None]
+                if dead:
+                    raise self._fail(f"member {dead[0]} exited with {self.procs[dead[0]].returncode} while {what}")
+                if left <= 0:
+                    raise self._fail(f"timed out while {what}")
+                self.changed.wait(min(left, 0.5))
+
+    def start_members(self, count: int, options: list[str]) -> None:
+        """``count`` members on the first ports; returns once each has printed READY (a view of ``count``)."""
+        self.discover = count
+        for rank in range(count):
+            opts = ["--members", str(count), *options]
+            cmd = self.peer.lifecycle_command(self.config, self.cluster, self.ports, rank, "member", opts, count)
+            err = open(self.logdir / f"member{rank}.err", "w")  # noqa: SIM115  # closed with the process
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+            self.procs.append(proc)
+            threading.Thread(target=self._watch, args=(rank, proc), daemon=True).start()
+        self._wait(lambda: len(self.ready) == count, 120.0, f"waiting for {count} members to be READY")
+
+    def wait_left(self, size: int, timeout: float) -> None:
+        """Wait until every member has seen the last joiner come and go: two more views, the last of ``size``."""
+
+        def back() -> bool:
+            return all(
+                self.views.get(i) == size and self.view_changes.get(i, 0) >= self._changes_at_join.get(i, 0) + 2
+                for i in range(len(self.procs))
+            )
+
+        self._wait(back, timeout, f"waiting for the joiner to leave (views of {size})")
+
+    def join(self, size: int, options: list[str], name: str, timeout: float, port_index: int) -> dict[str, Any]:
+        """Run one joiner JVM on ``ports[port_index]`` to its exit; its RESULT object."""
+        opts = ["--members", str(size), *options]
+        rank = port_index
+        cmd = self.peer.lifecycle_command(self.config, self.cluster, self.ports, rank, "join", opts, self.discover)
+        with self.changed:
+            self._changes_at_join = dict(self.view_changes)
+        with open(self.logdir / f"{name}.err", "w") as err:
+            try:
+                done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise self._fail(f"{name} ran longer than {timeout:g}s") from None
+        results = [r for r in map(figures.lifecycle_result, done.stdout.splitlines()) if r is not None]
+        if done.returncode != 0 or not results:
+            raise self._fail(f"{name} exited with {done.returncode} and {len(results)} RESULT lines")
+        return results[-1]
