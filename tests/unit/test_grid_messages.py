@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import msgpack
 import pytest
 from groupcluster.core.address import Address
@@ -9,6 +11,7 @@ from groupcluster.core.errors import WireError
 from groupcluster.grid.consistent_hash import balanced
 from groupcluster.grid.messages import (
     GET,
+    GRID_FORMAT_VERSION,
     OK,
     PUT,
     RETRY,
@@ -16,6 +19,7 @@ from groupcluster.grid.messages import (
     BackupAck,
     Command,
     Confirm,
+    EntryChunk,
     Fetch,
     GridLimits,
     Response,
@@ -64,14 +68,23 @@ def test_every_message_round_trips_in_one_payload() -> None:
 
 
 def raw(msg: list[object]) -> bytes:
-    return msgpack.packb([1, [msg]], use_bin_type=True)
+    return msgpack.packb([GRID_FORMAT_VERSION, [msg]], use_bin_type=True)
+
+
+def chunk(keys: object, versions: object, values: object, tombs: object = ()) -> bytes:
+    """A packed XFER_DATA chunk built by hand (possibly wrong)."""
+    return msgpack.packb([keys, versions, values, list(tombs)], use_bin_type=True)  # type: ignore[call-overload]
+
+
+def le64(*versions: int) -> bytes:
+    return b"".join(v.to_bytes(8, "little") for v in versions)
 
 
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
         (b"\xc1", "not valid msgpack"),
-        (msgpack.packb([2, []]), "unsupported grid format"),
+        (msgpack.packb([1, []]), "unsupported grid format 1"),
         (msgpack.packb({"a": 1}), "grid"),
         (raw([99]), "unknown grid message type"),
         (raw([4, 1, 1, 1, 1, b"k", None]), "a PUT carries a value"),
@@ -82,9 +95,26 @@ def raw(msg: list[object]) -> bytes:
         (raw([5, 1, 1, 9, 1, None, ""]), r"messages\[0\]\.code"),
         (raw([8, 1, 1, 1, [1, 1]]), "listed twice"),
         (raw([8, 1, 1, 1, [70000]]), r"segments\[0\]"),
-        (raw([9, 1, 0, [[b"k", "v1", b"x"]], [], False]), r"entries\[0\]\.version"),
-        (raw([9, 1, 0, [[b"k", 1]], [], False]), r"entries\[0\]"),
-        (raw([9, 1, 0, [], [], "yes"]), r"\.last"),
+        (raw([9, 1, 0, [[b"k", 1, b"x"]], [], False]), r"entries: expected bytes \(a packed chunk\)"),
+        (raw([9, 1, 0, b"\xc1", [], False]), r"entries: not valid msgpack"),
+        (raw([9, 1, 0, msgpack.packb([[b"k"], le64(1), [b"x"]]), [], False]), r"entries: expected 4 items"),
+        (raw([9, 1, 0, chunk([b"k"], le64(1), [b"x"], [])[:-1], [], False]), r"entries: not valid msgpack"),
+        (
+            raw([9, 1, 0, chunk([b"k", "s"], le64(1, 2), [b"x", b"y"]), [], False]),
+            r"entries\.keys\[1\]: expected bytes",
+        ),
+        (raw([9, 1, 0, chunk([b"k", None], le64(1, 2), [b"x", b"y"]), [], False]), r"entries\.keys\[1\]"),
+        (raw([9, 1, 0, chunk([b"k"], le64(1), [7]), [], False]), r"entries\.values\[0\]: expected bytes, got int"),
+        (raw([9, 1, 0, chunk([b"k"], le64(1), [b"x", b"y"]), [], False]), r"entries\.values: 2 values for 1 keys"),
+        (raw([9, 1, 0, chunk([b"k"], [1], [b"x"]), [], False]), r"entries\.versions: expected 8 bytes"),
+        (raw([9, 1, 0, chunk([b"k"], le64(1)[:7], [b"x"]), [], False]), r"entries\.versions: expected 8 bytes"),
+        (raw([9, 1, 0, chunk([b"a", b"k"], le64(1, 2**63), [b"x", b"y"]), [], False]), r"entries\.versions\[1\]"),
+        (raw([9, 1, 0, chunk([b"k", b"k"], le64(1, 2), [b"x", b"y"]), [], False]), r"entries\.keys: a key is listed"),
+        (raw([9, 1, 0, chunk([b"k"], le64(1), [b""], [1]), [], False]), r"entries\.tombstones\[0\]"),
+        (raw([9, 1, 0, chunk([b"k"], le64(1), [b"x"], [0]), [], False]), r"values\[0\]: a tombstone carries no"),
+        (raw([9, 1, 0, chunk([b"a", b"k"], le64(1, 2), [b"", b""], [0, 0]), [], False]), r"index 0 is listed"),
+        (raw([9, 1, 0, chunk([b"k"], le64(1), [b"x"], ["0"]), [], False]), r"entries\.tombstones\[0\]"),
+        (raw([9, 1, 0, chunk([], b"", []), [], "yes"]), r"\.last"),
         (raw([3]), "expected 2 items"),
         (raw([2, [3, 1, 0, 0, 0, [], [], [8, 2, [], [], []], None]]), "members"),
     ],
@@ -104,3 +134,117 @@ def test_size_limits() -> None:
         decode_payload(encode_payload([Command(1, 1, 1, GET, b"toolong", None)]), limits)
     with pytest.raises(WireError, match="value"):
         decode_payload(encode_payload([Backup(1, 1, 1, b"k", b"x" * 9)]), limits)
+    # A chunk has its own limits: per key and value, and entries per chunk.
+    with pytest.raises(WireError, match=r"entries\.keys\[1\]: 7 bytes exceed the limit of 4"):
+        decode_payload(encode_payload([XferData(1, 0, [(b"k", 1, b"v"), (b"toolong", 2, b"v")], (), False)]), limits)
+    with pytest.raises(WireError, match=r"entries\.values\[0\]: 9 bytes exceed the limit of 8"):
+        decode_payload(encode_payload([XferData(1, 0, [(b"k", 1, b"x" * 9)], (), False)]), limits)
+    few = GridLimits(max_batch_entries=2)
+    with pytest.raises(WireError, match="entries"):
+        decode_payload(encode_payload([XferData(1, 0, [(b"%d" % i, 1, b"v") for i in range(3)], (), False)]), few)
+
+
+def test_chunk_round_trip_keeps_tombstones_empty_values_and_large_versions() -> None:
+    entries = [(b"a", 0, b"x"), (b"b", 2**63 - 1, None), (b"c", 5, b""), (b"d", 1 << 40, None), (b"e", 7, b"y" * 300)]
+    (msg,) = decode_payload(encode_payload([XferData(3, 1, EntryChunk.of(entries), (1,), True)]))
+    assert isinstance(msg, XferData) and isinstance(msg.entries, EntryChunk)
+    assert list(msg.entries) == entries and msg.entries == entries
+    assert msg.entries.values == [b"x", None, b"", None, b"y" * 300]
+    assert msg.entries.nbytes == 5 + 1 + 300
+    assert len(EntryChunk([], [], [])) == 0 and decode_payload(encode_payload([XferData(1, 0, [], (), False)]))
+    with pytest.raises(ValueError, match="2 keys, 1 versions"):
+        EntryChunk([b"a", b"b"], [1], [b"x", b"y"])
+
+
+def test_chunk_decoder_accepts_exactly_what_the_encoder_makes() -> None:
+    """Hypothesis: any chunk of distinct keys, versions in [0, 2**63 - 1] and values or tombstones round-trips."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    entry_lists = st.dictionaries(
+        st.binary(max_size=12), st.tuples(st.integers(0, 2**63 - 1), st.none() | st.binary(max_size=20)), max_size=40
+    )
+
+    @settings(max_examples=300, deadline=None, derandomize=True, database=None)
+    @given(entry_lists)
+    def check(d: dict[bytes, tuple[int, bytes | None]]) -> None:
+        entries = [(k, ver, val) for k, (ver, val) in d.items()]
+        (msg,) = decode_payload(encode_payload([XferData(1, 2, entries, (), False)]))
+        assert list(msg.entries) == entries  # type: ignore[union-attr]
+
+    check()
+
+
+def _mutations(blob: bytes, rng: random.Random) -> bytes:
+    """Byte flips, inserts, deletes and truncations of a packed chunk (the generic fuzzers mutate whole
+    payloads; this aims at the chunk decoder with its own bulk checks)."""
+    data = bytearray(blob)
+    for _ in range(rng.randint(1, 4)):
+        r = rng.random()
+        pos = rng.randrange(len(data) + 1)
+        if r < 0.4 and data:
+            data[min(pos, len(data) - 1)] = rng.choice((0x00, 0x7F, 0x80, 0x90, 0xC0, 0xC2, 0xC4, 0xCF, 0xDC, 0xFF))
+        elif r < 0.6:
+            data[pos:pos] = bytes([rng.randrange(256)])
+        elif r < 0.8 and data:
+            del data[min(pos, len(data) - 1)]
+        else:
+            data = data[:pos]
+    return bytes(data)
+
+
+def test_fuzzed_chunks_decode_or_are_rejected_naming_the_field() -> None:
+    rng = random.Random(4)
+    bases = [
+        chunk([b"k%d" % i for i in range(6)], le64(*range(6)), [b"v" * i for i in range(6)]),
+        chunk([b"a", b"b", b"c"], le64(1, 2, 3), [b"x", b"", b""], [1, 2]),
+        chunk([], b"", []),
+    ]
+    outcomes = {"ok": 0, "rejected": 0}
+    for _ in range(20_000):
+        data = _mutations(rng.choice(bases), rng)
+        try:
+            (msg,) = decode_payload(raw([9, 1, 0, data, [], False]))
+        except WireError as exc:
+            assert str(exc).startswith("grid.messages[0].entries"), exc
+            outcomes["rejected"] += 1
+            continue
+        c = msg.entries  # type: ignore[union-attr]
+        # What decodes satisfies every promise the store relies on.
+        assert len(set(c.keys)) == len(c.keys) == len(c.versions) == len(c.values)
+        assert all(type(k) is bytes for k in c.keys) and all(v is None or type(v) is bytes for v in c.values)
+        assert all(0 <= v <= 2**63 - 1 for v in c.versions)
+        outcomes["ok"] += 1
+    assert outcomes["ok"] > 100 and outcomes["rejected"] > 10_000, outcomes
+
+
+def test_fast_decoder_accepts_only_what_the_validating_decoder_accepts() -> None:
+    """The inline checks for CMD/RSP/BACKUP/BACKUP_ACK/XFER_ACK agree with the named-field validators: whatever
+    the fast path returns, the slow path returns too; what it passes on, the slow path decides."""
+    from groupcluster.grid.messages import DEFAULT_LIMITS, _decode_fast, _decode_one
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    field = st.one_of(
+        st.integers(-2, 5),
+        st.sampled_from([2**63 - 1, 2**63, -(2**63)]),
+        st.none(),
+        st.booleans(),
+        st.binary(max_size=3),
+        st.text(max_size=3),
+        st.floats(allow_nan=False, max_value=9, min_value=-1),
+    )
+
+    @settings(max_examples=1500, deadline=None, derandomize=True, database=None)
+    @given(st.sampled_from([4, 5, 6, 7, 10, 4.0]), st.lists(field, min_size=1, max_size=6))
+    def check(kind: object, fields: list[object]) -> None:
+        raw = [kind, *fields]
+        fast = _decode_fast(raw, DEFAULT_LIMITS)
+        try:
+            slow = _decode_one(raw, "m", DEFAULT_LIMITS)
+        except WireError:
+            assert fast is None, (raw, fast)
+            return
+        assert fast is None or fast == slow
+
+    check()

@@ -11,6 +11,9 @@ the payload and counts it.
 
 from __future__ import annotations
 
+import sys
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +25,8 @@ from ..core.wire import unpack_bounded
 from .consistent_hash import MAX_SEGMENTS
 from .topology import CacheTopology, MemberStatus
 
-GRID_FORMAT_VERSION = 1
+# 2: XFER_DATA carries its entries as one packed chunk (:class:`EntryChunk`) instead of a list per entry.
+GRID_FORMAT_VERSION = 2
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12
@@ -110,11 +114,152 @@ class Fetch:
     segments: tuple[int, ...]
 
 
+_BIG_ENDIAN = sys.byteorder == "big"
+_EMPTY = b""
+
+
+def _versions_blob(versions: Iterable[int]) -> bytes:
+    """Versions as little-endian unsigned 64-bit integers, 8 bytes each."""
+    arr = array("Q", versions)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+class EntryChunk:
+    """A batch of state-transfer entries of one segment as three columns: keys, versions, values (None: a
+    tombstone). Keys are distinct.
+
+    On the wire it is *one* msgpack bin inside the XFER_DATA message, holding
+    ``[keys, versions, values, tombstones]``: keys and values as lists of bin (a tombstone's value is an empty
+    bin, its index listed in ``tombstones``), versions as one bin of little-endian uint64s. Per entry that is
+    two bin objects and eight bytes instead of a list with three fields, so both sides handle a chunk in a few
+    C-level calls rather than a Python step per entry (docs/grid.md, "state transfer"). :meth:`decode` checks
+    the whole chunk in bulk: the types (one ``join`` per column), the limits, distinct keys.
+    """
+
+    __slots__ = ("_blob", "_nbytes", "keys", "values", "versions")
+
+    def __init__(self, keys: list[bytes], versions: list[int] | array, values: list[bytes | None]) -> None:
+        if not len(keys) == len(versions) == len(values):
+            raise ValueError(f"EntryChunk: {len(keys)} keys, {len(versions)} versions, {len(values)} values")
+        self.keys = keys
+        self.versions = versions
+        self.values = values
+        self._blob: bytes | None = None
+        self._nbytes: int | None = None
+
+    @classmethod
+    def of(cls, entries: Iterable[tuple[bytes, int, bytes | None]]) -> EntryChunk:
+        """A chunk from ``(key, version, value)`` tuples (tests, small batches)."""
+        rows = list(entries)
+        return cls([e[0] for e in rows], [e[1] for e in rows], [e[2] for e in rows])
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[tuple[bytes, int, bytes | None]]:
+        return zip(self.keys, self.versions, self.values, strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EntryChunk):
+            return (self.keys, list(self.versions), self.values) == (other.keys, list(other.versions), other.values)
+        if isinstance(other, list):
+            return list(self) == [tuple(e) for e in other]
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable columns
+
+    def __repr__(self) -> str:
+        return f"EntryChunk({len(self)} entries)"
+
+    @property
+    def nbytes(self) -> int:
+        """Key and value bytes (what the rebalance counters report)."""
+        if self._nbytes is None:
+            self._nbytes = sum(map(len, self.keys)) + sum(map(len, filter(None, self.values)))
+        return self._nbytes
+
+    @property
+    def blob(self) -> bytes:
+        """The packed form (built once: the size estimate and the encoder share it)."""
+        if self._blob is None:
+            values = self.values
+            tombs: list[int] = []
+            if None in values:
+                tombs = [i for i, v in enumerate(values) if v is None]
+                values = [_EMPTY if v is None else v for v in values]
+            self._blob = msgpack.packb([self.keys, _versions_blob(self.versions), values, tombs], use_bin_type=True)
+        return self._blob
+
+    @classmethod
+    def decode(cls, blob: Any, field: str, lim: GridLimits) -> EntryChunk:
+        """Validate and unpack a chunk received from a peer; :class:`WireError` names what is wrong."""
+        if type(blob) is not bytes:
+            raise WireError(f"{field}: expected bytes (a packed chunk), got {type(blob).__name__}")
+        # The bin bound covers the versions column too; the key and value limits are checked below.
+        max_bin = max(lim.max_value_bytes, lim.max_key_bytes, 8 * lim.max_batch_entries)
+        parts = as_list(unpack_bounded(blob, field, max_bin, lim.max_batch_entries), field, 4, exact=4)
+        keys, vblob, values, tombs = parts
+        keys = as_list(keys, f"{field}.keys", lim.max_batch_entries)
+        values = as_list(values, f"{field}.values", lim.max_batch_entries)
+        n = len(keys)
+        if len(values) != n:
+            raise WireError(f"{field}.values: {len(values)} values for {n} keys")
+        if type(vblob) is not bytes or len(vblob) != 8 * n:
+            got = f"{len(vblob)} bytes" if type(vblob) is bytes else type(vblob).__name__
+            raise WireError(f"{field}.versions: expected {8 * n} bytes (8 per key), got {got}")
+        # Types in bulk: join accepts only bytes-like items, and the decoder produces no bytes-like type but
+        # bytes. The joined length bounds every item, so one comparison usually settles the size limits.
+        try:
+            key_bytes = len(_EMPTY.join(keys))
+        except TypeError:
+            i = next(i for i, k in enumerate(keys) if type(k) is not bytes)
+            raise WireError(f"{field}.keys[{i}]: expected bytes, got {type(keys[i]).__name__}") from None
+        if key_bytes > lim.max_key_bytes and max(map(len, keys)) > lim.max_key_bytes:
+            i = next(i for i, k in enumerate(keys) if len(k) > lim.max_key_bytes)
+            raise WireError(f"{field}.keys[{i}]: {len(keys[i])} bytes exceed the limit of {lim.max_key_bytes}")
+        try:
+            value_bytes = len(_EMPTY.join(values))
+        except TypeError:
+            i = next(i for i, v in enumerate(values) if type(v) is not bytes)
+            raise WireError(f"{field}.values[{i}]: expected bytes, got {type(values[i]).__name__}") from None
+        if value_bytes > lim.max_value_bytes and max(map(len, values)) > lim.max_value_bytes:
+            i = next(i for i, v in enumerate(values) if len(v) > lim.max_value_bytes)
+            raise WireError(f"{field}.values[{i}]: {len(values[i])} bytes exceed the limit of {lim.max_value_bytes}")
+        # Versions are at most MAX_INT (2**63 - 1): the top byte of each little-endian uint64 is below 0x80.
+        if not vblob[7::8].isascii():
+            i = next(i for i in range(n) if vblob[8 * i + 7] >= 0x80)
+            raise WireError(f"{field}.versions[{i}]: above the limit of {MAX_INT}")
+        if len(set(keys)) != n:
+            raise WireError(f"{field}.keys: a key is listed twice")
+        tombs = as_list(tombs, f"{field}.tombstones", n)
+        if tombs:
+            seen: set[int] = set()
+            for j, i in enumerate(tombs):
+                as_int(i, f"{field}.tombstones[{j}]", 0, n - 1)
+                if i in seen:
+                    raise WireError(f"{field}.tombstones: index {i} is listed twice")
+                if values[i]:
+                    raise WireError(f"{field}.values[{i}]: a tombstone carries no value")
+                seen.add(i)
+                values[i] = None
+        versions = array("Q")
+        versions.frombytes(vblob)
+        if _BIG_ENDIAN:
+            versions.byteswap()
+        chunk = cls(keys, versions, values)
+        chunk._blob = blob
+        chunk._nbytes = key_bytes + value_bytes  # tombstones' placeholders are empty
+        return chunk
+
+
 @dataclass(frozen=True, slots=True)
 class XferData:
     xfer_id: int
     segment: int
-    entries: list[tuple[bytes, int, bytes | None]]
+    # An EntryChunk; a list of (key, version, value) is accepted too and packed when encoded.
+    entries: EntryChunk
     done: tuple[int, ...]  # segments complete with this batch
     last: bool
 
@@ -166,7 +311,7 @@ def _wire(msg: GridMessage) -> list[Any]:
             XFER_DATA,
             msg.xfer_id,  # type: ignore[union-attr]
             msg.segment,  # type: ignore[union-attr]
-            [list(e) for e in msg.entries],  # type: ignore[union-attr]
+            _chunk(msg.entries).blob,  # type: ignore[union-attr]
             list(msg.done),  # type: ignore[union-attr]
             msg.last,  # type: ignore[union-attr]
         ]
@@ -187,6 +332,10 @@ def _wire(msg: GridMessage) -> list[Any]:
     raise TypeError(f"not a grid message: {msg!r}")
 
 
+def _chunk(entries: EntryChunk | Iterable[tuple[bytes, int, bytes | None]]) -> EntryChunk:
+    return entries if type(entries) is EntryChunk else EntryChunk.of(entries)  # type: ignore[arg-type]
+
+
 def encode_payload(messages: list[GridMessage]) -> bytes:
     """One payload for a batch of messages to the same destination."""
     return msgpack.packb([GRID_FORMAT_VERSION, [_wire(m) for m in messages]], use_bin_type=True)
@@ -202,6 +351,64 @@ def _segments(value: Any, field: str) -> tuple[int, ...]:
     if len(set(out)) != len(out):
         raise WireError(f"{field}: a segment is listed twice")
     return out
+
+
+def _uint(v: Any) -> bool:
+    return type(v) is int and 0 <= v <= MAX_INT
+
+
+def _decode_fast(raw: Any, lim: GridLimits) -> GridMessage | None:
+    """The per-operation messages when every field is well-formed, checked inline (no field names built);
+    None sends the message to :func:`_decode_one`, which names what is wrong. Batches of thousands of
+    operations made the generic validators' per-field calls and names a large share of a member's time."""
+    if type(raw) is not list:
+        return None
+    n = len(raw)
+    if n == 7:
+        kind, a, b, c, d, e, g = raw
+        if kind == CMD:
+            if (
+                _uint(a)
+                and _uint(b)
+                and _uint(c)
+                and type(d) is int
+                and 0 <= d <= 2
+                and type(e) is bytes
+                and len(e) <= lim.max_key_bytes
+                and (g is None if d != PUT else (type(g) is bytes and len(g) <= lim.max_value_bytes))
+            ):
+                return Command(a, b, c, d, e, g)
+        elif kind == RSP and (
+            _uint(a)
+            and _uint(b)
+            and type(c) is int
+            and 0 <= c <= 3
+            and _uint(d)
+            and (e is None or (type(e) is bytes and len(e) <= lim.max_value_bytes))
+            and type(g) is str
+            and len(g) <= MAX_ERROR_LEN
+        ):
+            return Response(a, b, c, d, e, g)
+    elif n == 6:
+        kind, a, b, c, d, e = raw
+        if kind == BACKUP and (
+            _uint(a)
+            and _uint(b)
+            and _uint(c)
+            and type(d) is bytes
+            and len(d) <= lim.max_key_bytes
+            and (e is None or (type(e) is bytes and len(e) <= lim.max_value_bytes))
+        ):
+            return Backup(a, b, c, d, e)
+    elif n == 4:
+        kind, a, b, c = raw
+        if kind == BACKUP_ACK and _uint(a) and type(b) is int and 0 <= b <= 3 and _uint(c):
+            return BackupAck(a, b, c)
+    elif n == 2:
+        kind, a = raw
+        if kind == XFER_ACK and _uint(a):
+            return XferAck(a)
+    return None
 
 
 def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
@@ -248,34 +455,10 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
         )
     if kind == XFER_DATA:
         as_list(raw, f, 6, exact=6)
-        raw_entries = as_list(raw[3], f"{f}.entries", lim.max_batch_entries)
-        entries: list[tuple[bytes, int, bytes | None]] = []
-        max_key, max_val = lim.max_key_bytes, lim.max_value_bytes
-        for i, e in enumerate(raw_entries):
-            # Fast path for the common well-formed entry; the validators name the field otherwise.
-            if type(e) is list and len(e) == 3:
-                k, ver, val = e
-                if (
-                    type(k) is bytes
-                    and len(k) <= max_key
-                    and type(ver) is int
-                    and 0 <= ver <= MAX_INT
-                    and (val is None or (type(val) is bytes and len(val) <= max_val))
-                ):
-                    entries.append((k, ver, val))
-                    continue
-            item = as_list(e, f"{f}.entries[{i}]", 3, exact=3)
-            entries.append(
-                (
-                    as_bytes(item[0], f"{f}.entries[{i}].key", max_key),
-                    as_int(item[1], f"{f}.entries[{i}].version", 0, MAX_INT),
-                    _opt_bytes(item[2], f"{f}.entries[{i}].value", max_val),
-                )
-            )
         return XferData(
             as_int(raw[1], f"{f}.xfer_id"),
             as_int(raw[2], f"{f}.segment", 0, MAX_SEGMENTS - 1),
-            entries,
+            EntryChunk.decode(raw[3], f"{f}.entries", lim),
             _segments(raw[4], f"{f}.done"),
             as_bool(raw[5], f"{f}.last"),
         )
@@ -322,7 +505,12 @@ def decode_payload(data: bytes, limits: GridLimits = DEFAULT_LIMITS) -> list[Gri
         raise WireError(f"grid.version: unsupported grid format {version} (this member speaks {GRID_FORMAT_VERSION})")
     raw_msgs = as_list(parts[1], "grid.messages", limits.max_messages)
     out = []
+    fast = _decode_fast
     for i, raw in enumerate(raw_msgs):
+        msg = fast(raw, limits)
+        if msg is not None:
+            out.append(msg)
+            continue
         try:
             out.append(_decode_one(raw, f"grid.messages[{i}]", limits))
         except WireError:

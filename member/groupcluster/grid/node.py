@@ -23,6 +23,7 @@ What happens on the wire (see docs/grid.md for the full picture):
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -46,6 +47,7 @@ from .messages import (
     BackupAck,
     Command,
     Confirm,
+    EntryChunk,
     Fetch,
     GridLimits,
     GridMessage,
@@ -59,12 +61,14 @@ from .messages import (
     decode_payload,
     encode_payload,
 )
-from .store import SegmentStore, TransferEntry, make_version
+from .store import Columns, SegmentStore, make_version
 from .topology import Availability, CacheTopology, MemberStatus, PartitionHandling, Phase, RebalancePlanner, owner_set
 
 log = logging.getLogger("groupcluster.grid")
 
 MAX_PAYLOAD_SPLIT = 1024 * 1024  # a payload is cut near this size (the transport fragments beyond its MTU)
+# Entries of dropped segments freed per step (SegmentStore.collect): about a millisecond of work.
+FREE_PER_STEP = 8192
 
 
 @dataclass(frozen=True)
@@ -79,8 +83,10 @@ class GridConfig:
         doc="what a partition that may have lost data or a majority still serves",
     )
     transfer_batch_entries: int = param(1000, "int", doc="most entries in one state-transfer batch", minimum=1)
-    transfer_batch_bytes: int = param("256KiB", "size", doc="most bytes in one state-transfer batch", minimum=1)
-    transfer_window: int = param(4, "int", doc="unacknowledged transfer batches in flight per stream", minimum=1)
+    # Small chunks and a short window bound what an operation's BACKUP to a new owner queues behind on the link
+    # and in the receiver's loop (3 sources x 2 x 64 KiB); the receiver stays busy all the same (docs/grid.md).
+    transfer_batch_bytes: int = param("64KiB", "size", doc="most bytes in one state-transfer batch", minimum=1)
+    transfer_window: int = param(2, "int", doc="unacknowledged transfer batches in flight per stream", minimum=1)
     attempt_timeout: float = param("3s", "duration", doc="resend an operation not answered within this")
     op_timeout: float = param("30s", "duration", doc="fail an operation not completed within this")
     retry_backoff: float = param("20ms", "duration", doc="wait before retrying on an unchanged topology")
@@ -194,6 +200,21 @@ class _PendingWrite:
         self.merge = merge
 
 
+class _Routes:
+    """Per-segment routing answers of one topology, computed once: a topology never changes, and every
+    operation asks them on the originator, the primary and each backup (they showed up in profiles)."""
+
+    __slots__ = ("can_read", "can_write", "read", "topology", "write")
+
+    def __init__(self, t: CacheTopology) -> None:
+        segs = range(t.num_segments)
+        self.topology = t
+        self.read = [t.read_owners(s) for s in segs]
+        self.write = [t.write_owners(s) for s in segs]
+        self.can_read = [t.can_read(s) for s in segs]
+        self.can_write = [t.can_write(s) for s in segs]
+
+
 class _InXfer:
     __slots__ = ("remaining", "source")
 
@@ -254,6 +275,10 @@ class GridNode:
         # we hold client commands, because our topology may be the other partition's (docs/grid.md, merges).
         self._merge_hold: int | None = None
         self._early_statuses: dict[Address, MemberStatus] = {}
+        self._routes_cache: _Routes | None = None
+        self._to_fetch_cache: tuple[CacheTopology, frozenset[int]] | None = None
+        # (time, op id): resend and retry-backoff times of operations, as set (stale entries are skipped).
+        self._op_timers: list[tuple[float, int]] = []
         self._loop: deque[tuple[Address, GridMessage]] = deque()
         self._out: dict[Address | None, list[GridMessage]] = {}
         self._outbox: list[Outgoing] = []
@@ -292,9 +317,10 @@ class GridNode:
         else:
             self.planner = None
         # Operations whose target left wait for the topology that replaces it.
-        for op in self._ops.values():
+        for op in list(self._ops.values()):
             if op.not_before is None and op.target is not None and op.target not in alive:
                 op.not_before = (op.topology_id + 1, 0.0)
+                self._try_send(op)  # at once if a newer topology is here already
         for key in [k for k in self._out_xfers if k[0] not in alive]:
             del self._out_xfers[key]
         lost = False
@@ -328,7 +354,19 @@ class GridNode:
         while self._queued and self._queued[0][0] <= now:
             _, _, src, msg = self._queued.popleft()
             self._reject_held(src, msg)
-        for op in list(self._ops.values()):
+        ops = self._ops
+        due: set[int] = set()
+        for op in ops.values():  # start order, which is deadline order (see next_deadline)
+            if op.deadline > now:
+                break
+            due.add(op.op_id)
+        timers = self._op_timers
+        while timers and timers[0][0] <= now:
+            due.add(heapq.heappop(timers)[1])
+        for op_id in sorted(due):  # start order, as a sweep over every operation would go
+            op = ops.get(op_id)
+            if op is None:
+                continue
             if now >= op.deadline:
                 self._finish(op, False, error=f"timed out after {op.attempt} attempts")
             elif op.not_before is None and now >= op.resend_at:
@@ -353,12 +391,21 @@ class GridNode:
         expiry = self._tombstone_expiry()
         if expiry is not None:
             times.append(expiry)
-        for op in self._ops.values():
-            times.append(op.deadline)
-            if op.not_before is None:
-                times.append(op.resend_at)
-            elif op.not_before[1] > 0:
-                times.append(op.not_before[1])
+        if self.store is not None and self.store._garbage:
+            times.append(self._now)  # dropped segments still to free: a step soon (each frees a slice)
+        ops = self._ops
+        if ops:
+            # Deadlines are start time + op_timeout and operations stay in start order, so the first is the
+            # earliest: no scan over thousands of operations in flight on every step.
+            times.append(next(iter(ops.values())).deadline)
+        timers = self._op_timers
+        while timers:
+            at, op_id = timers[0]
+            op = ops.get(op_id)
+            if op is not None and at == (op.resend_at if op.not_before is None else op.not_before[1]):
+                times.append(at)
+                break
+            heapq.heappop(timers)  # finished, or its timer was set again (a newer entry exists)
         return min(times) if times else None
 
     def _tombstone_expiry(self) -> float | None:
@@ -373,10 +420,11 @@ class GridNode:
         t = self.topology
         if grace <= 0 or self.store is None or t is None:
             return None
-        if t.phase != Phase.NO_REBALANCE or t.availability != Availability.AVAILABLE or self.merging:
-            return None
         oldest = self.store.oldest_tombstone()
-        return None if oldest is None else oldest + grace
+        # ``merging`` scans the pending writes: asked last, and only when a tombstone waits.
+        if oldest is None or t.phase != Phase.NO_REBALANCE or t.availability != Availability.AVAILABLE:
+            return None
+        return None if self.merging else oldest + grace
 
     # -- client operations ----------------------------------------------------------------------------------
     def get(self, key: bytes, now: float) -> int:
@@ -436,7 +484,7 @@ class GridNode:
         t = self.topology
         if t is None or t.phase != Phase.READ_OLD_WRITE_ALL:
             return False
-        return not t.segments_to_fetch(self.address) <= self._fetched
+        return not self._to_fetch(t) <= self._fetched
 
     def status(self) -> dict[str, Any]:
         """A JSON-able summary for ``/v1/status``."""
@@ -453,7 +501,7 @@ class GridNode:
         if t is not None:
             out["segments_primary"] = len(t.current.segments_primary(self.address))
             out["segments_owned"] = len(t.current.segments_owned(self.address))
-            need = t.segments_to_fetch(self.address) if t.phase == Phase.READ_OLD_WRITE_ALL else frozenset()
+            need = self._to_fetch(t) if t.phase == Phase.READ_OLD_WRITE_ALL else frozenset()
             out["rebalance"] = {"segments_to_fetch": len(need), "segments_fetched": len(need & self._fetched)}
         return out
 
@@ -511,6 +559,8 @@ class GridNode:
             elif self.planner is None:
                 self._statuses_in.clear()
         self._check_ready()
+        if self.store is not None and self.store._garbage:
+            self.store.collect(FREE_PER_STEP)
         for dest, msgs in self._out.items():
             start, size = 0, 0
             for i, m in enumerate(msgs):
@@ -575,7 +625,7 @@ class GridNode:
                 self._fetch_started = set()
                 self._fetched = set()
                 self._fetch_tries.clear()
-            for s in t.segments_to_fetch(me) - self._fetch_started:
+            for s in self._to_fetch(t) - self._fetch_started:
                 # A new owner's old copy may be stale (it missed writes while not an owner): start empty.
                 store.clear_segment(s)
                 self._fetch_started.add(s)
@@ -621,7 +671,7 @@ class GridNode:
         t = self.topology
         if t is None or self._confirmed_id == t.topology_id or not self.view:
             return
-        if t.phase == Phase.READ_OLD_WRITE_ALL and not t.segments_to_fetch(self.address) <= self._fetched:
+        if t.phase == Phase.READ_OLD_WRITE_ALL and not self._to_fetch(t) <= self._fetched:
             return
         self._confirmed_id = t.topology_id
         self._emit(self.view[0], Confirm(t.topology_id))
@@ -672,6 +722,19 @@ class GridNode:
         caps = dict(zip(t.current.members, t.current.capacities, strict=True))
         return all(caps.get(m, 0.0) == 0 for m in others)
 
+    def _to_fetch(self, t: CacheTopology) -> frozenset[int]:
+        """Our segments to pull in ``t`` (asked after every transfer chunk: cached per topology)."""
+        cached = self._to_fetch_cache
+        if cached is None or cached[0] is not t:
+            cached = self._to_fetch_cache = (t, t.segments_to_fetch(self.address))
+        return cached[1]
+
+    def _routes(self, t: CacheTopology) -> _Routes:
+        r = self._routes_cache
+        if r is None or r.topology is not t:
+            r = self._routes_cache = _Routes(t)
+        return r
+
     # ==== operations (originator side) =====================================================================
     def _start_op(self, kind: int, key: bytes, value: bytes | None, now: float) -> int:
         if type(key) is not bytes:
@@ -700,22 +763,25 @@ class GridNode:
             op.not_before = (1, 0.0)
             return
         seg = segment_of(op.key, t.num_segments)
+        r = self._routes(t)
         if op.kind == GET:
-            if not t.can_read(seg):
+            if not r.can_read[seg]:
                 self._finish(op, False, error=f"segment {seg} is unavailable for reads ({t.mode.value})")
                 return
-            owners = t.read_owners(seg)
+            owners = r.read[seg]
             target = self.address if self.address in owners else owners[0]
         else:
-            if not t.can_write(seg):
+            if not r.can_write[seg]:
                 self._finish(op, False, error=f"segment {seg} is unavailable for writes ({t.mode.value})")
                 return
-            target = t.write_primary(seg)  # type: ignore[assignment]
+            w = r.write[seg]
+            target = w[0] if w else None  # type: ignore[assignment]
         op.attempt += 1
         op.target = target
         op.topology_id = t.topology_id
         op.not_before = None
         op.resend_at = self._now + self.config.attempt_timeout
+        heapq.heappush(self._op_timers, (op.resend_at, op.op_id))
         self._emit(target, Command(op.op_id, op.attempt, t.topology_id, op.kind, op.key, op.value))
 
     def _on_response(self, rsp: Response) -> None:
@@ -737,6 +803,7 @@ class GridNode:
                 op.not_before = (0, 0.0)  # we have moved on already: retry at once
             else:
                 op.not_before = (0, self._now + self.config.retry_backoff)
+                heapq.heappush(self._op_timers, (op.not_before[1], op.op_id))
             self._try_send(op)
 
     def _finish(self, op: _Op, ok: bool, *, value: bytes | None = None, error: str = "") -> None:
@@ -787,20 +854,21 @@ class GridNode:
             self.metrics["grid.ops_held_merging"] += 1
             self._hold(t.topology_id + 1, src, cmd)
             return
+        r = self._routes(t)
         if cmd.kind == GET:
-            if not t.can_read(seg):
+            if not r.can_read[seg]:
                 self._respond(src, cmd.op_id, cmd.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
-            elif self.address not in t.read_owners(seg):
+            elif self.address not in r.read[seg]:
                 self._respond(src, cmd.op_id, cmd.attempt, RETRY, t.topology_id)
             else:
                 val = store.value(seg, cmd.key)
                 code = OK if val is not None else NOT_FOUND
                 self._respond(src, cmd.op_id, cmd.attempt, code, t.topology_id, val)
             return
-        if not t.can_write(seg):
+        if not r.can_write[seg]:
             self._respond(src, cmd.op_id, cmd.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
             return
-        owners = t.write_owners(seg)
+        owners = r.write[seg]
         if not owners or owners[0] != self.address:
             self._respond(src, cmd.op_id, cmd.attempt, RETRY, t.topology_id)
             return
@@ -833,7 +901,8 @@ class GridNode:
         t = self.topology
         assert t is not None and self.store is not None
         seg = segment_of(pw.key, t.num_segments)
-        if not t.can_write(seg):
+        r = self._routes(t)
+        if not r.can_write[seg]:
             # This (degraded) topology cannot write the segment. The client, if one waits, hears the error
             # now; the write itself stays, to be re-driven by the next topology that can write the segment:
             # we applied it already (and maybe some backups did), so dropping it would leave the copies
@@ -845,7 +914,7 @@ class GridNode:
             pw.topology_id = t.topology_id
             pw.awaiting = set()
             return
-        owners = t.write_owners(seg)
+        owners = r.write[seg]
         if self.address in owners:
             self.store.write(seg, pw.key, pw.version, pw.value, now=self._now)
         pw.topology_id = t.topology_id
@@ -883,7 +952,7 @@ class GridNode:
             self._hold(b.topology_id, src, b)
             return
         seg = segment_of(b.key, t.num_segments)
-        if b.topology_id < t.topology_id or self.address not in t.write_owners(seg):
+        if b.topology_id < t.topology_id or self.address not in self._routes(t).write[seg]:
             self._emit(src, BackupAck(b.write_id, RETRY, t.topology_id))
             return
         self.store.write(seg, b.key, b.version, b.value, now=self._now)  # type: ignore[union-attr]
@@ -922,7 +991,7 @@ class GridNode:
         t = self.topology
         if t is None or t.phase != Phase.READ_OLD_WRITE_ALL:
             return
-        need = t.segments_to_fetch(self.address) - self._fetched
+        need = self._to_fetch(t) - self._fetched
         for xf in self._in_xfers.values():
             need -= xf.remaining
         alive = set(self.view) & set(t.members)
@@ -972,6 +1041,8 @@ class GridNode:
                 return
             stream.unacked += 1
             self.metrics["grid.xfer_entries_out"] += len(batch.entries)
+            # In order with everything else to ``dest``: a chunk must not be overtaken by, say, a topology
+            # that makes the receiver an owner of what the chunk completes (seed 39 lost a write that way).
             self._emit(dest, batch)
             if batch.last:
                 self._out_xfers.pop((dest, xid), None)
@@ -989,11 +1060,12 @@ class GridNode:
             return  # a stream we cancelled
         store = self.store
         assert store is not None
-        if d.segment in xf.remaining and d.entries:
-            applied = store.apply_transferred(d.segment, d.entries, now=self._now)
-            self.metrics["grid.xfer_entries_in"] += len(d.entries)
+        chunk = d.entries
+        if d.segment in xf.remaining and len(chunk):
+            applied = store.apply_chunk(d.segment, chunk.keys, chunk.versions, chunk.values, now=self._now)
+            self.metrics["grid.xfer_entries_in"] += len(chunk)
             self.metrics["grid.xfer_entries_applied"] += applied
-            self.metrics["grid.xfer_bytes_in"] += sum(len(k) + (len(v) if v else 0) for k, _, v in d.entries)
+            self.metrics["grid.xfer_bytes_in"] += chunk.nbytes
         for s in d.done:
             if s in xf.remaining:
                 xf.remaining.discard(s)
@@ -1024,24 +1096,24 @@ class GridNode:
 def _batches(
     store: SegmentStore, xid: int, segments: list[int], max_entries: int, max_bytes: int
 ) -> Iterator[XferData]:
-    """The stream of one FETCH: batches per segment, each segment's last batch marking it done."""
+    """The stream of one FETCH: chunks per segment, each segment's last chunk marking it done."""
     n = len(segments)
     for i, s in enumerate(segments):
-        it = store.segment_batches(s, max_entries, max_bytes)
-        prev: list[TransferEntry] | None = next(it, None)
+        it = store.segment_chunks(s, max_entries, max_bytes)
+        prev: Columns | None = next(it, None)
         while prev is not None:
             nxt = next(it, None)
             if nxt is None:
                 break
-            yield XferData(xid, s, prev, (), False)
+            yield XferData(xid, s, EntryChunk(*prev), (), False)
             prev = nxt
-        yield XferData(xid, s, prev or [], (s,), i == n - 1)
+        yield XferData(xid, s, EntryChunk(*(prev or ([], [], []))), (s,), i == n - 1)
 
 
 def _approx_size(msg: GridMessage) -> int:
     kind = type(msg)
     if kind is XferData:
-        return sum(len(k) + (len(v) if v else 0) + 16 for k, _, v in msg.entries) + 32  # type: ignore[union-attr]
+        return len(msg.entries.blob) + 32  # type: ignore[union-attr]  # packed once, reused by the encoder
     if kind is Command or kind is Backup:
         return len(msg.key) + (len(msg.value) if msg.value else 0) + 48  # type: ignore[union-attr]
     if kind is Response:

@@ -16,7 +16,7 @@ counting least.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, KeysView, Sequence
 from typing import Any
 
 SEQ_BITS = 40
@@ -25,6 +25,12 @@ ENTRY_OVERHEAD = 24  # bytes counted per entry besides key and value (the versio
 
 # (key, version, value or None for a tombstone): the form entries travel in and come out of iteration.
 TransferEntry = tuple[bytes, int, bytes | None]
+# The same entries as three columns (keys, versions, values): how state transfer moves them in bulk.
+Columns = tuple[list[bytes], list[int], list[bytes | None]]
+# Below this many entries a chunk is applied entry by entry (the bulk path's set-up costs more).
+_BULK_MIN = 16
+# A dropped segment with more entries than this is freed a slice at a time (:meth:`SegmentStore.collect`).
+FREE_AT_ONCE = 1024
 
 
 def make_version(topology_id: int, seq: int) -> int:
@@ -43,20 +49,86 @@ def _tie_wins(new: bytes | None, old: bytes | None) -> bool:
     return new is not None and (old is None or new > old)
 
 
-class SegmentStore:
-    """Entries of the segments this member holds: ``segment -> {key: (version, value | None)}``."""
+class Segment:
+    """One segment's entries, as the mapping ``key -> (version, value | None)`` (None: a tombstone).
 
-    __slots__ = ("_tomb_queue", "keep_tombstones", "num_segments", "segments", "tombstones")
+    Held as two plain dicts, ``ver`` (key -> version) and ``val`` (key -> value or None), updated in step so
+    they iterate in the same order. Neither holds anything the cyclic garbage collector tracks (ints, bytes,
+    None), so it never walks them: with the entries as ``(version, value)`` tuples in one dict, every write made
+    the dict tracked again and each collection walked whole segments, millions of entries (pauses up to
+    0.6 s in a loaded member; docs/grid.md). The mapping methods serve readers outside the store (scans, merge
+    pushes, the simulator's snapshots); the store itself works on the two dicts.
+    """
+
+    __slots__ = ("val", "ver")
+
+    def __init__(self) -> None:
+        self.ver: dict[bytes, int] = {}
+        self.val: dict[bytes, bytes | None] = {}
+
+    def __len__(self) -> int:
+        return len(self.ver)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.ver
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.ver)
+
+    def keys(self) -> KeysView[bytes]:
+        return self.ver.keys()
+
+    def get(self, key: bytes, default: Any = None) -> tuple[int, bytes | None] | Any:
+        version = self.ver.get(key)
+        return default if version is None else (version, self.val[key])
+
+    def __getitem__(self, key: bytes) -> tuple[int, bytes | None]:
+        return (self.ver[key], self.val[key])
+
+    def items(self) -> Iterator[tuple[bytes, tuple[int, bytes | None]]]:
+        return zip(self.ver, zip(self.ver.values(), self.val.values(), strict=True), strict=True)
+
+    def values(self) -> Iterator[tuple[int, bytes | None]]:
+        return zip(self.ver.values(), self.val.values(), strict=True)
+
+    def put(self, key: bytes, version: int, value: bytes | None) -> None:
+        self.ver[key] = version
+        self.val[key] = value
+
+    def delete(self, key: bytes) -> None:
+        del self.ver[key]
+        del self.val[key]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Segment):
+            return self.ver == other.ver and self.val == other.val
+        if isinstance(other, dict):
+            return dict(self.items()) == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Segment({dict(self.items())!r})"
+
+
+class SegmentStore:
+    """Entries of the segments this member holds: ``segment -> Segment`` (``{key: (version, value | None)}``)."""
+
+    __slots__ = ("_garbage", "_tomb_queue", "keep_tombstones", "num_segments", "segments", "tombstones")
 
     def __init__(self, num_segments: int) -> None:
         self.num_segments = num_segments
-        self.segments: dict[int, dict[bytes, tuple[int, bytes | None]]] = {}
+        self.segments: dict[int, Segment] = {}
         # While True (a rebalance runs) a delete leaves a tombstone instead of removing the key.
         self.keep_tombstones = False
         self.tombstones = 0
         # (time stored, segment, key, version) of every tombstone in the order they came (times only grow):
         # entries whose key has since changed or gone are skipped when they come up for expiry.
         self._tomb_queue: deque[tuple[float, int, bytes, int]] = deque()
+        # Dropped segments not yet freed: a member drops a third of a large store in one step at the end of a
+        # rebalance, and freeing it at once stalled the member's event loop for hundreds of milliseconds.
+        self._garbage: list[Segment] = []
 
     # -- segments -------------------------------------------------------------------------------------------
     def has_segment(self, segment: int) -> bool:
@@ -67,20 +139,49 @@ class SegmentStore:
 
     def add_segment(self, segment: int) -> None:
         self._check_segment(segment)
-        self.segments.setdefault(segment, {})
+        if segment not in self.segments:
+            self.segments[segment] = Segment()
 
     def remove_segment(self, segment: int) -> int:
         """Drop a segment and everything in it; returns the number of entries (tombstones included) dropped."""
         data = self.segments.pop(segment, None)
         if data is None:
             return 0
-        self.tombstones -= sum(1 for _, v in data.values() if v is None)
+        if self.tombstones:
+            # Counted at C speed: a member drops whole segments of thousands of entries in one step.
+            self.tombstones -= list(data.val.values()).count(None)
+        if len(data) > FREE_AT_ONCE:
+            self._garbage.append(data)
         return len(data)
+
+    @property
+    def garbage(self) -> int:
+        """Entries of dropped segments still waiting to be freed (see :meth:`collect`)."""
+        return sum(map(len, self._garbage))
+
+    def collect(self, budget: int) -> int:
+        """Free up to ``budget`` entries of dropped segments; returns how many were freed. The node calls it
+        after each step, so a large drop is spread over many steps and other work runs in between."""
+        freed = 0
+        garbage = self._garbage
+        while garbage and freed < budget:
+            data = garbage[-1]
+            left = budget - freed
+            if len(data) <= left:
+                freed += len(data)
+                garbage.pop()  # the last reference: the segment's entries are freed here
+            else:
+                pop_ver, pop_val = data.ver.popitem, data.val.popitem
+                for _ in range(left):
+                    pop_ver()
+                    pop_val()
+                freed += left
+        return freed
 
     def clear_segment(self, segment: int) -> int:
         """Empty a segment but keep holding it (a new owner starting a transfer from scratch)."""
         n = self.remove_segment(segment)
-        self.segments[segment] = {}
+        self.segments[segment] = Segment()
         return n
 
     # -- reads ----------------------------------------------------------------------------------------------
@@ -91,10 +192,7 @@ class SegmentStore:
 
     def value(self, segment: int, key: bytes) -> bytes | None:
         data = self.segments.get(segment)
-        if data is None:
-            return None
-        entry = data.get(key)
-        return None if entry is None else entry[1]
+        return None if data is None else data.val.get(key)
 
     # -- writes ---------------------------------------------------------------------------------------------
     def write(self, segment: int, key: bytes, version: int, value: bytes | None, *, now: float = 0.0) -> bool:
@@ -109,30 +207,89 @@ class SegmentStore:
         data = self.segments.get(segment)
         if data is None:
             self._check_segment(segment)
-            data = self.segments[segment] = {}
+            data = self.segments[segment] = Segment()
         applied = 0
-        get = data.get
+        vers, vals = data.ver, data.val
+        get = vers.get
         for key, version, value in entries:
             old = get(key)
-            if old is not None and (old[0] > version or (old[0] == version and not _tie_wins(value, old[1]))):
+            old_value = vals[key] if old is not None else None
+            if old is not None and (old > version or (old == version and not _tie_wins(value, old_value))):
                 continue
             if value is None:
                 # A tombstone from the source: keep it only while tombstones matter, never resurrect.
                 if self.keep_tombstones:
-                    if old is None or old[1] is not None:
+                    if old is None or old_value is not None:
                         self.tombstones += 1
-                    data[key] = (version, None)
+                    vers[key] = version
+                    vals[key] = None
                     self._tomb_queue.append((now, segment, key, version))
                 elif old is not None:
-                    if old[1] is None:
+                    if old_value is None:
                         self.tombstones -= 1
-                    del data[key]
+                    del vers[key]
+                    del vals[key]
             else:
-                if old is not None and old[1] is None:
+                if old is not None and old_value is None:
                     self.tombstones -= 1
-                data[key] = (version, value)
+                vers[key] = version
+                vals[key] = value
             applied += 1
         return applied
+
+    def apply_chunk(
+        self,
+        segment: int,
+        keys: Sequence[bytes],
+        versions: Sequence[int],
+        values: Sequence[bytes | None],
+        *,
+        now: float = 0.0,
+    ) -> int:
+        """:meth:`apply_transferred` for a chunk given as columns with **distinct** keys (a state-transfer chunk,
+        checked by its decoder); returns how many entries were applied.
+
+        The same rule (newest version wins, tombstones kept or dropped the same way), at C speed for what
+        transfers mostly bring: keys this store does not hold. Those go in with one ``dict.update``; keys it
+        holds already (written during the transfer) and tombstones take the per-entry path.
+        """
+        n = len(keys)
+        data = self.segments.get(segment)
+        if data is None:
+            self._check_segment(segment)
+            data = self.segments[segment] = Segment()
+        if n < _BULK_MIN:
+            return self.apply_transferred(segment, zip(keys, versions, values, strict=True), now=now)
+        vers, vals = data.ver, data.val
+        clash = vers.keys() & keys if vers else set()
+        tombs = values.count(None)
+        if not clash and not tombs:
+            vers.update(zip(keys, versions, strict=True))
+            vals.update(zip(keys, values, strict=True))
+            return n
+        if (len(clash) + tombs) * 8 > n:
+            # Mostly special entries: the per-entry path is as fast and simpler.
+            return self.apply_transferred(segment, zip(keys, versions, values, strict=True), now=now)
+        held = {k: (vers[k], vals[k]) for k in clash}
+        vers.update(zip(keys, versions, strict=True))
+        vals.update(zip(keys, values, strict=True))
+        for k, (version, value) in held.items():
+            # What we held comes back (the key existed, so its place in both dicts is unchanged); these
+            # entries are decided one by one below.
+            vers[k] = version
+            vals[k] = value
+        pos = dict(zip(keys, range(n), strict=True))
+        special = [pos[k] for k in clash]
+        if tombs:
+            i = -1
+            for _ in range(tombs):
+                i = values.index(None, i + 1)
+                if keys[i] not in held:
+                    data.delete(keys[i])  # the bulk update stored it; let the per-entry path decide
+                    special.append(i)
+        special.sort()  # in chunk order, as the per-entry path would see them
+        applied = n - len(special)
+        return applied + self.apply_transferred(segment, ((keys[i], versions[i], values[i]) for i in special), now=now)
 
     def purge_tombstones(self) -> int:
         """Drop every tombstone (the rebalance ended); returns how many."""
@@ -140,9 +297,9 @@ class SegmentStore:
             return 0
         dropped = 0
         for data in self.segments.values():
-            dead = [k for k, (_, v) in data.items() if v is None]
+            dead = [k for k, v in data.val.items() if v is None]
             for k in dead:
-                del data[k]
+                data.delete(k)
             dropped += len(dead)
         self.tombstones = 0
         self._tomb_queue.clear()
@@ -161,8 +318,8 @@ class SegmentStore:
         while queue and queue[0][0] + grace <= now:
             _, segment, key, version = queue.popleft()
             data = self.segments.get(segment)
-            if data is not None and data.get(key) == (version, None):
-                del data[key]
+            if data is not None and data.ver.get(key) == version and key in data.val and data.val[key] is None:
+                data.delete(key)
                 self.tombstones -= 1
                 dropped += 1
         return dropped
@@ -171,30 +328,58 @@ class SegmentStore:
     def segment_batches(
         self, segment: int, max_entries: int, max_bytes: int, *, tombstones: bool = True
     ) -> Iterator[list[TransferEntry]]:
-        """Yield the segment's entries in batches bounded by ``max_entries`` and ``max_bytes``.
+        """Yield the segment's entries as ``(key, version, value)`` lists bounded by ``max_entries`` and
+        ``max_bytes`` (see :meth:`segment_chunks`)."""
+        for keys, versions, values in self.segment_chunks(segment, max_entries, max_bytes, tombstones=tombstones):
+            yield list(zip(keys, versions, values, strict=True))
+
+    def segment_chunks(
+        self, segment: int, max_entries: int, max_bytes: int, *, tombstones: bool = True
+    ) -> Iterator[Columns]:
+        """Yield the segment's entries as columns ``(keys, versions, values)``, each chunk at most
+        ``max_entries`` entries and ``max_bytes`` bytes (keys, values and ``ENTRY_OVERHEAD`` each; a single
+        entry larger than that is a chunk of its own).
 
         The segment is snapshotted when iteration starts: writes after that reach a new owner through the
         write-all phases, not through this iterator.
         """
         if max_entries < 1 or max_bytes < 1:
-            raise ValueError("segment_batches: max_entries and max_bytes must be at least 1")
+            raise ValueError("segment_chunks: max_entries and max_bytes must be at least 1")
         data = self.segments.get(segment)
         if not data:
             return
-        snapshot = list(data.items())
-        batch: list[TransferEntry] = []
-        size = 0
-        for key, (version, value) in snapshot:
-            if value is None and not tombstones:
-                continue
-            n = len(key) + (len(value) if value is not None else 0) + ENTRY_OVERHEAD
-            if batch and (len(batch) >= max_entries or size + n > max_bytes):
-                yield batch
-                batch, size = [], 0
-            batch.append((key, version, value))
-            size += n
-        if batch:
-            yield batch
+        # The two dicts iterate in the same order (Segment keeps them in step).
+        keys = list(data.ver)
+        all_versions = list(data.ver.values())
+        all_values = list(data.val.values())
+        if not tombstones and self.tombstones:
+            live = [i for i, v in enumerate(all_values) if v is not None]
+            keys = [keys[i] for i in live]
+            all_versions = [all_versions[i] for i in live]
+            all_values = [all_values[i] for i in live]
+        total = len(keys)
+        start = 0
+        guess = max_entries  # entries that fit max_bytes, learnt from the previous chunk
+        while start < total:
+            end = min(total, start + guess)
+            ks = keys[start:end]
+            vals = all_values[start:end]
+            size = sum(map(len, ks)) + sum(map(len, filter(None, vals))) + ENTRY_OVERHEAD * len(ks)
+            shrunk = False
+            while size > max_bytes and len(ks) > 1:
+                # Shrink in proportion to the excess (at least one entry): sizes are alike, so this settles
+                # in one or two rounds without a Python step per entry.
+                m = max(1, min(len(ks) - 1, len(ks) * max_bytes // size))
+                ks, vals = ks[:m], vals[:m]
+                size = sum(map(len, ks)) + sum(map(len, filter(None, vals))) + ENTRY_OVERHEAD * m
+                shrunk = True
+            m = len(ks)
+            yield ks, all_versions[start : start + m], vals
+            start += m
+            if shrunk:
+                guess = m
+            elif m == guess:
+                guess = min(max_entries, guess + guess // 4 + 1)
 
     # -- statistics -----------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -203,7 +388,9 @@ class SegmentStore:
 
     def segment_size(self, segment: int) -> int:
         data = self.segments.get(segment)
-        return 0 if data is None else sum(1 for _, v in data.values() if v is not None)
+        if not data:
+            return 0
+        return len(data) - (list(data.val.values()).count(None) if self.tombstones else 0)
 
     def items(self) -> Iterator[tuple[int, bytes, int, bytes]]:
         """Every live entry as (segment, key, version, value) (tests and checkers)."""
