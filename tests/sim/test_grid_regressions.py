@@ -58,6 +58,21 @@ NO_TAKER_DEGRADED = (
     "CH does not list every member that could take segments, so members left with data (now: only on an "
     "available, balanced topology)"
 )
+STATUS_BEFORE_VIEW = (
+    "a member's status reached the next coordinator before that member installed the view making it so; it was "
+    "dropped, the planner recovered without the member, and the member stayed out of every topology: the grid "
+    "never converged (now: kept for the view that makes us coordinator)"
+)
+JOINED_EMPTY_GRID = (
+    "a member joined a group, never received its topology, was cut off and, coordinator of a view of its own, "
+    "started an empty grid whose reads answered absent (now: a member that joined a group never starts an empty "
+    "grid; it waits for a member with a topology, or for force-available)"
+)
+CUT_OFF_LEAVE = (
+    "allow_read_writes: a member cut off alone acknowledged a write with the only copy, was asked to leave and, "
+    "seeing nobody to take its segments, left at once with it (now: not while owners that vanished without a "
+    "handoff may come back)"
+)
 
 # (seed, scenario, what the seed found)
 REGRESSIONS: list[tuple[int, Scenario, str]] = [
@@ -78,6 +93,9 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (15, GRID, DEGRADED_NO_DROP),
     (41, GRID, NO_TAKER_DEGRADED),
     (607, GRID, MERGE_HOLD_WRITE),
+    (460, GRID, STATUS_BEFORE_VIEW),
+    (590, GRID, JOINED_EMPTY_GRID),
+    (591, GRID, CUT_OFF_LEAVE),
 ]
 
 

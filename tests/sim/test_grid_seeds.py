@@ -13,20 +13,16 @@ from groupcluster.sim.grid import grid_scenario
 from groupcluster.sim.runner import default_jobs, run_many
 from groupcluster.sim.scenario import SeedResult, check_determinism
 
-# (seed -> what still breaks) with grid_scenario() defaults. Seeds 0-399 pass (15, 20, 24, 50, 68, 70, 81 and 126
-# were diagnosed and fixed: test_grid_regressions.py). The open ones below are in the slow range (400-999); each
-# fails at the commit before the issue-4 seed fixes too.
-NOT_DIAGNOSED = "not diagnosed yet"
+# (seed -> what still breaks) with grid_scenario() defaults. Seeds 0-399 pass (those that once failed were diagnosed
+# and fixed: test_grid_regressions.py, with 460, 590 and 591 of the slow range). The open one is in the slow range.
 SEPARATE_VERSIONS = (
-    "; maybe the open merge-policy question (docs/grid.md, Not done yet): grids that never met stamp versions "
-    "from the same topology ids, so at their merge an older write can beat a later acknowledged one"
+    "; the open merge-policy question (docs/grid.md, Not done yet): grids that never met stamp versions from the "
+    "same topology ids, so at their merge an older write can beat a later acknowledged one"
 )
 KNOWN_OPEN: dict[int, str] = {
-    460: "grid-convergence: every member on one available NO_REBALANCE topology after healing, yet the run "
-    "never counts the grid as whole; " + NOT_DIAGNOSED,
-    513: "grid-lost-write: an older value read back after convergence; " + NOT_DIAGNOSED + SEPARATE_VERSIONS,
-    590: "grid-fresh-reads and grid-lost-write (absent); " + NOT_DIAGNOSED,
-    591: "grid-lost-write: an older value read back after convergence; " + NOT_DIAGNOSED + SEPARATE_VERSIONS,
+    513: "grid-lost-write: an older value read back after convergence. Diagnosed: a member whose join failed "
+    "formed a grid of its own (topology 1 up) and acknowledged a write there; at the merge an older write of "
+    "the main grid, stamped under a higher topology id, wins" + SEPARATE_VERSIONS,
 }
 
 

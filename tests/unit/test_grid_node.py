@@ -722,3 +722,81 @@ def test_a_batch_sees_its_own_earlier_writes_in_order() -> None:
     ids = node.start_batch([(GET, b"k", None), (GET, b"k", None)], 3.0)
     got = {r.op_id: r.value for r in node.take_results()}
     assert [got[i] for i in ids] == [b"two", b"two"]
+
+
+def test_member_cut_off_alone_does_not_leave_with_the_only_copy() -> None:
+    # Seed 591 (allow_read_writes): a member cut off alone took a write (the only copy), was asked to leave and
+    # left at once because nobody in its view could take its segments. The owners it lost without a handoff
+    # may be alive behind the partition: it now waits for them (or the leave timeout).
+    cfg = GridConfig.from_dict({"num_segments": 8, "partition_handling": "allow_read_writes", "recovery_timeout": "1s"})
+    net = FakeNet(random.Random(11), cfg)
+    a, b = net.add(2)
+    net.run_until(2.0)
+    assert net.stable()
+    net.view = [a]  # a partition: b is alive but a no longer sees it
+    net.nodes[a].on_view((a,), net.now)
+    net.collect(a)
+    net.run_until(4.0)
+    w = net.nodes[a].put(b"k", b"only-on-a", net.now)
+    net.collect(a)
+    net.run_until(5.0)
+    assert {x.op_id: x for x in net.results[a]}[w].ok
+    net.nodes[a].leave(net.now)
+    net.collect(a)
+    assert not net.nodes[a].ready_to_leave
+    assert net.nodes[a].metrics["grid.left_without_taker"] == 0
+    # The partition heals: b is back in a merge view and takes the segments; then a is ready.
+    net.view = [a, b]
+    for x in (a, b):
+        net.nodes[x].on_view((a, b), net.now, merge=True)
+    for x in (a, b):
+        net.collect(x)
+    net.run_until(15.0)
+    assert net.nodes[a].ready_to_leave
+    store = net.nodes[b].store
+    assert store is not None and (b"k", b"only-on-a") in {(k, v) for _s, k, _ver, v in store.items()}
+
+
+def test_member_that_joined_a_group_never_starts_an_empty_grid_alone() -> None:
+    # Seed 590: a joiner that never received the grid's topology was cut off and, coordinator of its own view,
+    # started an empty grid whose reads answered "absent" for keys the grid held.
+    net = FakeNet(random.Random(12))
+    (a,) = net.add(1)
+    net.run_until(1.0)
+    b = member(net.next_id)
+    net.next_id += 1
+    net.nodes[b] = GridNode(b, CONFIG)
+    net.view = [a, b]
+    net.nodes[b].on_view((a, b), net.now)  # b joined a's group; a's topology never reaches it
+    net.nodes[b].take_outbox()
+    net.nodes[b].on_view((b,), net.now)  # cut off: b is coordinator of a view of its own
+    net.view = [b]
+    net.collect(b)
+    net.run_until(10.0)
+    assert net.nodes[b].topology is None  # no empty grid of its own
+    r = net.nodes[b].get(b"k", net.now)
+    net.collect(b)
+    net.run_until(10.5)
+    assert not any(x.op_id == r and x.ok for x in net.results.get(b, []))  # not answered "absent"
+
+
+def test_status_that_arrives_before_the_view_making_us_coordinator_is_kept() -> None:
+    # Seed 460: the coordinator left; a member installed the next view first and sent its status to the new
+    # coordinator, which had not installed that view yet and dropped it: the member stayed out of every
+    # topology and the grid never converged.
+    net = FakeNet(random.Random(13))
+    a, b, c = net.add(3)
+    net.run_until(3.0)
+    assert net.stable()
+    nodes = net.nodes
+    nodes.pop(a)
+    net.view = [b, c]
+    nodes[c].on_view((b, c), net.now)  # c first: its status goes to b, still in the old view under a
+    net.collect(c)
+    net.run_until(net.now + 0.05)
+    nodes[b].on_view((b, c), net.now)
+    net.collect(b)
+    net.run_until(net.now + 10.0)
+    t = nodes[b].topology
+    assert t is not None and set(t.members) == {b, c}
+    assert net.stable()

@@ -250,6 +250,13 @@ class GridNode:
         self.planner: RebalancePlanner | None = None
         self.leaving = False
         self.ready_to_leave = False
+        # Set once we are in a view another member created (we joined its group): from then on an empty grid
+        # of our own would be a split brain, so our planner may not start one (RebalancePlanner.may_start_grid).
+        self._joined_others = False
+        # Owners of our topology that left our view without handing their segments off (crashed, or cut off
+        # behind a partition): until they are back, leaving "because nobody can take our segments" could
+        # drop the only copy of writes they never saw (seed 591). See _no_taker.
+        self._vanished_owners: set[Address] = set()
         self.metrics: Counter[str] = Counter()
         self._now = 0.0
         self._seq = 0
@@ -291,8 +298,13 @@ class GridNode:
         old_coord = self.view[0] if self.view else None
         if not members:
             raise ValueError("on_view: a view has at least one member")
+        old_view = set(self.view)
         self.view = tuple(members)
         t = self.topology
+        if t is not None:
+            owners = set(owner_set(t.current)) | (set(owner_set(t.pending)) if t.pending is not None else set())
+            self._vanished_owners |= {m for m in old_view - set(members) if m in owners and m != self.address}
+        self._vanished_owners -= set(members)
         if merge and t is not None and t.availability == Availability.AVAILABLE and self.store is not None:
             self._merge_from = t.topology_id
         if merge and t is not None:
@@ -308,6 +320,7 @@ class GridNode:
                     mode=mode,
                     recovery_timeout=self.config.recovery_timeout,
                     now=now,
+                    may_start_grid=not self._joined_others,
                 )
             else:
                 self._planner_out(self.planner.on_view(self.view, now))
@@ -316,6 +329,10 @@ class GridNode:
             self._statuses_in.update(early)
         else:
             self.planner = None
+            self._joined_others = True
+            # Statuses kept for when we become coordinator belong to an older view now: their senders send
+            # new ones to whoever the coordinator of their next view is.
+            self._early_statuses.clear()
         # Operations whose target left wait for the topology that replaces it.
         for op in list(self._ops.values()):
             if op.not_before is None and op.target is not None and op.target not in alive:
@@ -534,7 +551,10 @@ class GridNode:
         elif kind is Status:
             if self.planner is not None and src in self.view:
                 self._statuses_in[src] = msg.status  # type: ignore[union-attr]
-            elif src not in self.view:
+            else:
+                # From a member our view does not hold yet, or from one whose view already makes us the
+                # coordinator while ours does not (seed 460: dropping it left that member out of every
+                # topology): kept for the view that makes us coordinator.
                 self._early_statuses[src] = msg.status  # type: ignore[union-attr]
         elif kind is XferCancel:
             self._out_xfers.pop((src, msg.xfer_id), None)  # type: ignore[union-attr]
@@ -716,6 +736,8 @@ class GridNode:
         """
         if t.phase != Phase.NO_REBALANCE or t.availability != Availability.AVAILABLE:
             return False
+        if self._vanished_owners:
+            return False  # owners we lost without a handoff may be behind a partition: wait for them
         others = [m for m in self.view if m != self.address]
         if any(m not in t.members for m in others):
             return False  # a member the topology does not know yet (joining): its capacity is unknown
