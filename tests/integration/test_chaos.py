@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from groupcluster.runtime.chaos import CUT_LENGTH, HISTORY_FILE, KINDS, FaultSchedule, check_history
+from groupcluster.runtime.chaos import (
+    ATTEMPT_TIMEOUT,
+    CUT_LENGTH,
+    HISTORY_FILE,
+    KINDS,
+    OP_TIMEOUT,
+    REQUEST_TIMEOUT,
+    FaultSchedule,
+    check_history,
+)
 from groupcluster.runtime.local import pid_alive
 from groupcluster.sim.history import History, HistoryEvent
 
@@ -205,3 +214,13 @@ def test_a_dir_holding_a_cluster_is_refused(tmp_path: Path) -> None:
     proc = chaos("--minutes", "1", "--seed", "1", "--dir", str(tmp_path), timeout=60)
     assert proc.returncode == 2
     assert "already holds a cluster" in proc.stderr
+
+
+def test_members_finish_an_operation_before_the_client_gives_up_on_them(one_minute: Run) -> None:
+    # Found by a CI run of the one-minute chaos: the writer's request to a member that was cut off timed out
+    # after 5 s and succeeded on another member; the cut member kept its own operation alive (op_timeout 30 s)
+    # and, once the cut healed, wrote the old value over a later acknowledged one. The members now end an
+    # operation (last attempt + the owner's hold) before the client's request timeout.
+    assert OP_TIMEOUT + ATTEMPT_TIMEOUT < REQUEST_TIMEOUT
+    params = json.loads((one_minute.directory / "cluster.json").read_text())["grid_params"]
+    assert f"op_timeout={OP_TIMEOUT:g}s" in params and f"attempt_timeout={ATTEMPT_TIMEOUT:g}s" in params

@@ -24,8 +24,12 @@ known URL) it uses any member it knows.
   grid).
 
 Up to ``retries`` retries with exponential backoff (``backoff`` doubling up to 1 s), within ``timeout``
-seconds overall. A retried PUT or DELETE may be applied twice, which is harmless: the same value is written
-again. A ``4xx`` is never retried and raises :class:`GridRequestError` with the server's message.
+seconds overall. A retried PUT or DELETE may be applied twice. That is harmless only while the first attempt's
+operation is over when the retry starts: keep ``request_timeout`` above the members' ``op_timeout`` plus
+``attempt_timeout`` (the defaults do: 35 s against 30 s + 3 s). With a shorter request timeout, the first
+attempt can still take effect after the retry and after later writes of the same key (the member keeps its
+operation until ``op_timeout``). A ``4xx`` is never retried and raises :class:`GridRequestError` with the
+server's message.
 
 **Batches.** ``put_many``/``get_many``/``delete_many`` split the keys by the member that owns them (write
 primary, read owner), send one ``POST /v1/batch`` (msgpack) per owner and chunk of ``batch_size`` keys,

@@ -74,6 +74,11 @@ from .faults_control import HEAL_DOCUMENT, partition_document, write_control
 from .local import DEFAULT_OWNERS, MAX_MEMBERS, LocalCluster, LocalError, MemberRecord, get_json, post
 
 KINDS = ("kill", "pause", "leave", "cut")
+# A client request gives up after REQUEST_TIMEOUT; a member's operation ends within OP_TIMEOUT + ATTEMPT_TIMEOUT
+# (see Chaos.grid_params), which must stay below it.
+REQUEST_TIMEOUT = 5.0
+OP_TIMEOUT = 3.0
+ATTEMPT_TIMEOUT = 1.0
 KEY_POOL = 64  # few keys: reads and writes of one key overlap often, which is what the checkers judge
 DELETE_SHARE = 0.1
 OP_PAUSE = 0.01  # between a thread's operations: the members share a small machine with the workload
@@ -191,7 +196,9 @@ class Workload:
 
         # Short request timeouts: a paused member must not hold an operation for the default 35 s; the
         # client then retries on another member within ``timeout``.
-        return GridClient(self.endpoints(), request_timeout=5.0, timeout=30.0, retries=30, avoid_seconds=3.0)
+        return GridClient(
+            self.endpoints(), request_timeout=REQUEST_TIMEOUT, timeout=30.0, retries=30, avoid_seconds=3.0
+        )
 
     def _run(self, role: str) -> None:
         rng = random.Random(f"{self.seed}:{role}")
@@ -496,14 +503,20 @@ class Chaos:
                 return out
             after = f"&after={doc['next']}"
 
+    def grid_params(self) -> list[str]:
+        """The members' grid parameters. The clients give up on a member after REQUEST_TIMEOUT and retry on
+        another; the member's own operation must be over by then (its last attempt sent before op_timeout,
+        held at most attempt_timeout by the owner), or it could still take effect after the retry and after
+        later writes of the same key (a cut member's operation did, once the cut healed). The client's own
+        defaults keep the same rule (35 s requests, 30 s operations)."""
+        return [f"num_owners={self.num_owners}", f"op_timeout={OP_TIMEOUT:g}s", f"attempt_timeout={ATTEMPT_TIMEOUT:g}s"]
+
     # -- the whole run ---------------------------------------------------------------------------------------
     def run(self) -> ChaosResult:
         began = time.monotonic()
         self.say(f"starting {self.members} members in {self.dir} (seed {self.seed}, num_owners {self.num_owners})")
         try:
-            took = self.cluster.start(
-                self.members, grid_params=[f"num_owners={self.num_owners}"], timeout=START_TIMEOUT
-            )
+            took = self.cluster.start(self.members, grid_params=self.grid_params(), timeout=START_TIMEOUT)
         except LocalError as exc:
             raise ChaosError(f"the cluster did not start: {exc}") from None
         self._learn_addresses()
