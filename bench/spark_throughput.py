@@ -67,8 +67,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"starting {args.members} grid members ...", flush=True)
         cluster.start(args.members, timeout=300)
         members = ",".join(m.http for m in cluster.live())
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # read when the JVM starts
         spark = (
             SparkSession.builder.master("local[2]")
+            # Loopback only: Spark would otherwise bind to the host's interface address.
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
             .appName("groupcluster-bench")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")

@@ -60,8 +60,12 @@ def run(members: str, workdir: Path, orders: int) -> bool:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # read when the JVM starts
     spark = (
         SparkSession.builder.master("local[2]")
+        # Loopback only: Spark would otherwise bind to the host's interface address.
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
         .appName("groupcluster-pipeline")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
