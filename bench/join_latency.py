@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,24 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from groupcluster.runtime.local import free_ports
+
 HOST = "127.0.0.1"
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free for both UDP and TCP on 127.0.0.1 (the transport may be either)."""
-    ports: list[int] = []
-    while len(ports) < n:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.bind((HOST, port))
-        except OSError:
-            continue
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 def member_cmd(name: str, port: int, hosts: str, args: argparse.Namespace, workdir: Path) -> list[str]:

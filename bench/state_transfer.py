@@ -18,12 +18,12 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 from groupcluster.runtime.channel import Channel
+from groupcluster.runtime.local import free_ports
 
 DONOR_CODE = """
 import asyncio, signal, sys
@@ -48,23 +48,6 @@ asyncio.run(main())
 
 
 HOST = "127.0.0.1"
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports free for both UDP and TCP on 127.0.0.1 (the transport may be either)."""
-    ports: list[int] = []
-    while len(ports) < n:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.bind((HOST, port))
-        except OSError:
-            continue
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -161,6 +161,24 @@ def free_port(kind: int, host: str = HOST, avoid: Iterable[int] = ()) -> int:
     raise LocalError(f"no free port found on {host}")
 
 
+def free_ports(n: int, host: str = HOST) -> list[int]:
+    """``n`` distinct ports free for both TCP and UDP on ``host`` (a member's transport may be either)."""
+    ports: list[int] = []
+    for _ in range(50 * n):
+        if len(ports) == n:
+            break
+        port = free_port(socket.SOCK_STREAM, host, avoid=ports)
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.bind((host, port))
+        except OSError:
+            continue
+        ports.append(port)
+    if len(ports) < n:
+        raise LocalError(f"no {n} ports free for TCP and UDP on {host}")
+    return ports
+
+
 def get_json(url: str, timeout: float = STATUS_TIMEOUT) -> dict[str, Any] | None:
     """The JSON body of a GET (whatever the status), or None when the member cannot be reached."""
     try:
