@@ -22,6 +22,8 @@ from .model import (
     API_VERSION,
     AUTH_MODE_ANNOTATION,
     CLUSTER_LABEL,
+    INITIAL_SIZE_ANNOTATION,
+    INITIAL_SIZE_PARAM,
     KIND,
     MANAGED_BY,
     ORDINAL_LABEL,
@@ -93,8 +95,15 @@ def service_name(spec: ClusterSpec) -> str:
     return spec.name
 
 
-def member_args(spec: ClusterSpec) -> list[str]:
-    """The member's command line (after the image's ``groupcluster`` entry point)."""
+def member_args(spec: ClusterSpec, *, initial_cluster_size: int) -> list[str]:
+    """The member's command line (after the image's ``groupcluster`` entry point).
+
+    ``initial_cluster_size`` is the planner's per-pod choice (:class:`~groupcluster_operator.planner.CreatePod`):
+    1 for a cluster's first member, else one more than the members ready, so a member whose join fails cannot
+    start a second, empty grid. ``spec.grid`` cannot set it (:meth:`ClusterSpec.from_resource` refuses it).
+    """
+    if initial_cluster_size < 1:
+        raise ValueError(f"initial_cluster_size: expected at least 1, got {initial_cluster_size}")
     args = [
         "member",
         "--cluster",
@@ -119,6 +128,7 @@ def member_args(spec: ClusterSpec) -> list[str]:
         "num_owners": str(spec.num_owners),
         "num_segments": str(spec.num_segments),
         "partition_handling": PARTITION_HANDLING[spec.partition_handling],
+        INITIAL_SIZE_PARAM: str(initial_cluster_size),
     }
     for key in sorted(grid):
         args += ["--grid-set", f"{key}={grid[key]}"]
@@ -143,11 +153,16 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def build_member_pod(spec: ClusterSpec, uid: str, ordinal: int, spec_hash: str | None = None) -> Manifest:
+def build_member_pod(
+    spec: ClusterSpec, uid: str, ordinal: int, spec_hash: str | None = None, *, initial_cluster_size: int
+) -> Manifest:
     """One member pod: image, args, env, ports, /healthz and /readyz probes, labels, owner reference.
 
     ``restartPolicy: Never``: a member that exits (it left, or it crashed) is not restarted in place; the
     operator decides what replaces it, so a member never rejoins behind the planner's back.
+
+    ``initial_cluster_size`` (see :func:`member_args`) goes on the command line and in an annotation for the
+    planner, but not into the spec hash: it differs per pod by design, and must not make a pod outdated.
     """
     name = pod_name(spec, ordinal)
     meta = _metadata(spec, uid, name)
@@ -155,6 +170,7 @@ def build_member_pod(spec: ClusterSpec, uid: str, ordinal: int, spec_hash: str |
     meta["annotations"] = {
         SPEC_HASH_ANNOTATION: spec_hash or spec.pod_hash(),
         AUTH_MODE_ANNOTATION: spec.auth.mode,
+        INITIAL_SIZE_ANNOTATION: str(initial_cluster_size),
     }
     tmpl = spec.pod_template
     tmeta = tmpl.get("metadata") or {}
@@ -176,7 +192,7 @@ def build_member_pod(spec: ClusterSpec, uid: str, ordinal: int, spec_hash: str |
         "name": MEMBER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
-        "args": member_args(spec),
+        "args": member_args(spec, initial_cluster_size=initial_cluster_size),
         "env": env,
         "ports": [
             {"name": "member", "containerPort": spec.member_port, "protocol": _protocol(spec)},

@@ -242,7 +242,10 @@ async def _execute(
     for action in step.actions:
         try:
             if isinstance(action, CreatePod):
-                await api.create(builders.build_member_pod(spec, uid, action.ordinal, spec_hash))
+                pod_manifest = builders.build_member_pod(
+                    spec, uid, action.ordinal, spec_hash, initial_cluster_size=action.initial_cluster_size
+                )
+                await api.create(pod_manifest)
             elif isinstance(action, DeletePod):
                 await api.delete_pod(spec.namespace, action.pod, action.grace_seconds)
             elif isinstance(action, RequestLeave):

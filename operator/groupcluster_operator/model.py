@@ -28,6 +28,10 @@ LEAVE_ANNOTATION = "groupcluster.io/leave-requested"
 # How a pod's member authenticates frames (off | mac | aead): members that differ cannot form one group, so the
 # planner never mixes them (see planner rule 0).
 AUTH_MODE_ANNOTATION = "groupcluster.io/auth-mode"
+# The grid's initial_cluster_size the pod's member was started with (the planner's choice when it created the
+# pod: 1 for a cluster's first member, else one more than the members ready then). Not part of the spec hash:
+# it differs from pod to pod by design, and a pod is never rolled for it.
+INITIAL_SIZE_ANNOTATION = "groupcluster.io/initial-cluster-size"
 MANAGED_BY = "groupcluster-operator"
 
 PARTITION_HANDLING = {
@@ -43,6 +47,10 @@ PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 AUTH_MODES = ("off", "mac", "aead")
 # Layer parameters that spec.auth manages: a spec.stack.set entry for them would fight the operator's own.
 AUTH_MANAGED_PARAMS = ("transport.auth_secret_file", "transport.auth_secret_env", "transport.encrypt")
+# The grid parameter the operator sets per pod (docs/operator.md, "Join-only members"). A user's value cannot
+# work either way: above 1 the first member waits forever for peers the operator adds only once it is ready;
+# at 1 later members could start a second, empty grid when their join fails. So spec.grid may not set it.
+INITIAL_SIZE_PARAM = "initial_cluster_size"
 # A Kubernetes object name (RFC 1123 subdomain), which a Secret's name must be.
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -202,6 +210,12 @@ class ClusterSpec:
                 raise SpecError(f"spec.stack.set: key {key!r} should look like layer.key (e.g. fd.timeout)")
             if key in AUTH_MANAGED_PARAMS:
                 raise SpecError(f"spec.stack.set: {key} is managed by spec.auth (the operator's Secret); remove it")
+        if INITIAL_SIZE_PARAM in out.grid:
+            raise SpecError(
+                f"spec.grid.{INITIAL_SIZE_PARAM}: set by the operator for each member pod (1 for the first, one more "
+                "than the members ready for every later one, so a member whose join fails cannot start a second, "
+                "empty grid); remove it"
+            )
         return out
 
     @property

@@ -14,7 +14,9 @@ The rules, in the order they are checked:
    leave must finish first (its data handed off). A leaving member that says it is not leaving (the request
    was lost) is asked again.
 3. While a pod is starting (not ready: not joined yet, or its state transfer not finished), wait. A new
-   member counts as ready only then, so pods are added one at a time.
+   member counts as ready only then, so pods are added one at a time. One exception: a join-only member (see
+   below) that is the only pod left and reports no grid topology can never start: it is deleted, and rule 4
+   then creates a cluster's first member in its place.
 4. Fewer members than wanted: create one (the lowest free ordinal).
 5. More members than wanted: once the group is well formed and no rebalance runs, ask up to
    ``max(1, numOwners-1)`` members to leave, preferring members on an old spec, then members that are not the
@@ -24,6 +26,13 @@ The rules, in the order they are checked:
 6. As many as wanted but some run an old spec (image or settings changed): once the group is stable, add one
    member on the new spec; rule 5 then asks one old member to leave. Members roll one at a time, the
    coordinator last, and the cluster never has fewer members than wanted.
+
+Every pod created while k members are ready (k >= 1) is **join-only**: its member starts with the grid's
+``initial_cluster_size`` at k+1, so it cannot start a grid of its own when its join fails (a discovery race, a
+network blip) and it forms a group alone: that would need k+1 members none of which holds a topology, i.e. the
+whole old cluster gone. Without it, that member would start a second, empty grid and turn Ready, and at a later
+merge writes acknowledged on one grid could be lost to older writes of the other (simulation seed 513). The
+first pod of a cluster with no ready member gets 1. The value is per pod, not part of the spec hash.
 
 Two guards override the rules above (the cluster is reported Degraded, with a Warning event, until fixed):
 
@@ -41,7 +50,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .model import AUTH_MODE_ANNOTATION, LEAVE_ANNOTATION, ORDINAL_LABEL, SPEC_HASH_ANNOTATION, ClusterSpec
+from .model import (
+    AUTH_MODE_ANNOTATION,
+    INITIAL_SIZE_ANNOTATION,
+    LEAVE_ANNOTATION,
+    ORDINAL_LABEL,
+    SPEC_HASH_ANNOTATION,
+    ClusterSpec,
+)
 
 
 # -- inputs ------------------------------------------------------------------------------------------------------
@@ -60,6 +76,7 @@ class PodState:
     exit_code: int | None = None
     reason: str = ""  # the container's termination reason, e.g. OOMKilled, Error
     auth_mode: str | None = None  # off | mac | aead (the pod's annotation); None: unknown
+    initial_cluster_size: int = 1  # the grid's initial_cluster_size its member started with (the annotation)
 
     @property
     def finished(self) -> bool:
@@ -77,6 +94,11 @@ class PodState:
         except ValueError:
             ordinal = -1  # not one of ours by name; it still counts, and never blocks an ordinal
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or () if c)
+        try:
+            # A pod made before the annotation existed started its member with the grid's default, 1.
+            initial_size = max(1, int(annotations.get(INITIAL_SIZE_ANNOTATION, "1")))
+        except ValueError:
+            initial_size = 1
         exit_code, reason = None, ""
         for cs in status.get("containerStatuses") or ():
             term = ((cs or {}).get("state") or {}).get("terminated")
@@ -95,6 +117,7 @@ class PodState:
             reason=reason,
             # A pod of ours without the annotation was made by an operator that predates spec.auth: no auth.
             auth_mode=annotations.get(AUTH_MODE_ANNOTATION) or ("off" if SPEC_HASH_ANNOTATION in annotations else None),
+            initial_cluster_size=initial_size,
         )
 
 
@@ -146,6 +169,10 @@ class MemberReport:
 class CreatePod:
     ordinal: int
     reason: str
+    # The member's grid initial_cluster_size: one more than the members ready when the planner decided, so a
+    # member whose join fails cannot start a grid of its own (1 for the first member of a cluster). No default:
+    # every creator must decide, as a forgotten 1 is exactly the hazard.
+    initial_cluster_size: int
 
 
 @dataclass(frozen=True)
@@ -243,6 +270,34 @@ def _member_ready(p: PodState, reports: Mapping[str, MemberReport | None]) -> bo
     return p.ready and r is not None and r.joined and r.grid_ready and not r.leaving
 
 
+def _initial_cluster_size(ready: Sequence[PodState]) -> int:
+    """A new member's grid ``initial_cluster_size``: join-only (k+1) while k members are ready, else 1.
+
+    Every ready member holds a grid topology (``/readyz``), so with k+1 the new member can only join theirs:
+    a new grid would need k+1 members without one, i.e. the whole old cluster gone. With none ready it is the
+    cluster's first member and must start the grid alone (the next pod is created only once it is ready).
+    """
+    return len(ready) + 1
+
+
+def _stranded_joiner(
+    pods: Sequence[PodState], obs: _Observed, reports: Mapping[str, MemberReport | None]
+) -> PodState | None:
+    """A join-only member that can never start: the only pod left, and it says it holds no grid topology.
+
+    It would need ``initial_cluster_size`` members without a topology, and the planner adds no pod while one
+    is starting: without this it would wait forever. It must say so itself (answer with no topology): one that
+    does not answer may hold the last copies (it joined, then everybody else died), and is left alone.
+    """
+    if len(pods) != 1 or len(obs.active) != 1:
+        return None
+    (p,) = obs.active
+    r = reports.get(p.name)
+    if p.initial_cluster_size <= 1 or _member_ready(p, reports) or r is None or r.topology_id is not None:
+        return None
+    return p
+
+
 def choose_leavers(
     active: Sequence[PodState], count: int, spec_hash: str, coordinator_pod: str | None
 ) -> list[PodState]:
@@ -305,7 +360,19 @@ def plan(
         names = ", ".join(p.name for p in obs.leaving + obs.terminating)
         out.message = f"waiting for {names} to leave"
         out.phase = "ScalingDown" if n >= desired or obs.leaving else "ScalingUp"
-    # 3. starting pods: one join at a time.
+    # 3. starting pods: one join at a time (a stranded join-only member is replaced by a first member).
+    elif stranded := _stranded_joiner(pods, obs, reports):
+        why = (
+            f"it was created to join a running grid (initial_cluster_size={stranded.initial_cluster_size}) but "
+            "no other member is left, so it can never start one"
+        )
+        if desired:
+            why += "; a new first member replaces it (the grid starts empty: every member that held it is gone)"
+        # It holds no data (no topology): there is nothing to hand off, so no long grace period.
+        out.actions.append(DeletePod(stranded.name, f"stranded join-only member: {why}", grace_seconds=5))
+        out.events.append(Event("Warning", "MemberStranded", f"deleting member pod {stranded.name}: {why}"))
+        out.phase = "ScalingUp" if desired else "ScalingDown"
+        out.message = f"deleting the stranded join-only member {stranded.name}"
     elif starting:
         out.message = f"waiting for {', '.join(p.name for p in starting)} to join and receive its data"
         out.phase = "ScalingUp" if n <= desired else "ScalingDown"
@@ -315,7 +382,7 @@ def plan(
         reason = f"scaling up: {n} of {desired} members"
         if obs.finished and any(not (p.leave_requested and p.phase == "Succeeded") for p in obs.finished):
             reason = f"replacing a member that died: {n} of {desired} members"
-        out.actions.append(CreatePod(ordinal, reason))
+        out.actions.append(CreatePod(ordinal, reason, _initial_cluster_size(ready)))
         out.events.append(Event("Normal", "MemberCreated", f"creating member pod {spec.name}-{ordinal} ({reason})"))
         out.phase, out.message = "ScalingUp", reason
     # 5. too many members: graceful leaves, bounded by numOwners-1, once the grid is settled.
@@ -348,7 +415,7 @@ def plan(
         else:
             ordinal = free_ordinal(pods)
             reason = f"rolling update: {len(outdated)} member(s) on an old spec"
-            out.actions.append(CreatePod(ordinal, reason))
+            out.actions.append(CreatePod(ordinal, reason, _initial_cluster_size(ready)))
             out.events.append(Event("Normal", "MemberCreated", f"creating member pod {spec.name}-{ordinal} ({reason})"))
             out.message = reason
     else:

@@ -39,6 +39,18 @@ def _member_pods(kube: Kube, ns: str, name: str = "demo") -> list[dict[str, Any]
     return kube.json("get", "pods", "-n", ns, "-l", f"{CLUSTER_LABEL}={name}")["items"]
 
 
+def _initial_sizes(kube: Kube, ns: str) -> dict[str, str | None]:
+    """Each member pod's ``--grid-set initial_cluster_size=N`` (None without one), by pod name."""
+    out: dict[str, str | None] = {}
+    for pod in _member_pods(kube, ns):
+        args = pod["spec"]["containers"][0]["args"]
+        sets = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--grid-set"]
+        sizes = [v.partition("=")[2] for v in sets if v.startswith("initial_cluster_size=")]
+        assert len(sizes) <= 1, f"{pod['metadata']['name']}: initial_cluster_size set twice: {args}"
+        out[pod["metadata"]["name"]] = sizes[0] if sizes else None
+    return out
+
+
 def _settled(kube: Kube, ns: str, n: int) -> dict[str, Any] | None:
     """The GroupCluster once n members are ready in one view and nothing is moving; else None."""
     gc = _gc(kube, ns)
@@ -104,6 +116,9 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     }
     kube.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     gc = _wait_settled(kube, ns, 3)
+    # Members after the first are join-only: each was created while k members were ready, with k+1, so a
+    # failed join cannot start a second, empty grid (docs/operator.md). The first may start the grid alone.
+    assert _initial_sizes(kube, ns) == {"demo-0": "1", "demo-1": "2", "demo-2": "3"}
     st = gc["status"]
     assert st["selector"] == f"{CLUSTER_LABEL}=demo" and st["viewId"] and st["coordinator"].startswith("demo-")
     assert gc["spec"]["numSegments"] == 256  # the CRD's default, applied by the API server
@@ -129,11 +144,16 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     )
     assert scale["spec"]["replicas"] == 5 and scale["status"]["replicas"] == 5
     assert scale["status"]["selector"] == f"{CLUSTER_LABEL}=demo"
+    sizes = _initial_sizes(kube, ns)
+    assert (sizes["demo-3"], sizes["demo-4"]) == ("4", "5")
+    # Per pod, not a spec change: every member still counts as up to date (nobody is rolled for it).
+    assert all(m["upToDate"] for m in gc["status"]["members"]), gc["status"]["members"]
     _check_all_keys(kube, ns, expected, "after scaling to 5")
 
     # Kill a member's process outright (not the coordinator, so the survivors keep a majority either way).
     victim = next(p for p in _member_pods(kube, ns) if p["metadata"]["name"] != gc["status"]["coordinator"])
     uid, name = victim["metadata"]["uid"], victim["metadata"]["name"]
+    survivors = {p["metadata"]["name"] for p in _member_pods(kube, ns)} - {name}
     pids = kube.pod_pids(uid)
     assert pids, f"no process for pod {name}"
     for pid in pids:
@@ -146,6 +166,9 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
         1.0,
     )
     _check_all_keys(kube, ns, expected, "after a member was killed and replaced")
+    sizes = _initial_sizes(kube, ns)
+    (replacement,) = set(sizes) - survivors
+    assert sizes[replacement] == "5", f"{replacement} should have joined the 4 members left: {sizes}"
 
     kube.kubectl("scale", "groupcluster/demo", "-n", ns, "--replicas=2")
     gc = _wait_settled(kube, ns, 2, timeout=200)

@@ -260,6 +260,39 @@ def test_a_member_that_joined_a_group_never_starts_an_empty_grid_of_its_own() ->
     assert out and q.topology is not None and set(owner_set(q.topology.current)) == {m(3)}
 
 
+def test_no_new_grid_starts_below_the_initial_cluster_size() -> None:
+    # Seed 513: a restarted member whose join failed formed a group of its own and started a grid there; at
+    # the merge an older write of the main grid, stamped under a higher topology id, beat a write it had
+    # acknowledged. With an initial cluster size above half of the members, a lone member never starts one.
+    lone = RebalancePlanner([m(3)], num_segments=SEGS, num_owners=2, initial_size=3)
+    assert lone.on_statuses({m(3): MemberStatus(1.0, False, None)}, 0.0) == []
+    assert lone.topology is None
+    # Two members are still too few; the third one's status starts the grid, with all three as owners.
+    p = RebalancePlanner([m(0), m(1), m(2)], num_segments=SEGS, num_owners=2, initial_size=3)
+    assert p.on_statuses({m(0): MemberStatus(1.0, False, None), m(1): MemberStatus(1.0, False, None)}, 0.0) == []
+    assert p.topology is None
+    out = p.on_statuses({m(2): MemberStatus(1.0, False, None)}, 0.1)
+    assert out and p.topology is not None
+    assert set(owner_set(p.topology.current)) == {m(0), m(1), m(2)}
+    # A member that leaves the view before the grid started no longer counts.
+    q = RebalancePlanner([m(0), m(1), m(2)], num_segments=SEGS, num_owners=2, initial_size=3)
+    q.on_statuses({m(0): MemberStatus(1.0, False, None), m(1): MemberStatus(1.0, False, None)}, 0.0)
+    q.on_view([m(0), m(1)], 0.5)
+    assert q.on_statuses({m(2): MemberStatus(1.0, False, None)}, 0.6) == [] and q.topology is None
+    # The operator's force-available accepts a grid of the members present.
+    out = q.force_available()
+    assert out and q.topology is not None and set(owner_set(q.topology.current)) == {m(0), m(1)}
+
+
+def test_the_initial_cluster_size_does_not_hold_back_a_grid_that_exists() -> None:
+    # A new coordinator of a running grid recovers the topology its members report, however few they are.
+    held = joined(2).topology
+    assert held is not None
+    p = RebalancePlanner([m(1)], num_segments=SEGS, num_owners=2, initial_size=3)
+    out = p.on_statuses({m(1): MemberStatus(1.0, False, held)}, 0.0)
+    assert out and p.topology is not None and p.topology.topology_id > held.topology_id
+
+
 def test_topology_and_status_wire_round_trip_and_validation() -> None:
     p = joined(3)
     p.on_view([m(0), m(1), m(2), m(3)], 1.0)

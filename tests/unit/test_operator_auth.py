@@ -168,7 +168,7 @@ def test_a_bad_secret_stops_creating_and_leaving_and_reports_degraded_once() -> 
     step = plan(spec(1), pods, reports, auth_problem=problem)
     assert [type(a) for a in step.actions] == [DeletePod]
     # Fixed: creation resumes.
-    assert plan(s, [], {}).actions == [CreatePod(0, "scaling up: 0 of 3 members")]
+    assert plan(s, [], {}).actions == [CreatePod(0, "scaling up: 0 of 3 members", 1)]
 
 
 def test_a_change_of_frame_authentication_is_not_rolled_into_a_split() -> None:
@@ -183,11 +183,11 @@ def test_a_change_of_frame_authentication_is_not_rolled_into_a_split() -> None:
     # Leaves still run: scaling to 0 and back is the way to apply it.
     step = plan(spec(2, auth={"encrypt": True}), pods, reports)
     assert [type(a) for a in step.actions] == [RequestLeave]
-    assert plan(new, [], {}).actions == [CreatePod(0, "scaling up: 0 of 3 members")]
+    assert plan(new, [], {}).actions == [CreatePod(0, "scaling up: 0 of 3 members", 1)]
     # Pods of an operator from before spec.auth (a spec hash, no auth annotation) ran without authentication.
     pre = PodState.from_pod({"metadata": {"name": "demo-0", "annotations": {"groupcluster.io/spec-hash": "x"}}})
     assert pre.auth_mode == "off"
-    ours = PodState.from_pod(builders.build_member_pod(new, UID, 0))
+    ours = PodState.from_pod(builders.build_member_pod(new, UID, 0, initial_cluster_size=1))
     assert ours.auth_mode == "aead"
     # A change that keeps the wire format (kvToken) rolls as usual.
     step = plan(spec(3, auth={"kvToken": True}), pods, reports)

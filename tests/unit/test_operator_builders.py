@@ -6,10 +6,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import pytest
 from groupcluster.grid.node import GridConfig
 from groupcluster.runtime import member_cli
 from groupcluster_operator import builders
 from groupcluster_operator.model import ClusterSpec
+from groupcluster_operator.planner import MemberReport, PodState, plan
 
 UID = "0000-uid"
 
@@ -20,7 +22,7 @@ def spec(**fields: Any) -> ClusterSpec:
 
 
 def test_member_pod_runs_a_discovering_grid_member_with_probes() -> None:
-    pod = builders.build_member_pod(spec(), UID, 2)
+    pod = builders.build_member_pod(spec(), UID, 2, initial_cluster_size=1)
     meta, pspec = pod["metadata"], pod["spec"]
     assert meta["name"] == "orders-2" and meta["namespace"] == "shop"
     assert meta["labels"]["groupcluster.io/cluster"] == "orders"
@@ -55,7 +57,7 @@ def test_member_pod_runs_a_discovering_grid_member_with_probes() -> None:
 def _secret_files(tmp_path: Path, s: ClusterSpec) -> Path:
     """The files a kubelet would mount from the operator's Secret (its volume's items), in a directory."""
     secret = builders.build_auth_secret(s, UID, cluster_secret="c" * 43, admin_token="a" * 43, kv_token="k" * 43)
-    (volume,) = builders.build_member_pod(s, UID, 0)["spec"]["volumes"]
+    (volume,) = builders.build_member_pod(s, UID, 0, initial_cluster_size=1)["spec"]["volumes"]
     for item in volume["secret"]["items"]:
         (tmp_path / item["path"]).write_text(secret["stringData"][item["key"]])
     return tmp_path
@@ -79,7 +81,7 @@ def test_member_args_are_accepted_by_the_real_member_command(tmp_path: Path) -> 
         grid={"op_timeout": "20s"},
         auth={"encrypt": True, "kvToken": True},
     )
-    container = builders.build_member_pod(s, UID, 0)["spec"]["containers"][0]
+    container = builders.build_member_pod(s, UID, 3, initial_cluster_size=4)["spec"]["containers"][0]
     ns = _parse_member_args(container["args"], _secret_files(tmp_path, s))
     assert ns.bind == ("10.1.2.3", 7800) and ns.http == ("10.1.2.3", 8080)
     assert ns.transport == "tcp" and ns.kube_discovery and ns.grid
@@ -95,11 +97,54 @@ def test_member_args_are_accepted_by_the_real_member_command(tmp_path: Path) -> 
         "allow_reads",
         20.0,
     )
+    assert grid.initial_cluster_size == 4  # join-only: the member cannot start a grid of its own
+
+
+def _grid_params(pod: dict[str, Any]) -> dict[str, str]:
+    args = pod["spec"]["containers"][0]["args"]
+    pairs = [args[i + 1] for i, a in enumerate(args) if a == "--grid-set"]
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def test_each_pod_carries_its_initial_cluster_size_on_the_command_line_and_as_an_annotation() -> None:
+    first = builders.build_member_pod(spec(), UID, 0, initial_cluster_size=1)
+    joiner = builders.build_member_pod(spec(), UID, 2, initial_cluster_size=3)
+    assert _grid_params(first)["initial_cluster_size"] == "1"
+    assert _grid_params(joiner)["initial_cluster_size"] == "3"
+    assert joiner["metadata"]["annotations"]["groupcluster.io/initial-cluster-size"] == "3"
+    # The planner reads it back from the pod (a pod of an older operator, without it, started with 1).
+    assert PodState.from_pod(joiner).initial_cluster_size == 3
+    del joiner["metadata"]["annotations"]["groupcluster.io/initial-cluster-size"]
+    assert PodState.from_pod(joiner).initial_cluster_size == 1
+    # The rest of the command line is the same for every pod.
+    strip = [a for a in first["spec"]["containers"][0]["args"] if not a.startswith("initial_cluster_size=")]
+    assert strip == [a for a in joiner["spec"]["containers"][0]["args"] if not a.startswith("initial_cluster_size=")]
+    with pytest.raises(ValueError, match="initial_cluster_size"):
+        builders.member_args(spec(), initial_cluster_size=0)
+
+
+def test_pods_created_with_different_initial_sizes_are_all_up_to_date() -> None:
+    """The size is per pod, not a spec change: the spec hash ignores it, so nobody is rolled for it."""
+    s = spec()
+    manifests = [builders.build_member_pod(s, UID, i, initial_cluster_size=i + 1) for i in range(3)]
+    assert {m["metadata"]["annotations"]["groupcluster.io/spec-hash"] for m in manifests} == {s.pod_hash()}
+    pods = []
+    for i, m in enumerate(manifests):
+        m["status"] = {"phase": "Running", "podIP": f"10.0.0.{i}", "conditions": [{"type": "Ready", "status": "True"}]}
+        pods.append(PodState.from_pod(m))
+    members = tuple(f"10.0.0.{i}:7800#1" for i in range(3))
+    reports: dict[str, MemberReport | None] = {
+        p.name: MemberReport(address=members[i], view_id="v|1", view_members=members, coordinator=members[0])
+        for i, p in enumerate(pods)
+    }
+    step = plan(s, pods, reports)
+    assert step.actions == [] and step.phase == "Running"  # no surge, no leave: nothing is outdated
+    assert [m["upToDate"] for m in step.status["members"]] == [True, True, True]
 
 
 def test_auth_is_on_by_default_hmac_only_with_the_admin_token(tmp_path: Path) -> None:
     s = spec()
-    pod = builders.build_member_pod(s, UID, 0)
+    pod = builders.build_member_pod(s, UID, 0, initial_cluster_size=1)
     (c,) = pod["spec"]["containers"]
     ns = _parse_member_args(c["args"], _secret_files(tmp_path, s))
     assert ns.admin_token == "a" * 43 and ns.kv_token is None  # the data endpoints stay open by default
@@ -119,7 +164,7 @@ def test_auth_is_on_by_default_hmac_only_with_the_admin_token(tmp_path: Path) ->
 
 
 def test_without_auth_no_secret_is_mounted_and_no_auth_argument_is_passed() -> None:
-    pod = builders.build_member_pod(spec(auth={"enabled": False}), UID, 0)
+    pod = builders.build_member_pod(spec(auth={"enabled": False}), UID, 0, initial_cluster_size=1)
     (c,) = pod["spec"]["containers"]
     assert "volumes" not in pod["spec"] and "volumeMounts" not in c
     assert not [a for a in c["args"] if "auth" in a or "token" in a]
@@ -130,7 +175,7 @@ def test_existing_secret_is_mounted_and_a_template_fs_group_wins() -> None:
     s = spec(
         auth={"existingSecret": "my-keys", "kvToken": True}, podTemplate={"spec": {"securityContext": {"fsGroup": 7}}}
     )
-    pod = builders.build_member_pod(s, UID, 0)
+    pod = builders.build_member_pod(s, UID, 0, initial_cluster_size=1)
     (volume,) = pod["spec"]["volumes"]
     assert volume["secret"]["secretName"] == "my-keys"
     assert [i["key"] for i in volume["secret"]["items"]] == ["cluster-secret", "admin-token", "kv-token"]
@@ -149,7 +194,7 @@ def test_a_change_of_spec_auth_or_of_the_secret_changes_the_pod_hash() -> None:
     }
     assert len(hashes) == 6
     assert spec(replicas=5).pod_hash() == base  # replicas is not something a pod runs
-    pod = builders.build_member_pod(spec(), UID, 0, spec().pod_hash("d1"))
+    pod = builders.build_member_pod(spec(), UID, 0, spec().pod_hash("d1"), initial_cluster_size=1)
     assert pod["metadata"]["annotations"]["groupcluster.io/spec-hash"] == spec().pod_hash("d1")
 
 
@@ -166,7 +211,7 @@ def test_pod_template_overrides_merge_without_breaking_our_labels() -> None:
         },
         resources={"requests": {"cpu": "100m"}},
     )
-    pod = builders.build_member_pod(s, UID, 0)
+    pod = builders.build_member_pod(s, UID, 0, initial_cluster_size=1)
     assert pod["metadata"]["labels"]["team"] == "a"
     assert pod["metadata"]["labels"]["groupcluster.io/cluster"] == "orders"
     assert pod["metadata"]["annotations"]["x"] == "y"

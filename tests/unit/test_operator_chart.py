@@ -89,7 +89,10 @@ def _allowed(rules: list[dict[str, Any]], group: str, resource: str, verb: str) 
 def test_operator_rbac_covers_every_object_it_creates_and_no_more_than_needed() -> None:
     rules = _rules()
     spec = ClusterSpec(name="x", namespace="y", image="i")
-    for obj in [*builders.build_supporting_objects(spec, "u"), builders.build_member_pod(spec, "u", 0)]:
+    for obj in [
+        *builders.build_supporting_objects(spec, "u"),
+        builders.build_member_pod(spec, "u", 0, initial_cluster_size=1),
+    ]:
         group = obj["apiVersion"].rpartition("/")[0]
         plural = {"PodDisruptionBudget": "poddisruptionbudgets"}.get(obj["kind"], obj["kind"].lower() + "s")
         for verb in ("get", "create"):

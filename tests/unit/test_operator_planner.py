@@ -64,7 +64,7 @@ def cluster(
 
 def test_an_empty_cluster_creates_its_first_member() -> None:
     step = plan(spec(3), [], {})
-    assert step.actions == [CreatePod(0, "scaling up: 0 of 3 members")]
+    assert step.actions == [CreatePod(0, "scaling up: 0 of 3 members", 1)]
     assert step.phase == "ScalingUp"
     assert step.status["replicas"] == 0 and step.status["selector"] == "groupcluster.io/cluster=demo"
     assert [e.reason for e in step.events] == ["MemberCreated"]
@@ -81,7 +81,66 @@ def test_members_are_added_one_at_a_time_each_ready_only_after_join_and_transfer
     pods[1] = PodState(name="demo-1", ordinal=1, phase="Running", ip="10.0.0.11", ready=True, spec_hash=HASH)
     pods2, reports2 = cluster(2)
     step = plan(spec(3), pods2, reports2)
-    assert step.actions == [CreatePod(2, "scaling up: 2 of 3 members")]
+    assert step.actions == [CreatePod(2, "scaling up: 2 of 3 members", 3)]
+
+
+def test_every_member_after_the_first_is_join_only() -> None:
+    """k members ready: the next pod starts with initial_cluster_size k+1, so it can only join their grid."""
+    assert plan(spec(4), [], {}).actions == [CreatePod(0, "scaling up: 0 of 4 members", 1)]
+    for k in (1, 2, 3):
+        pods, reports = cluster(k)
+        (create,) = plan(spec(4), pods, reports).actions
+        assert isinstance(create, CreatePod) and (create.ordinal, create.initial_cluster_size) == (k, k + 1)
+    # Scaling 0 -> N again starts from an empty grid: its first member gets 1 again.
+    assert plan(spec(2), [], {}).actions[0] == CreatePod(0, "scaling up: 0 of 2 members", 1)
+    # A replacement and a rolling update's surge member join the members ready then.
+    pods, reports = cluster(5)
+    pods[4] = PodState(name="demo-4", ordinal=4, phase="Failed", exit_code=1, spec_hash=HASH)
+    reports.pop("demo-4")
+    (_, create) = plan(spec(5), pods, reports).actions
+    assert create == CreatePod(5, "replacing a member that died: 4 of 5 members", 5)
+    pods, reports = cluster(2, hashes={0: "old", 1: "old"})
+    assert plan(spec(2), pods, reports).actions == [CreatePod(2, "rolling update: 2 member(s) on an old spec", 3)]
+
+
+def _lone(size: int, report: MemberReport | None) -> tuple[list[PodState], dict[str, MemberReport | None]]:
+    pod = PodState(name="demo-3", ordinal=3, phase="Running", ip="10.0.0.13", spec_hash=HASH, initial_cluster_size=size)
+    return [pod], {"demo-3": report}
+
+
+def test_a_join_only_member_left_alone_without_a_topology_is_replaced_by_a_first_member() -> None:
+    # demo-3 was created to join 3 members (size 4); they all died before it got the grid: it never can.
+    alone = MemberReport(address=addr(3), view_id="x|1", view_members=(addr(3),), grid_ready=False, topology_id=None)
+    pods, reports = _lone(4, alone)
+    step = plan(spec(3), pods, reports)
+    (delete,) = step.actions
+    assert isinstance(delete, DeletePod) and (delete.pod, delete.grace_seconds) == ("demo-3", 5)
+    assert "initial_cluster_size=4" in delete.reason
+    (warn,) = step.events
+    assert (warn.type, warn.reason) == ("Warning", "MemberStranded") and "a new first member" in warn.message
+    # Once it is gone, the cluster starts afresh with a member that may start the grid.
+    assert plan(spec(3), [], {}).actions == [CreatePod(0, "scaling up: 0 of 3 members", 1)]
+
+
+@pytest.mark.parametrize(
+    ("size", "report", "others"),
+    [
+        (1, MemberReport(address="a", grid_ready=False), 0),  # a first member: it starts the grid itself
+        (4, None, 0),  # does not answer: it may hold the last copies, so never deleted blindly
+        (4, MemberReport(address="a", grid_ready=False, topology_id=7), 0),  # joined: data arriving
+        (4, MemberReport(address="a", grid_ready=False), 1),  # someone else is still there to join
+    ],
+)
+def test_a_starting_member_that_may_still_get_a_grid_is_waited_for(
+    size: int, report: MemberReport | None, others: int
+) -> None:
+    pods, reports = _lone(size, report)
+    if others:
+        more, more_reports = cluster(others)
+        pods, reports = more + pods, {**more_reports, **reports}
+    step = plan(spec(3), pods, reports)
+    assert step.actions == [] and "demo-3" in step.message
+    assert not [e for e in step.events if e.reason == "MemberStranded"]
 
 
 def test_a_settled_cluster_does_nothing_and_reports_well_formed() -> None:
@@ -177,7 +236,7 @@ def test_a_dead_member_is_deleted_reported_and_replaced() -> None:
     step = plan(spec(3), pods, reports)
     assert step.actions == [
         DeletePod("demo-1", "member exited unexpectedly: exit code 137 (Error)"),
-        CreatePod(3, "replacing a member that died: 2 of 3 members"),
+        CreatePod(3, "replacing a member that died: 2 of 3 members", 3),
     ]
     warn = [e for e in step.events if e.type == "Warning"]
     assert len(warn) == 1 and warn[0].reason == "MemberDied" and "exit code 137" in warn[0].message
@@ -196,7 +255,7 @@ def test_rolling_update_adds_a_new_member_then_retires_old_ones_coordinator_last
     old_hash = HASH
     pods, reports = cluster(3, hashes=dict.fromkeys(range(3), old_hash))
     step = plan(new, pods, reports)
-    assert step.actions == [CreatePod(3, "rolling update: 3 member(s) on an old spec")]
+    assert step.actions == [CreatePod(3, "rolling update: 3 member(s) on an old spec", 4)]
     assert step.phase == "Updating"
     # The surge member joined: one old member leaves, not the coordinator (demo-0).
     pods, reports = cluster(4, hashes={0: old_hash, 1: old_hash, 2: old_hash, 3: new.pod_hash()})
@@ -297,6 +356,8 @@ def test_pod_state_and_member_report_are_read_from_api_objects() -> None:
         ({"memberPort": 8080}, "memberPort and spec.httpPort"),
         ({"stack": {"set": {"nodot": "1"}}}, "layer.key"),
         ({"stack": {"preset": "fast"}}, "spec.stack.preset"),
+        # The operator sets it per pod (join-only members); a user's value would fight it.
+        ({"grid": {"initial_cluster_size": "3"}}, "spec.grid.initial_cluster_size: set by the operator"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(fields: dict[str, Any], message: str) -> None:

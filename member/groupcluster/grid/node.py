@@ -91,6 +91,13 @@ class GridConfig:
     op_timeout: float = param("30s", "duration", doc="fail an operation not completed within this")
     retry_backoff: float = param("20ms", "duration", doc="wait before retrying on an unchanged topology")
     recovery_timeout: float = param("3s", "duration", doc="new coordinator: wait this long for members' statuses")
+    initial_cluster_size: int = param(
+        1,
+        "int",
+        doc="members a coordinator waits for before it starts a new, empty grid (more than half of those started "
+        "together: then two grids that never met cannot both start)",
+        minimum=1,
+    )
     max_queued: int = param(100_000, "int", doc="requests held for a topology not yet installed", minimum=1)
     tombstone_grace: float = param(
         "10m",
@@ -321,6 +328,7 @@ class GridNode:
                     recovery_timeout=self.config.recovery_timeout,
                     now=now,
                     may_start_grid=not self._joined_others,
+                    initial_size=self.config.initial_cluster_size,
                 )
             else:
                 self._planner_out(self.planner.on_view(self.view, now))

@@ -262,6 +262,7 @@ class RebalancePlanner:
         recovery_timeout: float = 3.0,
         now: float = 0.0,
         may_start_grid: bool = True,
+        initial_size: int = 1,
     ) -> None:
         self.view: tuple[Address, ...] = tuple(view)
         # Whether this coordinator may start a new, empty grid when no member reports a topology. A member
@@ -270,6 +271,12 @@ class RebalancePlanner:
         # and take writes that an older value beats at the merge (seed 590). It waits for a member with a
         # topology, or for the operator's force_available().
         self.may_start_grid = may_start_grid
+        # Infinispan's initial cluster size: a new, empty grid starts only once this many members reported.
+        # Two grids that never met stamp versions from the same topology ids, so at their merge an older write
+        # of one can beat a later acknowledged write of the other (seed 513: a member whose join failed and
+        # that restarted alone formed a grid of its own). With a size above half of the members that start
+        # together, only one grid can ever start.
+        self.initial_size = initial_size
         self.num_segments = num_segments
         self.num_owners = num_owners
         self.mode = mode
@@ -354,7 +361,9 @@ class RebalancePlanner:
         """Operator's override: accept the losses and leave degraded mode with the members present."""
         t = self.topology
         if t is None and not self.recovering:
-            self.may_start_grid = True  # nobody holds a topology: accept that the grid starts empty
+            # Nobody holds a topology: accept that the grid starts empty, with the members present.
+            self.may_start_grid = True
+            self.initial_size = 1
             return self._update()
         if t is None or t.availability == Availability.AVAILABLE:
             return []
@@ -396,7 +405,7 @@ class RebalancePlanner:
             return []
         if t is None:
             owners = self._owner_candidates()
-            if not owners or not self.may_start_grid:
+            if not owners or not self.may_start_grid or len(live) < self.initial_size:
                 return []
             ch = balanced(None, owners, self._caps(), self.num_segments, self.num_owners)
             return [(None, self._set(self._new(0, Phase.NO_REBALANCE, ch, None, stable=owner_set(ch))))]
