@@ -73,6 +73,26 @@ CUT_OFF_LEAVE = (
     "seeing nobody to take its segments, left at once with it (now: not while owners that vanished without a "
     "handoff may come back)"
 )
+INITIAL_SIZE = (
+    "a restarted member whose join failed formed a group of its own and started a grid there; at the merge an "
+    "older write of the main grid, stamped under a higher topology id, beat a write it had acknowledged (now: "
+    "a new grid starts only with initial_cluster_size members; the scenario uses a majority of its slots)"
+)
+LATE_OLD_TOPOLOGY = (
+    "a topology the old group's coordinator sent before a merge reached members after the merge view; they took "
+    "it for the merged group's, pushed their entries to its owners (their own side) and dropped their copies "
+    "when the merged group continued the other partition's topology (now: the merged topology names us and a "
+    "member of the other side, and no copy is dropped while the merge push waits for it)"
+)
+HALF_REPLICATED = (
+    "the member that stamped a write (a primary, or a former primary re-driving it) died after some owners "
+    "applied it and before the others did: the copies differed for good (now: the owners that applied writes "
+    "from a vanished member re-drive those segments' recent entries at their versions)"
+)
+DEGRADED_PUSH = (
+    "a member cut off alone, sole owner of a segment in its degraded topology, took a write there; merge pushes "
+    "came only from available topologies, so the write was lost at the merge (now: every member pushes)"
+)
 
 # (seed, scenario, what the seed found)
 REGRESSIONS: list[tuple[int, Scenario, str]] = [
@@ -96,6 +116,13 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (460, GRID, STATUS_BEFORE_VIEW),
     (590, GRID, JOINED_EMPTY_GRID),
     (591, GRID, CUT_OFF_LEAVE),
+    (513, GRID, INITIAL_SIZE),
+    (19, GRID, LATE_OLD_TOPOLOGY),
+    (264, GRID, LATE_OLD_TOPOLOGY),
+    (24, GRID, HALF_REPLICATED),
+    (581, GRID, HALF_REPLICATED),
+    (716, GRID, HALF_REPLICATED),
+    (614, GRID, DEGRADED_PUSH),
 ]
 
 

@@ -13,16 +13,19 @@ from groupcluster.sim.grid import grid_scenario
 from groupcluster.sim.runner import default_jobs, run_many
 from groupcluster.sim.scenario import SeedResult, check_determinism
 
-# (seed -> what still breaks) with grid_scenario() defaults. Seeds 0-399 pass (those that once failed were diagnosed
-# and fixed: test_grid_regressions.py, with 460, 590 and 591 of the slow range). The open one is in the slow range.
-SEPARATE_VERSIONS = (
-    "; the open merge-policy question (docs/grid.md, Not done yet): grids that never met stamp versions from the "
-    "same topology ids, so at their merge an older write can beat a later acknowledged one"
+# (seed -> what still breaks) with grid_scenario() defaults. Seeds 0-199 pass (those that once failed were diagnosed
+# and fixed: test_grid_regressions.py). The open ones are in the slow range, both of one kind: grids that never met.
+NEVER_MET = (
+    "; the open merge-policy question (docs/grid.md, Not done yet): two grids that never met both stamp versions from "
+    "topology 1 up, so at their merge an older write can beat a later acknowledged one. initial_cluster_size keeps "
+    "a member whose join failed from starting one; here restarted members (fresh incarnations) formed a majority "
+    "of the slots while the first grid's members were cut off"
 )
 KNOWN_OPEN: dict[int, str] = {
-    513: "grid-lost-write: an older value read back after convergence. Diagnosed: a member whose join failed "
-    "formed a grid of its own (topology 1 up) and acknowledged a write there; at the merge an older write of "
-    "the main grid, stamped under a higher topology id, wins" + SEPARATE_VERSIONS,
+    553: "grid-lost-write: a second grid of three restarted and late members took writes (topology 1 up); at the "
+    "merge the first grid's older write (topology 10) won" + NEVER_MET,
+    983: "grid-lost-write: members started apart; a restart gave the second group its third member, and both "
+    "groups started grids" + NEVER_MET,
 }
 
 

@@ -107,6 +107,15 @@ def grid_corpus() -> tuple[bytes, ...]:
         gm.XferFail(9, (4, 5)),
         gm.Confirm(3),
     ]
+    cb, rb, bb, ab = gm.CommandBatch(3), gm.ResponseBatch(), gm.BackupBatch(3), gm.BackupAckBatch()
+    cb.add(1, 1, gm.PUT, b"key", b"value")
+    cb.add(2, 1, gm.GET, b"key", None)
+    rb.add(1, 1, gm.OK, 3, b"value", "")
+    rb.add(2, 1, gm.ERROR, 3, None, "bad")
+    bb.add(5, 7, b"k", b"v")
+    bb.add(6, 8, b"k", None)
+    ab.add(5, gm.OK, 3)
+    msgs += [cb, rb, bb, ab]
     out = [gm.encode_payload([m]) for m in msgs]
     out.append(gm.encode_payload(msgs))
     return tuple(out)

@@ -10,19 +10,26 @@ from groupcluster.core.address import Address
 from groupcluster.core.errors import WireError
 from groupcluster.grid.consistent_hash import balanced
 from groupcluster.grid.messages import (
+    DELETE,
+    ERROR,
     GET,
     GRID_FORMAT_VERSION,
+    NOT_FOUND,
     OK,
     PUT,
     RETRY,
     Backup,
     BackupAck,
+    BackupAckBatch,
+    BackupBatch,
     Command,
+    CommandBatch,
     Confirm,
     EntryChunk,
     Fetch,
     GridLimits,
     Response,
+    ResponseBatch,
     Status,
     Topology,
     XferAck,
@@ -31,6 +38,7 @@ from groupcluster.grid.messages import (
     XferFail,
     decode_payload,
     encode_payload,
+    unbatched,
 )
 from groupcluster.grid.topology import CacheTopology, MemberStatus, Phase
 
@@ -248,3 +256,132 @@ def test_fast_decoder_accepts_only_what_the_validating_decoder_accepts() -> None
         assert fast is None or fast == slow
 
     check()
+
+
+# ==== batches (grid format 3) ==============================================================================
+def _batches() -> list[object]:
+    c = CommandBatch(3)
+    c.add(1, 1, PUT, b"k", b"v")
+    c.add(2, 4, GET, b"k2", None)
+    c.add(2**63 - 1, 1, DELETE, b"k", None)
+    c.add(4, 1, PUT, b"e", b"")
+    r = ResponseBatch()
+    r.add(1, 1, OK, 3, b"v", "")
+    r.add(2, 1, ERROR, 3, None, "segment 4 unavailable")
+    r.add(3, 2, NOT_FOUND, 2**63 - 1, None, "")
+    b = BackupBatch(3)
+    b.add(5, 123, b"k", b"v")
+    b.add(6, 124, b"k", None)  # a key twice: entries apply in order
+    a = BackupAckBatch()
+    a.add(5, OK, 3)
+    a.add(6, RETRY, 4)
+    return [c, r, b, a, CommandBatch(9), ResponseBatch()]
+
+
+def test_batches_round_trip_and_expand_to_the_single_messages() -> None:
+    msgs = _batches()
+    assert decode_payload(encode_payload(msgs)) == msgs  # type: ignore[arg-type]
+    # A batch of one travels as its single message.
+    one = CommandBatch(3)
+    one.add(1, 1, DELETE, b"k", None)
+    assert decode_payload(encode_payload([one])) == [Command(1, 1, 3, DELETE, b"k", None)]
+    assert unbatched(decode_payload(encode_payload(msgs[:4]))) == [  # type: ignore[arg-type]
+        Command(1, 1, 3, PUT, b"k", b"v"),
+        Command(2, 4, 3, GET, b"k2", None),
+        Command(2**63 - 1, 1, 3, DELETE, b"k", None),
+        Command(4, 1, 3, PUT, b"e", b""),
+        Response(1, 1, OK, 3, b"v", ""),
+        Response(2, 1, ERROR, 3, None, "segment 4 unavailable"),
+        Response(3, 2, NOT_FOUND, 2**63 - 1, None, ""),
+        Backup(5, 3, 123, b"k", b"v"),
+        Backup(6, 3, 124, b"k", None),
+        BackupAck(5, OK, 3),
+        BackupAck(6, RETRY, 4),
+    ]
+
+
+def cmd_batch(
+    ids: object = None, attempts: object = None, kinds: object = b"\x01\x00", keys: object = None, puts: object = None
+) -> bytes:
+    """A CMD_BATCH of a PUT of a and a GET of b, with one field replaced (possibly wrong)."""
+    ids = le64(1, 2) if ids is None else ids
+    attempts = le64(1, 1) if attempts is None else attempts
+    return raw([13, 3, ids, attempts, kinds, [b"a", b"b"] if keys is None else keys, [b"v"] if puts is None else puts])
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        (cmd_batch(), ""),  # the well-formed base case the others break
+        (raw([13, 3, le64(1), le64(1), b"\x00"]), r"messages\[0\]: expected 7 items"),
+        (raw([13, -3, le64(1), le64(1), b"\x00", [b"a"], []]), r"messages\[0\]\.topology_id"),
+        (cmd_batch(ids=le64(1)), r"messages\[0\]\.op_ids: expected 16 bytes \(8 per entry\), got 8 bytes"),
+        (cmd_batch(ids=[1, 2]), r"messages\[0\]\.op_ids: expected 16 bytes \(8 per entry\), got list"),
+        (cmd_batch(attempts=le64(1, 2**63)), r"messages\[0\]\.attempts\[1\]: above the limit"),
+        (cmd_batch(kinds=b"\x01\x07"), r"messages\[0\]\.kinds\[1\]: 7 is not one of \[0, 1, 2\]"),
+        (cmd_batch(kinds=b"\x01"), r"messages\[0\]\.kinds: expected 2 bytes"),
+        (cmd_batch(kinds="ab"), r"messages\[0\]\.kinds: expected 2 bytes \(1 per entry\), got str"),
+        (cmd_batch(keys=[b"a", "b"]), r"messages\[0\]\.keys\[1\]: expected bytes, got str"),
+        (cmd_batch(keys=b"ab"), r"messages\[0\]\.keys: expected a list"),
+        (cmd_batch(puts=[]), r"messages\[0\]\.values: expected a list of 1 items, got 0 items"),
+        (cmd_batch(puts=[b"v", b"w"]), r"messages\[0\]\.values: expected a list of 1 items, got 2"),
+        (cmd_batch(puts=[None]), r"messages\[0\]\.values\[0\]: expected bytes, got NoneType"),
+        (raw([14, le64(1), le64(1), b"\x09", le64(3), [None], []]), r"messages\[0\]\.codes\[0\]: 9 is not one of"),
+        (raw([14, le64(1), le64(1), b"\x00", le64(3), [7], []]), r"messages\[0\]\.values\[0\]: expected bytes, got"),
+        (raw([14, le64(1), le64(1), b"\x00", le64(3), [None], [[1, "x"]]]), r"errors\[0\]\.index"),
+        (raw([14, le64(1, 2), le64(1, 1), b"\x03\x03", le64(3, 3), [None, None], [[0, "x"], [0, "y"]]]), "twice"),
+        (raw([14, le64(1), le64(1), b"\x03", le64(3), [None], [[0, 5]]]), r"errors\[0\]\.text"),
+        (raw([14, le64(1), le64(1), b"\x03", le64(3), [None], [[0, "x" * 513]]]), r"errors\[0\]\.text"),
+        (raw([14, le64(1), le64(1), b"\x00", le64(3, 4), [None], []]), r"messages\[0\]\.topology_ids: expected 8"),
+        (raw([15, 3, le64(1), le64(1), [b"k"], [b"v", None]]), r"messages\[0\]\.values: expected a list of 1"),
+        (raw([15, 3, le64(1), le64(2**63), [b"k"], [b"v"]]), r"messages\[0\]\.versions\[0\]: above the limit"),
+        (raw([15, 3, le64(1), le64(1), [b"k"], [True]]), r"messages\[0\]\.values\[0\]: expected bytes, got bool"),
+        (raw([16, le64(1), b"\x00\x00", le64(3, 3)]), r"messages\[0\]\.write_ids: expected 16 bytes"),
+        (raw([16, le64(1), 0, le64(3)]), r"messages\[0\]\.codes: expected at most"),
+        (raw([16, le64(1), b"\x05", le64(3)]), r"messages\[0\]\.codes\[0\]: 5 is not one of"),
+    ],
+)
+def test_bad_batches_are_rejected_with_the_field_named(payload: bytes, message: str) -> None:
+    if not message:
+        (b,) = decode_payload(payload)
+        assert unbatched([b]) == [Command(1, 1, 3, PUT, b"a", b"v"), Command(2, 1, 3, GET, b"b", None)]
+        return
+    with pytest.raises(WireError, match=message):
+        decode_payload(payload)
+
+
+def test_batch_size_limits() -> None:
+    limits = GridLimits(max_key_bytes=4, max_value_bytes=8, max_batch_entries=3)
+    c = CommandBatch(1)
+    c.add(1, 1, PUT, b"k", b"x" * 9)
+    c.add(2, 1, GET, b"k", None)
+    with pytest.raises(WireError, match=r"values\[0\]: 9 bytes exceed the limit of 8"):
+        decode_payload(encode_payload([c]), limits)
+    b = BackupBatch(1)
+    b.add(1, 1, b"k", None)
+    b.add(2, 1, b"toolong", b"v")
+    with pytest.raises(WireError, match=r"keys\[1\]: 7 bytes exceed the limit of 4"):
+        decode_payload(encode_payload([b]), limits)
+    r = ResponseBatch()
+    for i in range(4):
+        r.add(i, 1, OK, 1, None, "")
+    with pytest.raises(WireError, match=r"values"):
+        decode_payload(encode_payload([r]), limits)
+    a = BackupAckBatch()
+    for i in range(4):
+        a.add(i, OK, 1)
+    with pytest.raises(WireError, match=r"codes: expected at most 3 bytes"):
+        decode_payload(encode_payload([a]), limits)
+
+
+def test_fuzzed_batches_decode_or_are_rejected_naming_the_field() -> None:
+    rng = random.Random(7)
+    good = encode_payload(_batches())  # type: ignore[arg-type]
+    for _ in range(3000):
+        data = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            decode_payload(bytes(data))
+        except WireError as exc:
+            assert str(exc).startswith("grid"), exc

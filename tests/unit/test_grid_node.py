@@ -28,12 +28,18 @@ from groupcluster.grid.messages import (
     GET,
     OK,
     PUT,
+    RETRY,
     Backup,
+    BackupAckBatch,
+    BackupBatch,
     Command,
+    CommandBatch,
     Response,
+    ResponseBatch,
     Topology,
     decode_payload,
     encode_payload,
+    unbatched,
 )
 from groupcluster.grid.node import GridConfig, GridNode, OpResult
 from groupcluster.grid.topology import Availability, CacheTopology, PartitionHandling, Phase, owner_set
@@ -618,7 +624,7 @@ def test_reads_wait_for_the_merged_topology_after_a_merge_view() -> None:
     t = _topology(9, [(coord,), (coord,)], (coord, x))
     node.on_messages([(coord, encode_payload([Topology(t)]))], 0.4)
     assert node.take_results() == []
-    sent = [m for o in node.take_outbox() if o.dest == coord for m in decode_payload(o.payload)]
+    sent = [m for o in node.take_outbox() if o.dest == coord for m in unbatched(decode_payload(o.payload))]
     cmds = [m for m in sent if isinstance(m, Command) and m.op_id == op]
     assert len(cmds) == 1 and cmds[0].topology_id == 9
     reply = Response(op, cmds[0].attempt, OK, 9, b"from-the-other-grid", "")
@@ -638,7 +644,7 @@ def test_write_cut_off_by_a_degraded_topology_is_redriven_once_available() -> No
     node.on_messages([(x, encode_payload([Topology(_topology(5, [(x, y)], (x, y)))]))], 0.1)
     node.take_outbox()
     op = node.put(b"k", b"v", 0.2)
-    backups = [m for o in node.take_outbox() if o.dest == y for m in decode_payload(o.payload)]
+    backups = [m for o in node.take_outbox() if o.dest == y for m in unbatched(decode_payload(o.payload))]
     assert len(backups) == 1 and isinstance(backups[0], Backup)
     version = backups[0].version
     node.on_view((x, z), 1.0)  # y is gone before acknowledging
@@ -649,7 +655,7 @@ def test_write_cut_off_by_a_degraded_topology_is_redriven_once_available() -> No
     node.take_outbox()
     # The operator forces the grid available: z takes y's place and receives the write, same version.
     node.on_messages([(x, encode_payload([Topology(_topology(7, [(x, z)], (x, z)))]))], 2.0)
-    sent = [m for o in node.take_outbox() if o.dest == z for m in decode_payload(o.payload)]
+    sent = [m for o in node.take_outbox() if o.dest == z for m in unbatched(decode_payload(o.payload))]
     redriven = [m for m in sent if isinstance(m, Backup)]
     assert [(b.key, b.version, b.value) for b in redriven] == [(b"k", version, b"v")]
 
@@ -800,3 +806,236 @@ def test_status_that_arrives_before_the_view_making_us_coordinator_is_kept() -> 
     t = nodes[b].topology
     assert t is not None and set(t.members) == {b, c}
     assert net.stable()
+
+
+# ==== batches (grid format 3) ==============================================================================
+def _answers(node: GridNode, dest: Address) -> list[Response]:
+    return [m for m in unbatched(_sent(node, dest)) if isinstance(m, Response)]
+
+
+def _sent(node: GridNode, dest: Address) -> list[object]:
+    """What ``node`` sent ``dest`` since the last call (the rest of its outbox is kept for the next one)."""
+    out = getattr(node, "_test_outbox", []) + node.take_outbox()
+    node._test_outbox = [o for o in out if o.dest != dest]  # type: ignore[attr-defined]
+    return [m for o in out if o.dest == dest for m in decode_payload(o.payload)]
+
+
+def test_a_batch_leaves_as_one_command_per_owner_and_one_backup_batch_per_backup() -> None:
+    # One segment, x the originator, y the primary and z its backup: a batch of puts is one CommandBatch to
+    # y, y applies them and sends z one BackupBatch, z answers one BackupAckBatch, y one ResponseBatch.
+    x, y, z = member(1), member(2), member(3)
+    cfg = GridConfig.from_dict({"num_segments": 1, "num_owners": 2})
+    nodes = {a: GridNode(a, cfg) for a in (x, y, z)}
+    t = _topology(4, [(y, z)], (x, y, z))
+    for n in nodes.values():
+        n.on_view((x, y, z), 0.0)
+        n.on_messages([(x, encode_payload([Topology(t)]))], 0.1)
+        n.take_outbox()
+    ops = [(PUT, b"k%d" % i, b"v%d" % i) for i in range(50)] + [(DELETE, b"k0", None), (GET, b"k1", None)]
+    ids = nodes[x].start_batch(ops, 1.0)
+    cmds = _sent(nodes[x], y)
+    assert len(cmds) == 1 and isinstance(cmds[0], CommandBatch) and len(cmds[0]) == 52
+    assert cmds[0].topology_id == 4 and list(cmds[0].op_ids) == ids
+    nodes[y].on_messages([(x, encode_payload(cmds))], 1.1)  # type: ignore[arg-type]
+    backups = _sent(nodes[y], z)
+    assert len(backups) == 1 and isinstance(backups[0], BackupBatch) and len(backups[0]) == 51
+    versions = list(backups[0].versions)
+    assert versions == sorted(versions) and len(set(versions)) == 51  # stamped in batch order
+    nodes[z].on_messages([(y, encode_payload(backups))], 1.2)  # type: ignore[arg-type]
+    acks = _sent(nodes[z], y)
+    assert len(acks) == 1 and isinstance(acks[0], BackupAckBatch) and set(acks[0].codes) == {OK}
+    nodes[y].on_messages([(z, encode_payload(acks))], 1.3)  # type: ignore[arg-type]
+    answers = _sent(nodes[y], x)
+    # The get was answered at once (before the writes were acknowledged), the writes once z acknowledged.
+    assert any(isinstance(a, ResponseBatch) and len(a) == 51 for a in answers)
+    assert len([r for r in unbatched(answers) if isinstance(r, Response)]) == 52
+    nodes[x].on_messages([(y, encode_payload(answers))], 1.4)  # type: ignore[arg-type]
+    res = {r.op_id: r for r in nodes[x].take_results()}
+    assert [res[i].ok for i in ids] == [True] * 52 and res[ids[-1]].value == b"v1"
+    for a in (y, z):
+        store = nodes[a].store
+        assert store is not None and store.get(0, b"k0") is not None and store.get(0, b"k0")[1] is None  # type: ignore[index]
+        assert store.value(0, b"k49") == b"v49"
+    assert nodes[y].store.segments[0].ver == nodes[z].store.segments[0].ver  # type: ignore[union-attr]
+
+
+def test_a_command_batch_of_another_topology_is_held_or_retried_per_operation() -> None:
+    # A batch from an originator ahead of us is held until that topology arrives, then served; one from an
+    # originator behind us is answered RETRY for every operation, each with its own attempt.
+    x, y = member(1), member(2)
+    cfg = GridConfig.from_dict({"num_segments": 1, "num_owners": 1})
+    node = GridNode(y, cfg)
+    node.on_view((x, y), 0.0)
+    node.on_messages([(x, encode_payload([Topology(_topology(4, [(y,)], (x, y)))]))], 0.1)
+    node.take_outbox()
+    ahead = CommandBatch(5)
+    ahead.add(1, 1, PUT, b"a", b"1")
+    ahead.add(2, 3, GET, b"a", None)
+    node.on_messages([(x, encode_payload([ahead]))], 0.2)
+    assert _answers(node, x) == []
+    node.on_messages([(x, encode_payload([Topology(_topology(5, [(y,)], (x, y)))]))], 0.3)
+    got = _answers(node, x)
+    assert [(r.op_id, r.attempt, r.code, r.topology_id, r.value) for r in got] == [
+        (1, 1, OK, 5, None),
+        (2, 3, OK, 5, b"1"),
+    ]
+    behind = CommandBatch(4)
+    behind.add(7, 2, PUT, b"b", b"2")
+    behind.add(8, 1, DELETE, b"a", None)
+    node.on_messages([(x, encode_payload([behind]))], 0.4)
+    got = _answers(node, x)
+    assert [(r.op_id, r.attempt, r.code, r.topology_id) for r in got] == [(7, 2, RETRY, 5), (8, 1, RETRY, 5)]
+    assert node.store is not None and node.store.value(0, b"b") is None
+
+
+def test_start_batch_checks_every_operation_before_starting_any() -> None:
+    a = member(1)
+    node = GridNode(a, CONFIG)
+    node.on_view((a,), 0.0)
+    with pytest.raises(TypeError, match=r"ops\[1\].value"):
+        node.start_batch([(PUT, b"k", b"v"), (PUT, b"k2", "text")], 1.0)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"ops\[0\]: unknown operation kind"):
+        node.start_batch([(9, b"k", None)], 1.0)
+    assert node.pending_ops == 0 and node.take_results() == [] and node.store.value(0, b"k") is None  # type: ignore[union-attr]
+
+
+def test_batches_give_the_same_grid_as_single_operations() -> None:
+    # The same operations, once as batches from random members and once one by one, under a rebalance
+    # (a member joins midway): every result and every replica's final entries agree.
+    def run(batched: bool) -> tuple[list[tuple[bool, bytes | None]], dict[bytes, bytes | None]]:
+        rng = random.Random(5)
+        net = FakeNet(random.Random(6))
+        net.add(3)
+        net.run_until(2.0)
+        out: list[tuple[bool, bytes | None]] = []
+        ids: list[tuple[Address, int]] = []
+        for r in range(6):
+            if r == 3:
+                net.add(1)
+            ops = []
+            for _ in range(40):
+                key = b"k%d" % rng.randrange(30)
+                kind = rng.choice([PUT, PUT, GET, DELETE])
+                ops.append((kind, key, b"v%d-%d" % (r, rng.randrange(1000)) if kind == PUT else None))
+            origin = net.view[r % len(net.view)]
+            if batched:
+                ids += [(origin, i) for i in net.nodes[origin].start_batch(ops, net.now)]
+            else:
+                for kind, key, value in ops:
+                    n = net.nodes[origin]
+                    i = (
+                        n.get(key, net.now)
+                        if kind == GET
+                        else n.delete(key, net.now)
+                        if kind == DELETE
+                        else n.put(key, value, net.now)
+                    )  # type: ignore[arg-type]
+                    ids.append((origin, i))
+            net.collect(origin)
+            net.run_until(net.now + 0.5)
+        net.run_until(net.now + 10.0)
+        res = {(a, r.op_id): r for a, rs in net.results.items() for r in rs}
+        out = [(res[i].ok, res[i].value) for i in ids]
+        final: dict[bytes, bytes | None] = {}
+        for a in net.view:
+            store = net.nodes[a].store
+            assert store is not None
+            for data in store.segments.values():
+                for k in data:
+                    final.setdefault(k, data.val[k])
+                    assert final[k] == data.val[k]
+        return out, final
+
+    assert run(True) == run(False)
+
+
+def test_a_topology_of_the_old_group_arriving_after_a_merge_view_is_not_the_merged_one() -> None:
+    # Found by grid simulation seed 19: the old group's coordinator broadcast a topology just before the
+    # merge, and members handled it after the merge view. Its id was above theirs, so they took it for the
+    # merged group's first topology: they served commands again, pushed their entries to its owners (their
+    # own side) and called the merge done; the merged group then continued the other partition's topology,
+    # and the copies went with the next drop. The merged topology names us and a member of the other side.
+    c, x, o = member(1), member(2), member(3)
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 1, "num_owners": 1}))
+    node.on_view((c, x), 0.0)
+    node.on_messages([(c, encode_payload([Topology(_topology(4, [(x,)], (c, x)))]))], 0.1)
+    put = node.put(b"k", b"v", 0.2)
+    assert [(r.op_id, r.ok) for r in node.take_results()] == [(put, True)]
+    node.on_view((c, x, o), 1.0, merge=True)  # o was on the other side of a partition
+    node.take_outbox()
+    # A late topology of our old group (o is not in it): c owns the segment now.
+    node.on_messages([(c, encode_payload([Topology(_topology(5, [(c,)], (c, x)))]))], 1.1)
+    assert node.topology is not None and node.topology.topology_id == 5
+    assert node.store is not None and node.store.value(0, b"k") == b"v"  # kept for the merge push
+    assert not [
+        m for out in node.take_outbox() for m in unbatched(decode_payload(out.payload)) if isinstance(m, Backup)
+    ]
+    # Commands are still held: this is not the topology the merged group serves from.
+    node.on_messages([(c, encode_payload([Command(7, 1, 5, GET, b"k", None)]))], 1.2)
+    assert node.metrics["grid.ops_held_merging"] == 1
+    assert not [
+        m for out in node.take_outbox() for m in unbatched(decode_payload(out.payload)) if isinstance(m, Response)
+    ]
+    # The merged group's topology (the other side's CH: o owns everything) takes the push.
+    node.on_messages([(c, encode_payload([Topology(_topology(9, [(o,)], (c, x, o)))]))], 1.3)
+    sent = [m for out in node.take_outbox() if out.dest == o for m in unbatched(decode_payload(out.payload))]
+    assert [(m.key, m.value) for m in sent if isinstance(m, Backup)] == [(b"k", b"v")]
+    assert not node.store.has_segment(0)  # dropped once the merged topology took the push
+
+
+def _backups_to(node: GridNode, dest: Address) -> list[tuple[bytes, int, bytes | None]]:
+    return [
+        (m.key, m.version, m.value)
+        for out in node.take_outbox()
+        if out.dest == dest
+        for m in unbatched(decode_payload(out.payload))
+        if isinstance(m, Backup)
+    ]
+
+
+def test_writes_of_a_member_that_vanished_are_finished_by_the_copies_that_have_them() -> None:
+    # Found by grid simulation seeds 24, 581 (a primary died after some backups applied its write) and 716
+    # (a former primary re-driving a write died after one new owner applied it): the copies differed for
+    # good. A member that applied writes from one that vanished re-drives its entries of those segments.
+    p, x, y = member(1), member(2), member(3)
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 2, "num_owners": 3, "op_timeout": "30s"}))
+    node.on_view((p, x, y), 0.0)
+    node.on_messages([(p, encode_payload([Topology(_topology(5, [(p, x, y), (p, x, y)], (p, x, y)))]))], 0.1)
+    # Two backups from p, each applied by us; y may have missed them.
+    keys = [b"a", b"b"]
+    v1, v2 = (5 << 40) | 7, (5 << 40) | 8
+    node.on_messages([(p, encode_payload([Backup(1, 5, v1, keys[0], b"one"), Backup(2, 5, v2, keys[1], b"two")]))], 0.2)
+    node.take_outbox()
+    node.on_view((x, y), 5.0)  # p is gone: y may lack what p sent us
+    assert sorted(_backups_to(node, y)) == sorted([(keys[0], v1, b"one"), (keys[1], v2, b"two")])
+    assert node.metrics["grid.repair_entries_pushed"] == 2
+
+
+def test_nothing_is_repaired_for_a_member_whose_writes_are_long_finished() -> None:
+    p, x, y = member(1), member(2), member(3)
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 1, "num_owners": 3, "op_timeout": "30s"}))
+    node.on_view((p, x, y), 0.0)
+    node.on_messages([(p, encode_payload([Topology(_topology(5, [(p, x, y)], (p, x, y)))]))], 0.1)
+    node.on_messages([(p, encode_payload([Backup(1, 5, (5 << 40) | 1, b"k", b"v")]))], 0.2)
+    node.take_outbox()
+    node.on_view((p, x), 10.0)  # y vanished: it sent us nothing
+    assert _backups_to(node, p) == []
+    node.on_view((x,), 40.0)  # p vanished more than op_timeout after its last write reached us
+    assert node.metrics["grid.repair_entries_pushed"] == 0
+
+
+def test_a_degraded_partition_pushes_what_it_wrote_at_the_merge() -> None:
+    # Found by grid simulation seed 614: a member cut off alone held a degraded topology in which it was the
+    # only owner of a segment, so it still took writes for that segment; at the merge only members with an
+    # available topology pushed their entries, and its acknowledged write was lost to the other side's copy.
+    c, x, z = member(1), member(2), member(3)
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 1, "num_owners": 1}))
+    node.on_view((x,), 0.0)
+    degraded = _topology(4, [(x,)], (x,), degraded=True, stable=(x, z))
+    node.on_messages([(x, encode_payload([Topology(degraded)]))], 0.1)
+    put = node.put(b"k", b"new", 0.2)
+    assert [(r.op_id, r.ok) for r in node.take_results()] == [(put, True)]
+    node.on_view((c, x), 1.0, merge=True)
+    node.take_outbox()
+    node.on_messages([(c, encode_payload([Topology(_topology(9, [(c,)], (c, x)))]))], 1.1)
+    assert [(k, v) for k, _ver, v in _backups_to(node, c)] == [(b"k", b"new")]

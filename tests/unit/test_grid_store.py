@@ -258,3 +258,24 @@ def test_segments_are_invisible_to_the_garbage_collector() -> None:
     assert s.get(0, b"a") == (1, b"x") and s.get(0, b"b") == (2, None) and s.get(1, b"k60") == (60, b"v")
     assert s.get(1, b"k120") == (71, b"w")
     assert dict(s.segments[0].items()) == {b"a": (1, b"x"), b"b": (2, None), b"c": (3, b"y"), b"d": (4, None)}
+
+
+def test_dropped_segments_and_their_change_logs_are_freed_a_slice_per_step() -> None:
+    # At the end of a rebalance a member drops a third of its segments in one step; their entries, and the
+    # change-feed logs a member's FeedStore keeps per segment, are freed a budget at a time (the logs were
+    # freed at once: ~20 ms in one step on the loaded machine, a stall for every operation waiting).
+    from groupcluster.grid.runtime import FeedStore
+    from groupcluster.grid.store import FREE_AT_ONCE
+
+    n = FREE_AT_ONCE * 3
+    store = FeedStore(4, max_entries=n, max_bytes=1 << 30)
+    store.add_segment(1)
+    for i in range(n):
+        store.write(1, b"k%d" % i, make_version(1, i + 1), b"v")
+    assert len(store.feeds[1].entries) == n
+    assert store.remove_segment(1) == n
+    assert 1 not in store.feeds and store.garbage == 2 * n  # the entries and the log, both still to free
+    freed = []
+    while store.garbage:
+        freed.append(store.collect(FREE_AT_ONCE))
+    assert freed == [FREE_AT_ONCE] * 6 and store.garbage == 0

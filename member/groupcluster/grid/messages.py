@@ -26,10 +26,13 @@ from .consistent_hash import MAX_SEGMENTS
 from .topology import CacheTopology, MemberStatus
 
 # 2: XFER_DATA carries its entries as one packed chunk (:class:`EntryChunk`) instead of a list per entry.
-GRID_FORMAT_VERSION = 2
+# 3: operations, responses, backups and their acknowledgements travel as batches (CMD_BATCH, RSP_BATCH,
+#    BACKUP_BATCH, BACKUP_ACK_BATCH: one message per destination and step, fields as columns).
+GRID_FORMAT_VERSION = 3
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12
+CMD_BATCH, RSP_BATCH, BACKUP_BATCH, BACKUP_ACK_BATCH = 13, 14, 15, 16
 
 GET, PUT, DELETE = 0, 1, 2
 OP_NAMES = {GET: "GET", PUT: "PUT", DELETE: "DELETE"}
@@ -280,6 +283,344 @@ class XferFail:
     segments: tuple[int, ...]
 
 
+# ==== batches of operations (grid format 3) ==============================================================
+# What one member sends one destination in one step (a POST /v1/batch of a thousand operations makes such
+# steps) travels as one message per kind, its fields as columns: integers as one bin of little-endian uint64s,
+# small codes as one bin of bytes, keys and values as lists of bin. Both sides handle a batch in a few C-level
+# calls plus one loop over its entries, instead of a message object, a list and a dispatch per operation. The
+# node fills a batch while it is the last message queued for its destination, so the order of messages to a
+# destination is what the single messages would have had, and a batch's entries are handled in order.
+# Builders cap a batch (:data:`BATCH_MAX_ENTRIES`, :data:`BATCH_MAX_BYTES`) well below the decoding limits.
+BATCH_MAX_ENTRIES = 4096
+BATCH_MAX_BYTES = 512 * 1024
+
+
+def _u64s(blob: Any, field: str, n: int) -> array:
+    """A column of ``n`` integers in [0, MAX_INT] packed as little-endian uint64s, checked in bulk."""
+    if type(blob) is not bytes or len(blob) != 8 * n:
+        got = f"{len(blob)} bytes" if type(blob) is bytes else type(blob).__name__
+        raise WireError(f"{field}: expected {8 * n} bytes (8 per entry), got {got}")
+    if not blob[7::8].isascii():  # the top byte of a little-endian uint64 <= MAX_INT is below 0x80
+        i = next(i for i in range(n) if blob[8 * i + 7] >= 0x80)
+        raise WireError(f"{field}[{i}]: above the limit of {MAX_INT}")
+    out = array("Q")
+    out.frombytes(blob)
+    if _BIG_ENDIAN:
+        out.byteswap()
+    return out
+
+
+def _codes(blob: Any, field: str, n: int, allowed: bytes) -> bytes:
+    """A column of ``n`` one-byte codes, each one of ``allowed``."""
+    if type(blob) is not bytes or len(blob) != n:
+        got = f"{len(blob)} bytes" if type(blob) is bytes else type(blob).__name__
+        raise WireError(f"{field}: expected {n} bytes (1 per entry), got {got}")
+    if blob.translate(None, allowed):
+        i = next(i for i, c in enumerate(blob) if c not in allowed)
+        raise WireError(f"{field}[{i}]: {blob[i]} is not one of {list(allowed)}")
+    return blob
+
+
+def _bins(items: Any, field: str, n: int, max_len: int, *, nullable: bool = False) -> int:
+    """Check a list of ``n`` bins (None allowed where ``nullable``), each at most ``max_len`` bytes; returns
+    the bytes they hold. One ``join`` checks the types (it takes only bytes-like items, and the decoder makes
+    no bytes-like type but bytes), and the joined length usually settles the size limit."""
+    if type(items) is not list or len(items) != n:
+        got = f"{len(items)} items" if type(items) is list else type(items).__name__
+        raise WireError(f"{field}: expected a list of {n} items, got {got}")
+    present = [v for v in items if v is not None] if nullable else items
+    try:
+        total = len(_EMPTY.join(present))
+    except TypeError:
+        i = next(i for i, v in enumerate(items) if type(v) is not bytes and not (nullable and v is None))
+        raise WireError(f"{field}[{i}]: expected bytes, got {type(items[i]).__name__}") from None
+    if total > max_len and max(map(len, present)) > max_len:
+        i = next(i for i, v in enumerate(items) if v is not None and len(v) > max_len)
+        raise WireError(f"{field}[{i}]: {len(items[i])} bytes exceed the limit of {max_len}")
+    return total
+
+
+class _Batch:
+    """Columns shared by the batch messages; ``nbytes`` counts keys and values (for the builders' cap)."""
+
+    __slots__ = ("nbytes",)
+
+    def full(self, extra: int) -> bool:
+        """Whether an entry of ``extra`` key and value bytes must start a new batch (the node checks the entry
+        count itself, inline). A single entry above the byte cap still goes, alone."""
+        return self.nbytes + extra > BATCH_MAX_BYTES and self.nbytes > 0
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(_col(getattr(self, f)) == _col(getattr(other, f)) for f in type(self).__slots__ if f != "nbytes")
+
+    __hash__ = None  # type: ignore[assignment]  # mutable while it is built
+
+
+def _col(v: Any) -> Any:
+    return list(v) if isinstance(v, (array, bytearray, bytes)) else v
+
+
+class CommandBatch(_Batch):
+    """Client operations for one owner, all tagged with the originator's topology ``topology_id``.
+
+    Wire: ``[CMD_BATCH, topology_id, op_ids, attempts, kinds, keys, put_values]``: op ids and attempts as
+    uint64 columns, kinds one byte each, keys a list of bin, and the values of the PUTs only, in order (GET
+    and DELETE carry none, so a value cannot be on the wrong operation).
+    """
+
+    __slots__ = ("attempts", "keys", "kinds", "op_ids", "topology_id", "values")
+
+    def __init__(self, topology_id: int) -> None:
+        self.topology_id = topology_id
+        self.op_ids: list[int] | array = []
+        self.attempts: list[int] | array = []
+        self.kinds: bytearray | bytes = bytearray()
+        self.keys: list[bytes] = []
+        self.values: list[bytes | None] = []
+        self.nbytes = 0
+
+    def add(self, op_id: int, attempt: int, kind: int, key: bytes, value: bytes | None) -> None:
+        self.op_ids.append(op_id)
+        self.attempts.append(attempt)
+        self.kinds.append(kind)  # type: ignore[union-attr]
+        self.keys.append(key)
+        self.values.append(value)
+        self.nbytes += len(key) + (len(value) if value is not None else 0)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"CommandBatch(topology {self.topology_id}, {len(self)} operations)"
+
+    def commands(self) -> list[Command]:
+        tid = self.topology_id
+        return [
+            Command(o, a, tid, k, key, v if k == PUT else None)
+            for o, a, k, key, v in zip(self.op_ids, self.attempts, self.kinds, self.keys, self.values, strict=True)
+        ]
+
+    def to_wire(self) -> list[Any]:
+        puts = [v for v in self.values if v is not None]
+        return [CMD_BATCH, self.topology_id, _versions_blob(self.op_ids), _versions_blob(self.attempts),
+                bytes(self.kinds), self.keys, puts]  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, raw: list[Any], f: str, lim: GridLimits) -> CommandBatch:
+        as_list(raw, f, 7, exact=7)
+        tid = as_int(raw[1], f"{f}.topology_id")
+        keys = as_list(raw[5], f"{f}.keys", lim.max_batch_entries)
+        n = len(keys)
+        b = cls(tid)
+        b.op_ids = _u64s(raw[2], f"{f}.op_ids", n)
+        b.attempts = _u64s(raw[3], f"{f}.attempts", n)
+        kinds = b.kinds = _codes(raw[4], f"{f}.kinds", n, bytes((GET, PUT, DELETE)))
+        b.nbytes = _bins(keys, f"{f}.keys", n, lim.max_key_bytes)
+        puts = raw[6]
+        b.nbytes += _bins(puts, f"{f}.values", kinds.count(PUT), lim.max_value_bytes)
+        it = iter(puts)
+        b.keys = keys
+        b.values = [next(it) if k == PUT else None for k in kinds]
+        return b
+
+
+class ResponseBatch(_Batch):
+    """Answers to one originator's operations, each with its own code and topology id (as :class:`Response`).
+
+    Wire: ``[RSP_BATCH, op_ids, attempts, codes, topology_ids, values, errors]``: values a list of bin or nil
+    per entry, errors ``[[index, text], ...]`` for the entries that have one.
+    """
+
+    __slots__ = ("attempts", "codes", "errors", "op_ids", "topology_ids", "values")
+
+    def __init__(self) -> None:
+        self.op_ids: list[int] | array = []
+        self.attempts: list[int] | array = []
+        self.codes: bytearray | bytes = bytearray()
+        self.topology_ids: list[int] | array = []
+        self.values: list[bytes | None] = []
+        self.errors: dict[int, str] = {}
+        self.nbytes = 0
+
+    def add(self, op_id: int, attempt: int, code: int, tid: int, value: bytes | None, error: str) -> None:
+        if error:
+            self.errors[len(self.values)] = error
+        self.op_ids.append(op_id)
+        self.attempts.append(attempt)
+        self.codes.append(code)  # type: ignore[union-attr]
+        self.topology_ids.append(tid)
+        self.values.append(value)
+        self.nbytes += (len(value) if value is not None else 0) + len(error)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __repr__(self) -> str:
+        return f"ResponseBatch({len(self)} answers)"
+
+    def responses(self) -> list[Response]:
+        err = self.errors
+        return [
+            Response(o, a, c, t, v, err.get(i, ""))
+            for i, (o, a, c, t, v) in enumerate(
+                zip(self.op_ids, self.attempts, self.codes, self.topology_ids, self.values, strict=True)
+            )
+        ]
+
+    def to_wire(self) -> list[Any]:
+        return [RSP_BATCH, _versions_blob(self.op_ids), _versions_blob(self.attempts), bytes(self.codes),
+                _versions_blob(self.topology_ids), self.values, [[i, e] for i, e in self.errors.items()]]  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, raw: list[Any], f: str, lim: GridLimits) -> ResponseBatch:
+        as_list(raw, f, 7, exact=7)
+        values = as_list(raw[5], f"{f}.values", lim.max_batch_entries)
+        n = len(values)
+        b = cls()
+        b.op_ids = _u64s(raw[1], f"{f}.op_ids", n)
+        b.attempts = _u64s(raw[2], f"{f}.attempts", n)
+        b.codes = _codes(raw[3], f"{f}.codes", n, bytes((OK, NOT_FOUND, RETRY, ERROR)))
+        b.topology_ids = _u64s(raw[4], f"{f}.topology_ids", n)
+        b.nbytes = _bins(values, f"{f}.values", n, lim.max_value_bytes, nullable=True)
+        b.values = values
+        for j, item in enumerate(as_list(raw[6], f"{f}.errors", n)):
+            pair = as_list(item, f"{f}.errors[{j}]", 2, exact=2)
+            i = as_int(pair[0], f"{f}.errors[{j}].index", 0, n - 1)
+            if i in b.errors:
+                raise WireError(f"{f}.errors[{j}]: entry {i} is listed twice")
+            b.errors[i] = as_str(pair[1], f"{f}.errors[{j}].text", MAX_ERROR_LEN)
+        return b
+
+
+class BackupBatch(_Batch):
+    """Writes a primary applied, for one backup owner, all under the primary's topology ``topology_id``.
+
+    Wire: ``[BACKUP_BATCH, topology_id, write_ids, versions, keys, values]``: ids and versions as uint64
+    columns, values a list of bin or nil (a delete). A key may appear more than once; entries apply in order.
+    """
+
+    __slots__ = ("keys", "topology_id", "values", "versions", "write_ids")
+
+    def __init__(self, topology_id: int) -> None:
+        self.topology_id = topology_id
+        self.write_ids: list[int] | array = []
+        self.versions: list[int] | array = []
+        self.keys: list[bytes] = []
+        self.values: list[bytes | None] = []
+        self.nbytes = 0
+
+    def add(self, write_id: int, version: int, key: bytes, value: bytes | None) -> None:
+        self.write_ids.append(write_id)
+        self.versions.append(version)
+        self.keys.append(key)
+        self.values.append(value)
+        self.nbytes += len(key) + (len(value) if value is not None else 0)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __repr__(self) -> str:
+        return f"BackupBatch(topology {self.topology_id}, {len(self)} writes)"
+
+    def backups(self) -> list[Backup]:
+        tid = self.topology_id
+        return [
+            Backup(w, tid, ver, k, v)
+            for w, ver, k, v in zip(self.write_ids, self.versions, self.keys, self.values, strict=True)
+        ]
+
+    def to_wire(self) -> list[Any]:
+        return [BACKUP_BATCH, self.topology_id, _versions_blob(self.write_ids), _versions_blob(self.versions),
+                self.keys, self.values]  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, raw: list[Any], f: str, lim: GridLimits) -> BackupBatch:
+        as_list(raw, f, 6, exact=6)
+        tid = as_int(raw[1], f"{f}.topology_id")
+        keys = as_list(raw[4], f"{f}.keys", lim.max_batch_entries)
+        n = len(keys)
+        b = cls(tid)
+        b.write_ids = _u64s(raw[2], f"{f}.write_ids", n)
+        b.versions = _u64s(raw[3], f"{f}.versions", n)
+        b.nbytes = _bins(keys, f"{f}.keys", n, lim.max_key_bytes)
+        b.nbytes += _bins(raw[5], f"{f}.values", n, lim.max_value_bytes, nullable=True)
+        b.keys = keys
+        b.values = raw[5]
+        return b
+
+
+class BackupAckBatch(_Batch):
+    """Acknowledgements of backups to one primary, each with its own code and topology id (as
+    :class:`BackupAck`). Wire: ``[BACKUP_ACK_BATCH, write_ids, codes, topology_ids]``."""
+
+    __slots__ = ("codes", "topology_ids", "write_ids")
+
+    def __init__(self) -> None:
+        self.write_ids: list[int] | array = []
+        self.codes: bytearray | bytes = bytearray()
+        self.topology_ids: list[int] | array = []
+        self.nbytes = 0
+
+    def add(self, write_id: int, code: int, tid: int) -> None:
+        self.write_ids.append(write_id)
+        self.codes.append(code)  # type: ignore[union-attr]
+        self.topology_ids.append(tid)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __repr__(self) -> str:
+        return f"BackupAckBatch({len(self)} acknowledgements)"
+
+    def acks(self) -> list[BackupAck]:
+        return [BackupAck(w, c, t) for w, c, t in zip(self.write_ids, self.codes, self.topology_ids, strict=True)]
+
+    def to_wire(self) -> list[Any]:
+        return [BACKUP_ACK_BATCH, _versions_blob(self.write_ids), bytes(self.codes), _versions_blob(self.topology_ids)]
+
+    @classmethod
+    def from_wire(cls, raw: list[Any], f: str, lim: GridLimits) -> BackupAckBatch:
+        as_list(raw, f, 4, exact=4)
+        codes = raw[2]
+        if type(codes) is not bytes or len(codes) > lim.max_batch_entries:
+            got = f"{len(codes)} bytes" if type(codes) is bytes else type(codes).__name__
+            raise WireError(f"{f}.codes: expected at most {lim.max_batch_entries} bytes (1 per entry), got {got}")
+        n = len(codes)
+        b = cls()
+        b.write_ids = _u64s(raw[1], f"{f}.write_ids", n)
+        b.codes = _codes(codes, f"{f}.codes", n, bytes((OK, NOT_FOUND, RETRY, ERROR)))
+        b.topology_ids = _u64s(raw[3], f"{f}.topology_ids", n)
+        return b
+
+
+_BATCH_TYPES: dict[int, Any] = {
+    CMD_BATCH: CommandBatch,
+    RSP_BATCH: ResponseBatch,
+    BACKUP_BATCH: BackupBatch,
+    BACKUP_ACK_BATCH: BackupAckBatch,
+}
+
+
+def unbatched(messages: Iterable[Any]) -> list[Any]:
+    """``messages`` with every batch replaced by its entries as single messages, in order (tests, tracing)."""
+    out: list[Any] = []
+    for m in messages:
+        t = type(m)
+        if t is CommandBatch:
+            out += m.commands()
+        elif t is ResponseBatch:
+            out += m.responses()
+        elif t is BackupBatch:
+            out += m.backups()
+        elif t is BackupAckBatch:
+            out += m.acks()
+        else:
+            out.append(m)
+    return out
+
+
 GridMessage = (
     Status
     | Topology
@@ -293,11 +634,20 @@ GridMessage = (
     | XferAck
     | XferCancel
     | XferFail
+    | CommandBatch
+    | ResponseBatch
+    | BackupBatch
+    | BackupAckBatch
 )
 
 
 def _wire(msg: GridMessage) -> list[Any]:
     t = type(msg)
+    if t is BackupBatch or t is BackupAckBatch or t is ResponseBatch or t is CommandBatch:
+        if len(msg) == 1:  # type: ignore[arg-type]
+            # A batch of one goes as its single message: half the cost to encode and decode (no columns).
+            return _wire(unbatched([msg])[0])
+        return msg.to_wire()  # type: ignore[union-attr]
     if t is Command:
         return [CMD, msg.op_id, msg.attempt, msg.topology_id, msg.kind, msg.key, msg.value]  # type: ignore[union-attr]
     if t is Response:
@@ -488,6 +838,9 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
     if kind == XFER_FAIL:
         as_list(raw, f, 3, exact=3)
         return XferFail(as_int(raw[1], f"{f}.xfer_id"), _segments(raw[2], f"{f}.segments"))
+    batch = _BATCH_TYPES.get(kind) if type(kind) is int else None
+    if batch is not None:
+        return batch.from_wire(raw, f, lim)  # type: ignore[no-any-return]
     raise WireError(f"{f}.type: unknown grid message type {kind!r}")
 
 

@@ -15,7 +15,9 @@ What happens on the wire (see docs/grid.md for the full picture):
   (PUT/DELETE) or a read owner (GET). An owner whose topology is newer answers RETRY and the originator tries
   again on the owners of the newer topology; an owner whose topology is older holds the command until it
   catches up. The primary stamps a version, applies, sends BACKUP to every other write owner and answers
-  only when all acknowledged, so an acknowledged write is on every owner;
+  only when all acknowledged, so an acknowledged write is on every owner. Operations started in one step
+  (:meth:`GridNode.start_batch`) travel as one CMD_BATCH per owner, and their backups, acknowledgements and
+  answers as one batch message per destination too, each entry handled as its single message would be;
 * a new owner pulls each segment from a current owner (FETCH, then XFER_DATA batches with a window of
   acknowledgements), applies batches "newest version wins", and confirms to the coordinator once it holds
   all its new segments; old owners drop segments only once a topology without them is installed.
@@ -33,8 +35,9 @@ from typing import Any
 from ..core.address import Address
 from ..core.config import param, parse_params
 from ..core.errors import WireError
-from .consistent_hash import DEFAULT_OWNERS, DEFAULT_SEGMENTS, MAX_OWNERS, MAX_SEGMENTS, segment_of
+from .consistent_hash import DEFAULT_OWNERS, DEFAULT_SEGMENTS, MAX_OWNERS, MAX_SEGMENTS, segment_of, segments_of
 from .messages import (
+    BATCH_MAX_ENTRIES,
     DEFAULT_LIMITS,
     DELETE,
     ERROR,
@@ -45,13 +48,17 @@ from .messages import (
     RETRY,
     Backup,
     BackupAck,
+    BackupAckBatch,
+    BackupBatch,
     Command,
+    CommandBatch,
     Confirm,
     EntryChunk,
     Fetch,
     GridLimits,
     GridMessage,
     Response,
+    ResponseBatch,
     Status,
     Topology,
     XferAck,
@@ -67,8 +74,9 @@ from .topology import Availability, CacheTopology, MemberStatus, PartitionHandli
 log = logging.getLogger("groupcluster.grid")
 
 MAX_PAYLOAD_SPLIT = 1024 * 1024  # a payload is cut near this size (the transport fragments beyond its MTU)
-# Entries of dropped segments freed per step (SegmentStore.collect): about a millisecond of work.
-FREE_PER_STEP = 8192
+# Entries of dropped segments freed per step (SegmentStore.collect): a fraction of a millisecond of work on
+# an idle machine (8192 per step measured 10-14 ms per step on the loaded one, each a stall for operations).
+FREE_PER_STEP = 2048
 
 
 @dataclass(frozen=True)
@@ -155,8 +163,10 @@ class _Op:
         "key",
         "kind",
         "not_before",
+        "nseg",
         "op_id",
         "resend_at",
+        "seg",
         "target",
         "topology_id",
         "value",
@@ -174,6 +184,8 @@ class _Op:
         # Waiting to be (re)sent: until our topology id reaches ``not_before[0]`` and time ``not_before[1]``.
         self.not_before: tuple[int, float] | None = (0, 0.0)
         self.value = value
+        self.seg = 0  # segment_of(key, nseg), computed for the first topology that routes the operation
+        self.nseg = 0
 
 
 class _PendingWrite:
@@ -211,15 +223,19 @@ class _Routes:
     """Per-segment routing answers of one topology, computed once: a topology never changes, and every
     operation asks them on the originator, the primary and each backup (they showed up in profiles)."""
 
-    __slots__ = ("can_read", "can_write", "read", "topology", "write")
+    __slots__ = ("can_read", "can_write", "i_read", "i_write", "primary", "read", "topology", "write")
 
-    def __init__(self, t: CacheTopology) -> None:
+    def __init__(self, t: CacheTopology, me: Address) -> None:
         segs = range(t.num_segments)
         self.topology = t
         self.read = [t.read_owners(s) for s in segs]
         self.write = [t.write_owners(s) for s in segs]
         self.can_read = [t.can_read(s) for s in segs]
         self.can_write = [t.can_write(s) for s in segs]
+        # This member's part per segment (asked per operation; address comparisons are Python calls).
+        self.i_read = [me in r for r in self.read]
+        self.i_write = [me in w for w in self.write]
+        self.primary = [bool(w) and w[0] == me for w in self.write]
 
 
 class _InXfer:
@@ -264,6 +280,8 @@ class GridNode:
         # behind a partition): until they are back, leaving "because nobody can take our segments" could
         # drop the only copy of writes they never saw (seed 591). See _no_taker.
         self._vanished_owners: set[Address] = set()
+        # member -> segment -> [lowest version, last time] of the Backups it made us apply (see _repair_after).
+        self._stamped_by: dict[Address, dict[int, list[float]]] = {}
         self.metrics: Counter[str] = Counter()
         self._now = 0.0
         self._seq = 0
@@ -288,6 +306,12 @@ class GridNode:
         # Set by any merge view to the topology id we had: until the merged group's first topology arrives
         # we hold client commands, because our topology may be the other partition's (docs/grid.md, merges).
         self._merge_hold: int | None = None
+        # The members of the merge view we were not in a view with before it (the other partitions). A
+        # topology of the merged group names us and some of them; one our old group's coordinator sent before
+        # the merge can still arrive after the merge view, with an id above ours, and must not end the hold or
+        # take our merge push: its owners are our side's, and the merged group may continue the other side's
+        # topology, dropping what the push left with them (seed 19). See _merged_topology.
+        self._merge_others: set[Address] = set()
         self._early_statuses: dict[Address, MemberStatus] = {}
         self._routes_cache: _Routes | None = None
         self._to_fetch_cache: tuple[CacheTopology, frozenset[int]] | None = None
@@ -312,10 +336,17 @@ class GridNode:
             owners = set(owner_set(t.current)) | (set(owner_set(t.pending)) if t.pending is not None else set())
             self._vanished_owners |= {m for m in old_view - set(members) if m in owners and m != self.address}
         self._vanished_owners -= set(members)
-        if merge and t is not None and t.availability == Availability.AVAILABLE and self.store is not None:
+        for gone in sorted(old_view - set(members)):
+            self._repair_after(gone)
+        if merge and t is not None and self.store is not None:
+            # Also from a degraded topology: it still writes the segments whose owners are all with us (seed
+            # 614: a member cut off alone took a write for such a segment, never pushed it, and lost it).
             self._merge_from = t.topology_id
         if merge and t is not None:
             self._merge_hold = t.topology_id
+            self._merge_others = set(members) - old_view
+        elif self._merge_hold is not None:
+            self._merge_others &= set(members)  # those gone are no longer awaited in the merged topology
         alive = set(self.view)
         if self.view[0] == self.address:
             if self.planner is None or merge or old_coord != self.address:
@@ -465,6 +496,42 @@ class GridNode:
     def delete(self, key: bytes, now: float) -> int:
         return self._start_op(DELETE, key, None, now)
 
+    def start_batch(self, ops: Sequence[tuple[int, bytes, bytes | None]], now: float) -> list[int]:
+        """Start ``(kind, key, value)`` operations in one step; their op ids, in order.
+
+        Like :meth:`get`/:meth:`put`/:meth:`delete` one after the other, except that the step ends (and
+        payloads are encoded) once, after the last: the commands for one owner leave as one
+        :class:`~.messages.CommandBatch`. Every operation is checked before any starts."""
+        lim = self.limits
+        for i, (kind, key, value) in enumerate(ops):
+            if type(key) is not bytes:
+                raise TypeError(f"ops[{i}].key: expected bytes, got {type(key).__name__}")
+            if len(key) > lim.max_key_bytes:
+                raise ValueError(f"ops[{i}].key: {len(key)} bytes exceed the limit of {lim.max_key_bytes}")
+            if kind == PUT:
+                if type(value) is not bytes:
+                    raise TypeError(f"ops[{i}].value: expected bytes, got {type(value).__name__}")
+                if len(value) > lim.max_value_bytes:
+                    raise ValueError(f"ops[{i}].value: {len(value)} bytes exceed the limit of {lim.max_value_bytes}")
+            elif kind not in (GET, DELETE):
+                raise ValueError(f"ops[{i}]: unknown operation kind {kind!r}")
+        self._now = now
+        deadline = now + self.config.op_timeout
+        ids = []
+        start = self._next_op
+        self._next_op += len(ops)
+        t = self.topology
+        nseg = t.num_segments if t is not None else 0
+        segs = segments_of([o[1] for o in ops], nseg) if nseg else [0] * len(ops)
+        for op_id, (kind, key, value), seg in zip(range(start, start + len(ops)), ops, segs, strict=True):
+            op = _Op(op_id, kind, key, value if kind == PUT else None, deadline)
+            op.seg, op.nseg = seg, nseg
+            self._ops[op_id] = op
+            self._try_send(op)
+            ids.append(op_id)
+        self._flush()
+        return ids
+
     def leave(self, now: float) -> None:
         """Ask to leave: the coordinator moves our segments away; :attr:`ready_to_leave` turns True after."""
         self._now = now
@@ -533,7 +600,15 @@ class GridNode:
     # ==== dispatch =========================================================================================
     def _handle(self, src: Address, msg: GridMessage) -> None:
         kind = type(msg)
-        if kind is Command:
+        if kind is BackupBatch:
+            self._on_backup_batch(src, msg)  # type: ignore[arg-type]
+        elif kind is BackupAckBatch:
+            self._on_backup_ack_batch(src, msg)  # type: ignore[arg-type]
+        elif kind is CommandBatch:
+            self._on_command_batch(src, msg)  # type: ignore[arg-type]
+        elif kind is ResponseBatch:
+            self._on_response_batch(msg)  # type: ignore[arg-type]
+        elif kind is Command:
             self._on_command(src, msg)  # type: ignore[arg-type]
         elif kind is Response:
             self._on_response(msg)  # type: ignore[arg-type]
@@ -574,6 +649,43 @@ class GridNode:
             self._loop.append((dest, msg))
         else:
             self._out.setdefault(dest, []).append(msg)
+
+    # Operations, answers, backups and acknowledgements join the batch message of their kind when it is the
+    # last one queued for the destination (messages.py, "batches of operations"): the order of messages to a
+    # destination stays what single messages would have had, with one message per run instead of one each.
+    def _tail(self, dest: Address | None) -> Any:
+        lst = self._out.get(dest)  # first: a dict lookup of the same object compares no fields
+        if lst:
+            return lst[-1]
+        if dest == self.address:
+            loop = self._loop
+            return loop[-1][1] if loop else None
+        return None
+
+    def _emit_cmd(
+        self, dest: Address | None, op_id: int, attempt: int, tid: int, kind: int, key: bytes, value: bytes | None
+    ) -> None:
+        b = self._tail(dest)
+        size = len(key) + (len(value) if value is not None else 0)
+        if type(b) is not CommandBatch or b.topology_id != tid or len(b.keys) >= BATCH_MAX_ENTRIES or b.full(size):
+            b = CommandBatch(tid)
+            self._emit(dest, b)
+        b.add(op_id, attempt, kind, key, value)
+
+    def _emit_backup(self, dest: Address, wid: int, tid: int, version: int, key: bytes, value: bytes | None) -> None:
+        b = self._tail(dest)
+        size = len(key) + (len(value) if value is not None else 0)
+        if type(b) is not BackupBatch or b.topology_id != tid or len(b.keys) >= BATCH_MAX_ENTRIES or b.full(size):
+            b = BackupBatch(tid)
+            self._emit(dest, b)
+        b.add(wid, version, key, value)
+
+    def _emit_ack(self, dest: Address, wid: int, code: int, tid: int) -> None:
+        b = self._tail(dest)
+        if type(b) is not BackupAckBatch or len(b.codes) >= BATCH_MAX_ENTRIES:
+            b = BackupAckBatch()
+            self._emit(dest, b)
+        b.add(wid, code, tid)
 
     def _flush(self) -> None:
         """Run loopback messages and planner inputs to quiescence, then encode one payload per destination."""
@@ -624,14 +736,15 @@ class GridNode:
             return
         self.topology = t
         self.metrics["grid.topologies_installed"] += 1
-        if self._merge_hold is not None and t.topology_id > self._merge_hold:
+        merged_topology = self._merged_topology(t)
+        if merged_topology:
             self._merge_hold = None  # the merged group's topology: commands are served again (held ones below)
         me = self.address
         if self.store is None or self.store.num_segments != t.num_segments:
             self.store = SegmentStore(t.num_segments)
         store = self.store
         merged: list[tuple[int, bytes, int, bytes | None]] = []
-        if self._merge_from is not None and t.topology_id > self._merge_from:
+        if self._merge_from is not None and merged_topology:
             # The first topology of the merged group: take our entries (tombstones too) before any drop.
             self._merge_from = None
             merged = [(s, k, ver, val) for s, data in sorted(store.segments.items()) for k, (ver, val) in data.items()]
@@ -639,11 +752,14 @@ class GridNode:
         # after a merge, and an older value must not bring a deleted key back (see docs/grid.md, merge).
         store.keep_tombstones = True
         keep = t.segments_to_keep(me)
-        if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) and t.availability == Availability.AVAILABLE:
+        dropping = t.availability == Availability.AVAILABLE and self._merge_from is None
+        if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) and dropping:
             # Old copies go only once no topology in use can still read them (see docs/grid.md). Never on a
             # degraded topology: it is provisional (owners are missing, a partition may have cut us off),
             # and the merged group may adopt another partition's topology that names us an owner of what we
             # would drop here; seed 15 lost acknowledged writes that way. Dropping waits for availability.
+            # Nor while our merge push waits for the merged group's topology: a topology of our old group
+            # that arrives after the merge view must not take entries the push still has to carry (seed 19).
             for s in store.held_segments() - keep:
                 self.metrics["grid.entries_dropped"] += store.remove_segment(s)
         if t.phase == Phase.READ_OLD_WRITE_ALL:
@@ -694,6 +810,38 @@ class GridNode:
                 # a RETRY from them (or an answer, if the owner had not moved on either).
                 self._send_op(op)
         self._check_ready()
+
+    def _repair_after(self, gone: Address) -> None:
+        """``gone`` left our view: finish the writes it may have left half replicated.
+
+        The member that stamps a write applies it, then sends it to the other write owners and stays
+        responsible until all of them have it (:meth:`_redrive`). If it dies in between, some copies have the
+        write and some do not, and nobody finishes it: the owners would serve different values for good
+        (simulation seeds 24 and 581: a primary died; 716: a former primary re-driving a write died). So
+        every member that applied writes from ``gone`` recently (within ``op_timeout`` of the last one)
+        re-drives its entries of those segments from the lowest such version up to the write owners, each at
+        its own version, as a write of its own; every store keeps the newest version, so the copies agree.
+        """
+        recs = self._stamped_by.pop(gone, None)
+        if not recs or self.store is None or self.topology is None:
+            return
+        store, horizon = self.store, self._now - self.config.op_timeout
+        entries: list[tuple[int, bytes, int, bytes | None]] = []
+        for seg, (floor, last) in sorted(recs.items()):
+            if last < horizon or not store.has_segment(seg):
+                continue
+            entries.extend((seg, k, ver, val) for k, (ver, val) in store.segments[seg].items() if ver >= floor)
+        if entries:
+            self._push_merged(entries, merge=False)
+            self.metrics["grid.repair_entries_pushed"] += len(entries)
+
+    def _merged_topology(self, t: CacheTopology) -> bool:
+        """Whether ``t`` (newer than ours) is the merged group's first topology after a merge view."""
+        if self._merge_hold is None and self._merge_from is None:
+            return False
+        hold = max(x for x in (self._merge_hold, self._merge_from) if x is not None)
+        others = self._merge_others
+        return t.topology_id > hold and self.address in t.members and (not others or not others.isdisjoint(t.members))
 
     def _maybe_confirm(self) -> None:
         t = self.topology
@@ -762,7 +910,7 @@ class GridNode:
     def _routes(self, t: CacheTopology) -> _Routes:
         r = self._routes_cache
         if r is None or r.topology is not t:
-            r = self._routes_cache = _Routes(t)
+            r = self._routes_cache = _Routes(t, self.address)
         return r
 
     # ==== operations (originator side) =====================================================================
@@ -792,14 +940,16 @@ class GridNode:
         if t is None:
             op.not_before = (1, 0.0)
             return
-        seg = segment_of(op.key, t.num_segments)
+        if op.nseg != t.num_segments:
+            op.seg = segment_of(op.key, t.num_segments)
+            op.nseg = t.num_segments
+        seg = op.seg
         r = self._routes(t)
         if op.kind == GET:
             if not r.can_read[seg]:
                 self._finish(op, False, error=f"segment {seg} is unavailable for reads ({t.mode.value})")
                 return
-            owners = r.read[seg]
-            target = self.address if self.address in owners else owners[0]
+            target = self.address if r.i_read[seg] else r.read[seg][0]
         else:
             if not r.can_write[seg]:
                 self._finish(op, False, error=f"segment {seg} is unavailable for writes ({t.mode.value})")
@@ -812,23 +962,34 @@ class GridNode:
         op.not_before = None
         op.resend_at = self._now + self.config.attempt_timeout
         heapq.heappush(self._op_timers, (op.resend_at, op.op_id))
-        self._emit(target, Command(op.op_id, op.attempt, t.topology_id, op.kind, op.key, op.value))
+        self._emit_cmd(target, op.op_id, op.attempt, t.topology_id, op.kind, op.key, op.value)
+
+    def _on_response_batch(self, b: ResponseBatch) -> None:
+        response = self._response
+        errors = b.errors
+        for i, (op_id, attempt, code, tid, value) in enumerate(
+            zip(b.op_ids, b.attempts, b.codes, b.topology_ids, b.values, strict=True)
+        ):
+            response(op_id, attempt, code, tid, value, errors.get(i, "") if errors else "")
 
     def _on_response(self, rsp: Response) -> None:
-        op = self._ops.get(rsp.op_id)
-        if op is None or rsp.attempt != op.attempt or op.not_before is not None:
+        self._response(rsp.op_id, rsp.attempt, rsp.code, rsp.topology_id, rsp.value, rsp.error)
+
+    def _response(self, op_id: int, attempt: int, code: int, tid: int, value: bytes | None, error: str) -> None:
+        op = self._ops.get(op_id)
+        if op is None or attempt != op.attempt or op.not_before is not None:
             return  # an answer to an earlier attempt (or a duplicate)
-        if rsp.code == OK:
-            self._finish(op, True, value=rsp.value)
-        elif rsp.code == NOT_FOUND:
+        if code == OK:
+            self._finish(op, True, value=value)
+        elif code == NOT_FOUND:
             self._finish(op, True)
-        elif rsp.code == ERROR:
-            self._finish(op, False, error=rsp.error)
+        elif code == ERROR:
+            self._finish(op, False, error=error)
         else:
             self.metrics["grid.retries"] += 1
             mine = self.topology.topology_id if self.topology else 0
-            if rsp.topology_id > mine:
-                op.not_before = (rsp.topology_id, 0.0)
+            if tid > mine:
+                op.not_before = (tid, 0.0)
             elif op.topology_id < mine:
                 op.not_before = (0, 0.0)  # we have moved on already: retry at once
             else:
@@ -854,7 +1015,7 @@ class GridNode:
         if type(msg) is Command:
             self._respond(src, msg.op_id, msg.attempt, RETRY, mine)
         elif type(msg) is Backup:
-            self._emit(src, BackupAck(msg.write_id, RETRY, mine))
+            self._emit_ack(src, msg.write_id, RETRY, mine)
         elif type(msg) is Fetch:
             self._emit(src, XferFail(msg.xfer_id, msg.segments))
 
@@ -863,17 +1024,49 @@ class GridNode:
     ) -> None:
         if op_id == 0:
             return  # a merge push (:meth:`_push_merged`): no client waits for it
-        self._emit(dest, Response(op_id, attempt, code, tid, value, error))
+        b = self._tail(dest)
+        size = (len(value) if value is not None else 0) + len(error)
+        if type(b) is not ResponseBatch or len(b.values) >= BATCH_MAX_ENTRIES or b.full(size):
+            b = ResponseBatch()
+            self._emit(dest, b)
+        b.add(op_id, attempt, code, tid, value, error)
+
+    def _on_command_batch(self, src: Address, b: CommandBatch) -> None:
+        tid = b.topology_id
+        command = self._command
+        t = self.topology
+        if t is None:
+            segs: Iterable[int] = [-1] * len(b)
+        else:
+            segs = segments_of(b.keys, t.num_segments)  # one call for the batch
+        for op_id, attempt, kind, key, value, seg in zip(
+            b.op_ids, b.attempts, b.kinds, b.keys, b.values, segs, strict=True
+        ):
+            command(src, op_id, attempt, tid, kind, key, value, seg)
 
     def _on_command(self, src: Address, cmd: Command) -> None:
+        self._command(src, cmd.op_id, cmd.attempt, cmd.topology_id, cmd.kind, cmd.key, cmd.value)
+
+    def _command(
+        self,
+        src: Address,
+        op_id: int,
+        attempt: int,
+        tid: int,
+        kind: int,
+        key: bytes,
+        value: bytes | None,
+        seg: int = -1,  # segment_of(key) when the caller knows it (a batch computes them in one call)
+    ) -> None:
         t = self.topology
-        if t is None or cmd.topology_id > t.topology_id:
-            self._hold(cmd.topology_id, src, cmd)
+        if t is None or tid > t.topology_id:
+            self._hold(tid, src, Command(op_id, attempt, tid, kind, key, value))
             return
-        if cmd.topology_id < t.topology_id:
-            self._respond(src, cmd.op_id, cmd.attempt, RETRY, t.topology_id)
+        if tid < t.topology_id:
+            self._respond(src, op_id, attempt, RETRY, t.topology_id)
             return
-        seg = segment_of(cmd.key, t.num_segments)
+        if seg < 0:
+            seg = segment_of(key, t.num_segments)
         store = self.store
         assert store is not None
         if self._merge_hold is not None:
@@ -882,42 +1075,39 @@ class GridNode:
             # other side acknowledged long ago (seeds 20, 70), and a write stamped with its version could lose
             # the merge to an older value of the other side (seed 607). Hold both until that topology comes.
             self.metrics["grid.ops_held_merging"] += 1
-            self._hold(t.topology_id + 1, src, cmd)
+            self._hold(t.topology_id + 1, src, Command(op_id, attempt, tid, kind, key, value))
             return
         r = self._routes(t)
-        if cmd.kind == GET:
+        if kind == GET:
             if not r.can_read[seg]:
-                self._respond(src, cmd.op_id, cmd.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
-            elif self.address not in r.read[seg]:
-                self._respond(src, cmd.op_id, cmd.attempt, RETRY, t.topology_id)
+                self._respond(src, op_id, attempt, ERROR, tid, error=f"segment {seg} unavailable")
+            elif not r.i_read[seg]:
+                self._respond(src, op_id, attempt, RETRY, tid)
             else:
-                val = store.value(seg, cmd.key)
-                code = OK if val is not None else NOT_FOUND
-                self._respond(src, cmd.op_id, cmd.attempt, code, t.topology_id, val)
+                val = store.value(seg, key)
+                self._respond(src, op_id, attempt, OK if val is not None else NOT_FOUND, tid, val)
             return
         if not r.can_write[seg]:
-            self._respond(src, cmd.op_id, cmd.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
+            self._respond(src, op_id, attempt, ERROR, tid, error=f"segment {seg} unavailable")
+            return
+        if not r.primary[seg]:
+            self._respond(src, op_id, attempt, RETRY, tid)
             return
         owners = r.write[seg]
-        if not owners or owners[0] != self.address:
-            self._respond(src, cmd.op_id, cmd.attempt, RETRY, t.topology_id)
-            return
         self._seq += 1
-        version = make_version(t.topology_id, self._seq)
-        value = cmd.value if cmd.kind == PUT else None
-        store.write(seg, cmd.key, version, value, now=self._now)
-        backups = owners[1:]
-        if not backups:
-            self._respond(src, cmd.op_id, cmd.attempt, OK, t.topology_id)
+        version = make_version(tid, self._seq)
+        if kind != PUT:
+            value = None
+        store.write(seg, key, version, value, now=self._now)
+        if len(owners) == 1:
+            self._respond(src, op_id, attempt, OK, tid)
             return
         wid = self._next_write
         self._next_write += 1
-        self._writes[wid] = _PendingWrite(
-            src, cmd.op_id, cmd.attempt, t.topology_id, set(backups), cmd.key, version, value
-        )
-        msg = Backup(wid, t.topology_id, version, cmd.key, value)
+        backups = owners[1:]
+        self._writes[wid] = _PendingWrite(src, op_id, attempt, tid, set(backups), key, version, value)
         for b in backups:
-            self._emit(b, msg)
+            self._emit_backup(b, wid, tid, version, key, value)
 
     def _redrive(self, wid: int, pw: _PendingWrite) -> None:
         """Finish a write we applied whose replication a topology change interrupted.
@@ -954,11 +1144,10 @@ class GridNode:
             del self._writes[wid]
             self._respond(pw.origin, pw.op_id, pw.attempt, OK, t.topology_id)
             return
-        msg = Backup(wid, t.topology_id, pw.version, pw.key, pw.value)
         for b in sorted(pw.awaiting):  # sorted: address hashes (so set order) differ between processes
-            self._emit(b, msg)
+            self._emit_backup(b, wid, t.topology_id, pw.version, pw.key, pw.value)
 
-    def _push_merged(self, entries: list[tuple[int, bytes, int, bytes | None]]) -> None:
+    def _push_merged(self, entries: list[tuple[int, bytes, int, bytes | None]], *, merge: bool = True) -> None:
         """Merge policy: every entry we held when a merge view came goes to the key's write owners now.
 
         Each travels as a write of its own version (a :class:`_PendingWrite` with no client waiting), so it
@@ -971,10 +1160,38 @@ class GridNode:
         for _s, key, version, value in entries:
             wid = self._next_write
             self._next_write += 1
-            pw = _PendingWrite(self.address, 0, 0, 0, set(), key, version, value, merge=True)
+            pw = _PendingWrite(self.address, 0, 0, 0, set(), key, version, value, merge=merge)
             self._writes[wid] = pw
             self._redrive(wid, pw)
-        self.metrics["grid.merge_entries_pushed"] += len(entries)
+        if merge:
+            self.metrics["grid.merge_entries_pushed"] += len(entries)
+
+    def _on_backup_batch(self, src: Address, b: BackupBatch) -> None:
+        tid = b.topology_id
+        t = self.topology
+        if t is None or tid != t.topology_id:
+            for one in b.backups():  # held or refused one by one, as single backups are
+                self._on_backup(src, one)
+            return
+        # The common case, under our own topology: the checks of _on_backup, per entry, in one loop.
+        write = self.store.write  # type: ignore[union-attr]
+        ack = self._emit_ack
+        mine = self._routes(t).i_write
+        now = self._now
+        lows: dict[int, int] = {}
+        for wid, version, key, value, seg in zip(
+            b.write_ids, b.versions, b.keys, b.values, segments_of(b.keys, t.num_segments), strict=True
+        ):
+            if not mine[seg]:
+                ack(src, wid, RETRY, tid)
+            else:
+                write(seg, key, version, value, now=now)
+                ack(src, wid, OK, tid)
+                low = lows.get(seg)
+                if low is None or version < low:
+                    lows[seg] = version
+        if lows:
+            self._note_stamped(src, lows)
 
     def _on_backup(self, src: Address, b: Backup) -> None:
         t = self.topology
@@ -982,32 +1199,53 @@ class GridNode:
             self._hold(b.topology_id, src, b)
             return
         seg = segment_of(b.key, t.num_segments)
-        if b.topology_id < t.topology_id or self.address not in self._routes(t).write[seg]:
-            self._emit(src, BackupAck(b.write_id, RETRY, t.topology_id))
+        if b.topology_id < t.topology_id or not self._routes(t).i_write[seg]:
+            self._emit_ack(src, b.write_id, RETRY, t.topology_id)
             return
         self.store.write(seg, b.key, b.version, b.value, now=self._now)  # type: ignore[union-attr]
-        self._emit(src, BackupAck(b.write_id, OK, t.topology_id))
+        self._emit_ack(src, b.write_id, OK, t.topology_id)
+        self._note_stamped(src, {seg: b.version})
+
+    def _note_stamped(self, src: Address, lows: dict[int, int]) -> None:
+        """``src`` made us apply writes of these segments, the lowest version of each given (see _repair_after)."""
+        recs = self._stamped_by.setdefault(src, {})
+        now, window = self._now, self.config.op_timeout
+        for seg, low in lows.items():
+            rec = recs.get(seg)
+            if rec is None or now - rec[1] > window:
+                recs[seg] = [low, now]
+            else:
+                rec[0] = min(rec[0], low)
+                rec[1] = now
+
+    def _on_backup_ack_batch(self, src: Address, b: BackupAckBatch) -> None:
+        ack = self._backup_ack
+        for wid, code, tid in zip(b.write_ids, b.codes, b.topology_ids, strict=True):
+            ack(src, wid, code, tid)
 
     def _on_backup_ack(self, src: Address, ack: BackupAck) -> None:
-        pw = self._writes.get(ack.write_id)
+        self._backup_ack(src, ack.write_id, ack.code, ack.topology_id)
+
+    def _backup_ack(self, src: Address, wid: int, code: int, tid: int) -> None:
+        pw = self._writes.get(wid)
         if pw is None:
             return
-        if ack.code == OK:
+        if code == OK:
             # A backup applies only under the Backup's own topology, so the id names the round it answers.
-            if ack.topology_id == pw.topology_id:
+            if tid == pw.topology_id:
                 pw.awaiting.discard(src)
                 if not pw.awaiting:
-                    del self._writes[ack.write_id]
+                    del self._writes[wid]
                     self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
             return
-        if ack.topology_id > pw.topology_id:
+        if tid > pw.topology_id:
             # The backup moved on: re-send under its topology once we have it (at once if we do).
             pw.topology_id = 0
-            if self.topology is not None and self.topology.topology_id >= ack.topology_id:
-                self._redrive(ack.write_id, pw)
-        elif ack.topology_id < pw.topology_id and src in pw.awaiting:
+            if self.topology is not None and self.topology.topology_id >= tid:
+                self._redrive(wid, pw)
+        elif tid < pw.topology_id and src in pw.awaiting:
             # It held our Backup too long waiting for this round's topology: offer it again.
-            self._emit(src, Backup(ack.write_id, pw.topology_id, pw.version, pw.key, pw.value))
+            self._emit_backup(src, wid, pw.topology_id, pw.version, pw.key, pw.value)
 
     # ==== state transfer ===================================================================================
     def _cancel_in_xfers(self) -> None:
@@ -1142,6 +1380,8 @@ def _batches(
 
 def _approx_size(msg: GridMessage) -> int:
     kind = type(msg)
+    if kind is BackupBatch or kind is CommandBatch or kind is ResponseBatch or kind is BackupAckBatch:
+        return msg.nbytes + 24 * len(msg) + 32  # type: ignore[union-attr,arg-type]
     if kind is XferData:
         return len(msg.entries.blob) + 32  # type: ignore[union-attr]  # packed once, reused by the encoder
     if kind is Command or kind is Backup:

@@ -128,7 +128,8 @@ class SegmentStore:
         self._tomb_queue: deque[tuple[float, int, bytes, int]] = deque()
         # Dropped segments not yet freed: a member drops a third of a large store in one step at the end of a
         # rebalance, and freeing it at once stalled the member's event loop for hundreds of milliseconds.
-        self._garbage: list[Segment] = []
+        # Also the change-feed logs of dropped segments (deques of entries, see grid/runtime.py's FeedStore).
+        self._garbage: list[Segment | deque[Any]] = []
 
     # -- segments -------------------------------------------------------------------------------------------
     def has_segment(self, segment: int) -> bool:
@@ -170,8 +171,13 @@ class SegmentStore:
             if len(data) <= left:
                 freed += len(data)
                 garbage.pop()  # the last reference: the segment's entries are freed here
+            elif type(data) is deque:
+                pop = data.pop
+                for _ in range(left):
+                    pop()
+                freed += left
             else:
-                pop_ver, pop_val = data.ver.popitem, data.val.popitem
+                pop_ver, pop_val = data.ver.popitem, data.val.popitem  # type: ignore[union-attr]
                 for _ in range(left):
                     pop_ver()
                     pop_val()
@@ -198,7 +204,19 @@ class SegmentStore:
     def write(self, segment: int, key: bytes, version: int, value: bytes | None, *, now: float = 0.0) -> bool:
         """Apply a put (value) or delete (None) if ``version`` is newer than what is stored; True if applied.
         ``now`` dates a tombstone for :meth:`expire_tombstones`."""
-        # One rule for local writes and transferred entries: the newer version wins, tombstones included.
+        # One rule for local writes and transferred entries: the newer version wins, tombstones included. The
+        # common case (a value over an older value, or a new key) is inlined: every replicated write lands here.
+        data = self.segments.get(segment)
+        if data is not None and value is not None:
+            vers = data.ver
+            old = vers.get(key)
+            if old is None or old < version:
+                vals = data.val
+                if old is not None and vals[key] is None:
+                    self.tombstones -= 1
+                vers[key] = version
+                vals[key] = value
+                return True
         return self.apply_transferred(segment, ((key, version, value),), now=now) == 1
 
     def apply_transferred(self, segment: int, entries: Iterable[TransferEntry], *, now: float = 0.0) -> int:

@@ -23,7 +23,7 @@ History events (besides the group's views, starts, crashes and leaves):
 ==================  ====================================================================================
 kind                fields
 ==================  ====================================================================================
-grid_config         ``mode``, ``num_owners``, ``num_segments`` (member ``-``)
+grid_config         ``mode``, ``num_owners``, ``num_segments``, ``initial_cluster_size`` (member ``-``)
 grid_start          ``id`` (unique), ``op`` get/put/delete, ``key``, ``value`` (put)
 grid_end            ``id``, ``ok`` (acknowledged), ``value`` (get), ``error``
 grid_topology       ``topology_id``, ``phase``, ``availability`` (a member installed a topology)
@@ -79,6 +79,9 @@ class GridSetup:
     mode: PartitionHandling
     num_owners: int
     num_segments: int
+    # A majority of the scenario's slots: a member whose join failed, alone or with one other, never starts a
+    # grid of its own (seed 513), while a grid still starts before every late joiner arrived.
+    initial_cluster_size: int = 1
 
     def config(self) -> GridConfig:
         return GridConfig.from_dict(
@@ -91,19 +94,25 @@ class GridSetup:
                 "attempt_timeout": "1s",
                 "op_timeout": "15s",
                 "recovery_timeout": "1s",
+                "initial_cluster_size": self.initial_cluster_size,
             }
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"mode": self.mode.value, "num_owners": self.num_owners, "num_segments": self.num_segments}
+        return {
+            "mode": self.mode.value,
+            "num_owners": self.num_owners,
+            "num_segments": self.num_segments,
+            "initial_cluster_size": self.initial_cluster_size,
+        }
 
 
-def draw_setup(rng: random.Random) -> GridSetup:
+def draw_setup(rng: random.Random, members: int) -> GridSetup:
     modes = list(PartitionHandling)
     mode = modes[rng.randrange(len(modes))]
     owners = 2 if rng.random() < 0.7 else 3
     segments = rng.choice((8, 16, 32))
-    return GridSetup(mode, owners, segments)
+    return GridSetup(mode, owners, segments, initial_cluster_size=members // 2 + 1)
 
 
 class GridApp:
@@ -201,7 +210,7 @@ class GridRun(_Run):
     def __init__(self, seed: int, scenario: Scenario, logger: Any) -> None:
         super().__init__(seed, scenario, logger)
         grid_rng = random.Random(self.root.getrandbits(64))
-        self.setup = draw_setup(grid_rng)
+        self.setup = draw_setup(grid_rng, scenario.members)
         self.client_rng = random.Random(grid_rng.getrandbits(64))
         self.op_ids = 0
         self.written: set[bytes] = set()
