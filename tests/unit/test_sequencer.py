@@ -126,7 +126,7 @@ def test_batches_are_delivered_only_when_committed_in_order_with_the_original_se
     assert payloads(h.take_delivered()) == [(ME, b"a"), (ME, b"b"), (C, b"x")]
     h.receive(C, [commit(epoch, 2)])
     assert payloads(h.take_delivered()) == [(P1, b"y")]
-    assert h.layer("sequencer").fwd_table == {}  # our own are delivered: nothing left to resend
+    assert not h.layer("sequencer").fwd_table  # our own are delivered: nothing left to resend
 
 
 def test_a_lost_ack_is_sent_again_until_the_batch_is_committed() -> None:
@@ -504,3 +504,126 @@ def test_a_bad_item_after_good_ones_is_named_in_the_error() -> None:
         decode_forward(pack([1, [b"a", good, [0, [frag, [1, 5, 2]], b"x"]]]))
     with pytest.raises(WireError, match=r"items\[1\]\.headers: protocol id 10 appears twice"):
         decode_forward(pack([1, [good, [0, [frag, [3, 0, 1], frag, [3, 0, 1]], b"x"]]]))
+
+
+# ---- the uniform form of runs (one header per message), the forward window ------------------------------------
+
+
+def frag_msgs(n: int) -> list[Message]:
+    frag = protocol_ids.FRAG
+    return [Message(None, f"m{i}".encode(), flags=OOB, headers={frag: FragHeader(i, 0, 1)}) for i in range(n)]
+
+
+def test_messages_with_one_header_each_are_forwarded_in_the_uniform_form() -> None:
+    frag = protocol_ids.FRAG
+    h, _ = member_in_view()
+    h.send_many(frag_msgs(3))
+    ((_, fwd),) = sent_kind(h, FORWARD)
+    wires = [FragHeader(i, 0, 1).to_wire() for i in range(3)]
+    # Four lists for the whole run instead of three per message.
+    assert msgpack.unpackb(fwd.payload) == [1, [b"m0", b"m1", b"m2"], OOB, frag, wires]
+    assert decode_forward(fwd.payload) == (1, [[OOB, [frag, w], f"m{i}".encode()] for i, w in enumerate(wires)])
+
+
+def test_the_coordinator_sequences_uniform_forwards_in_uniform_runs_and_delivers_them_with_headers() -> None:
+    frag = protocol_ids.FRAG
+    h, epoch = coordinator_with()
+    body = [1, [b"p0", b"p1"], OOB, frag, [FragHeader(7, 0, 1).to_wire(), FragHeader(8, 0, 1).to_wire()]]
+    h.receive(P1, [Message(ME, pack(body), headers={PID: SequencerHeader(FORWARD)})])
+    ((_, batch),) = sent_kind(h, BCAST)
+    assert msgpack.unpackb(batch.payload) == [[P1.to_wire(), *body]]
+    h.receive(P1, [ack(epoch, 1)])
+    got = h.take_delivered()
+    assert payloads(got) == [(P1, b"p0"), (P1, b"p1")]
+    assert [m.headers for m in got] == [{frag: FragHeader(7, 0, 1)}, {frag: FragHeader(8, 0, 1)}]
+    assert all(m.flags == OOB for m in got)
+
+
+def test_a_member_delivers_a_uniform_run_with_its_headers() -> None:
+    frag = protocol_ids.FRAG
+    h, epoch = member_in_view()
+    run = [C.to_wire(), 1, [b"x", b"y"], 0, frag, [FragHeader(7, 0, 1).to_wire(), FragHeader(8, 0, 1).to_wire()]]
+    h.receive(C, [Message(None, pack([run]), headers={PID: SequencerHeader(BCAST, epoch, 1, 0)}), commit(epoch, 1)])
+    got = h.take_delivered()
+    assert payloads(got) == [(C, b"x"), (C, b"y")]
+    assert [m.headers for m in got] == [{frag: FragHeader(7, 0, 1)}, {frag: FragHeader(8, 0, 1)}]
+
+
+UNIFORM_FRAG = FragHeader(3, 0, 1).to_wire()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        pack([1, [b"a"], 0, protocol_ids.FRAG]),  # four fields
+        pack([1, [], 0, protocol_ids.FRAG, []]),  # empty
+        pack([1, [b"a", b"b"], 0, protocol_ids.FRAG, [UNIFORM_FRAG]]),  # a header short
+        pack([1, ["text"], 0, protocol_ids.FRAG, [UNIFORM_FRAG]]),
+        pack([1, [b"a"], 99, protocol_ids.FRAG, [UNIFORM_FRAG]]),
+        pack([1, [b"a"], 0, protocol_ids.SEQUENCER, [[0]]]),
+        pack([1, [b"a"], 0, 12345, [[0]]]),
+        pack([1, [b"a"], 0, protocol_ids.FRAG, [[1, 5, 2]]]),
+        pack([1, [b"a"], 0, protocol_ids.FRAG, "no list"]),
+    ],
+)
+def test_malformed_uniform_forwards_are_dropped_and_counted(payload: bytes) -> None:
+    with pytest.raises(WireError):
+        decode_forward(payload)
+    h, _ = coordinator_with()
+    h.receive(P1, [Message(ME, payload, headers={PID: SequencerHeader(FORWARD)})])
+    assert sent_kind(h, BCAST) == []
+    assert h.metric("sequencer.bad_forwards") == 1
+
+
+def test_a_malformed_uniform_run_is_acknowledged_but_delivers_nothing() -> None:
+    h, epoch = member_in_view()
+    run = [C.to_wire(), 1, [b"x", b"y"], 0, protocol_ids.FRAG, [UNIFORM_FRAG]]
+    bad = Message(None, pack([run]), headers={PID: SequencerHeader(BCAST, epoch, 1, 0)})
+    h.receive(C, [bad, bcast(epoch, 2, 1, [(C, 1, [b"ok"])]), commit(epoch, 2)])
+    assert payloads(h.take_delivered()) == [(C, b"ok")]
+    assert h.metric("sequencer.bad_batches") == 1
+
+
+def forwarded(h: LayerHarness) -> list[tuple[int, int]]:
+    return [(start, len(items)) for start, items in (decode_forward(m.payload) for _, m in sent_kind(h, FORWARD))]
+
+
+def test_a_member_forwards_no_more_than_its_window_until_it_sees_its_forwards_sequenced() -> None:
+    # Everything forwarded at once queues at the coordinator, and our ACKs travel behind it: no batch could
+    # commit before the coordinator had read all of it.
+    h = harness(forward_window=4, max_batch_size="1KiB")
+    epoch = h.install_view([C, ME]).view_id
+    h.take_sent()
+    msgs = [Message(None, bytes([i]) * 300) for i in range(10)]
+    h.send_many(msgs)
+    assert forwarded(h) == [(1, 3), (4, 1)]  # 3 fit in 1 KiB; the window of 4 messages is used
+    h.send(b"later")
+    assert forwarded(h) == []  # waits in the forward-table
+    assert h.metric("sequencer.forwards_windowed") >= 1
+    h.receive(C, [bcast(epoch, 1, 0, [(ME, 1, [m.payload for m in msgs[:3]])])])
+    assert forwarded(h) == [(5, 3)]  # the first FORWARD left the window: room for three more
+    # The coordinator holds what came after a gap and asks again: the window must not keep those back.
+    h.receive(C, [Message(ME, flags=NO_RELIABILITY, headers={PID: SequencerHeader(RESEND, epoch, seq=2)})])
+    assert forwarded(h) == [(2, 3), (5, 1)]
+
+
+def test_a_full_window_without_progress_forwards_again_from_the_first_unseen() -> None:
+    # What we forwarded may be lost (a coordinator-to-be drops strays beyond max_stray); with the window full,
+    # no later FORWARD would show the coordinator the gap. After sync_retry without progress we forward again.
+    h = harness(forward_window=4, max_batch_size="1KiB", sync_retry="500ms")
+    epoch = h.install_view([C, ME]).view_id
+    h.take_sent()
+    msgs = [Message(None, bytes([i]) * 300) for i in range(6)]
+    h.send_many(msgs)
+    assert forwarded(h) == [(1, 3), (4, 1)]
+    h.advance(0.3)
+    assert forwarded(h) == []
+    h.receive(C, [bcast(epoch, 1, 0, [(ME, 1, [m.payload for m in msgs[:3]])])])  # progress: no resend
+    assert forwarded(h) == [(5, 2)]
+    h.advance(0.3)
+    assert forwarded(h) == [] and h.metric("sequencer.window_stalls") == 0
+    h.send_many([Message(None, bytes([9]) * 300) for _ in range(3)])  # waits: 3 in flight, room for 1
+    assert forwarded(h) == [(7, 1)]
+    h.advance(0.6)  # no progress since the window filled: forward again from 4, the first unseen
+    assert h.metric("sequencer.window_stalls") == 1
+    assert forwarded(h) == [(4, 3), (7, 1)]

@@ -55,6 +55,7 @@ import msgpack
 from ..core.address import Address
 from ..core.message import Message
 from ..core.view import View
+from ..runtime.driver import GC_THRESHOLDS
 from .consistent_hash import segment_of
 from .messages import DELETE, GET, PUT
 from .node import GridConfig, GridNode, OpResult, _PendingWrite
@@ -333,10 +334,6 @@ def error_for(result: OpResult) -> GridError:
     if "timed out" in result.error:
         return GridTimeout(result.error)
     return GridError(result.error or "operation failed")
-
-
-# The cyclic collector's thresholds for a process that runs a grid member (see :func:`tune_gc`).
-GC_THRESHOLDS = (50_000, 20, 20)
 
 
 def tune_gc() -> None:

@@ -47,8 +47,10 @@ Multicasts sent before the first view wait in the forward-table and travel with 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import msgpack
@@ -181,14 +183,18 @@ def _unpack(data: bytes, field: str) -> Any:
 
 
 def item_of(msg: Message) -> Any:
-    """The wire form of an application message inside a batch: its payload, or [flags, headers, payload]."""
+    """The wire form of an application message inside a batch: its payload, or [flags, headers, payload].
+
+    Built of tuples: it stays in the forward-table until delivered (up to megabytes of messages), and tuples
+    of plain values drop out of the cyclic garbage collector's walks after its first look, lists never do."""
     if not msg.flags and not msg.headers:
         return msg.payload
     flat: list[Any] = []
     for pid, hdr in msg.headers.items():
         flat.append(pid)
-        flat.append(hdr.to_wire())
-    return [msg.flags, flat, msg.payload]
+        wire = hdr.to_wire()
+        flat.append(tuple(wire) if type(wire) is list else wire)
+    return (msg.flags, tuple(flat), msg.payload)
 
 
 def _item_size(item: Any) -> int:
@@ -282,28 +288,131 @@ def _check_items_named(items: list[Any], field: str) -> None:
         as_bytes(parts[2], f"{field}[{i}].payload", MAX_INT)
 
 
+def columns_of(items: list[Any]) -> list[Any] | None:
+    """The *uniform* wire form of ``items`` (wire form, see :func:`item_of`) when each has the same flags and
+    exactly one header, of the same protocol (STATE's on every multicast of the total-order stack):
+    ``[payloads, flags, protocol id, header wire forms]``. None otherwise (they travel item by item).
+
+    Four lists for a whole run instead of three per message: msgpack builds fewer objects, and a receiver
+    checks the payloads and the flags once per run and decodes the headers in one pass of one class."""
+    first = items[0]
+    if type(first) is bytes:
+        return None
+    flat = first[1]
+    if len(flat) != 2:
+        return None
+    flags = first[0]
+    pid = flat[0]
+    try:
+        if {(item[0], item[1][0], len(item[1])) for item in items} != {(flags, pid, 2)}:
+            return None
+    except (TypeError, IndexError, KeyError):  # a plain payload among them (bytes index to ints)
+        return None
+    return [[item[2] for item in items], flags, pid, [item[1][1] for item in items]]
+
+
+def check_columns(cols: list[Any], field: str) -> tuple[list[Item], list[Any]]:
+    """Validate the uniform form ``[payloads, flags, protocol id, header wire forms]`` (see :func:`columns_of`):
+    the items decoded, and in their per-item wire form (what the coordinator sequences)."""
+    payloads = as_list(cols[0], f"{field}.payloads", MAX_ITEMS)
+    flags, pid = cols[1], cols[2]
+    wires = as_list(cols[3], f"{field}.headers", MAX_ITEMS)
+    if not payloads or len(wires) != len(payloads):
+        raise WireError(f"{field}: {len(payloads)} payloads but {len(wires)} headers")
+    if len(set(map(type, payloads))) != 1 or type(payloads[0]) is not bytes:
+        raise WireError(f"{field}.payloads: expected a list of bytes")
+    if type(flags) is not int or flags < 0 or flags & ~ALL_FLAGS:
+        raise WireError(f"{field}.flags: invalid flags {flags!r}")
+    cls = HEADER_TYPES.get(pid) if type(pid) is int else None
+    if cls is None or pid == _PID:
+        raise WireError(f"{field}.headers: protocol id {pid!r} is not allowed here")
+    try:
+        headers = list(map(cls.from_wire, wires))
+    except WireError as exc:
+        raise WireError(f"{field}.headers[{cls.__name__}]: {exc}") from None
+    except Exception as exc:  # a header class must never turn bad input into a crash
+        raise WireError(f"{field}.headers[{cls.__name__}]: {type(exc).__name__}: {exc}") from None
+    decoded = [(flags, {pid: hdr}, payload) for hdr, payload in zip(headers, payloads, strict=True)]
+    return decoded, [[flags, [pid, wire], payload] for wire, payload in zip(wires, payloads, strict=True)]
+
+
+def forward_body(start: int, items: list[Any]) -> list[Any]:
+    """What a FORWARD carries: ``[start, items]``, or ``[start, *uniform form]`` (see :func:`columns_of`)."""
+    cols = columns_of(items)
+    return [start, items] if cols is None else [start, *cols]
+
+
 def decode_forward(payload: bytes) -> tuple[int, list[Any]]:
     """FORWARD payload: [first forward seqno, items] (items kept in wire form)."""
-    data = as_list(_unpack(payload, "sequencer.forward"), "sequencer.forward", 2, exact=2)
-    start = as_int(data[0], "sequencer.forward.start", 1)
-    items = check_items(data[1], "sequencer.forward.items", decode=False)
-    if not items:
-        raise WireError("sequencer.forward.items: empty")
+    start, items, _decoded = decode_forward_both(payload)
     return start, items
 
 
+def decode_forward_both(payload: bytes) -> tuple[int, list[Any], list[Item]]:
+    """FORWARD payload: the first forward seqno, the items in wire form (re-multicast as they came) and the
+    same items decoded (the coordinator delivers them too: validating builds the header objects anyway, so they
+    are kept rather than built a second time when our own BCAST comes back). Plain payloads share one list."""
+    data = as_list(_unpack(payload, "sequencer.forward"), "sequencer.forward", 5)
+    start = as_int(data[0] if data else None, "sequencer.forward.start", 1)
+    if len(data) == 5:
+        decoded, items = check_columns(data[1:], "sequencer.forward")
+        return start, items, decoded
+    if len(data) != 2:
+        raise WireError(f"sequencer.forward: expected 2 or 5 fields, got {len(data)}")
+    decoded = check_items(data[1], "sequencer.forward.items", decode=True)
+    if not decoded:
+        raise WireError("sequencer.forward.items: empty")
+    return start, data[1], decoded
+
+
+def decode_items(items: list[Any]) -> list[Item]:
+    """Items in wire form that were validated already (checked forwards, our own), decoded: only the header
+    objects are made, which the layers above need."""
+    if len(set(map(type, items))) == 1 and type(items[0]) is bytes:
+        return items
+    header_types = HEADER_TYPES
+    decoded: list[Item] = []
+    for item in items:
+        if type(item) is bytes:
+            decoded.append(item)
+            continue
+        flags, raw_headers, payload = item
+        headers = {}
+        for j in range(0, len(raw_headers), 2):
+            wire = raw_headers[j + 1]
+            # Our own items keep header wire forms as tuples (see item_of); header classes read lists.
+            headers[raw_headers[j]] = header_types[raw_headers[j]].from_wire(
+                list(wire) if type(wire) is tuple else wire
+            )
+        decoded.append((flags, headers, payload))
+    return decoded
+
+
+def wire_run(run: list[Any]) -> list[Any]:
+    """A run of a batch on the wire: ``[origin, start, items]``, or ``[origin, start, *uniform form]`` (see
+    :func:`columns_of`). ``run`` may carry more (the coordinator keeps the decoded items after the three)."""
+    cols = columns_of(run[2])
+    return run[:3] if cols is None else [run[0], run[1], *cols]
+
+
 def decode_batch(payload: bytes, address: Callable[[Any, str], Address]) -> list[Run]:
-    """BCAST payload: a list of runs [origin, first forward seqno, items] (items decoded)."""
+    """BCAST payload: a list of runs [origin, first forward seqno, items] or [origin, first forward seqno,
+    *uniform form] (items decoded)."""
     runs = as_list(_unpack(payload, "sequencer.batch"), "sequencer.batch", MAX_RUNS)
     out: list[Run] = []
     for i, run in enumerate(runs):
-        if type(run) is not list or len(run) != 3:
-            as_list(run, f"sequencer.batch[{i}]", 3, exact=3)
+        if type(run) is not list or (len(run) != 3 and len(run) != 6):
+            run = as_list(run, f"sequencer.batch[{i}]", 6)
+            if len(run) != 3 and len(run) != 6:
+                raise WireError(f"sequencer.batch[{i}]: expected 3 or 6 fields, got {len(run)}")
         origin = address(run[0], f"sequencer.batch[{i}].origin")
         start = run[1]
         if type(start) is not int or not 1 <= start <= MAX_INT:
             as_int(start, f"sequencer.batch[{i}].start", 1)
-        items = check_items(run[2], f"sequencer.batch[{i}].items", decode=True)
+        if len(run) == 6:
+            items = check_columns(run[2:], f"sequencer.batch[{i}]")[0]
+        else:
+            items = check_items(run[2], f"sequencer.batch[{i}].items", decode=True)
         out.append((origin, start, items))
     return out
 
@@ -324,12 +433,25 @@ class SequencerConfig:
         minimum=0.001,
     )
     sync_retry: float = param(
-        "500ms", "duration", doc="a new coordinator asks members for their SYNC again after this long", minimum=0.001
+        "500ms",
+        "duration",
+        doc="a new coordinator asks members for their SYNC again after this long (and a member whose forward "
+        "window stayed full this long without progress forwards again)",
+        minimum=0.001,
     )
     max_queued: int = param(
         "16MiB",
         "size",
         doc="bytes of own multicasts not delivered yet (e.g. sent before joining) before Backpressure(True)",
+        minimum=1,
+    )
+    forward_window: int = param(
+        500,
+        "int",
+        doc="messages a member forwards to the coordinator that it has not seen sequenced yet; the rest waits in the "
+        "forward-table. Small enough that the coordinator's input stays short: a member's ACKs travel behind its "
+        "FORWARDs, and with everything forwarded at once no batch could commit before the coordinator had read it all "
+        "(messages, not bytes: the coordinator's work is per message; flow control bounds the bytes)",
         minimum=1,
     )
     max_stray: int = param(
@@ -395,10 +517,23 @@ class Sequencer(Layer):
         self.delivered_in: dict[ViewId, int] = {}  # per original epoch: highest batch seq delivered
         self.high: dict[Address, int] = {}  # received-table: per original sender, highest forward seqno delivered
         self.fwd_seq = 0
-        self.fwd_table: dict[int, Any] = {}  # own multicasts not delivered yet: forward seqno -> item
+        # Own multicasts not delivered yet, in forward-seqno order: fwd_table[i] has seqno fwd_first + i. Their
+        # seqnos are contiguous (only delivery removes them, from the front), so a deque does: a dict popped at
+        # its front rescans its deleted slots on every next(iter()), quadratic in what is in flight.
+        self.fwd_table: deque[Any] = deque()
+        self.fwd_first = 1
         self.fwd_bytes = 0
         self.out_start = 0  # forwards of this step: first seqno and items
+        # The forward window: FORWARDs sent in this epoch and not seen sequenced yet, as (last forward seqno,
+        # messages), their messages in all, and the highest own forward seqno seen in a BCAST.
+        self.fwd_flight: deque[tuple[int, int]] = deque()
+        self.fwd_inflight = 0
+        self.fwd_seen = 0
+        self.fwd_seen_at_timer = 0  # fwd_seen when the "window" timer was set (see on_timer)
         self.out_items: list[Any] = []
+        # At the coordinator: the same messages decoded, taken from the messages themselves (our own need no
+        # header objects built from their wire forms when our BCAST comes back).
+        self.out_decoded: list[Item] = []
         self.blocked = False
         self.sync_parts: list[tuple[SequencerHeader, bytes]] = []  # our SYNC for the current epoch
         self.leave_pending = False
@@ -420,7 +555,9 @@ class Sequencer(Layer):
         self.commit = 0
         self.commit_sent = 0
         self.seq_high: dict[Address, int] = {}  # per origin: highest forward seqno sequenced in this epoch
-        self._runs: list[list[Any]] = []  # the batch being filled: [origin wire, start, items]
+        # The batch being filled: runs [origin wire, start, items, the same items decoded] (packed without the
+        # last, which our own delivery of the batch uses).
+        self._runs: list[list[Any]] = []
         self._run_origin: Address | None = None
         self._run_next = 0
         self._batch_bytes = 0
@@ -467,7 +604,9 @@ class Sequencer(Layer):
             return
         self.fwd_seq = seq = self.fwd_seq + 1
         item = msg.payload if not msg.flags and not msg.headers else item_of(msg)
-        self.fwd_table[seq] = item
+        if not self.fwd_table:
+            self.fwd_first = seq
+        self.fwd_table.append(item)
         self.fwd_bytes += len(msg.payload)
         if not self.blocked and self.fwd_bytes > self.config.max_queued:
             self.blocked = True
@@ -479,6 +618,8 @@ class Sequencer(Layer):
         if not self.out_items:
             self.out_start = seq
         self.out_items.append(item)
+        if self.is_coord:
+            self.out_decoded.append(item if item is msg.payload else (msg.flags, dict(msg.headers), msg.payload))
 
     def down_event(self, event: Event) -> Any:
         if isinstance(event, Disconnect) and self.fwd_table and self.view is not None and not self.left:
@@ -571,6 +712,8 @@ class Sequencer(Layer):
             self.count("bad_batches")
             self.ctx.log.warning("undecodable batch %d from %s: %s", seq, src, exc)
             runs = []
+        if self.fwd_flight:
+            self._seen_own(runs)
         batch = _Batch(ident, payload, runs)
         self.cur[seq] = batch
         e, b = ident
@@ -589,29 +732,11 @@ class Sequencer(Layer):
         elif self.recv_high > self.commit_known and not self.ctx.has_timer("ack"):
             self.set_timer("ack", self.config.ack_interval)
 
-    def _own_batch(self, wire_runs: list[list[Any]]) -> list[Run]:
-        """The runs of a batch we sequenced, decoded from the objects we packed. Their items were validated
-        when they reached us (forwards by :func:`check_items`, our own built from our messages), so only the
-        header objects are made, which the layers above need."""
-        header_types = HEADER_TYPES
-        out: list[Run] = []
-        for origin_wire, start, items in wire_runs:
-            origin = self._address(origin_wire, "sequencer.batch[].origin")
-            if len(set(map(type, items))) != 1 or type(items[0]) is not bytes:
-                decoded: list[Item] = []
-                for item in items:
-                    if type(item) is bytes:
-                        decoded.append(item)
-                        continue
-                    flags, raw_headers, payload = item
-                    headers = {
-                        raw_headers[j]: header_types[raw_headers[j]].from_wire(raw_headers[j + 1])
-                        for j in range(0, len(raw_headers), 2)
-                    }
-                    decoded.append((flags, headers, payload))
-                items = decoded
-            out.append((origin, start, items))
-        return out
+    def _own_batch(self, own_runs: list[list[Any]]) -> list[Run]:
+        """The runs of a batch we sequenced, from the objects we packed: each run carries its items decoded
+        next to their wire form (see :meth:`_sequence`), so nothing is unpacked, validated or built again."""
+        address = self._address
+        return [(address(run[0], "sequencer.batch[].origin"), run[1], run[3]) for run in own_runs]
 
     def _learn_commit(self, commit: int) -> None:
         if commit <= self.commit_known:
@@ -713,14 +838,15 @@ class Sequencer(Layer):
 
     def _forget_own(self, upto: int) -> None:
         table = self.fwd_table
+        n = min(upto - self.fwd_first + 1, len(table))
+        if n <= 0:
+            return
+        # The delivered ones are at the front: this costs what it frees, not a scan of what is still in flight.
+        self.fwd_first += n
         freed = 0
-        # The table is in forward-seqno order (insertion order): the delivered ones are at its front, so this
-        # costs what it frees, not a scan of everything still in flight.
-        while table:
-            s = next(iter(table))
-            if s > upto:
-                break
-            item = table.pop(s)
+        popleft = table.popleft
+        for _ in range(n):
+            item = popleft()
             freed += len(item) if type(item) is bytes else len(item[2])
         self.fwd_bytes -= freed
         if self.blocked and self.fwd_bytes < self.config.max_queued // 2:
@@ -754,6 +880,8 @@ class Sequencer(Layer):
         self.acked = 0
         self.cancel_timer("ack")
         self.out_items = []  # they are in the forward-table, which our SYNC carries
+        self.out_decoded = []
+        self._open_window()
         self.sync_parts = self._build_sync()
         was_coord = self.is_coord
         self.is_coord = self.coord == me
@@ -807,6 +935,8 @@ class Sequencer(Layer):
         self.held, self.held_bytes = {}, 0
         self.cancel_timer("resend")
         self.out_items = []
+        self.out_decoded = []
+        self._open_window()
 
     # -- member: SYNC --------------------------------------------------------------------------------------------
     def _build_sync(self) -> list[tuple[SequencerHeader, bytes]]:
@@ -829,11 +959,9 @@ class Sequencer(Layer):
                 batches.append([ewire, b, raw])
                 size += len(raw) + 64
         if self.fwd_table:
-            seqs = list(self.fwd_table)
-            start = seqs[0]
+            start = self.fwd_first
             items: list[Any] = []
-            for s in seqs:
-                item = self.fwd_table[s]
+            for s, item in enumerate(self.fwd_table, start):
                 isize = _item_size(item)
                 if items and size + isize > limit:
                     bodies.append([epochs, batches, [start, items], fwd_seq])
@@ -968,7 +1096,7 @@ class Sequencer(Layer):
     # -- coordinator: sequencing ----------------------------------------------------------------------------------
     def _on_forward(self, src: Address, payload: bytes) -> None:
         try:
-            start, items = decode_forward(payload)
+            start, items, decoded = decode_forward_both(payload)
         except WireError as exc:
             self.count("bad_forwards")
             self.ctx.log.warning("bad FORWARD from %s: %s", src, exc)
@@ -976,7 +1104,7 @@ class Sequencer(Layer):
         view = self.view
         if self.is_coord and view is not None and src in view.members:
             if self.open:
-                self._accept(src, start, items)
+                self._accept(src, start, items, decoded)
             else:
                 self.queue.append((src, start, items))
             return
@@ -988,7 +1116,7 @@ class Sequencer(Layer):
             self.stray_bytes -= self.strays.pop(0)[3]
             self.count("strays_dropped")
 
-    def _accept(self, origin: Address, start: int, items: list[Any]) -> None:
+    def _accept(self, origin: Address, start: int, items: list[Any], decoded: list[Item] | None = None) -> None:
         """A FORWARD from a member, the epoch open: sequence it if it continues the sender's forward seqnos,
         else hold it and ask the sender to forward the missing ones again."""
         high = self.seq_high.get(origin, 0)
@@ -1000,7 +1128,7 @@ class Sequencer(Layer):
             if len(held) == 1:
                 self._ask_resend(origin)
             return
-        self._sequence(origin, start, items)
+        self._sequence(origin, start, items, decoded)
         held = self.held.get(origin)
         if held:
             held.sort(key=lambda h: h[0])
@@ -1018,9 +1146,17 @@ class Sequencer(Layer):
         if not self.ctx.has_timer("resend"):
             self.set_timer("resend", self.config.sync_retry)
 
-    def _sequence(self, origin: Address, start: int, items: list[Any], *, resent: bool = False) -> None:
+    def _sequence(
+        self,
+        origin: Address,
+        start: int,
+        items: list[Any],
+        decoded: list[Item] | None = None,
+        *,
+        resent: bool = False,
+    ) -> None:
         """Add ``origin``'s messages ``start``, ``start+1``, ... to the batch being filled, minus those
-        already sequenced in this epoch."""
+        already sequenced in this epoch. ``decoded``: the same items decoded, when the caller has them."""
         high = self.seq_high.get(origin, 0)
         n = len(items)
         if start + n - 1 <= high:
@@ -1029,27 +1165,33 @@ class Sequencer(Layer):
         if start <= high:
             self.count("duplicate_forwards", high - start + 1)
             items = items[high - start + 1 :]
+            if decoded is not None:
+                decoded = decoded[high - start + 1 :]
             start = high + 1
             n = len(items)
+        if decoded is None:
+            decoded = decode_items(items)
         self.seq_high[origin] = start + n - 1
         self.count("sequenced_resent" if resent else "sequenced", n)
         limit = self._max_batch
         size = self._batch_bytes
         runs = self._runs
         if self._run_origin is origin and self._run_next == start and runs:
-            run_items = runs[-1][2]
+            run = runs[-1]
+            run_items, run_decoded = run[2], run[3]
         else:
-            run_items = []
-            runs.append([origin.to_wire(), start, run_items])
+            run_items, run_decoded = [], []
+            runs.append([origin.to_wire(), start, run_items, run_decoded])
             self._run_origin = origin
         if len(set(map(type, items))) == 1 and type(items[0]) is bytes:
             total = sum(map(len, items)) + _ITEM_OVERHEAD * n
             if size + total <= limit:
                 run_items.extend(items)
+                run_decoded.extend(items)
                 self._batch_bytes = size + total
                 self._run_next = start + n
                 return
-        for item in items:
+        for item, dec in zip(items, decoded, strict=True):
             isize = len(item) + _ITEM_OVERHEAD if type(item) is bytes else _item_size(item)
             if size + isize > limit and size:
                 if not run_items:
@@ -1057,9 +1199,10 @@ class Sequencer(Layer):
                 self._ready.append(runs)
                 runs = self._runs = []
                 size = 0
-                run_items = []
-                runs.append([origin.to_wire(), start, run_items])
+                run_items, run_decoded = [], []
+                runs.append([origin.to_wire(), start, run_items, run_decoded])
             run_items.append(item)
+            run_decoded.append(dec)
             size += isize
             start += 1
         self._batch_bytes = size
@@ -1077,7 +1220,7 @@ class Sequencer(Layer):
             return
         self._ready = []
         for runs in ready:
-            self._bcast(_pack(runs), runs=runs)
+            self._bcast(_pack([wire_run(run) for run in runs]), runs=runs)
 
     def _bcast(self, payload: bytes, replay: BatchId | None = None, runs: list[list[Any]] | None = None) -> None:
         self.next_seq += 1
@@ -1123,23 +1266,100 @@ class Sequencer(Layer):
             if self.held and self.is_coord:
                 for origin in sorted(self.held):
                     self._ask_resend(origin)
+        elif key == "window":
+            # Forwards wait for the window, and none of ours was sequenced since the timer was set: what we
+            # forwarded may be lost (e.g. a coordinator-to-be dropped its strays over max_stray), and with the
+            # window full no later FORWARD would show the coordinator the gap. Forward again from the first
+            # unseen one (the coordinator discards what it has already).
+            if self.out_items and not self.is_coord and self.coord is not None and not self.left:
+                if self.fwd_seen == self.fwd_seen_at_timer:
+                    self.count("window_stalls")
+                    self._resend_forwards(self.fwd_seen + 1)
+                self._watch_window()
         elif key == "leave" and self.leave_pending:
             self.count("left_with_undelivered")
             self._leave_now()
 
     def _resend_forwards(self, frm: int) -> None:
         """The coordinator lacks our forwards from ``frm`` on: forward them (and what follows) again."""
-        seqs = [s for s in self.fwd_table if s >= frm]
-        if not seqs:
+        table = self.fwd_table
+        first = max(frm, self.fwd_first)
+        last = self.fwd_first + len(table) - 1
+        if first > last:
             return
         self.count("forwards_resent")
+        self._open_window()
         if self.out_items:
             # Not forwarded yet: they join the resent ones, in order.
-            seqs = [s for s in seqs if s < self.out_start]
-        items = [self.fwd_table[s] for s in seqs]
-        if items and seqs[-1] - seqs[0] + 1 == len(items):
+            last = min(last, self.out_start - 1)
+        if first <= last:
+            items = list(islice(table, first - self.fwd_first, last - self.fwd_first + 1))
             self.out_items = items + self.out_items
-            self.out_start = seqs[0]
+            self.out_start = first
+
+    def _forward(self, items: list[Any], start: int) -> bool:
+        """Forward ``items`` (forward seqnos from ``start``) to the coordinator, cut at ``max_batch_size``, as far
+        as the forward window allows; the rest waits in ``out_items`` for our next BCAST (the end of that step
+        forwards more)."""
+        room = self.config.forward_window - self.fwd_inflight
+        if room <= 0:
+            self.out_items, self.out_start = items, start
+            self.count("forwards_windowed")
+            self._watch_window()
+            return False
+        limit = self._max_batch
+        coord = self.coord
+        flight = self.fwd_flight
+        sent = 0
+        i = 0
+        n = len(items)
+        while i < n and sent < room:
+            chunk: list[Any] = []
+            size = 0
+            want = room - sent
+            while i < n:
+                item = items[i]
+                isize = len(item) + _ITEM_OVERHEAD if type(item) is bytes else _item_size(item)
+                if chunk and (size + isize > limit or len(chunk) >= want):
+                    break
+                chunk.append(item)
+                size += isize
+                i += 1
+            self._send(coord, SequencerHeader(FORWARD), _pack(forward_body(start, chunk)))
+            start += len(chunk)
+            flight.append((start - 1, len(chunk)))
+            sent += len(chunk)
+        self.fwd_inflight += sent
+        self.count("forwards_sent")
+        if i < n:
+            self.out_items, self.out_start = items[i:], start
+            self.count("forwards_windowed")
+            self._watch_window()
+        return True
+
+    def _watch_window(self) -> None:
+        if not self.ctx.has_timer("window"):
+            self.fwd_seen_at_timer = self.fwd_seen
+            self.set_timer("window", self.config.sync_retry)
+
+    def _seen_own(self, runs: list[Run]) -> None:
+        """Our forwards in a batch of the coordinator's are out of its input: they leave the forward window."""
+        me = self.local_address
+        seen = self.fwd_seen
+        for origin, start, items in runs:
+            if origin == me and start + len(items) - 1 > seen:
+                seen = start + len(items) - 1
+        self.fwd_seen = seen
+        flight = self.fwd_flight
+        while flight and flight[0][0] <= seen:
+            self.fwd_inflight -= flight.popleft()[1]
+
+    def _open_window(self) -> None:
+        """Forget what is in flight: a new epoch (its SYNC carries the forward-table), or the coordinator asked
+        for a RESEND (it holds what we forwarded after a gap: waiting for that to be sequenced would wait for
+        ever)."""
+        self.fwd_flight.clear()
+        self.fwd_inflight = 0
 
     def _send_ack(self) -> None:
         if self.recv_high > self.acked:
@@ -1160,28 +1380,16 @@ class Sequencer(Layer):
                 busy = True
         if self.out_items and self.is_coord:
             items, self.out_items = self.out_items, []
+            decoded, self.out_decoded = self.out_decoded, []
             if self.open:
-                self._sequence(self.local_address, self.out_start, items)
+                self._sequence(
+                    self.local_address, self.out_start, items, decoded if len(decoded) == len(items) else None
+                )
             else:
                 self.queue.append((self.local_address, self.out_start, items))
         if self.out_items and self.coord is not None and not self.is_coord:
             items, self.out_items = self.out_items, []
-            start = self.out_start
-            # One FORWARD per step, cut at max_batch_size.
-            limit = self._max_batch
-            chunk: list[Any] = []
-            size = 0
-            for item in items:
-                isize = len(item) + _ITEM_OVERHEAD if type(item) is bytes else _item_size(item)
-                if chunk and size + isize > limit:
-                    self._send(self.coord, SequencerHeader(FORWARD), _pack([start, chunk]))
-                    start += len(chunk)
-                    chunk, size = [], 0
-                chunk.append(item)
-                size += isize
-            self._send(self.coord, SequencerHeader(FORWARD), _pack([start, chunk]))
-            self.count("forwards_sent")
-            busy = True
+            busy = self._forward(items, self.out_start) or busy
         if self.is_coord:
             if self._runs or self._ready:
                 self._flush_batch()

@@ -61,7 +61,7 @@ from ..core.message import Message
 from ..core.view import View
 from ..protocols.state_transfer import GetState, RequestState, SetState, StateCovered, StateSnapshot
 from ..stacks import PRESETS, preset
-from .driver import Driver, parse_endpoint
+from .driver import GC_THRESHOLDS, Driver, parse_endpoint
 from .file_discovery import FileDiscovery
 from .recorder import Recorder
 
@@ -187,6 +187,7 @@ class Channel:
         get_state: Callable[[], bytes] | None = None,
         set_state: Callable[[bytes], Any] | None = None,
         discovery: Callable[[Callable[[UpdateHosts], object], tuple[str, int]], Any] | None = None,
+        gc_thresholds: tuple[int, int, int] | None = GC_THRESHOLDS,
     ) -> Channel:
         """Bind, start the stack and return once joined (a ChannelError says why if not within ``join_timeout``).
 
@@ -199,7 +200,9 @@ class Channel:
         with the ``state`` layer; with ``set_state`` the member fetches the group's state after joining
         (see :meth:`wait_state`). ``discovery(control, endpoint)`` builds a discovery adapter (e.g.
         :func:`groupcluster.runtime.kube_discovery.factory`) whose ``await start()`` feeds ``UpdateHosts`` before
-        the stack starts and whose ``stop()`` is called on close.
+        the stack starts and whose ``stop()`` is called on close. ``gc_thresholds``: the cyclic garbage
+        collector's thresholds, raised process-wide when the channel opens unless the application already set
+        its own (:func:`~groupcluster.runtime.driver.tune_gc`); None leaves the collector alone.
         Configuration errors raise :class:`~groupcluster.core.errors.ConfigError` naming the key.
         """
         if not isinstance(cluster, str) or not cluster:
@@ -207,7 +210,15 @@ class Channel:
         spec = build_spec(stack, stack_overrides)
         hosts = parse_hosts(initial_hosts)
         hosts_in_config = _inject_hosts(spec, hosts) if hosts else True
-        driver = Driver(spec, cluster=cluster, bind=bind, transport=transport, incarnation=incarnation, seed=seed)
+        driver = Driver(
+            spec,
+            cluster=cluster,
+            bind=bind,
+            transport=transport,
+            incarnation=incarnation,
+            seed=seed,
+            gc_thresholds=gc_thresholds,
+        )
         try:
             await driver.open()
         except OSError as exc:

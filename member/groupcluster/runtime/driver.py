@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import logging
 import os
 import socket
@@ -65,6 +66,23 @@ TCP_CONNECT_BUFFER = 4 * 1024 * 1024
 TCP_WRITE_BUFFER = 16 * 1024 * 1024
 TCP_CONNECT_TIMEOUT = 2.0
 TCP_RETRY_DELAY = 0.2
+# The cyclic garbage collector's thresholds while a driver runs (see tune_gc). The interpreter's defaults collect
+# the youngest generation every 700 net allocations and fully every ~100 of those: a member allocates several
+# tracked objects per message (messages, header dicts and objects, decoded batches) while it holds many live
+# ones (undelivered batches, the forward-table, retransmission buffers), so collections walked them over and
+# over. Measured on the total-order stack (4 members, 80,000 deliveries each): 2.0 -> 1.6 CPU seconds per run
+# in all (-20%). A grid member process sets them unconditionally (groupcluster.grid.runtime.tune_gc).
+GC_THRESHOLDS = (50_000, 20, 20)
+_GC_DEFAULTS = (700, 10, 10)
+
+
+def tune_gc(thresholds: tuple[int, int, int] | None = GC_THRESHOLDS) -> bool:
+    """Raise the collector's thresholds to ``thresholds``, unless the application set its own (they differ from
+    the interpreter's defaults) or ``thresholds`` is None. Process-wide, once: True when it changed them."""
+    if thresholds is None or gc.get_threshold() != _GC_DEFAULTS:
+        return False
+    gc.set_threshold(*thresholds)
+    return True
 
 
 def new_incarnation() -> int:
@@ -446,6 +464,7 @@ class Driver:
         incarnation: int | None = None,
         seed: int | None = None,
         logger: logging.Logger | None = None,
+        gc_thresholds: tuple[int, int, int] | None = GC_THRESHOLDS,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ConfigError(f"transport: {transport!r} is not allowed; allowed values: {', '.join(TRANSPORTS)}")
@@ -459,6 +478,9 @@ class Driver:
         self.incarnation = incarnation or new_incarnation()
         self.seed = self.incarnation if seed is None else seed
         self.logger = logger
+        # Applied at open() (see tune_gc): None leaves the collector alone, as do thresholds the application
+        # set itself before.
+        self.gc_thresholds = gc_thresholds
         self.metrics: collections.Counter[str] = collections.Counter()
         self.on_events: Callable[[list[Event]], None] | None = None
         self.stack: Stack = None  # type: ignore[assignment]  # built by open()
@@ -473,6 +495,7 @@ class Driver:
     async def open(self) -> Address:
         """Bind the sockets and build the Stack on the bound endpoint; returns the member's address."""
         loop = self._loop = asyncio.get_running_loop()
+        tune_gc(self.gc_thresholds)
         if self.transport == "udp":
             net: UdpNetwork | TcpNetwork = UdpNetwork(loop, self.bind, self._on_frames, self.metrics)
         else:
