@@ -86,3 +86,26 @@ def test_receive_side_remembers_a_departed_member_so_old_messages_stay_delivered
     h.install_view([ME], seq=2)
     h.receive(P1, [data(2, conn=3, low=1)])  # late duplicate after P1 left our view
     assert h.take_delivered() == []
+
+
+def test_after_a_partial_ack_headers_and_retransmissions_start_at_the_lowest_unacknowledged() -> None:
+    h = make()
+    for i in range(5):
+        h.send(f"m{i}".encode(), dest=P1)
+    sent = sent_with(h.take_sent(), PID)
+    assert [(hdr.seqno, hdr.low) for _, hdr in sent] == [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1)]
+    conn = sent[0][1].conn_id
+    h.receive(P1, [Message(ME, headers={PID: UnicastHeader(ACK, conn, 3)})])  # 1..3 arrived
+    h.send(b"m5", dest=P1)
+    assert [(hdr.seqno, hdr.low) for _, hdr in sent_with(h.take_sent(), PID)] == [(6, 4)]
+    h.advance(0.1)  # resent: 4, 5, 6, each with the current low
+    assert [(hdr.seqno, hdr.low) for _, hdr in sent_with(h.take_sent(), PID)] == [(4, 4), (5, 4), (6, 4)]
+    # A stale ack changes nothing; an ack beyond what was sent clears everything.
+    h.receive(P1, [Message(ME, headers={PID: UnicastHeader(ACK, conn, 2)})])
+    h.advance(0.1)
+    assert [hdr.seqno for _, hdr in sent_with(h.take_sent(), PID)] == [4, 5, 6]
+    h.receive(P1, [Message(ME, headers={PID: UnicastHeader(ACK, conn, 99)})])
+    h.advance(0.1)
+    assert sent_with(h.take_sent(), PID) == []
+    h.send(b"m6", dest=P1)
+    assert [(hdr.seqno, hdr.low) for _, hdr in sent_with(h.take_sent(), PID)] == [(7, 7)]

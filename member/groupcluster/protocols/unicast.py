@@ -10,7 +10,9 @@ round trip. Acks are cumulative and sent once per step per peer; unacknowledged 
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 from ..core import protocol_ids
@@ -70,9 +72,17 @@ class _SendConn:
     def __init__(self, conn_id: int, now: float) -> None:
         self.conn_id = conn_id
         self.next_seqno = 1
-        self.unacked: dict[int, Message] = {}  # insertion order == seqno order
+        # Sent and not acknowledged, oldest first: seqnos low .. next_seqno-1 (see low). Acks remove from the
+        # front only, so a deque does; a dict emptied from its front rescans its deleted slots on every
+        # next(iter()), which down() needs per message: quadratic in what is in flight.
+        self.unacked: deque[Message] = deque()
         self.created = now
         self.last_ack = now
+
+    @property
+    def low(self) -> int:
+        """The lowest unacknowledged seqno (``next_seqno`` when nothing is in flight)."""
+        return self.next_seqno - len(self.unacked)
 
 
 class _RecvConn:
@@ -127,10 +137,9 @@ class Unicast(Layer):
             conn = self.send_conns[dest] = _SendConn(self.next_conn_id, self.now)
             self.next_conn_id += 1
         seqno = conn.next_seqno
+        msg.headers[protocol_ids.UNICAST] = UnicastHeader(DATA, conn.conn_id, seqno, seqno - len(conn.unacked))
         conn.next_seqno = seqno + 1
-        low = next(iter(conn.unacked), seqno)
-        msg.headers[protocol_ids.UNICAST] = UnicastHeader(DATA, conn.conn_id, seqno, low)
-        conn.unacked[seqno] = msg
+        conn.unacked.append(msg)
         self.below.down(msg)
 
     def up(self, batch: list[Message]) -> None:
@@ -202,11 +211,9 @@ class Unicast(Layer):
             return
         conn.last_ack = self.now
         unacked = conn.unacked
-        while unacked:
-            first = next(iter(unacked))
-            if first > hdr.seqno:
-                break
-            del unacked[first]
+        popleft = unacked.popleft
+        for _ in range(min(hdr.seqno - conn.low + 1, len(unacked))):
+            popleft()
 
     def end_of_step(self) -> bool:
         if not self.ack_due:
@@ -255,11 +262,9 @@ class Unicast(Layer):
                 self.count("gave_up")
                 del self.send_conns[dest]
                 continue
-            low = next(iter(conn.unacked))
+            low = conn.low
             pid = protocol_ids.UNICAST
-            for i, (seqno, msg) in enumerate(conn.unacked.items()):
-                if i >= limit:
-                    break
+            for seqno, msg in enumerate(islice(conn.unacked, limit), start=low):
                 # A fresh header: ``low`` must be current, or a receiver that lost its state would wait for
                 # seqnos the sender already dropped.
                 msg.headers[pid] = UnicastHeader(DATA, conn.conn_id, seqno, low)
