@@ -479,30 +479,17 @@ class GridRuntime:
 
         All start in one step of the node. The whole batch is refused (:class:`GridUnavailable`) only when
         this member cannot take operations at all (not joined, leaving); a segment that is unavailable or an
-        operation that times out fails that operation alone. Bad keys or values raise ValueError or TypeError
-        before anything starts.
+        operation that times out fails that operation alone. Bad kinds, keys or values raise ValueError or
+        TypeError before anything starts (:meth:`GridNode.start_batch` checks every operation first).
         """
         node = self._require_node()
         if node.leaving:
             raise GridUnavailable("this member is leaving the grid; use another member")
-        limits = node.limits
-        for i, (kind, key, value) in enumerate(ops):
-            if kind not in KIND_NAMES:
-                raise ValueError(f"ops[{i}]: unknown operation kind {kind!r}")
-            if type(key) is not bytes:
-                raise TypeError(f"ops[{i}].key: expected bytes, got {type(key).__name__}")
-            if len(key) > limits.max_key_bytes:
-                raise ValueError(f"ops[{i}].key: {len(key)} bytes exceed the limit of {limits.max_key_bytes}")
-            if kind == PUT:
-                if type(value) is not bytes:
-                    raise TypeError(f"ops[{i}].value: expected bytes, got {type(value).__name__}")
-                if len(value) > limits.max_value_bytes:
-                    raise ValueError(f"ops[{i}].value: {len(value)} bytes exceed the limit of {limits.max_value_bytes}")
-        if not ops:
+        ids = node.start_batch(ops, self._loop.time())
+        if not ids:
             return []
         fut: asyncio.Future[list[OpResult]] = self._loop.create_future()
         wait = _BatchWait(len(ops), fut)
-        ids = node.start_batch(ops, self._loop.time())
         for i, op in enumerate(ids):
             self._in_batch[op] = (wait, i)
         self._pump()

@@ -26,7 +26,7 @@ import msgpack
 
 from ..core.address import Address
 from ..core.errors import WireError
-from ..core.validate import MAX_INT, as_address, as_bytes, as_int, as_list, as_str
+from ..core.validate import MAX_INT, as_address, as_bool, as_bytes, as_int, as_list, as_str
 from ..core.wire import unpack_bounded
 from .consistent_hash import MAX_SEGMENTS
 
@@ -296,12 +296,6 @@ def _segments(value: Any, field: str) -> tuple[int, ...]:
     return out
 
 
-def _bool(value: Any, field: str) -> bool:
-    if type(value) is not bool:
-        raise WireError(f"{field}: expected a boolean, got {type(value).__name__}")
-    return value
-
-
 def _record(raw: Any, f: str, lim: TxLimits) -> TxRecordInfo:
     items = as_list(raw, f, 7, exact=7)
     lock_keys = _keys(items[4], f"{f}.lock_keys", lim)
@@ -314,7 +308,7 @@ def _record(raw: Any, f: str, lim: TxLimits) -> TxRecordInfo:
         TxId.from_wire(items[0], f"{f}.tx"),
         as_int(items[1], f"{f}.attempt"),
         state,
-        _bool(items[3], f"{f}.in_doubt"),
+        as_bool(items[3], f"{f}.in_doubt"),
         lock_keys,
         writes,
         versions,
