@@ -434,6 +434,9 @@ def test_headers_round_trip() -> None:
         )
 
 
+UNIFORM_FRAG = FragHeader(3, 0, 1).to_wire()
+
+
 @pytest.mark.parametrize(
     "payload",
     [
@@ -447,6 +450,16 @@ def test_headers_round_trip() -> None:
         pack([1, [[0, [protocol_ids.SEQUENCER, [0]], b"x"]]]),
         pack([1, [[0, [12345, [0]], b"x"]]]),
         pack([1, [[0, [protocol_ids.FRAG, [1, 5, 2]], b"x"]]]),
+        # the uniform form: [start, payloads, flags, protocol id, header wire forms]
+        pack([1, [b"a"], 0, protocol_ids.FRAG]),  # four fields
+        pack([1, [], 0, protocol_ids.FRAG, []]),  # empty
+        pack([1, [b"a", b"b"], 0, protocol_ids.FRAG, [UNIFORM_FRAG]]),  # a header short
+        pack([1, ["text"], 0, protocol_ids.FRAG, [UNIFORM_FRAG]]),
+        pack([1, [b"a"], 99, protocol_ids.FRAG, [UNIFORM_FRAG]]),
+        pack([1, [b"a"], 0, protocol_ids.SEQUENCER, [[0]]]),
+        pack([1, [b"a"], 0, 12345, [[0]]]),
+        pack([1, [b"a"], 0, protocol_ids.FRAG, [[1, 5, 2]]]),
+        pack([1, [b"a"], 0, protocol_ids.FRAG, "no list"]),
     ],
 )
 def test_malformed_forwards_are_dropped_and_counted(payload: bytes) -> None:
@@ -547,32 +560,6 @@ def test_a_member_delivers_a_uniform_run_with_its_headers() -> None:
     got = h.take_delivered()
     assert payloads(got) == [(C, b"x"), (C, b"y")]
     assert [m.headers for m in got] == [{frag: FragHeader(7, 0, 1)}, {frag: FragHeader(8, 0, 1)}]
-
-
-UNIFORM_FRAG = FragHeader(3, 0, 1).to_wire()
-
-
-@pytest.mark.parametrize(
-    "payload",
-    [
-        pack([1, [b"a"], 0, protocol_ids.FRAG]),  # four fields
-        pack([1, [], 0, protocol_ids.FRAG, []]),  # empty
-        pack([1, [b"a", b"b"], 0, protocol_ids.FRAG, [UNIFORM_FRAG]]),  # a header short
-        pack([1, ["text"], 0, protocol_ids.FRAG, [UNIFORM_FRAG]]),
-        pack([1, [b"a"], 99, protocol_ids.FRAG, [UNIFORM_FRAG]]),
-        pack([1, [b"a"], 0, protocol_ids.SEQUENCER, [[0]]]),
-        pack([1, [b"a"], 0, 12345, [[0]]]),
-        pack([1, [b"a"], 0, protocol_ids.FRAG, [[1, 5, 2]]]),
-        pack([1, [b"a"], 0, protocol_ids.FRAG, "no list"]),
-    ],
-)
-def test_malformed_uniform_forwards_are_dropped_and_counted(payload: bytes) -> None:
-    with pytest.raises(WireError):
-        decode_forward(payload)
-    h, _ = coordinator_with()
-    h.receive(P1, [Message(ME, payload, headers={PID: SequencerHeader(FORWARD)})])
-    assert sent_kind(h, BCAST) == []
-    assert h.metric("sequencer.bad_forwards") == 1
 
 
 def test_a_malformed_uniform_run_is_acknowledged_but_delivers_nothing() -> None:

@@ -214,7 +214,7 @@ class _PendingWrite:
         self.key = key
         self.version = version
         self.value = value
-        # A merge push (:meth:`GridNode._push_merged`). Like a write whose client was already answered (op_id
+        # A merge push (:meth:`GridNode._push_entries`). Like a write whose client was already answered (op_id
         # 0), nobody waits for it; unlike that one, it keeps ``GridNode.merging`` True until it is done.
         self.merge = merge
 
@@ -563,7 +563,7 @@ class GridNode:
     @property
     def merging(self) -> bool:
         """True from a merge view (while our topology was available) until every entry we pushed to the
-        merged group's owners is acknowledged (see :meth:`_push_merged`)."""
+        merged group's owners is acknowledged (see :meth:`_push_entries`)."""
         return self._merge_from is not None or any(pw.merge for pw in self._writes.values())
 
     @property
@@ -790,7 +790,7 @@ class GridNode:
             if pw.topology_id != t.topology_id:
                 self._redrive(wid, pw)
         if merged:
-            self._push_merged(merged)
+            self._push_entries(merged, merge=True)
         # Requests held for this topology (or an older one) can be answered now.
         if self._queued:
             held, self._queued = self._queued, deque()
@@ -832,7 +832,7 @@ class GridNode:
                 continue
             entries.extend((seg, k, ver, val) for k, (ver, val) in store.segments[seg].items() if ver >= floor)
         if entries:
-            self._push_merged(entries, merge=False)
+            self._push_entries(entries, merge=False)
             self.metrics["grid.repair_entries_pushed"] += len(entries)
 
     def _merged_topology(self, t: CacheTopology) -> bool:
@@ -1023,7 +1023,7 @@ class GridNode:
         self, dest: Address, op_id: int, attempt: int, code: int, tid: int, value: bytes | None = None, error: str = ""
     ) -> None:
         if op_id == 0:
-            return  # a merge push (:meth:`_push_merged`): no client waits for it
+            return  # a pushed entry (:meth:`_push_entries`): no client waits for it
         b = self._tail(dest)
         size = (len(value) if value is not None else 0) + len(error)
         if type(b) is not ResponseBatch or len(b.values) >= BATCH_MAX_ENTRIES or b.full(size):
@@ -1147,8 +1147,9 @@ class GridNode:
         for b in sorted(pw.awaiting):  # sorted: address hashes (so set order) differ between processes
             self._emit_backup(b, wid, t.topology_id, pw.version, pw.key, pw.value)
 
-    def _push_merged(self, entries: list[tuple[int, bytes, int, bytes | None]], *, merge: bool = True) -> None:
-        """Merge policy: every entry we held when a merge view came goes to the key's write owners now.
+    def _push_entries(self, entries: list[tuple[int, bytes, int, bytes | None]], *, merge: bool) -> None:
+        """Send our entries to the keys' write owners now: after a merge view (``merge``, the merge policy: every
+        entry we held goes), or to finish the writes of a member that vanished (:meth:`_repair_after`).
 
         Each travels as a write of its own version (a :class:`_PendingWrite` with no client waiting), so it
         survives topology changes like any write, and every store keeps the newest version: the partition
