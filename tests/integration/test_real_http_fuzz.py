@@ -7,7 +7,9 @@ encodings) and bodies (JSON and msgpack batches with wrong shapes, binary junk).
 HTTP response with a status below 500; a 4xx answer carries a JSON ``error`` naming the problem (HEAD and
 aiohttp's parser answers unparsable requests and unknown methods itself, with a plain-text 400 naming the
 problem). Afterwards the member still serves reads
-and writes. ``POST /v1/leave`` is never generated: it would (correctly) make the member leave.
+and writes. ``POST /v1/leave`` is never generated: it would (correctly) make the member leave. The transaction
+endpoints get their own test, with bodies shaped like transactions (``mode``, ``reads``, ``writes``, ``lock``,
+``keys``, ``commit``, ``versions`` of every type) in both formats, and ids well- and ill-formed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .procs import Members, wait_until
 from .test_real_grid import Grid, http
 
 ROUTES = ["/healthz", "/readyz", "/v1/status", "/metrics", "/v1/batch", "/v1/segments/", "/v1/kv/", "/v1/kv", "/v1/"]
+# The transaction endpoints (POST /v1/tx, /v1/tx/begin, /v1/tx/{id}/...) have a fuzz test of their own below.
 METHODS = ["GET", "PUT", "POST", "DELETE", "HEAD", "PATCH", "OPTIONS", "TRACE", "get", "BREW", "PUT PUT"]
 
 
@@ -185,6 +188,79 @@ def test_bad_requests_get_4xx_with_a_clear_message_never_5xx(member_url: tuple[s
 @settings(FUZZ, max_examples=3000)
 @given(**requests)
 def test_bad_requests_longer_run(member_url: tuple[str, int], **request: Any) -> None:
+    check_request(member_url, **request)
+
+
+# -- the transaction endpoints ----------------------------------------------------------------------------------
+TX_IDS = ["127.0.0.1:1%231/1", "127.0.0.1:1#1/1", "x", "%", "1/2/3", "127.0.0.1:99999%23-1/0", "", "a%2Fb"]
+tx_paths = st.one_of(
+    st.sampled_from(["/v1/tx", "/v1/tx/", "/v1/tx/begin", "/v1/tx/in-doubt", "/v1/tx/begin/commit", "/v1/tx//lock"]),
+    st.builds(
+        lambda i, a: f"/v1/tx/{i}/{a}",
+        st.sampled_from(TX_IDS) | st.text(max_size=12),
+        st.sampled_from(["lock", "commit", "rollback", "resolve", "report", "LOCK", "x", ""]),
+    ),
+)
+tx_keys = st.one_of(st.binary(max_size=6), st.text(max_size=6), st.integers(-(2**63), 2**64 - 1), st.none())
+tx_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "mode": st.sampled_from(["optimistic", "pessimistic", "x", 1, None]),
+        "reads": st.dictionaries(
+            st.binary(max_size=4) | st.text(max_size=4), st.integers(-2, 2**64 - 1) | st.text(max_size=3), max_size=3
+        )
+        | json_values,
+        "writes": st.dictionaries(
+            st.binary(max_size=4) | st.text(max_size=4),
+            st.binary(max_size=4) | st.none() | st.integers(-(2**63), 2**64 - 1),
+            max_size=3,
+        )
+        | json_values,
+        "lock": st.lists(tx_keys, max_size=3) | json_values,
+        "keys": st.lists(tx_keys, max_size=3) | json_values,
+        "commit": st.booleans() | json_values,
+        "versions": st.dictionaries(st.binary(max_size=4), st.integers(-1, 2**63), max_size=2) | json_values,
+    },
+)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return v.decode("latin-1")
+    if isinstance(v, dict):
+        return {str(_jsonable(k)): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_jsonable(x) for x in v]
+    return v
+
+
+tx_bodies = st.one_of(
+    st.just(b""),
+    st.binary(max_size=256),
+    tx_fields.map(lambda d: msgpack.packb(d, use_bin_type=True)),
+    tx_fields.map(lambda d: json.dumps(_jsonable(d)).encode()),
+    json_values.map(lambda v: json.dumps(v).encode()),
+)
+tx_requests = {
+    "method": st.sampled_from(["POST", "POST", "GET", "PUT", "DELETE"]),
+    "path": tx_paths,
+    "headers": header_sets,
+    "body": tx_bodies,
+}
+
+
+@pytest.mark.timeout(300)
+@settings(FUZZ_FIXED)
+@given(**tx_requests)
+def test_bad_transaction_requests_get_4xx_with_a_clear_message(member_url: tuple[str, int], **request: Any) -> None:
+    check_request(member_url, **request)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@settings(FUZZ, max_examples=3000)
+@given(**tx_requests)
+def test_bad_transaction_requests_longer_run(member_url: tuple[str, int], **request: Any) -> None:
     check_request(member_url, **request)
 
 

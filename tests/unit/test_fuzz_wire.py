@@ -25,6 +25,7 @@ import pytest
 from groupcluster import protocols as _protocols  # noqa: F401  # registers every layer and header
 from groupcluster import stacks
 from groupcluster.core import protocol_ids
+from groupcluster.core.address import Address
 from groupcluster.core.errors import WireError
 from groupcluster.core.events import ViewChange
 from groupcluster.core.message import HEADER_TYPES, Message
@@ -32,6 +33,7 @@ from groupcluster.core.stack import Stack
 from groupcluster.core.view import View, ViewId
 from groupcluster.core.wire import decode_frame, encode_messages
 from groupcluster.grid import messages as grid_messages
+from groupcluster.grid import tx_messages as tm
 from groupcluster.protocols import sequencer as _sequencer  # noqa: F401  # registers the sequencer
 from groupcluster.protocols.flow import MULTICAST, REPLENISH, UNICAST, FlowHeader
 from groupcluster.protocols.frag import FragHeader
@@ -116,6 +118,24 @@ def grid_corpus() -> tuple[bytes, ...]:
     bb.add(6, 8, b"k", None)
     ab.add(5, gm.OK, 3)
     msgs += [cb, rb, bb, ab]
+    # Format 4: answers with versions, and the transaction messages that share the payload.
+    rb2 = gm.ResponseBatch()
+    rb2.add(1, 1, gm.OK, 3, b"value", "", 1 << 40)
+    rb2.add(2, 1, gm.NOT_FOUND, 3, None, "", 0)
+    msgs += [gm.Response(3, 1, gm.OK, 3, b"v", "", 1 << 40), rb2]
+    tx = tm.TxId(Address("10.0.0.1", 7800, 3), 9)
+    record = tm.TxRecordInfo(tx, 1, tm.INFO_PREPARED, False, (b"k",), ((b"k", b"v"),), ((b"k", 1 << 40),))
+    msgs += [
+        tm.TxLock(tx, 1, 1, 3, (b"a", b"b")),
+        tm.TxPrepare(tx, 1, 3, (b"a",), ((b"a", b"x"), (b"c", None)), ((b"a", 0),)),
+        tm.TxVote(tx, 1, 0, tm.YES, 3, ((b"a", 1 << 40),), ""),
+        tm.TxVote(tx, 1, 2, tm.NO, 3, (), "lock timeout"),
+        tm.TxCommit(tx, 1, 3, ((b"a", 1 << 40, b"x"), (b"c", 1 << 41, None))),
+        tm.TxRollback(tx, 1, 3),
+        tm.TxAck(tx, 1, tm.ACK_RETRY, 4),
+        tm.TxLockInfo(3, (1, 2), (record,)),
+        tm.TxInfoAck(3, (1, 2)),
+    ]
     out = [gm.encode_payload([m]) for m in msgs]
     out.append(gm.encode_payload(msgs))
     return tuple(out)
@@ -371,7 +391,7 @@ def test_structurally_valid_frames_with_wrong_fields(version: Any, cluster: Any,
 
 @pytest.mark.timeout(120)
 @FUZZ_STRUCTURED
-@given(st.integers(0, 20), msgpack_values)
+@given(st.integers(0, 30), msgpack_values)
 def test_structurally_valid_grid_payloads_with_wrong_fields(kind: int, body: Any) -> None:
     fields = body if isinstance(body, list) else [body]
     data = msgpack.packb([grid_messages.GRID_FORMAT_VERSION, [[kind, *fields]]], use_bin_type=True)

@@ -75,6 +75,51 @@ def test_every_message_round_trips_in_one_payload() -> None:
     assert decode_payload(encode_payload(ALL)) == ALL
 
 
+def _tx_messages() -> list[object]:
+    from groupcluster.grid import tx_messages as tm
+
+    tx = tm.TxId(A, 7)
+    info = tm.TxRecordInfo(tx, 2, tm.INFO_PREPARED, True, (b"k",), ((b"k", b"v"),), ((b"k", 1 << 40),))
+    return [
+        tm.TxLock(tx, 1, 1, 3, (b"a", b"b")),
+        tm.TxPrepare(tx, 1, 3, (b"a",), ((b"a", b"x"), (b"c", None)), ((b"a", 0),)),
+        tm.TxVote(tx, 1, 0, tm.YES, 3, ((b"a", 1 << 40),), ""),
+        tm.TxCommit(tx, 1, 3, ((b"a", 1 << 40, b"x"), (b"c", (1 << 40) + 1, None))),
+        tm.TxRollback(tx, 1, 3),
+        tm.TxAck(tx, 1, tm.ACK_OK, 3),
+        tm.TxLockInfo(3, (1, 5), (info,)),
+        tm.TxInfoAck(3, (1, 5)),
+    ]
+
+
+def test_transaction_messages_share_the_grid_payload() -> None:
+    # Format 4: the two-phase-commit messages travel with the grid's (one payload per destination and step),
+    # and a GET's answer carries the entry's version.
+    msgs = [*ALL, *_tx_messages(), Response(4, 1, OK, 3, b"v", "", 1 << 41)]
+    assert decode_payload(encode_payload(msgs)) == msgs  # type: ignore[arg-type]
+    rb = ResponseBatch()
+    rb.add(1, 1, OK, 3, b"v", "", 99)
+    rb.add(2, 1, NOT_FOUND, 3, None, "")
+    (back,) = decode_payload(encode_payload([rb]))
+    assert [r.version for r in back.responses()] == [99, 0]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ([21, [[A.host, A.port, A.incarnation], 1], 1, 3, [b"a"], [[b"a", b"x"]], [[b"b", 0]]], r"reads\[0\]\.key"),
+        ([23, [[A.host, A.port, A.incarnation], 1], 1, 3, [[b"a", 0, b"x"]]], r"writes\[0\]\.version"),
+        ([26, 3, [1, 1], []], r"segments: a segment is listed twice"),
+        ([27, 3], r"expected 3 items"),
+        ([27, -1, []], r"topology_id"),
+        ([28, 1], r"unknown grid message type 28"),
+    ],
+)
+def test_bad_transaction_messages_name_their_field(fields: list[object], message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        decode_payload(raw(fields))
+
+
 def raw(msg: list[object]) -> bytes:
     return msgpack.packb([GRID_FORMAT_VERSION, [msg]], use_bin_type=True)
 
@@ -100,7 +145,9 @@ def le64(*versions: int) -> bytes:
         (raw([4, 1, 1, 1, 7, b"k", None]), r"messages\[0\]\.kind"),
         (raw([4, -1, 1, 1, 0, b"k", None]), r"messages\[0\]\.op_id"),
         (raw([4, 1, 1, 1, 0, "text", None]), r"messages\[0\]\.key"),
-        (raw([5, 1, 1, 9, 1, None, ""]), r"messages\[0\]\.code"),
+        (raw([5, 1, 1, 9, 1, None, "", 0]), r"messages\[0\]\.code"),
+        (raw([5, 1, 1, 0, 1, b"v", "", -1]), r"messages\[0\]\.version"),
+        (raw([5, 1, 1, 0, 1, b"v", ""]), r"messages\[0\]: expected 8 items"),
         (raw([8, 1, 1, 1, [1, 1]]), "listed twice"),
         (raw([8, 1, 1, 1, [70000]]), r"segments\[0\]"),
         (raw([9, 1, 0, [[b"k", 1, b"x"]], [], False]), r"entries: expected bytes \(a packed chunk\)"),
@@ -300,6 +347,12 @@ def test_batches_round_trip_and_expand_to_the_single_messages() -> None:
     ]
 
 
+def rsp_batch(*fields: object, versions: object = None) -> bytes:
+    """An RSP_BATCH ``[14, *fields, versions]`` (versions default: one 0 per value)."""
+    n = len(fields[4]) if isinstance(fields[4], list) else 1  # type: ignore[arg-type]
+    return raw([14, *fields, le64(*([0] * n)) if versions is None else versions])
+
+
 def cmd_batch(
     ids: object = None, attempts: object = None, kinds: object = b"\x01\x00", keys: object = None, puts: object = None
 ) -> bytes:
@@ -326,13 +379,26 @@ def cmd_batch(
         (cmd_batch(puts=[]), r"messages\[0\]\.values: expected a list of 1 items, got 0 items"),
         (cmd_batch(puts=[b"v", b"w"]), r"messages\[0\]\.values: expected a list of 1 items, got 2"),
         (cmd_batch(puts=[None]), r"messages\[0\]\.values\[0\]: expected bytes, got NoneType"),
-        (raw([14, le64(1), le64(1), b"\x09", le64(3), [None], []]), r"messages\[0\]\.codes\[0\]: 9 is not one of"),
-        (raw([14, le64(1), le64(1), b"\x00", le64(3), [7], []]), r"messages\[0\]\.values\[0\]: expected bytes, got"),
-        (raw([14, le64(1), le64(1), b"\x00", le64(3), [None], [[1, "x"]]]), r"errors\[0\]\.index"),
-        (raw([14, le64(1, 2), le64(1, 1), b"\x03\x03", le64(3, 3), [None, None], [[0, "x"], [0, "y"]]]), "twice"),
-        (raw([14, le64(1), le64(1), b"\x03", le64(3), [None], [[0, 5]]]), r"errors\[0\]\.text"),
-        (raw([14, le64(1), le64(1), b"\x03", le64(3), [None], [[0, "x" * 513]]]), r"errors\[0\]\.text"),
-        (raw([14, le64(1), le64(1), b"\x00", le64(3, 4), [None], []]), r"messages\[0\]\.topology_ids: expected 8"),
+        (
+            raw([14, le64(1), le64(1), b"\x09", le64(3), [None], [], le64(0)]),
+            r"messages\[0\]\.codes\[0\]: 9 is not one of",
+        ),
+        (
+            raw([14, le64(1), le64(1), b"\x00", le64(3), [7], [], le64(0)]),
+            r"messages\[0\]\.values\[0\]: expected bytes, got",
+        ),
+        (rsp_batch(le64(1), le64(1), b"\x00", le64(3), [None], [[1, "x"]]), r"errors\[0\]\.index"),
+        (
+            raw([14, le64(1, 2), le64(1, 1), b"\x03\x03", le64(3, 3), [None, None], [[0, "x"], [0, "y"]], le64(0, 0)]),
+            "twice",
+        ),
+        (rsp_batch(le64(1), le64(1), b"\x03", le64(3), [None], [[0, 5]]), r"errors\[0\]\.text"),
+        (rsp_batch(le64(1), le64(1), b"\x03", le64(3), [None], [[0, "x" * 513]]), r"errors\[0\]\.text"),
+        (
+            raw([14, le64(1), le64(1), b"\x00", le64(3, 4), [None], [], le64(0)]),
+            r"messages\[0\]\.topology_ids: expected 8",
+        ),
+        (rsp_batch(le64(1), le64(1), b"\x00", le64(3), [None], [], versions=le64(1, 2)), r"\.versions: expected 8"),
         (raw([15, 3, le64(1), le64(1), [b"k"], [b"v", None]]), r"messages\[0\]\.values: expected a list of 1"),
         (raw([15, 3, le64(1), le64(2**63), [b"k"], [b"v"]]), r"messages\[0\]\.versions\[0\]: above the limit"),
         (raw([15, 3, le64(1), le64(1), [b"k"], [True]]), r"messages\[0\]\.values\[0\]: expected bytes, got bool"),

@@ -17,6 +17,7 @@ from groupcluster.core.address import Address
 from groupcluster.core.errors import ConfigError, WireError
 from groupcluster.grid.store import make_version
 from groupcluster.grid.tx import (
+    CoordState,
     LockingMode,
     LockTable,
     TxConfig,
@@ -529,6 +530,39 @@ class TestCoordinator:
         out = co.on_message(B, TxAck(tx, 1, ACK_OK, 1), 2.0)
         assert out == [TxOutcome(tx, True, "", 1)]
         assert co.pending() == []
+
+    def test_a_commit_whose_owners_all_left_is_reported_only_once_new_owners_have_it(self) -> None:
+        # Simulation seed 1171: the originator was cut off from both owners after their YES; completing on the
+        # view change reported a commit nobody had applied, and the owners, in doubt, were later rolled back.
+        router = StaticRouter([A, B])
+        co = TxCoordinator(O1, router)
+        tx = co.begin(0.0)
+        co.commit(tx, {b"k0": b"x"}, 0.0)
+        co.on_message(A, TxVote(tx, 1, 0, YES, 1, ((b"k0", make_version(1, 1)),)), 1.0)
+        co.on_message(B, TxVote(tx, 1, 0, YES, 1), 1.0)
+        assert co.state_of(tx) == CoordState.COMMITTING
+        out = co.on_view([O1], 2.0)
+        assert not [o for o in out if isinstance(o, TxOutcome)]  # no answer from any owner: not committed yet
+        router.members, router.topology_id = [O1], 2  # the topology of the originator's side: it owns k0 now
+        out = co.on_topology(3.0)
+        commits = [o for o in out if isinstance(o, TxSend) and isinstance(o.message, TxCommit)]
+        assert [o.dest for o in commits] == [O1]
+        out = co.on_message(O1, TxAck(tx, 1, ACK_OK, 2), 3.5)
+        assert out == [TxOutcome(tx, True, "", 1)]
+
+    def test_a_participant_gone_with_its_topology_already_routed_retries_at_once(self) -> None:
+        # Simulation seed 1250: the driver installed the topology without the departed member before the
+        # view; waiting for one topology more waited for good (the transaction stayed pending).
+        router = StaticRouter([A, B])
+        co = TxCoordinator(O1, router)
+        tx = co.begin(0.0)
+        co.commit(tx, {b"k0": b"x", b"k1": b"y"}, 0.0)
+        router.members, router.topology_id = [A], 2
+        co.on_topology(1.0)  # nothing to do while preparing
+        out = co.on_view([O1, A], 1.0)
+        preps = [o for o in out if isinstance(o, TxSend) and isinstance(o.message, TxPrepare)]
+        assert preps and all(o.dest == A and o.message.attempt == 2 for o in preps)  # type: ignore[union-attr]
+        assert co.state_of(tx) == CoordState.PREPARING
 
     def test_versions_only_from_the_keys_primary(self) -> None:
         co = TxCoordinator(O1, StaticRouter([A, B]))

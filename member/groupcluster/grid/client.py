@@ -44,22 +44,40 @@ when a rebalance moves it; pages are in key order, so the cursor carries over be
 ``(value, version)`` per key, the version being the one the segment's primary stamped on that value
 (``None`` when the answering member did not hold the key's segment, which happens only while the routing
 table is out of date). ``changes`` reads one page of a segment's change feed (``GET /v1/changes/{id}``).
+
+**Transactions** (docs/grid-transactions.md, "Using transactions")::
+
+    with grid.transaction() as tx:          # "optimistic" (default) or "pessimistic"
+        v = tx.get(b"a"); tx.put(b"b", v); tx.delete(b"c")
+    grid.run_transaction(fn, retries=5)     # fn(tx); re-run when the transaction is aborted
+
+An optimistic transaction reads through the key/value API, recording each key's version, buffers its writes
+and sends them with the versions read as one ``POST /v1/tx`` at the end (to the write primary of a written
+key); a pessimistic one begins on some member (``POST /v1/tx/begin``), locks keys there as they are first
+touched, and commits there. A failed commit raises :class:`GridTxConflict` (a key read changed) or
+:class:`GridTxAborted` (rolled back for another ``reason``): safe to run again, which only
+``run_transaction`` does; :class:`GridTxUnknownOutcome` when the commit got no answer (it may have committed:
+never re-run on its own). The only retry inside a transaction: a one-shot commit refused with 503 (nothing of
+it ran) goes to another member. A commit is sent on a connection that was used in the last
+``IDLE_REFRESH_SECONDS`` or a fresh one, so the connection layer never sends it twice. A plain PUT/DELETE
+answered 409 "locked" (a transaction holds the key) is retried like a 503.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import random
 import threading
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -73,6 +91,12 @@ BATCH_BYTES = 4 * 1024 * 1024  # keys and values per batch request, roughly
 BATCH_KEY_LIMIT = 64 * 1024  # the grid's key limit; batch keys travel in the body, not the URL
 VALUE_LIMIT = 4 * 1024 * 1024
 MSGPACK = "application/msgpack"
+VERSION_HEADER = "X-Grid-Version"
+# A commit goes on a fresh connection when the kept-alive one idled this long: the server may have closed it,
+# and a commit is never re-sent on its own (see GridClient._tx_post).
+IDLE_REFRESH_SECONDS = 10.0
+T = TypeVar("T")
+TX_MODES = ("optimistic", "pessimistic")
 
 
 class GridClientError(Exception):
@@ -136,6 +160,20 @@ def key_path(key: bytes) -> str:
 class _Reply:
     status: int
     body: bytes
+    version: int | None = None  # the X-Grid-Version header of a key/value GET
+
+
+def _locked(body: bytes) -> bool:
+    """A 409 answer saying a transaction holds the key (a plain write may be tried again)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("reason") == "locked"
+
+
+def _version_header(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
 
 
 # One operation of a batch: ("get" | "put" | "delete", key, value or None).
@@ -246,7 +284,7 @@ class _BatchRun:
                 self.versions[i] = version if type(version) is int else None
             elif status == 404 and self.ops[i][0] == "get":
                 self.results[i] = None
-            elif status in RETRYABLE_STATUS:
+            elif status in RETRYABLE_STATUS or (status == 409 and res.get("reason") == "locked"):
                 self.retry.append(i)
                 self.last_error = f"{ep}: {status}: {res.get('error', '')}"
                 self.last_status = status
@@ -398,8 +436,8 @@ class _Router:
             return True, None
         if reply.status == 404 and method == "GET" and self.error_message(reply) == "key not found":
             return True, None
-        if reply.status in RETRYABLE_STATUS:
-            return False, None
+        if reply.status in RETRYABLE_STATUS or (reply.status == 409 and _locked(reply.body)):
+            return False, None  # a 409 "locked": a transaction holds the key for now; nothing was written
         raise GridRequestError(reply.status, self.error_message(reply))
 
 
@@ -584,7 +622,7 @@ class GridClient:
                 self._r.failed(ep)
         return False
 
-    def _call(self, method: str, key: bytes, value: bytes | None) -> Any:
+    def _call(self, method: str, key: bytes, value: bytes | None, versioned: bool = False) -> Any:
         path = key_path(key)
         r = self._r
         deadline = time.monotonic() + r.timeout
@@ -601,7 +639,7 @@ class GridClient:
             else:
                 done, result = r.outcome(method, reply)
                 if done:
-                    return result
+                    return (result, reply.version or 0) if versioned else result
                 last, last_status = f"{ep}: HTTP {reply.status}: {r.error_message(reply)}", reply.status
                 if reply.status == 503:
                     r.avoid[ep] = time.monotonic() + r.avoid_seconds
@@ -657,7 +695,108 @@ class GridClient:
         if resp.getheader("Connection", "").lower() == "close":
             conn.close()
             conns.pop(ep, None)
-        return _Reply(resp.status, data)
+        self._tls.__dict__.setdefault("used", {})[ep] = time.monotonic()
+        return _Reply(resp.status, data, _version_header(resp.getheader(VERSION_HEADER)))
+
+    # ==== transactions ====================================================================================
+    def transaction(self, mode: str = "optimistic") -> Transaction:
+        """A transaction: ``with grid.transaction() as tx: v = tx.get(k); tx.put(k2, v2)`` commits on leaving
+        the block (see :class:`Transaction` and the module docstring)."""
+        return Transaction(self, mode)
+
+    def run_transaction(self, fn: Callable[[Transaction], T], *, retries: int = 5, mode: str = "optimistic") -> T:
+        """Run ``fn(tx)`` in a transaction and commit; when the transaction is aborted (a conflict, a lock
+        timeout, the grid unavailable: it was rolled back, nothing of it took effect) run ``fn`` again in a new
+        one, up to ``retries`` times. ``fn`` must have no effects outside the transaction. An unknown outcome
+        (:class:`GridTxUnknownOutcome`) is never re-run. Returns what the last ``fn`` returned."""
+        _check_reruns(retries)
+        attempt = 0
+        while True:
+            try:
+                with self.transaction(mode) as tx:
+                    result = fn(tx)
+                return result
+            except GridTxAborted:
+                if attempt >= retries:
+                    raise
+            self._r.stats["tx_reruns"] = self._r.stats.get("tx_reruns", 0) + 1
+            time.sleep(self._r.delay(attempt))
+            attempt += 1
+
+    def _tx_post(self, ep: str, path: str, body: bytes | None, commit: bool = False) -> _Reply:
+        headers = {"Content-Type": MSGPACK, "Accept": MSGPACK}
+        if not commit:
+            return self._request(ep, "POST", path, body, headers)
+        # A commit is never sent twice by the connection layer (_request re-sends once on a connection the
+        # server closed while idle): a connection idle for long is replaced before, instead.
+        used: dict[str, float] = self._tls.__dict__.setdefault("used", {})
+        if time.monotonic() - used.get(ep, 0.0) > IDLE_REFRESH_SECONDS:
+            conn = self._thread_conns().pop(ep, None)
+            if conn is not None:
+                conn.close()
+        return self._request_once(ep, "POST", path, body, headers)
+
+    def _tx_begin(self, mode: str) -> tuple[str, str]:
+        """Begin an interactive transaction on some member: (id, member URL). Safe to retry: nothing is
+        locked or written by a begin (one whose answer was lost is rolled back by its member later)."""
+        r = self._r
+        deadline = time.monotonic() + r.timeout
+        last = "no attempt made"
+        body = msgpack.packb({"mode": mode}, use_bin_type=True)
+        for attempt in range(r.retries + 1):
+            ep = r.any_endpoint()
+            r.stats["requests"] += 1
+            try:
+                reply = self._tx_post(ep, "/v1/tx/begin", body)
+            except (OSError, http.client.HTTPException) as exc:
+                r.failed(ep)
+                last = f"{ep}: {exc or type(exc).__name__}"
+            else:
+                if reply.status == 200:
+                    return str(_decode_ok(reply, "begin")["tx"]), ep
+                if reply.status not in RETRYABLE_STATUS:
+                    raise _tx_failure(reply, None)
+                last = f"{ep}: HTTP {reply.status}: {r.error_message(reply)}"
+                r.avoid[ep] = time.monotonic() + r.avoid_seconds
+            if attempt == r.retries or time.monotonic() >= deadline:
+                break
+            r.stats["retries"] += 1
+            time.sleep(min(r.delay(attempt), max(0.0, deadline - time.monotonic())))
+            if self.route:
+                self.refresh(avoid=ep)
+        raise GridTxAborted(f"could not begin a transaction after {attempt + 1} attempts; last: {last}", "unavailable")
+
+    def _tx_oneshot(self, t: _TxCore) -> str:
+        """Send an optimistic transaction's reads and writes as one ``POST /v1/tx``; its id once committed.
+        A 503 (refused or rolled back because owners were unavailable) is sent again, elsewhere."""
+        r = self._r
+        deadline = time.monotonic() + r.timeout
+        body = t.body(True)
+        for attempt in range(r.retries + 1):
+            ep = t.commit_target(r) if self.route else r.any_endpoint()
+            r.stats["requests"] += 1
+            try:
+                reply = self._tx_post(ep, "/v1/tx", body, commit=True)
+            except (OSError, http.client.HTTPException) as exc:
+                r.failed(ep)
+                t.state = "failed"
+                raise GridTxUnknownOutcome(
+                    f"no answer to the commit from {ep} ({exc or type(exc).__name__}); it may or may not have "
+                    "committed",
+                    "connection",
+                ) from None
+            if reply.status == 200:
+                return str(_decode_ok(reply, "commit")["tx"])
+            err = _tx_failure(reply, None)
+            if reply.status != 503 or attempt == r.retries or time.monotonic() >= deadline:
+                t.state = "failed"
+                raise err
+            r.avoid[ep] = time.monotonic() + r.avoid_seconds
+            r.stats["retries"] += 1
+            time.sleep(min(r.delay(attempt), max(0.0, deadline - time.monotonic())))
+            if self.route:
+                self.refresh(avoid=ep)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         if self._pool is not None:
@@ -855,7 +994,7 @@ class AsyncGridClient:
                 self._r.failed(ep)
         return False
 
-    async def _call(self, method: str, key: bytes, value: bytes | None) -> Any:
+    async def _call(self, method: str, key: bytes, value: bytes | None, versioned: bool = False) -> Any:
         path = key_path(key)
         r = self._r
         if self.route and r.table is None:
@@ -874,7 +1013,7 @@ class AsyncGridClient:
             else:
                 done, result = r.outcome(method, reply)
                 if done:
-                    return result
+                    return (result, reply.version or 0) if versioned else result
                 last, last_status = f"{ep}: HTTP {reply.status}: {r.error_message(reply)}", reply.status
                 if reply.status == 503:
                     r.avoid[ep] = time.monotonic() + r.avoid_seconds
@@ -892,7 +1031,93 @@ class AsyncGridClient:
         if headers is None and body is not None:
             headers = {"Content-Type": "application/octet-stream"}
         async with self._session.request(method, ep + path, data=body, headers=headers) as resp:
-            return _Reply(resp.status, await resp.read())
+            return _Reply(resp.status, await resp.read(), _version_header(resp.headers.get(VERSION_HEADER)))
+
+    # ==== transactions ====================================================================================
+    def transaction(self, mode: str = "optimistic") -> AsyncTransaction:
+        """``async with grid.transaction() as tx: v = await tx.get(k); await tx.put(k2, v2)``."""
+        return AsyncTransaction(self, mode)
+
+    async def run_transaction(
+        self, fn: Callable[[AsyncTransaction], Awaitable[T]], *, retries: int = 5, mode: str = "optimistic"
+    ) -> T:
+        """As :meth:`GridClient.run_transaction`, with a coroutine function ``fn``."""
+        _check_reruns(retries)
+        attempt = 0
+        while True:
+            try:
+                async with self.transaction(mode) as tx:
+                    result = await fn(tx)
+                return result
+            except GridTxAborted:
+                if attempt >= retries:
+                    raise
+            self._r.stats["tx_reruns"] = self._r.stats.get("tx_reruns", 0) + 1
+            await asyncio.sleep(self._r.delay(attempt))
+            attempt += 1
+
+    async def _tx_post(self, ep: str, path: str, body: bytes | None) -> _Reply:
+        return await self._request(ep, "POST", path, body, {"Content-Type": MSGPACK, "Accept": MSGPACK})
+
+    async def _tx_begin(self, mode: str) -> tuple[str, str]:
+        r = self._r
+        deadline = time.monotonic() + r.timeout
+        last = "no attempt made"
+        body = msgpack.packb({"mode": mode}, use_bin_type=True)
+        for attempt in range(r.retries + 1):
+            ep = r.any_endpoint()
+            r.stats["requests"] += 1
+            try:
+                reply = await self._tx_post(ep, "/v1/tx/begin", body)
+            except (TimeoutError, OSError, self._aiohttp.ClientError) as exc:
+                r.failed(ep)
+                last = f"{ep}: {exc or type(exc).__name__}"
+            else:
+                if reply.status == 200:
+                    return str(_decode_ok(reply, "begin")["tx"]), ep
+                if reply.status not in RETRYABLE_STATUS:
+                    raise _tx_failure(reply, None)
+                last = f"{ep}: HTTP {reply.status}: {r.error_message(reply)}"
+                r.avoid[ep] = time.monotonic() + r.avoid_seconds
+            if attempt == r.retries or time.monotonic() >= deadline:
+                break
+            r.stats["retries"] += 1
+            await asyncio.sleep(min(r.delay(attempt), max(0.0, deadline - time.monotonic())))
+            if self.route:
+                await self.refresh(avoid=ep)
+        raise GridTxAborted(f"could not begin a transaction after {attempt + 1} attempts; last: {last}", "unavailable")
+
+    async def _tx_oneshot(self, t: _TxCore) -> str:
+        r = self._r
+        if self.route and r.table is None:
+            await self.refresh()
+        deadline = time.monotonic() + r.timeout
+        body = t.body(True)
+        for attempt in range(r.retries + 1):
+            ep = t.commit_target(r) if self.route else r.any_endpoint()
+            r.stats["requests"] += 1
+            try:
+                reply = await self._tx_post(ep, "/v1/tx", body)
+            except (TimeoutError, OSError, self._aiohttp.ClientError) as exc:
+                r.failed(ep)
+                t.state = "failed"
+                raise GridTxUnknownOutcome(
+                    f"no answer to the commit from {ep} ({exc or type(exc).__name__}); it may or may not have "
+                    "committed",
+                    "connection",
+                ) from None
+            if reply.status == 200:
+                return str(_decode_ok(reply, "commit")["tx"])
+            err = _tx_failure(reply, None)
+            if reply.status != 503 or attempt == r.retries or time.monotonic() >= deadline:
+                t.state = "failed"
+                raise err
+            r.avoid[ep] = time.monotonic() + r.avoid_seconds
+            r.stats["retries"] += 1
+            await asyncio.sleep(min(r.delay(attempt), max(0.0, deadline - time.monotonic())))
+            if self.route:
+                await self.refresh(avoid=ep)
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         if self._refreshing is not None and not self._refreshing.done():
@@ -908,12 +1133,425 @@ class AsyncGridClient:
         await self.close()
 
 
+# ==== transactions ======================================================================================
+
+
+class GridTxError(GridClientError):
+    """A transaction did not commit. ``reason`` is the member's machine-readable cause (``"conflict"``,
+    ``"lock_timeout"``, ``"timeout"``, ``"unavailable"``, ``"rolled_back"``, ``"not_found"``, ``"connection"``,
+    ...), ``tx`` the transaction id when one was assigned, ``status`` the HTTP status (None: no answer)."""
+
+    def __init__(self, message: str, reason: str, tx: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.tx = tx
+        self.status = status
+
+
+class GridTxAborted(GridTxError):
+    """The transaction was rolled back: none of its writes took effect, so running it again is safe."""
+
+
+class GridTxConflict(GridTxAborted):
+    """Rolled back because a key the transaction read changed before it committed."""
+
+
+class GridTxUnknownOutcome(GridTxError):
+    """The commit was sent but no answer came (the member died, the connection broke): the transaction may
+    have committed or not. Never retried on its own; read the keys to find out."""
+
+
+def _tx_path(tx: str, action: str) -> str:
+    return "/v1/tx/" + urllib.parse.quote(tx, safe="") + "/" + action
+
+
+def _tx_failure(reply: _Reply, tx: str | None) -> GridClientError:
+    """The exception for a transaction request the member did not answer with 200."""
+    try:
+        doc = json.loads(reply.body)
+        if not isinstance(doc, dict):
+            raise ValueError("not a map")
+    except ValueError:
+        doc = {}
+    message = str(doc.get("error") or _Router.error_message(reply))
+    reason = doc.get("reason") if isinstance(doc.get("reason"), str) else ""
+    tx = doc.get("tx") if isinstance(doc.get("tx"), str) else tx
+    status = reply.status
+    if status == 409:
+        cls: type[GridTxError] = GridTxConflict if reason == "conflict" else GridTxAborted
+        return cls(f"transaction {tx} aborted ({reason}): {message}", reason or "aborted", tx, status)
+    if status in (503, 504):
+        reason = reason or ("unavailable" if status == 503 else "timeout")
+        return GridTxAborted(f"transaction {tx} aborted ({reason}): {message}", reason, tx, status)
+    if status == 404 and tx is not None and "runs no data grid" not in message:
+        # An interactive transaction the member no longer knows: rolled back (timeout, member restarted).
+        return GridTxAborted(f"transaction {tx} aborted: {message}", "not_found", tx, status)
+    if status == 500 and doc.get("committed", False) is None:
+        return GridTxUnknownOutcome(f"transaction {tx}: outcome unknown: {message}", reason or "unknown", tx, status)
+    return GridRequestError(status, message)
+
+
+def _decode_ok(reply: _Reply, what: str) -> dict[str, Any]:
+    try:
+        doc = msgpack.unpackb(reply.body, raw=False)
+        if not isinstance(doc, dict):
+            raise ValueError("not a map")
+    except Exception as exc:
+        raise GridClientError(f"malformed answer to {what}: {exc}") from None
+    return doc
+
+
+class _TxCore:
+    """A client-side transaction's bookkeeping, shared by the blocking and asyncio forms (no I/O here).
+
+    ``reads``: key -> version first read (0: absent), checked by the primary at commit; ``values``: what was
+    read (read again in the transaction, a key gives the same answer); ``writes``: key -> value (None
+    deletes), buffered until the commit; ``locked``: keys a pessimistic transaction holds on their primaries;
+    ``tx``/``member``: the id and the member (originator) of a pessimistic transaction once begun there.
+    """
+
+    def __init__(self, mode: str) -> None:
+        if mode not in TX_MODES:
+            raise ValueError(f"mode: expected 'optimistic' or 'pessimistic', got {mode!r}")
+        self.mode = mode
+        self.reads: dict[bytes, int] = {}
+        self.values: dict[bytes, bytes | None] = {}
+        self.writes: dict[bytes, bytes | None] = {}
+        self.locked: set[bytes] = set()
+        self.tx: str | None = None
+        self.member: str | None = None
+        self.state = "active"  # active | committed | rolled_back | failed
+        self.commit_sent = False
+
+    def needs_rollback(self) -> bool:
+        """A rollback is due unless the transaction finished, or a commit was sent (whose outcome stands): a
+        failed lock request may leave the transaction open on its member, holding the locks it got."""
+        return self.state in ("active", "failed") and not self.commit_sent
+
+    @property
+    def pessimistic(self) -> bool:
+        return self.mode == "pessimistic"
+
+    def check_active(self) -> None:
+        if self.state != "active":
+            raise GridClientError(f"the transaction is {self.state.replace('_', ' ')}: start a new one")
+
+    def lookup(self, key: bytes) -> tuple[bool, bytes | None]:
+        if key in self.writes:
+            return True, self.writes[key]
+        if key in self.values:
+            return True, self.values[key]
+        return False, None
+
+    def read(self, key: bytes, value: bytes | None, version: int) -> None:
+        self.values[key] = value
+        self.reads[key] = version
+
+    def write(self, key: bytes, value: bytes | None) -> None:
+        _check_key(key)
+        if value is not None:
+            if type(value) is not bytes:
+                raise TypeError(f"value of {key!r}: expected bytes, got {type(value).__name__}")
+            if len(value) > VALUE_LIMIT:
+                raise ValueError(f"value of {key!r}: {len(value)} bytes exceed the limit of {VALUE_LIMIT}")
+        self.writes[key] = value
+
+    def to_lock(self, keys: Iterable[bytes]) -> list[bytes]:
+        if not self.pessimistic:
+            raise ValueError("lock: an optimistic transaction locks nothing ahead (use mode='pessimistic')")
+        return [_check_key(k) for k in dict.fromkeys(keys) if k not in self.locked]
+
+    def empty(self) -> bool:
+        return not self.reads and not self.writes and not self.locked
+
+    def body(self, oneshot: bool) -> bytes:
+        doc: dict[str, Any] = {"reads": self.reads, "writes": self.writes}
+        if oneshot:
+            doc["mode"] = self.mode
+        return msgpack.packb(doc, use_bin_type=True)  # type: ignore[no-any-return]
+
+    def commit_target(self, router: _Router) -> str:
+        """Where a one-shot commit goes: the write primary of a written key (it coordinates from there, one
+        hop less), else of a read key."""
+        key = next(iter(self.writes), None) or next(iter(self.reads))
+        return router.target(key, write=True)
+
+
+class Transaction:
+    """A transaction of the blocking client (:meth:`GridClient.transaction`); commit on leaving the ``with``
+    block, roll back on an exception. Not thread-safe (as the client)."""
+
+    def __init__(self, client: GridClient, mode: str = "optimistic") -> None:
+        self._c = client
+        self._t = _TxCore(mode)
+
+    @property
+    def mode(self) -> str:
+        return self._t.mode
+
+    @property
+    def id(self) -> str | None:
+        """The member's transaction id (pessimistic: once begun; optimistic: after the commit)."""
+        return self._t.tx
+
+    @property
+    def state(self) -> str:
+        return self._t.state
+
+    def get(self, key: bytes) -> bytes | None:
+        """The value of ``key`` as this transaction sees it (its own writes first); records the version read.
+        Pessimistic: locks the key first."""
+        t = self._t
+        t.check_active()
+        _check_key(key)
+        hit, value = t.lookup(key)
+        if hit:
+            return value
+        if t.pessimistic:
+            self.lock([key])
+        value, version = self._c._call("GET", key, None, versioned=True)
+        t.read(key, value, version)
+        return value  # type: ignore[no-any-return]
+
+    def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes | None]:
+        """Several keys in one round of batch requests (pessimistic: one lock request for all first)."""
+        t = self._t
+        t.check_active()
+        keys = [_check_key(k) for k in dict.fromkeys(keys)]
+        todo = [k for k in keys if not t.lookup(k)[0]]
+        if todo:
+            if t.pessimistic:
+                self.lock(todo)
+            for key, (value, version) in self._c.get_many_versions(todo).items():
+                if version is None and value is not None:
+                    value, version = self._c._call("GET", key, None, versioned=True)
+                t.read(key, value, version or 0)
+        return {k: t.lookup(k)[1] for k in keys}
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._t.check_active()
+        if type(value) is not bytes:
+            raise TypeError(f"value: expected bytes, got {type(value).__name__}")
+        if self._t.pessimistic:
+            self.lock([key])
+        self._t.write(key, value)
+
+    def delete(self, key: bytes) -> None:
+        self._t.check_active()
+        if self._t.pessimistic:
+            self.lock([key])
+        self._t.write(key, None)
+
+    def lock(self, keys: Iterable[bytes]) -> None:
+        """Pessimistic mode: lock ``keys`` on their primaries now (they stay locked until the end)."""
+        t = self._t
+        t.check_active()
+        todo = t.to_lock(keys)
+        if not todo:
+            return
+        if t.tx is None:
+            t.tx, t.member = self._c._tx_begin(t.mode)
+        body = msgpack.packb({"keys": todo}, use_bin_type=True)
+        try:
+            reply = self._c._tx_post(t.member, _tx_path(t.tx, "lock"), body)  # type: ignore[arg-type]
+        except (OSError, http.client.HTTPException) as exc:
+            # Nothing was committed; the member rolls the transaction back on its own (timeout, or it died).
+            t.state = "failed"
+            raise GridTxAborted(f"transaction {t.tx}: lock request failed: {exc}", "connection", t.tx) from None
+        if reply.status != 200:
+            t.state = "failed"
+            raise _tx_failure(reply, t.tx)
+        t.locked.update(todo)
+
+    def commit(self) -> None:
+        """Commit: raises :class:`GridTxConflict` / :class:`GridTxAborted` (rolled back, safe to run again) or
+        :class:`GridTxUnknownOutcome` (no answer to the commit)."""
+        t = self._t
+        t.check_active()
+        if t.empty():
+            t.state = "committed"
+            return
+        t.commit_sent = True
+        if t.tx is None:
+            t.tx = self._c._tx_oneshot(t)
+        else:
+            try:
+                reply = self._c._tx_post(t.member, _tx_path(t.tx, "commit"), t.body(False), commit=True)  # type: ignore[arg-type]
+            except (OSError, http.client.HTTPException) as exc:
+                t.state = "failed"
+                raise GridTxUnknownOutcome(
+                    f"transaction {t.tx}: no answer to the commit ({exc}); it may or may not have committed",
+                    "connection",
+                    t.tx,
+                ) from None
+            if reply.status != 200:
+                t.state = "failed"
+                raise _tx_failure(reply, t.tx)
+        t.state = "committed"
+
+    def rollback(self) -> None:
+        """Roll back (idempotent). A pessimistic transaction's locks are released on its member now."""
+        t = self._t
+        if not t.needs_rollback():
+            return
+        t.state = "rolled_back"
+        if t.tx is not None and t.member is not None:
+            # Best effort: a member that cannot be told rolls it back by itself after its tx_timeout.
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                self._c._tx_post(t.member, _tx_path(t.tx, "rollback"), None)
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        if et is not None:
+            self.rollback()
+        elif self._t.state == "active":
+            self.commit()
+
+
+class AsyncTransaction:
+    """A transaction of the asyncio client (:meth:`AsyncGridClient.transaction`): ``async with``; every
+    operation is a coroutine (a pessimistic put locks the key first)."""
+
+    def __init__(self, client: AsyncGridClient, mode: str = "optimistic") -> None:
+        self._c = client
+        self._t = _TxCore(mode)
+
+    @property
+    def mode(self) -> str:
+        return self._t.mode
+
+    @property
+    def id(self) -> str | None:
+        return self._t.tx
+
+    @property
+    def state(self) -> str:
+        return self._t.state
+
+    async def get(self, key: bytes) -> bytes | None:
+        t = self._t
+        t.check_active()
+        _check_key(key)
+        hit, value = t.lookup(key)
+        if hit:
+            return value
+        if t.pessimistic:
+            await self.lock([key])
+        value, version = await self._c._call("GET", key, None, versioned=True)
+        t.read(key, value, version)
+        return value  # type: ignore[no-any-return]
+
+    async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes | None]:
+        t = self._t
+        t.check_active()
+        keys = [_check_key(k) for k in dict.fromkeys(keys)]
+        todo = [k for k in keys if not t.lookup(k)[0]]
+        if todo:
+            if t.pessimistic:
+                await self.lock(todo)
+            for key, (value, version) in (await self._c.get_many_versions(todo)).items():
+                if version is None and value is not None:
+                    value, version = await self._c._call("GET", key, None, versioned=True)
+                t.read(key, value, version or 0)
+        return {k: t.lookup(k)[1] for k in keys}
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        self._t.check_active()
+        if type(value) is not bytes:
+            raise TypeError(f"value: expected bytes, got {type(value).__name__}")
+        if self._t.pessimistic:
+            await self.lock([key])
+        self._t.write(key, value)
+
+    async def delete(self, key: bytes) -> None:
+        self._t.check_active()
+        if self._t.pessimistic:
+            await self.lock([key])
+        self._t.write(key, None)
+
+    async def lock(self, keys: Iterable[bytes]) -> None:
+        t = self._t
+        t.check_active()
+        todo = t.to_lock(keys)
+        if not todo:
+            return
+        if t.tx is None:
+            t.tx, t.member = await self._c._tx_begin(t.mode)
+        body = msgpack.packb({"keys": todo}, use_bin_type=True)
+        try:
+            reply = await self._c._tx_post(t.member, _tx_path(t.tx, "lock"), body)  # type: ignore[arg-type]
+        except (TimeoutError, OSError, self._c._aiohttp.ClientError) as exc:
+            t.state = "failed"
+            raise GridTxAborted(f"transaction {t.tx}: lock request failed: {exc}", "connection", t.tx) from None
+        if reply.status != 200:
+            t.state = "failed"
+            raise _tx_failure(reply, t.tx)
+        t.locked.update(todo)
+
+    async def commit(self) -> None:
+        t = self._t
+        t.check_active()
+        if t.empty():
+            t.state = "committed"
+            return
+        t.commit_sent = True
+        if t.tx is None:
+            t.tx = await self._c._tx_oneshot(t)
+        else:
+            try:
+                reply = await self._c._tx_post(t.member, _tx_path(t.tx, "commit"), t.body(False))  # type: ignore[arg-type]
+            except (TimeoutError, OSError, self._c._aiohttp.ClientError) as exc:
+                t.state = "failed"
+                raise GridTxUnknownOutcome(
+                    f"transaction {t.tx}: no answer to the commit ({exc}); it may or may not have committed",
+                    "connection",
+                    t.tx,
+                ) from None
+            if reply.status != 200:
+                t.state = "failed"
+                raise _tx_failure(reply, t.tx)
+        t.state = "committed"
+
+    async def rollback(self) -> None:
+        t = self._t
+        if not t.needs_rollback():
+            return
+        t.state = "rolled_back"
+        if t.tx is not None and t.member is not None:
+            with contextlib.suppress(TimeoutError, OSError, self._c._aiohttp.ClientError):
+                await self._c._tx_post(t.member, _tx_path(t.tx, "rollback"), None)
+
+    async def __aenter__(self) -> AsyncTransaction:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if et is not None:
+            await self.rollback()
+        elif self._t.state == "active":
+            await self.commit()
+
+
+def _check_reruns(retries: int) -> None:
+    if type(retries) is not int or retries < 0:
+        raise ValueError(f"retries: expected an int >= 0, got {retries!r}")
+
+
 __all__ = [
     "AsyncGridClient",
+    "AsyncTransaction",
     "GridBatchError",
     "GridClient",
     "GridClientError",
     "GridRequestError",
+    "GridTxAborted",
+    "GridTxConflict",
+    "GridTxError",
+    "GridTxUnknownOutcome",
     "GridUnavailableError",
+    "Transaction",
     "normalize_endpoint",
 ]

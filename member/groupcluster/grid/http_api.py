@@ -1,4 +1,4 @@
-"""The member's HTTP API (aiohttp): health, readiness, status, the key/value API, graceful leave, metrics.
+"""The member's HTTP API (aiohttp): health, readiness, status, key/value, transactions, graceful leave, metrics.
 
 =========================  ==============================================================================
 ``GET /healthz``           200 while the process and its event loop run
@@ -11,6 +11,11 @@
 ``POST /v1/batch``         many get/put/delete operations in one request (msgpack or JSON); a result each
 ``GET /v1/segments/{id}``  one page of the entries of a segment this member reads (``after``, ``limit``)
 ``GET /v1/changes/{id}``   one page of the change feed of a segment this member reads (``after``, ``limit``)
+``POST /v1/tx``            a one-shot transaction: reads (key -> version), writes (key -> value or null), lock
+``POST /v1/tx/begin``      an interactive transaction on this member; then ``/v1/tx/{id}/lock``, ``/commit``,
+                           ``/rollback`` (POST)
+``GET /v1/tx/in-doubt``    this member's in-doubt transactions; ``GET /v1/tx/{id}/report`` one's state here;
+                           ``POST /v1/tx/{id}/resolve`` ``{"commit": bool}`` (all three need the admin token)
 ``POST /v1/leave``         202: hand our segments to new owners, then leave the group and exit
 ``POST /v1/force-available`` on the coordinator: leave degraded mode with the members present (operator's
                            override after members are known dead, not cut off; 409 on other members)
@@ -49,8 +54,18 @@ or a log truncated at :data:`~.runtime.DEFAULT_FEED_ENTRIES` entries or ``DEFAUL
 segment by scan instead.
 Same formats, 409 and 503 answers as the segment scan.
 
-Batch ``get`` results carry ``version`` (the version of the value returned) when the member that answers the
-request holds the key's segment, which it does when the client routed the key to its read owner.
+Batch ``get`` results carry ``version`` (the version of the value returned). ``GET /v1/kv/{key}`` answers the
+version in the ``X-Grid-Version`` header (0: absent), which an optimistic transaction passes back as its read.
+
+**Transactions** (docs/grid-transactions.md, "Using transactions"): bodies in JSON (keys and values base64,
+also as map keys) or msgpack, as for batches; a map key given twice is a 400. ``POST /v1/tx`` begins, locks
+``lock`` (pessimistic), and commits ``writes`` after validating ``reads``: 200 ``{"tx", "committed": true,
+"attempts"}`` in the request's format; 409 aborted (``reason`` ``conflict``, ``lock_timeout``,
+``rolled_back``...), 503 unavailable and 504 timed out (rolled back too), 500 with ``committed`` null when the
+outcome is unknown; failures are JSON ``{"error", "tx", "committed", "reason"}``. An interactive transaction
+(``/v1/tx/begin``) lives on the member that began it (elsewhere: 404 naming that) and is rolled back after
+the grid's ``tx_timeout`` without a request. A plain PUT/DELETE of a key a transaction holds is 409
+``{"reason": "locked"}``: nothing was written, try again.
 """
 
 from __future__ import annotations
@@ -71,7 +86,21 @@ from aiohttp.web_protocol import RequestPayloadError
 from ..sim.history import view_id_json
 from .messages import DEFAULT_LIMITS, DELETE, GET, PUT
 from .node import OpResult
-from .runtime import GridError, GridNotOwner, GridRuntime, GridTimeout, GridUnavailable
+from .runtime import (
+    GridError,
+    GridLocked,
+    GridNotOwner,
+    GridRuntime,
+    GridTimeout,
+    GridTxBusy,
+    GridTxError,
+    GridTxNotFound,
+    GridTxTimeout,
+    GridTxUnavailable,
+    GridTxUnknown,
+    GridUnavailable,
+)
+from .tx_messages import TxId
 
 if TYPE_CHECKING:
     from ..runtime.channel import Channel
@@ -90,6 +119,11 @@ RETRY_AFTER_SECONDS = "1"
 MSGPACK_TYPES = frozenset({"application/msgpack", "application/x-msgpack", "application/vnd.msgpack"})
 MSGPACK = "application/msgpack"
 OP_KINDS = {"get": GET, "put": PUT, "delete": DELETE}
+# Keys one transaction may name (reads, writes and locks together): the grid's per-message limit (TxLimits).
+MAX_TX_KEYS = 4096
+MAX_VERSION = (1 << 63) - 1
+TX_MODES = ("optimistic", "pessimistic")
+VERSION_HEADER = "X-Grid-Version"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -134,7 +168,9 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         if exc.status == 404:
             return json_error(404, f"no such endpoint: {request.path}")
         if exc.status == 413:
-            limit = MAX_BATCH_BYTES if request.path == "/v1/batch" else MAX_VALUE_BYTES
+            limit = (
+                MAX_BATCH_BYTES if request.path == "/v1/batch" or request.path.startswith("/v1/tx") else MAX_VALUE_BYTES
+            )
             return json_error(413, f"request body too large (limit {limit} bytes)")
         return json_error(exc.status, exc.reason)
 
@@ -148,14 +184,21 @@ def _payload_error_text(exc: RequestPayloadError) -> str:
     return text or "could not be read"
 
 
-_DATA_PREFIXES = ("/v1/kv", "/v1/batch", "/v1/segments", "/v1/changes")
+_DATA_PREFIXES = ("/v1/kv", "/v1/batch", "/v1/segments", "/v1/changes", "/v1/tx")
+
+
+def _admin_path(path: str) -> bool:
+    """Paths guarded by the admin token: leaving, forcing availability, in-doubt transactions."""
+    if path in ("/v1/leave", "/v1/force-available", "/v1/tx/in-doubt"):
+        return True
+    return path.startswith("/v1/tx/") and path.endswith(("/resolve", "/report"))
 
 
 def _token_middleware(ctx: MemberContext) -> Any:
     @web.middleware
     async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
-        if path in ("/v1/leave", "/v1/force-available"):
+        if _admin_path(path):
             expected, what = ctx.admin_token, "the admin token (--admin-token-file)"
         elif path.startswith(_DATA_PREFIXES):
             expected, what = ctx.kv_token, "the data token (--kv-token-file)"
@@ -186,6 +229,13 @@ def build_app(ctx: MemberContext) -> web.Application:
     app.router.add_post("/v1/leave", api.leave)
     app.router.add_post("/v1/force-available", api.force_available)
     app.router.add_post("/v1/batch", api.batch)
+    app.router.add_post("/v1/tx", api.tx)
+    app.router.add_post("/v1/tx/begin", api.tx_begin)
+    app.router.add_get("/v1/tx/in-doubt", api.tx_in_doubt)
+    # A transaction id holds "/" and "#" ("host:port#incarnation/seq"; clients percent-encode them), so the id
+    # is everything between /v1/tx/ and the action.
+    app.router.add_post("/v1/tx/{tx:.+}/{action:lock|commit|rollback|resolve}", api.tx_action)
+    app.router.add_get("/v1/tx/{tx:.+}/report", api.tx_report)
     app.router.add_get("/v1/segments/{segment}", api.segment)
     app.router.add_get("/v1/changes/{segment}", api.changes)
     # ``{key:.*}`` also matches an empty key and keys with "/", so both get a precise 400 rather than a 404.
@@ -269,7 +319,174 @@ def parse_batch(doc: Any, binary: bool) -> list[tuple[int, bytes, bytes | None]]
     return out
 
 
-def _unpack_body(raw: bytes) -> Any:
+@dataclass(frozen=True, slots=True)
+class TxRequest:
+    """A parsed transaction body: ``writes`` (value None deletes), ``reads`` (key -> version read, 0 = absent),
+    ``lock`` (keys to lock first; pessimistic only) and ``mode`` (None: the grid's default)."""
+
+    mode: str | None
+    reads: dict[bytes, int]
+    writes: dict[bytes, bytes | None]
+    lock: tuple[bytes, ...]
+
+
+def _tx_key(value: Any, where: str, binary: bool) -> bytes:
+    key = _field_bytes(value, where, binary)
+    if not 1 <= len(key) <= MAX_BATCH_KEY_BYTES:
+        raise BadBatch(f"{where}: {len(key)} bytes is outside [1, {MAX_BATCH_KEY_BYTES}]")
+    return key
+
+
+def _key_label(raw: Any) -> str:
+    """A map key as it appears in an error message (shortened)."""
+    text = repr(raw)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _tx_map(doc: dict[str, Any], name: str) -> dict[Any, Any]:
+    value = doc.get(name, {})
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        kind = "{key: version}" if name == "reads" else "{key: value or null}"
+        raise BadBatch(f"{name}: expected a map {kind}, got {type(value).__name__}")
+    if len(value) > MAX_TX_KEYS:
+        raise BadBatch(f"{name}: {len(value)} keys exceed the limit of {MAX_TX_KEYS}")
+    return value
+
+
+def parse_mode(doc: dict[str, Any]) -> str | None:
+    mode = doc.get("mode")
+    if mode is None:
+        return None
+    if not isinstance(mode, str) or mode not in TX_MODES:
+        raise BadBatch(f"mode: expected {' or '.join(repr(m) for m in TX_MODES)}, got {mode!r}")
+    return mode
+
+
+def _check_fields(doc: Any, allowed: tuple[str, ...], shape: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise BadBatch(f"body: expected a map {shape}, got {type(doc).__name__}")
+    unknown = sorted(str(k) for k in doc if k not in allowed)
+    if unknown:
+        raise BadBatch(f"body: unknown field(s) {', '.join(unknown)} (expected {', '.join(allowed)})")
+    return doc
+
+
+def parse_tx(doc: Any, binary: bool, *, interactive: bool = False) -> TxRequest:
+    """The transaction in a decoded ``POST /v1/tx`` body (``interactive``: a ``/v1/tx/{id}/commit`` body, which
+    takes no ``mode`` or ``lock``), or :class:`BadBatch` naming the field. Keys are bytes in msgpack and base64
+    strings in JSON (map keys too)."""
+    allowed = ("reads", "writes") if interactive else ("mode", "reads", "writes", "lock")
+    doc = _check_fields(doc, allowed, '{"reads": {key: version}, "writes": {key: value or null}}')
+    mode = None if interactive else parse_mode(doc)
+    reads: dict[bytes, int] = {}
+    for raw, version in _tx_map(doc, "reads").items():
+        where = f"reads[{_key_label(raw)}]"
+        key = _tx_key(raw, f"{where} (key)", binary)
+        if type(version) is not int or not 0 <= version <= MAX_VERSION:
+            raise BadBatch(f"{where}: expected a version (an integer 0 to 2^63-1; 0 = read as absent), got {version!r}")
+        if key in reads:
+            raise BadBatch(f"{where}: the key is given twice")
+        reads[key] = version
+    writes: dict[bytes, bytes | None] = {}
+    for raw, value in _tx_map(doc, "writes").items():
+        where = f"writes[{_key_label(raw)}]"
+        key = _tx_key(raw, f"{where} (key)", binary)
+        if key in writes:
+            raise BadBatch(f"{where}: the key is given twice")
+        if value is None:
+            writes[key] = None
+            continue
+        data = _field_bytes(value, f"{where} (value)", binary)
+        if len(data) > MAX_VALUE_BYTES:
+            raise BadBatch(f"{where} (value): {len(data)} bytes exceed the limit of {MAX_VALUE_BYTES}")
+        writes[key] = data
+    lock: tuple[bytes, ...] = ()
+    if not interactive:
+        lock = parse_keys(doc.get("lock", []), "lock", binary)
+        if lock:
+            if mode == "optimistic":
+                raise BadBatch('lock: an optimistic transaction locks nothing ahead (give "mode": "pessimistic")')
+            mode = "pessimistic"
+    if not writes and not reads and not lock and not interactive:
+        raise BadBatch('body: an empty transaction (give "writes", "reads" or "lock")')
+    if len(reads.keys() | writes.keys() | set(lock)) > MAX_TX_KEYS:
+        raise BadBatch(f"body: the transaction names more than {MAX_TX_KEYS} distinct keys")
+    return TxRequest(mode, reads, writes, lock)
+
+
+def parse_keys(value: Any, name: str, binary: bool) -> tuple[bytes, ...]:
+    """A list of keys (``lock``, ``keys``): at least one when given, no duplicates."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise BadBatch(f"{name}: expected a list of keys, got {type(value).__name__}")
+    if len(value) > MAX_TX_KEYS:
+        raise BadBatch(f"{name}: {len(value)} keys exceed the limit of {MAX_TX_KEYS}")
+    keys: list[bytes] = []
+    seen: set[bytes] = set()
+    for i, raw in enumerate(value):
+        key = _tx_key(raw, f"{name}[{i}]", binary)
+        if key in seen:
+            raise BadBatch(f"{name}[{i}]: the key is given twice")
+        seen.add(key)
+        keys.append(key)
+    return tuple(keys)
+
+
+def parse_tx_begin(doc: Any) -> str | None:
+    """The mode of a ``POST /v1/tx/begin`` body (None for an empty body: the grid's default)."""
+    if doc is None:
+        return None
+    return parse_mode(_check_fields(doc, ("mode",), '{"mode": "optimistic" or "pessimistic"}'))
+
+
+def parse_tx_lock(doc: Any, binary: bool) -> tuple[bytes, ...]:
+    doc = _check_fields(doc, ("keys",), '{"keys": [key, ...]}')
+    if "keys" not in doc:
+        raise BadBatch('keys: missing (give {"keys": [key, ...]})')
+    keys = parse_keys(doc["keys"], "keys", binary)
+    if not keys:
+        raise BadBatch("keys: empty (give at least one key)")
+    return keys
+
+
+def parse_tx_resolve(doc: Any, binary: bool) -> tuple[bool, dict[bytes, int]]:
+    """``{"commit": bool, "versions": {key: version}}`` (versions optional: other members' stamped versions,
+    which a commit may need) -> (commit, versions)."""
+    doc = _check_fields(doc, ("commit", "versions"), '{"commit": true or false}')
+    commit = doc.get("commit")
+    if type(commit) is not bool:
+        raise BadBatch(f"commit: expected true (commit) or false (roll back), got {commit!r}")
+    versions: dict[bytes, int] = {}
+    for raw, version in _tx_map(doc, "versions").items():
+        where = f"versions[{_key_label(raw)}]"
+        key = _tx_key(raw, f"{where} (key)", binary)
+        if type(version) is not int or not 1 <= version <= MAX_VERSION:
+            raise BadBatch(f"{where}: expected a version (an integer 1 to 2^63-1), got {version!r}")
+        versions[key] = version
+    return commit, versions
+
+
+def parse_tx_id(text: str) -> TxId:
+    """A transaction id from a URL (``host:port#incarnation/seq``), or :class:`BadBatch`."""
+    try:
+        return TxId.parse(text)
+    except (ValueError, TypeError) as exc:
+        raise BadBatch(f"transaction id {text[:80]!r}: {exc} (ids look like 127.0.0.1:7800#123/4)") from None
+
+
+def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"the map key {_key_label(k)} is given twice")
+        out[k] = v
+    return out
+
+
+def _unpack_body(raw: bytes, pairs_hook: Callable[[list[tuple[Any, Any]]], Any] | None = None) -> Any:
     """A msgpack batch body with every length bounded (as :func:`~..core.wire.unpack_bounded` does for peers,
     but a map is allowed at the top). Arrays get twice the operation limit, so a list just over the limit
     still decodes and :func:`parse_batch` says which limit it broke."""
@@ -280,8 +497,10 @@ def _unpack_body(raw: bytes) -> Any:
         max_bin_len=MAX_VALUE_BYTES + MAX_BATCH_KEY_BYTES,
         max_str_len=MAX_BATCH_KEY_BYTES,
         max_array_len=2 * MAX_BATCH_OPS,
-        max_map_len=8,
+        # A transaction's reads and writes are maps of keys; a batch body is a map of one field.
+        max_map_len=2 * MAX_TX_KEYS if pairs_hook is not None else 8,
         max_ext_len=0,
+        object_pairs_hook=pairs_hook,
     )
 
 
@@ -296,11 +515,46 @@ def result_doc(res: OpResult, binary: bool, version: int | None = None) -> dict[
                 doc["version"] = version
             return doc
         return {"status": 200}
+    if res.reason == "locked":
+        return {"status": 409, "error": res.error, "reason": "locked"}
     if "unavailable" in res.error:
         return {"status": 503, "error": res.error}
     if "timed out" in res.error:
         return {"status": 504, "error": res.error}
     return {"status": 500, "error": res.error or "operation failed"}
+
+
+def committed_doc(tx: TxId, res: OpResult) -> dict[str, Any]:
+    doc: dict[str, Any] = {"tx": str(tx), "committed": True, "attempts": res.attempts}
+    if res.reason:
+        doc["reason"] = res.reason  # e.g. "mixed": committed, but a participant had been resolved the other way
+    return doc
+
+
+def tx_failure(exc: GridError) -> web.Response:
+    """The answer for a transaction that did not commit: 409 aborted (conflict, lock timeout, rolled back),
+    503 unavailable, 504 timed out (both rolled back: safe to run again), 404 unknown interactive transaction,
+    500 outcome unknown. Always JSON ``{"error", "tx", "committed", "reason"}``."""
+    tx = getattr(exc, "tx", None)
+    reason = getattr(exc, "reason", None)
+    committed: bool | None = False
+    if isinstance(exc, GridTxNotFound):
+        status = 404
+    elif isinstance(exc, GridTxBusy):
+        status = 409
+    elif isinstance(exc, GridTxUnknown):
+        status, committed = 500, None
+    elif isinstance(exc, GridTxUnavailable | GridUnavailable):
+        status, reason = 503, "unavailable"
+    elif isinstance(exc, GridTxTimeout | GridTimeout):
+        status, reason = 504, "timeout"
+    elif isinstance(exc, GridTxError):
+        status = 409
+    else:
+        status = 500
+    return json_error(
+        status, str(exc), tx=str(tx) if tx is not None else None, committed=committed, reason=reason or "error"
+    )
 
 
 def _packed(doc: dict[str, Any], binary: bool, status: int = 200) -> web.Response:
@@ -384,6 +638,7 @@ class _Api:
                 "ready_to_leave": st.get("ready_to_leave"),
                 "ready": grid.ready,
                 "endpoints": st.get("endpoints"),
+                "transactions": st.get("transactions"),
             }
             body["routing"] = grid.routing()
         return web.json_response(body)
@@ -447,10 +702,14 @@ class _Api:
                 return json_error(413, f"value: {len(value)} bytes exceed the limit of {MAX_VALUE_BYTES}")
         try:
             if request.method == "GET":
-                found = await grid.get(key)
+                found, version = await grid.get_versioned(key)
+                # The version lets a client read optimistically: a transaction passes it back as its read.
+                headers = {VERSION_HEADER: str(version)}
                 if found is None:
-                    return json_error(404, "key not found", key=request.match_info["key"])
-                return web.Response(body=found, content_type="application/octet-stream")
+                    resp = json_error(404, "key not found", key=request.match_info["key"], version=version)
+                    resp.headers.update(headers)
+                    return resp
+                return web.Response(body=found, content_type="application/octet-stream", headers=headers)
             if request.method == "PUT":
                 res = await grid.put(key, value)  # type: ignore[arg-type]
             else:
@@ -460,6 +719,8 @@ class _Api:
             return json_error(503, str(exc), reason=str(exc))
         except GridTimeout as exc:
             return json_error(504, str(exc))
+        except GridLocked as exc:
+            return json_error(409, str(exc), reason="locked")
         except GridError as exc:
             return json_error(500, str(exc))
 
@@ -500,10 +761,210 @@ class _Api:
         except (ValueError, TypeError) as exc:
             return json_error(400, str(exc))
         t = grid.node.topology if grid.node is not None else None
-        versions = grid.versions_of(ops, results)
+        # The node reports the version of what a get read; the local copy's is the fallback (older peers).
+        versions: list[int | None] = [r.version or None for r in results]
+        if any(not r.version and r.kind == GET and r.ok and r.value is not None for r in results):
+            local = grid.versions_of(ops, results)
+            versions = [v if v is not None else lv for v, lv in zip(versions, local, strict=True)]
         body = {
             "topology_id": t.topology_id if t is not None else 0,
             "results": [result_doc(r, binary, v) for r, v in zip(results, versions, strict=True)],
+        }
+        return _packed(body, binary)
+
+    # ==== transactions =====================================================================================
+    async def _tx_body(self, request: web.Request, *, optional: bool, shape: str) -> tuple[Any, bool] | web.Response:
+        """The decoded body of a transaction request and whether it (and so the answer) is msgpack; or the 4xx.
+        ``optional``: an empty body decodes as None."""
+        ctype = request.content_type
+        length = request.content_length
+        if length is not None and length > MAX_BATCH_BYTES:
+            return json_error(413, f"body: {length} bytes exceed the limit of {MAX_BATCH_BYTES}")
+        raw = await request.read()
+        accept_msgpack = any(
+            t.strip().split(";")[0] in MSGPACK_TYPES for t in request.headers.get("Accept", "").split(",")
+        )
+        if not raw:
+            if optional:
+                return None, ctype in MSGPACK_TYPES or accept_msgpack
+            return json_error(400, f"missing body: {shape}")
+        if ctype in MSGPACK_TYPES:
+            binary = True
+        elif ctype == "application/json":
+            binary = False
+        else:
+            return json_error(
+                415, f"Content-Type {ctype or '(none)'} is not supported: use application/msgpack or application/json"
+            )
+        try:
+            doc = _unpack_body(raw, _no_duplicates) if binary else json.loads(raw, object_pairs_hook=_no_duplicates)
+        except (ValueError, msgpack.UnpackException) as exc:
+            return json_error(400, f"body: not valid {'msgpack' if binary else 'JSON'} ({exc})")
+        except Exception as exc:  # msgpack raises assorted errors on hostile input; all of them mean "bad body"
+            return json_error(400, f"body: not valid {'msgpack' if binary else 'JSON'} ({type(exc).__name__})")
+        return doc, binary
+
+    async def tx(self, request: web.Request) -> web.Response:
+        """``POST /v1/tx``: a one-shot transaction (begin, lock, commit) on this member."""
+        self._count("tx")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        parsed = await self._tx_body(
+            request, optional=False, shape='{"reads": {key: version}, "writes": {key: value or null}}'
+        )
+        if isinstance(parsed, web.Response):
+            return parsed
+        doc, binary = parsed
+        try:
+            req = parse_tx(doc, binary)
+        except BadBatch as exc:
+            return json_error(400, str(exc))
+        try:
+            tx, res = await grid.transact(req.writes, req.reads, mode=req.mode, lock=req.lock)
+        except (ValueError, TypeError) as exc:
+            return json_error(400, str(exc))
+        except GridError as exc:
+            return tx_failure(exc)
+        return _packed(committed_doc(tx, res), binary)
+
+    async def tx_begin(self, request: web.Request) -> web.Response:
+        """``POST /v1/tx/begin``: an interactive transaction, driven by later requests to this member."""
+        self._count("tx_begin")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        parsed = await self._tx_body(request, optional=True, shape='{"mode": "optimistic" or "pessimistic"}')
+        if isinstance(parsed, web.Response):
+            return parsed
+        doc, binary = parsed
+        try:
+            mode = parse_tx_begin(doc)
+            tx = await grid.tx_begin(mode, interactive=True)
+        except (BadBatch, ValueError) as exc:
+            return json_error(400, str(exc))
+        except GridError as exc:
+            return tx_failure(exc)
+        return _packed({"tx": str(tx), "mode": grid.interactive[tx].mode, "timeout": grid.tx_timeout}, binary)
+
+    async def tx_action(self, request: web.Request) -> web.Response:
+        """``POST /v1/tx/{id}/lock|commit|rollback|resolve``."""
+        action = request.match_info["action"]
+        self._count(f"tx_{action}")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        shapes = {
+            "lock": '{"keys": [key, ...]}',
+            "commit": '{"reads": {key: version}, "writes": {key: value or null}}',
+            "rollback": "(none)",
+            "resolve": '{"commit": true or false}',
+        }
+        try:
+            tx = parse_tx_id(request.match_info["tx"])
+        except BadBatch as exc:
+            return json_error(400, str(exc))
+        parsed = await self._tx_body(request, optional=action in ("commit", "rollback"), shape=shapes[action])
+        if isinstance(parsed, web.Response):
+            return parsed
+        doc, binary = parsed
+        try:
+            if action == "resolve":
+                return self._tx_resolve(grid, tx, *parse_tx_resolve(doc, binary))
+            if action == "rollback":
+                return await self._tx_rollback(grid, tx, doc, binary)
+            grid.check_interactive(tx)
+            if action == "lock":
+                keys = parse_tx_lock(doc, binary)
+                await grid.tx_lock(tx, keys)
+                return _packed({"tx": str(tx), "locked": len(keys)}, binary)
+            req = parse_tx(doc if doc is not None else {}, binary, interactive=True)
+            res = await grid.tx_commit(tx, req.writes, req.reads)
+            return _packed(committed_doc(tx, res), binary)
+        except BadBatch as exc:
+            return json_error(400, str(exc))
+        except (ValueError, TypeError) as exc:
+            return json_error(400, f"transaction {tx}: {exc}")
+        except GridError as exc:
+            return tx_failure(exc)
+
+    async def _tx_rollback(self, grid: GridRuntime, tx: TxId, doc: Any, binary: bool) -> web.Response:
+        if doc is not None:
+            return json_error(400, "body: a rollback takes no body")
+        if tx not in grid.interactive:
+            ended = grid.tx_ended(tx)
+            if ended is None:
+                grid.check_interactive(tx)  # raises GridTxNotFound with the explanation
+            if ended is not None and ended.startswith("commit"):
+                return json_error(409, f"transaction {tx} cannot be rolled back: {ended}", tx=str(tx), reason=ended)
+            # Rolling back what already rolled back is harmless: answer as if it had been now.
+            return _packed({"tx": str(tx), "rolled_back": True, "detail": ended}, binary)
+        await grid.tx_rollback(tx)
+        return _packed({"tx": str(tx), "rolled_back": True}, binary)
+
+    def _tx_resolve(self, grid: GridRuntime, tx: TxId, commit: bool, versions: dict[bytes, int]) -> web.Response:
+        if not grid.tx_resolve(tx, commit, versions):
+            return json_error(
+                404,
+                f"transaction {tx} is not in doubt on this member (GET /v1/tx/in-doubt lists the ones that are)",
+                tx=str(tx),
+            )
+        return web.json_response({"tx": str(tx), "resolved": "commit" if commit else "rollback"})
+
+    async def tx_report(self, request: web.Request) -> web.Response:
+        """``GET /v1/tx/{id}/report``: this member's state of a transaction, for a resolver
+        (``groupcluster tx resolve --auto`` decides from every member's)."""
+        self._count("tx_report")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        try:
+            tx = parse_tx_id(request.match_info["tx"])
+            rep = grid.tx_report(tx)
+        except BadBatch as exc:
+            return json_error(400, str(exc))
+        except GridUnavailable as exc:
+            return json_error(503, str(exc), reason=str(exc))
+        in_doubt = any(d.tx == tx for d in grid.tx_in_doubt())
+        return web.json_response(
+            {
+                "tx": str(tx),
+                "state": rep.state.name if rep.state is not None else None,
+                "in_doubt": in_doubt,
+                "attempt": rep.attempt,
+                "writes": [[_b64(k), None if v is None else _b64(v)] for k, v in rep.writes],
+                "versions": [[_b64(k), ver] for k, ver in rep.versions],
+            }
+        )
+
+    async def tx_in_doubt(self, request: web.Request) -> web.Response:
+        """``GET /v1/tx/in-doubt``: this member's prepared transactions whose originator is gone."""
+        self._count("tx_in_doubt")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        binary = any(t.strip().split(";")[0] in MSGPACK_TYPES for t in request.headers.get("Accept", "").split(","))
+        try:
+            found = grid.tx_in_doubt()
+        except GridUnavailable as exc:
+            return json_error(503, str(exc), reason=str(exc))
+        ch = self.ctx.channel()
+
+        def enc(b: bytes) -> Any:
+            return b if binary else _b64(b)
+
+        body = {
+            "member": str(ch.address) if ch is not None else None,
+            "in_doubt": [
+                {
+                    "tx": str(d.tx),
+                    "attempt": d.attempt,
+                    "keys": [enc(k) for k in d.keys],
+                    "writes": [[enc(k), None if v is None else enc(v)] for k, v in d.writes],
+                    "versions": [[enc(k), ver] for k, ver in d.versions],
+                }
+                for d in found
+            ],
         }
         return _packed(body, binary)
 
@@ -718,6 +1179,24 @@ def render_metrics(ctx: MemberContext) -> str:
             "counter",
             "client operations that failed",
             [("", ops["ops_failed"])],
+        )
+        _metric(
+            lines,
+            "groupcluster_grid_transactions_total",
+            "counter",
+            "transactions this member originated, by outcome (conflict: aborted by validation; expired: interactive, "
+            "rolled back after tx_timeout without a request)",
+            [
+                (f'{{outcome="{o}"}}', ops[f"tx_{o}"])
+                for o in ("committed", "aborted", "conflicts", "rolled_back", "expired")
+            ],
+        )
+        _metric(
+            lines,
+            "groupcluster_grid_transactions_in_doubt",
+            "gauge",
+            "transactions in doubt on this member (prepared, originator gone): groupcluster tx in-doubt",
+            [("", len(node.tx_in_doubt()))],
         )
         _metric(
             lines,

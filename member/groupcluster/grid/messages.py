@@ -24,11 +24,28 @@ from ..core.validate import MAX_INT, as_bool, as_bytes, as_int, as_list, as_str
 from ..core.wire import unpack_bounded
 from .consistent_hash import MAX_SEGMENTS
 from .topology import CacheTopology, MemberStatus
+from .tx_messages import (
+    TX_TYPES,
+    TxAck,
+    TxCommit,
+    TxInfoAck,
+    TxLimits,
+    TxLock,
+    TxLockInfo,
+    TxMessage,
+    TxPrepare,
+    TxRollback,
+    TxVote,
+    decode_tx_message,
+    tx_to_wire,
+)
 
 # 2: XFER_DATA carries its entries as one packed chunk (:class:`EntryChunk`) instead of a list per entry.
 # 3: operations, responses, backups and their acknowledgements travel as batches (CMD_BATCH, RSP_BATCH,
 #    BACKUP_BATCH, BACKUP_ACK_BATCH: one message per destination and step, fields as columns).
-GRID_FORMAT_VERSION = 3
+# 4: the transaction messages (types 20-27, grid/tx_messages.py) share the payload, and answers carry the
+#    version of the entry a GET read (RSP and RSP_BATCH gain a version field; 0 when absent or not a GET).
+GRID_FORMAT_VERSION = 4
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12
@@ -91,6 +108,7 @@ class Response:
     topology_id: int
     value: bytes | None = None
     error: str = ""
+    version: int = 0  # a GET's entry version (0: absent); optimistic transactions validate it
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,11 +447,12 @@ class CommandBatch(_Batch):
 class ResponseBatch(_Batch):
     """Answers to one originator's operations, each with its own code and topology id (as :class:`Response`).
 
-    Wire: ``[RSP_BATCH, op_ids, attempts, codes, topology_ids, values, errors]``: values a list of bin or nil
-    per entry, errors ``[[index, text], ...]`` for the entries that have one.
+    Wire: ``[RSP_BATCH, op_ids, attempts, codes, topology_ids, values, errors, versions]``: values a list of
+    bin or nil per entry, errors ``[[index, text], ...]`` for the entries that have one, versions a uint64
+    column (a GET's entry version, else 0).
     """
 
-    __slots__ = ("attempts", "codes", "errors", "op_ids", "topology_ids", "values")
+    __slots__ = ("attempts", "codes", "errors", "op_ids", "topology_ids", "values", "versions")
 
     def __init__(self) -> None:
         self.op_ids: list[int] | array = []
@@ -442,11 +461,15 @@ class ResponseBatch(_Batch):
         self.topology_ids: list[int] | array = []
         self.values: list[bytes | None] = []
         self.errors: dict[int, str] = {}
+        self.versions: list[int] | array = []
         self.nbytes = 0
 
-    def add(self, op_id: int, attempt: int, code: int, tid: int, value: bytes | None, error: str) -> None:
+    def add(
+        self, op_id: int, attempt: int, code: int, tid: int, value: bytes | None, error: str, version: int = 0
+    ) -> None:
         if error:
             self.errors[len(self.values)] = error
+        self.versions.append(version)
         self.op_ids.append(op_id)
         self.attempts.append(attempt)
         self.codes.append(code)  # type: ignore[union-attr]
@@ -463,19 +486,20 @@ class ResponseBatch(_Batch):
     def responses(self) -> list[Response]:
         err = self.errors
         return [
-            Response(o, a, c, t, v, err.get(i, ""))
-            for i, (o, a, c, t, v) in enumerate(
-                zip(self.op_ids, self.attempts, self.codes, self.topology_ids, self.values, strict=True)
+            Response(o, a, c, t, v, err.get(i, ""), ver)
+            for i, (o, a, c, t, v, ver) in enumerate(
+                zip(self.op_ids, self.attempts, self.codes, self.topology_ids, self.values, self.versions, strict=True)
             )
         ]
 
     def to_wire(self) -> list[Any]:
         return [RSP_BATCH, _versions_blob(self.op_ids), _versions_blob(self.attempts), bytes(self.codes),
-                _versions_blob(self.topology_ids), self.values, [[i, e] for i, e in self.errors.items()]]  # fmt: skip
+                _versions_blob(self.topology_ids), self.values, [[i, e] for i, e in self.errors.items()],
+                _versions_blob(self.versions)]  # fmt: skip
 
     @classmethod
     def from_wire(cls, raw: list[Any], f: str, lim: GridLimits) -> ResponseBatch:
-        as_list(raw, f, 7, exact=7)
+        as_list(raw, f, 8, exact=8)
         values = as_list(raw[5], f"{f}.values", lim.max_batch_entries)
         n = len(values)
         b = cls()
@@ -491,6 +515,7 @@ class ResponseBatch(_Batch):
             if i in b.errors:
                 raise WireError(f"{f}.errors[{j}]: entry {i} is listed twice")
             b.errors[i] = as_str(pair[1], f"{f}.errors[{j}].text", MAX_ERROR_LEN)
+        b.versions = _u64s(raw[7], f"{f}.versions", n)
         return b
 
 
@@ -638,6 +663,11 @@ GridMessage = (
     | ResponseBatch
     | BackupBatch
     | BackupAckBatch
+    | TxMessage
+)
+
+_TX_CLASSES: frozenset[type] = frozenset(
+    (TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck)
 )
 
 
@@ -651,7 +681,7 @@ def _wire(msg: GridMessage) -> list[Any]:
     if t is Command:
         return [CMD, msg.op_id, msg.attempt, msg.topology_id, msg.kind, msg.key, msg.value]  # type: ignore[union-attr]
     if t is Response:
-        return [RSP, msg.op_id, msg.attempt, msg.code, msg.topology_id, msg.value, msg.error]  # type: ignore[union-attr]
+        return [RSP, msg.op_id, msg.attempt, msg.code, msg.topology_id, msg.value, msg.error, msg.version]  # type: ignore[union-attr]
     if t is Backup:
         return [BACKUP, msg.write_id, msg.topology_id, msg.version, msg.key, msg.value]  # type: ignore[union-attr]
     if t is BackupAck:
@@ -679,6 +709,8 @@ def _wire(msg: GridMessage) -> list[Any]:
         return [XFER_CANCEL, msg.xfer_id]  # type: ignore[union-attr]
     if t is XferFail:
         return [XFER_FAIL, msg.xfer_id, list(msg.segments)]  # type: ignore[union-attr]
+    if t in _TX_CLASSES:
+        return tx_to_wire(msg)  # type: ignore[arg-type]
     raise TypeError(f"not a grid message: {msg!r}")
 
 
@@ -714,21 +746,9 @@ def _decode_fast(raw: Any, lim: GridLimits) -> GridMessage | None:
     if type(raw) is not list:
         return None
     n = len(raw)
-    if n == 7:
-        kind, a, b, c, d, e, g = raw
-        if kind == CMD:
-            if (
-                _uint(a)
-                and _uint(b)
-                and _uint(c)
-                and type(d) is int
-                and 0 <= d <= 2
-                and type(e) is bytes
-                and len(e) <= lim.max_key_bytes
-                and (g is None if d != PUT else (type(g) is bytes and len(g) <= lim.max_value_bytes))
-            ):
-                return Command(a, b, c, d, e, g)
-        elif kind == RSP and (
+    if n == 8:
+        kind, a, b, c, d, e, g, h = raw
+        if kind == RSP and (
             _uint(a)
             and _uint(b)
             and type(c) is int
@@ -737,8 +757,22 @@ def _decode_fast(raw: Any, lim: GridLimits) -> GridMessage | None:
             and (e is None or (type(e) is bytes and len(e) <= lim.max_value_bytes))
             and type(g) is str
             and len(g) <= MAX_ERROR_LEN
+            and _uint(h)
         ):
-            return Response(a, b, c, d, e, g)
+            return Response(a, b, c, d, e, g, h)
+    elif n == 7:
+        kind, a, b, c, d, e, g = raw
+        if kind == CMD and (
+            _uint(a)
+            and _uint(b)
+            and _uint(c)
+            and type(d) is int
+            and 0 <= d <= 2
+            and type(e) is bytes
+            and len(e) <= lim.max_key_bytes
+            and (g is None if d != PUT else (type(g) is bytes and len(g) <= lim.max_value_bytes))
+        ):
+            return Command(a, b, c, d, e, g)
     elif n == 6:
         kind, a, b, c, d, e = raw
         if kind == BACKUP and (
@@ -780,7 +814,7 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
             value,
         )
     if kind == RSP:
-        as_list(raw, f, 7, exact=7)
+        as_list(raw, f, 8, exact=8)
         return Response(
             as_int(raw[1], f"{f}.op_id"),
             as_int(raw[2], f"{f}.attempt"),
@@ -788,6 +822,7 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
             as_int(raw[4], f"{f}.topology_id"),
             _opt_bytes(raw[5], f"{f}.value", lim.max_value_bytes),
             as_str(raw[6], f"{f}.error", MAX_ERROR_LEN),
+            as_int(raw[7], f"{f}.version", 0, MAX_INT),
         )
     if kind == BACKUP:
         as_list(raw, f, 6, exact=6)
@@ -841,7 +876,25 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
     batch = _BATCH_TYPES.get(kind) if type(kind) is int else None
     if batch is not None:
         return batch.from_wire(raw, f, lim)  # type: ignore[no-any-return]
+    if type(kind) is int and kind in TX_TYPES:
+        return decode_tx_message(raw, f, _tx_limits(lim))
     raise WireError(f"{f}.type: unknown grid message type {kind!r}")
+
+
+def _tx_limits(lim: GridLimits) -> TxLimits:
+    """The transaction messages' bounds under the grid's: the same key and value sizes."""
+    cached = _TX_LIMITS.get(lim)
+    if cached is None:
+        cached = _TX_LIMITS[lim] = TxLimits(
+            max_payload_bytes=lim.max_payload_bytes,
+            max_messages=lim.max_messages,
+            max_key_bytes=lim.max_key_bytes,
+            max_value_bytes=lim.max_value_bytes,
+        )
+    return cached
+
+
+_TX_LIMITS: dict[GridLimits, TxLimits] = {}
 
 
 def decode_payload(data: bytes, limits: GridLimits = DEFAULT_LIMITS) -> list[GridMessage]:

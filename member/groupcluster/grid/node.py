@@ -21,14 +21,21 @@ What happens on the wire (see docs/grid.md for the full picture):
 * a new owner pulls each segment from a current owner (FETCH, then XFER_DATA batches with a window of
   acknowledgements), applies batches "newest version wins", and confirms to the coordinator once it holds
   all its new segments; old owners drop segments only once a topology without them is installed.
+
+Transactions (docs/grid-transactions.md): the node owns one participant table (:class:`~.tx.TxTable`, on
+its store) and one originator (:class:`~.tx.TxCoordinator`, routed by the write owners of its topology); the
+seven two-phase-commit messages and TX_INFO_ACK share the grid payload. Where the write primary of a segment
+changes between two topologies the new primary blocks lock acquisition there (and promotes its backup locks)
+until the old primary's lock information arrives, which the old primary re-sends until it is acknowledged. A
+plain PUT/DELETE on a key a transaction holds fails at once (reason ``locked``).
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections import Counter, OrderedDict, deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +77,42 @@ from .messages import (
 )
 from .store import Columns, SegmentStore, make_version
 from .topology import Availability, CacheTopology, MemberStatus, PartitionHandling, Phase, RebalancePlanner, owner_set
+from .tx import (
+    REASON_CONFLICT,
+    REASON_ERROR,
+    REASON_LOCK_TIMEOUT,
+    REASON_LOCKED,
+    REASON_MIXED,
+    REASON_ROLLED_BACK,
+    REASON_TIMEOUT,
+    REASON_UNAVAILABLE,
+    CoordState,
+    InDoubt,
+    LockingMode,
+    TxConfig,
+    TxCoordinator,
+    TxLocked,
+    TxOutcome,
+    TxOutput,
+    TxReport,
+    TxSend,
+    TxState,
+    TxTable,
+)
+from .tx_messages import (
+    NO,
+    TxAck,
+    TxCommit,
+    TxId,
+    TxInfoAck,
+    TxLock,
+    TxLockInfo,
+    TxPrepare,
+    TxRollback,
+    TxVote,
+    VersionedWrite,
+)
+from .tx_messages import approx_size as _tx_approx_size
 
 log = logging.getLogger("groupcluster.grid")
 
@@ -77,6 +120,11 @@ MAX_PAYLOAD_SPLIT = 1024 * 1024  # a payload is cut near this size (the transpor
 # Entries of dropped segments freed per step (SegmentStore.collect): a fraction of a millisecond of work on
 # an idle machine (8192 per step measured 10-14 ms per step on the loaded one, each a stall for operations).
 FREE_PER_STEP = 2048
+
+# OpResult.kind of the transaction calls (never on the wire: operations on the wire are GET, PUT, DELETE).
+TX_LOCK_OP, TX_COMMIT_OP, TX_ROLLBACK_OP = 16, 17, 18
+_TX_DONE_KEPT = 10_000  # finished transactions remembered for late calls (tx_commit after a rollback)
+_TX_KINDS: frozenset[type] = frozenset((TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck))
 
 
 @dataclass(frozen=True)
@@ -112,6 +160,17 @@ class GridConfig:
         "duration",
         doc="keep a deletion's tombstone this long (then drop it once no rebalance or merge runs); 0 keeps them",
     )
+    tx_locking: str = param(
+        "optimistic", "choice", choices=tuple(m.value for m in LockingMode), doc="transactions' default locking mode"
+    )
+    tx_lock_timeout: float = param("10s", "duration", doc="a transaction's lock not granted within this fails")
+    tx_timeout: float = param("30s", "duration", doc="a transaction not prepared within this rolls back")
+    tx_test_hold_commit: bool = param(
+        False,
+        "bool",
+        doc="fault injection for tests, never in production: an originator sends no commit after a unanimous YES "
+        "(its participants stay prepared; kill it to make the transaction in doubt)",
+    )
 
     def __post_init__(self) -> None:
         from ..core.errors import ConfigError
@@ -134,6 +193,15 @@ class GridConfig:
     def mode(self) -> PartitionHandling:
         return PartitionHandling(self.partition_handling)
 
+    def tx_config(self) -> TxConfig:
+        """The transaction core's settings; unanswered transaction messages are re-sent after attempt_timeout."""
+        return TxConfig(
+            locking=self.tx_locking,
+            lock_timeout=self.tx_lock_timeout,
+            tx_timeout=self.tx_timeout,
+            resend_interval=self.attempt_timeout,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Outgoing:
@@ -154,6 +222,11 @@ class OpResult:
     value: bytes | None = None
     error: str = ""
     attempts: int = 1
+    # GET: the version of the entry read (0 when absent); a transaction's read version for optimistic checks.
+    version: int = 0
+    # ok False: a stable machine-readable reason (the REASON_* strings above).
+    reason: str = ""
+    tx: TxId | None = None  # the transaction of a TX_*_OP result
 
 
 class _Op:
@@ -321,6 +394,35 @@ class GridNode:
         self._out: dict[Address | None, list[GridMessage]] = {}
         self._outbox: list[Outgoing] = []
         self._results: list[OpResult] = []
+        # -- transactions (docs/grid-transactions.md)
+        tcfg = self.tx_config = self.config.tx_config()
+        self.tx = TxTable(
+            address,
+            tcfg,
+            segment_of=self._tx_segment,
+            version_of=self._tx_version,
+            stamp=self._tx_stamp,
+            apply=self._tx_apply,
+        )
+        self.txc = TxCoordinator(address, self._tx_route, tcfg)
+        # The lock table's own containers (never replaced, only changed in place), for the plain write path's
+        # checks: one truth test each while no transaction runs here.
+        self._tx_locked = self.tx.locks._locks
+        self._tx_blocked = self.tx.locks._blocked
+        self._tx_lock_ops: dict[TxId, int] = {}  # transaction -> the op id of its pending tx_lock
+        self._tx_end_ops: dict[TxId, tuple[int, int]] = {}  # transaction -> (op id, kind) of tx_commit/tx_rollback
+        self._tx_done: OrderedDict[TxId, tuple[bool, str]] = OrderedDict()  # finished here: (committed, reason)
+        # Lock information this member pushed, re-sent until the new primary acknowledges it:
+        # (dest, topology id, segments) -> [message, next resend time].
+        self._tx_pushes: dict[tuple[Address, int, tuple[int, ...]], list[Any]] = {}
+        # Segments this member became the write primary of and whose lock information it waits for, with the
+        # member expected to push it (the previous primary) and since when; unblocked when any push for them
+        # arrives, or at once if that member leaves the view.
+        self._tx_awaiting: dict[int, tuple[Address, float]] = {}
+        self._tx_info_held: list[tuple[Address, TxLockInfo]] = []  # pushed for a topology not installed yet
+        self._tx_info_seen: OrderedDict[tuple[Address, int, tuple[int, ...]], None] = OrderedDict()
+        self._tx_reason_override: dict[TxId, tuple[str, str]] = {}  # rolled back by the node itself: why
+        self._tx_extra_rollbacks: dict[TxId, int] = {}  # tx_rollback during a commit: its op id
 
     # ==== inputs ===========================================================================================
     def on_view(self, members: Sequence[Address], now: float, *, merge: bool = False) -> None:
@@ -338,6 +440,9 @@ class GridNode:
         self._vanished_owners -= set(members)
         for gone in sorted(old_view - set(members)):
             self._repair_after(gone)
+        # Transactions learn of the view before a topology the planner makes from it is installed below: the
+        # originator re-routes what the departed members had not answered to that topology.
+        self._tx_on_view(now)
         if merge and t is not None and self.store is not None:
             # Also from a degraded topology: it still writes the segments whose owners are all with us (seed
             # 614: a member cut off alone took a write for such a segment, never pushed it, and lost it).
@@ -437,6 +542,7 @@ class GridNode:
         if expiry is not None and now >= expiry:
             assert self.store is not None
             self.metrics["grid.tombstones_expired"] += self.store.expire_tombstones(now, self.config.tombstone_grace)
+        self._tx_tick(now)
         self._flush()
 
     def next_deadline(self) -> float | None:
@@ -449,6 +555,9 @@ class GridNode:
             times.append(expiry)
         if self.store is not None and self.store._garbage:
             times.append(self._now)  # dropped segments still to free: a step soon (each frees a slice)
+        tx_next = self._tx_next_deadline()
+        if tx_next is not None:
+            times.append(tx_next)
         ops = self._ops
         if ops:
             # Deadlines are start time + op_timeout and operations stay in start order, so the first is the
@@ -643,6 +752,8 @@ class GridNode:
             self._out_xfers.pop((src, msg.xfer_id), None)  # type: ignore[union-attr]
         elif kind is XferFail:
             self._on_xfer_fail(src, msg)  # type: ignore[arg-type]
+        elif kind in _TX_KINDS:
+            self._on_tx(src, msg)  # type: ignore[arg-type]
 
     def _emit(self, dest: Address | None, msg: GridMessage) -> None:
         if dest == self.address:
@@ -752,6 +863,7 @@ class GridNode:
         # after a merge, and an older value must not bring a deleted key back (see docs/grid.md, merge).
         store.keep_tombstones = True
         keep = t.segments_to_keep(me)
+        dropped_segments: list[int] = []
         dropping = t.availability == Availability.AVAILABLE and self._merge_from is None
         if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) and dropping:
             # Old copies go only once no topology in use can still read them (see docs/grid.md). Never on a
@@ -762,6 +874,7 @@ class GridNode:
             # that arrives after the merge view must not take entries the push still has to carry (seed 19).
             for s in store.held_segments() - keep:
                 self.metrics["grid.entries_dropped"] += store.remove_segment(s)
+                dropped_segments.append(s)
         if t.phase == Phase.READ_OLD_WRITE_ALL:
             if t.rebalance_id != self._xfer_rebalance:
                 self._cancel_in_xfers()
@@ -785,6 +898,7 @@ class GridNode:
                 self._out_xfers.clear()
         for s in keep:
             store.add_segment(s)
+        self._tx_install(old, t, dropped_segments)
         # Writes we applied under another topology: push them to this topology's write owners.
         for wid, pw in list(self._writes.items()):
             if pw.topology_id != t.topology_id:
@@ -853,8 +967,8 @@ class GridNode:
         self._emit(self.view[0], Confirm(t.topology_id))
 
     def _check_ready(self) -> None:
-        if not self.leaving or self.ready_to_leave or self._ops:
-            return  # a graceful leave also drains this member's own client operations
+        if not self.leaving or self.ready_to_leave or self._ops or self.txc.pending():
+            return  # a graceful leave also drains this member's own client operations and transactions
         t = self.topology
         if t is None:
             self.ready_to_leave = True  # never held data
@@ -967,20 +1081,22 @@ class GridNode:
     def _on_response_batch(self, b: ResponseBatch) -> None:
         response = self._response
         errors = b.errors
-        for i, (op_id, attempt, code, tid, value) in enumerate(
-            zip(b.op_ids, b.attempts, b.codes, b.topology_ids, b.values, strict=True)
+        for i, (op_id, attempt, code, tid, value, version) in enumerate(
+            zip(b.op_ids, b.attempts, b.codes, b.topology_ids, b.values, b.versions, strict=True)
         ):
-            response(op_id, attempt, code, tid, value, errors.get(i, "") if errors else "")
+            response(op_id, attempt, code, tid, value, errors.get(i, "") if errors else "", version)
 
     def _on_response(self, rsp: Response) -> None:
-        self._response(rsp.op_id, rsp.attempt, rsp.code, rsp.topology_id, rsp.value, rsp.error)
+        self._response(rsp.op_id, rsp.attempt, rsp.code, rsp.topology_id, rsp.value, rsp.error, rsp.version)
 
-    def _response(self, op_id: int, attempt: int, code: int, tid: int, value: bytes | None, error: str) -> None:
+    def _response(
+        self, op_id: int, attempt: int, code: int, tid: int, value: bytes | None, error: str, version: int = 0
+    ) -> None:
         op = self._ops.get(op_id)
         if op is None or attempt != op.attempt or op.not_before is not None:
             return  # an answer to an earlier attempt (or a duplicate)
         if code == OK:
-            self._finish(op, True, value=value)
+            self._finish(op, True, value=value, version=version)
         elif code == NOT_FOUND:
             self._finish(op, True)
         elif code == ERROR:
@@ -997,11 +1113,20 @@ class GridNode:
                 heapq.heappush(self._op_timers, (op.not_before[1], op.op_id))
             self._try_send(op)
 
-    def _finish(self, op: _Op, ok: bool, *, value: bytes | None = None, error: str = "") -> None:
+    def _finish(self, op: _Op, ok: bool, *, value: bytes | None = None, error: str = "", version: int = 0) -> None:
         self._ops.pop(op.op_id, None)
+        reason = ""
         if not ok:
             self.metrics["grid.ops_failed"] += 1
-        self._results.append(OpResult(op.op_id, op.kind, op.key, ok, value, error, op.attempt))
+            if error.startswith(REASON_LOCKED):
+                reason = REASON_LOCKED
+            elif "unavailable" in error:
+                reason = REASON_UNAVAILABLE
+            elif error.startswith("timed out"):
+                reason = REASON_TIMEOUT
+            else:
+                reason = REASON_ERROR
+        self._results.append(OpResult(op.op_id, op.kind, op.key, ok, value, error, op.attempt, version, reason))
 
     # ==== operations (owner side) ==========================================================================
     def _hold(self, topology_id: int, src: Address, msg: GridMessage) -> None:
@@ -1020,7 +1145,16 @@ class GridNode:
             self._emit(src, XferFail(msg.xfer_id, msg.segments))
 
     def _respond(
-        self, dest: Address, op_id: int, attempt: int, code: int, tid: int, value: bytes | None = None, error: str = ""
+        self,
+        dest: Address,
+        op_id: int,
+        attempt: int,
+        code: int,
+        tid: int,
+        value: bytes | None = None,
+        error: str = "",
+        *,
+        version: int = 0,
     ) -> None:
         if op_id == 0:
             return  # a pushed entry (:meth:`_push_entries`): no client waits for it
@@ -1029,7 +1163,7 @@ class GridNode:
         if type(b) is not ResponseBatch or len(b.values) >= BATCH_MAX_ENTRIES or b.full(size):
             b = ResponseBatch()
             self._emit(dest, b)
-        b.add(op_id, attempt, code, tid, value, error)
+        b.add(op_id, attempt, code, tid, value, error, version)
 
     def _on_command_batch(self, src: Address, b: CommandBatch) -> None:
         tid = b.topology_id
@@ -1084,13 +1218,31 @@ class GridNode:
             elif not r.i_read[seg]:
                 self._respond(src, op_id, attempt, RETRY, tid)
             else:
-                val = store.value(seg, key)
-                self._respond(src, op_id, attempt, OK if val is not None else NOT_FOUND, tid, val)
+                data = store.segments.get(seg)  # the two dicts directly: this is every read's path
+                val = data.val.get(key) if data is not None else None
+                if val is None:
+                    self._respond(src, op_id, attempt, NOT_FOUND, tid)
+                else:
+                    self._respond(src, op_id, attempt, OK, tid, val, version=data.ver[key])  # type: ignore[union-attr]
             return
         if not r.can_write[seg]:
             self._respond(src, op_id, attempt, ERROR, tid, error=f"segment {seg} unavailable")
             return
         if not r.primary[seg]:
+            self._respond(src, op_id, attempt, RETRY, tid)
+            return
+        locks = self.tx.locks
+        if self._tx_locked and locks.is_held(key):
+            # A transaction holds the key (prepared, or locked pessimistically): a plain write now could slip
+            # under it, so it fails at once rather than queue behind a lock that may be in doubt for long.
+            self.metrics["grid.writes_refused_locked"] += 1
+            holders = ", ".join(str(x) for x in locks.holder_list(key)[:3])
+            error = f"{REASON_LOCKED}: key is held by transaction {holders}"
+            self._respond(src, op_id, attempt, ERROR, tid, error=error)
+            return
+        if self._tx_blocked and seg in self._tx_blocked:
+            # New primary, the old one's lock information not here yet: which keys are locked is unknown. The
+            # wait is short (one message), so the originator retries after its backoff, as for any RETRY.
             self._respond(src, op_id, attempt, RETRY, tid)
             return
         owners = r.write[seg]
@@ -1248,6 +1400,458 @@ class GridNode:
             # It held our Backup too long waiting for this round's topology: offer it again.
             self._emit_backup(src, wid, pw.topology_id, pw.version, pw.key, pw.value)
 
+    # ==== transactions =====================================================================================
+    # The client's calls (docs/grid-transactions.md, "Using transactions"); results come out of take_results.
+    def tx_begin(self, now: float, mode: str | None = None) -> TxId:
+        """Start a transaction on this member (its originator); ``mode`` "optimistic", "pessimistic" or None
+        (``GridConfig.tx_locking``)."""
+        if mode is not None and mode not in ("optimistic", "pessimistic"):
+            raise ValueError(f"mode: {mode!r} is not 'optimistic' or 'pessimistic'")
+        self._now = now
+        return self.txc.begin(now, mode)
+
+    def tx_lock(self, tx: TxId, keys: Sequence[bytes], now: float) -> int:
+        """Pessimistic: lock ``keys`` on their primaries. The result is ok once all are locked; ok False (with a
+        reason) means the transaction was rolled back."""
+        ks = list(keys)
+        for i, key in enumerate(ks):
+            self._check_key(key, f"keys[{i}]")
+        c_state = self.txc.state_of(tx)
+        if c_state is None and tx not in self._tx_done:
+            raise ValueError(f"transaction {tx}: unknown on this member")
+        self._now = now
+        op_id = self._new_op_id()
+        if c_state != CoordState.ACTIVE:
+            self._tx_result(op_id, TX_LOCK_OP, tx, False, self._tx_done_reason(tx), "the transaction is not running")
+            self._flush()
+            return op_id
+        out = self.txc.lock(tx, ks, now)  # ValueError for an optimistic transaction, before anything is recorded
+        self._tx_lock_ops[tx] = op_id
+        unavailable = self._tx_unavailable(ks)
+        if unavailable:
+            out += self.txc.rollback(tx, now)
+            self._tx_reason_override[tx] = (REASON_UNAVAILABLE, unavailable)
+        self._tx_out(out)
+        self._flush()
+        return op_id
+
+    def tx_commit(self, tx: TxId, writes: Mapping[bytes, bytes | None], reads: Mapping[bytes, int], now: float) -> int:
+        """Two-phase commit of ``writes`` (key -> value, None deletes), validating ``reads`` (key -> version
+        read, 0 absent) on the primaries. The result is ok only once every owner acknowledged the commit."""
+        if not isinstance(writes, Mapping) or not isinstance(reads, Mapping):
+            raise TypeError("writes and reads: expected mappings of key -> value and key -> version")
+        lim = self.limits
+        for key, value in writes.items():
+            self._check_key(key, "writes key")
+            if value is not None:
+                if type(value) is not bytes:
+                    raise TypeError(f"writes[{key!r}]: expected bytes or None, got {type(value).__name__}")
+                if len(value) > lim.max_value_bytes:
+                    raise ValueError(f"writes[{key!r}]: {len(value)} bytes exceed the limit of {lim.max_value_bytes}")
+        for key, version in reads.items():
+            self._check_key(key, "reads key")
+            if type(version) is not int or version < 0:
+                raise ValueError(f"reads[{key!r}]: expected a version (an integer >= 0), got {version!r}")
+        c_state = self.txc.state_of(tx)
+        if c_state is None and tx not in self._tx_done:
+            raise ValueError(f"transaction {tx}: unknown on this member")
+        if c_state in (CoordState.PREPARING, CoordState.WAITING, CoordState.COMMITTING):
+            raise ValueError(f"transaction {tx} is already being committed")
+        if tx in self._tx_lock_ops:
+            raise ValueError(f"transaction {tx} still waits for a lock request")
+        self._now = now
+        op_id = self._new_op_id()
+        if c_state != CoordState.ACTIVE:
+            self._tx_result(op_id, TX_COMMIT_OP, tx, False, self._tx_done_reason(tx), "the transaction was rolled back")
+            self._flush()
+            return op_id
+        self._tx_end_ops[tx] = (op_id, TX_COMMIT_OP)
+        unavailable = self._tx_unavailable(list(writes) + list(reads))
+        if unavailable:
+            self._tx_reason_override[tx] = (REASON_UNAVAILABLE, unavailable)
+            out = self.txc.rollback(tx, now)
+        else:
+            out = self.txc.commit(tx, writes, now, reads)
+        self._tx_out(out)
+        self._flush()
+        return op_id
+
+    def tx_rollback(self, tx: TxId, now: float) -> int:
+        """Roll ``tx`` back; the result is ok once it is rolled back (at once: presumed abort)."""
+        c_state = self.txc.state_of(tx)
+        if c_state is None and tx not in self._tx_done:
+            raise ValueError(f"transaction {tx}: unknown on this member")
+        self._now = now
+        op_id = self._new_op_id()
+        if c_state is None or c_state in (CoordState.ROLLING_BACK, CoordState.COMMITTING):
+            committed = c_state == CoordState.COMMITTING or self._tx_done.get(tx, (False, ""))[0]
+            why = "the transaction is committed" if committed else ""
+            self._tx_result(op_id, TX_ROLLBACK_OP, tx, not committed, "committed" if committed else "", why)
+            self._flush()
+            return op_id
+        self._tx_end_ops.setdefault(tx, (op_id, TX_ROLLBACK_OP))
+        if self._tx_end_ops[tx][0] != op_id:
+            # A commit is in flight (preparing): the rollback decides it; both calls hear the outcome.
+            self._tx_extra_rollbacks[tx] = op_id
+        self._tx_out(self.txc.rollback(tx, now))
+        self._flush()
+        return op_id
+
+    def tx_in_doubt(self) -> list[InDoubt]:
+        """This member's in-doubt transactions: prepared here, their originator gone; they keep their locks."""
+        return self.tx.in_doubt()
+
+    def tx_report(self, tx: TxId) -> TxReport:
+        """What this member knows of ``tx`` (state, attempt, writes, versions): a resolver collects these from
+        every member and decides with :func:`~.tx.termination_decision`."""
+        return self.tx.report(tx)
+
+    def tx_resolve(self, tx: TxId, commit: bool, now: float, versions: Mapping[bytes, int] | None = None) -> bool:
+        """Resolve an in-doubt transaction here; False when ``tx`` is not in doubt on this member.
+
+        Every member that lists ``tx`` in :meth:`tx_in_doubt` must be resolved the same way (decide with
+        :func:`~.tx.termination_decision` over every member's :meth:`tx_report`). A commit needs a version for
+        each written key this member holds: the ones stamped here, those in ``versions`` (from the other
+        members' reports), and, for keys this member is the write primary of, fresh ones stamped now (the
+        stamping primary is gone); any other missing one is a ValueError. The decision also goes, as a
+        self-contained message, to the current write owners of the keys: owners that got the keys by state
+        transfer after the prepare never saw it, and must apply (or release) it too."""
+        if not any(d.tx == tx for d in self.tx.in_doubt()):
+            return False
+        self._now = now
+        rep = self.tx.report(tx)
+        vs = dict(rep.versions)
+        vs.update(versions or {})
+        t = self.topology
+        keys = sorted({k for k, _ in rep.writes} | set(self.tx.locks.held_by(tx)) | set(self.tx.locks.backup_locks(tx)))
+        if commit:
+            missing = [k for k, _ in rep.writes if k not in vs]
+            if missing and t is not None:
+                r = self._routes(t)
+                for k in missing:
+                    if r.primary[segment_of(k, t.num_segments)]:
+                        vs[k] = self._tx_stamp(k)
+            still = sorted(k for k, _ in rep.writes if k not in vs)
+            if still:
+                raise ValueError(
+                    f"transaction {tx}: no version for written keys {still!r}: resolve on their write primary "
+                    "first, or pass the versions other members report"
+                )
+        out = self.tx.resolve(tx, commit, now, vs if commit else None)
+        if t is not None:
+            r = self._routes(t)
+            per_dest: dict[Address, list[VersionedWrite]] = {}
+            dests: set[Address] = set()
+            writes = dict(rep.writes)
+            for k in keys:
+                for owner in r.write[segment_of(k, t.num_segments)]:
+                    if owner == self.address:
+                        continue
+                    dests.add(owner)
+                    if commit and k in writes:
+                        per_dest.setdefault(owner, []).append((k, vs[k], writes[k]))
+            for dest in sorted(dests):
+                if commit:
+                    msg: Any = TxCommit(tx, rep.attempt, t.topology_id, tuple(sorted(per_dest.get(dest, ()))))
+                else:
+                    msg = TxRollback(tx, rep.attempt, t.topology_id)
+                out.append(TxSend(dest, msg))
+        self.metrics["grid.tx_resolved_commit" if commit else "grid.tx_resolved_rollback"] += 1
+        self._tx_out(out)
+        self._tx_gauge()
+        self._flush()
+        return True
+
+    def tx_prepared_count(self) -> int:
+        """Transactions prepared on this member as a participant (voted YES, no decision yet)."""
+        return sum(1 for t in self.tx.active() if self.tx.state_of(t) == TxState.PREPARED)
+
+    @property
+    def tx_pending(self) -> int:
+        """Transactions this member originated that are not finished."""
+        return len(self.txc.pending())
+
+    # -- helpers of the calls
+    def _check_key(self, key: object, what: str) -> None:
+        if type(key) is not bytes:
+            raise TypeError(f"{what}: expected bytes, got {type(key).__name__}")
+        if len(key) > self.limits.max_key_bytes:
+            raise ValueError(f"{what}: {len(key)} bytes exceed the limit of {self.limits.max_key_bytes}")
+
+    def _new_op_id(self) -> int:
+        op_id = self._next_op
+        self._next_op += 1
+        return op_id
+
+    def _tx_unavailable(self, keys: Iterable[bytes]) -> str:
+        """Why a transaction over ``keys`` cannot run now ("" when it can): no topology, or a segment this
+        topology cannot write (degraded) or with no live owner."""
+        t = self.topology
+        if t is None:
+            return "no topology installed yet"
+        r = self._routes(t)
+        for k in keys:
+            seg = segment_of(k, t.num_segments)
+            if not r.can_write[seg] or not r.write[seg]:
+                return f"segment {seg} is unavailable for writes ({t.mode.value})"
+        return ""
+
+    def _tx_done_reason(self, tx: TxId) -> str:
+        done = self._tx_done.get(tx)
+        return done[1] if done is not None and done[1] else REASON_ROLLED_BACK
+
+    def _tx_result(self, op_id: int, kind: int, tx: TxId, ok: bool, reason: str, error: str = "") -> None:
+        self._results.append(OpResult(op_id, kind, b"", ok, None, error, 1, 0, "" if ok else reason, tx))
+
+    # -- the core's callbacks
+    def _tx_segment(self, key: bytes) -> int:
+        t = self.topology
+        return segment_of(key, t.num_segments if t is not None else self.config.num_segments)
+
+    def _tx_version(self, key: bytes) -> int:
+        """The version a read of ``key`` here returns (0: absent or deleted), which a transaction validates."""
+        if self.store is None:
+            return 0
+        entry = self.store.get(self._tx_segment(key), key)
+        return 0 if entry is None or entry[1] is None else entry[0]
+
+    def _tx_stamp(self, key: bytes) -> int:
+        # The sequence plain writes use: one primary orders a key's versions, whichever kind of write.
+        self._seq += 1
+        t = self.topology
+        return make_version(t.topology_id if t is not None else 0, self._seq)
+
+    def _tx_apply(self, tx: TxId, writes: tuple[VersionedWrite, ...]) -> None:
+        store = self.store
+        if store is None:
+            return
+        now = self._now
+        for key, version, value in writes:
+            seg = self._tx_segment(key)
+            if store.has_segment(seg):
+                store.write(seg, key, version, value, now=now)
+        self.metrics["grid.tx_writes_applied"] += len(writes)
+
+    def _tx_route(self, keys: Sequence[bytes]) -> tuple[int, Mapping[bytes, Sequence[Address]]]:
+        """The originator's routing: the write owners of each key's segment, write primary first. A segment
+        without a live write owner routes to its current owners (they do not answer, so the transaction times
+        out rather than committing somewhere that does not own the key)."""
+        t = self.topology
+        if t is None:
+            return 0, {k: (self.address,) for k in keys}
+        r = self._routes(t)
+        n = t.num_segments
+        out: dict[bytes, Sequence[Address]] = {}
+        for k in keys:
+            seg = segment_of(k, n)
+            out[k] = r.write[seg] or t.current.owners_of(seg)
+        return t.topology_id, out
+
+    # -- inputs
+    def _on_tx(self, src: Address, msg: Any) -> None:
+        now = self._now
+        kind = type(msg)
+        if kind is TxVote or kind is TxAck:
+            self._tx_out(self.txc.on_message(src, msg, now))
+            return
+        if kind is TxInfoAck:
+            self._tx_pushes.pop((src, msg.topology_id, msg.segments), None)
+            return
+        if kind is TxLockInfo:
+            self._on_lock_info(src, msg)
+            return
+        t = self.topology
+        if kind is TxPrepare or kind is TxLock:
+            if t is not None and self._merge_hold is not None and msg.topology_id >= t.topology_id:
+                # As for commands: our topology may be the other partition's until the merged one arrives.
+                self._hold(t.topology_id + 1, src, msg)
+                return
+            if t is not None and msg.topology_id == t.topology_id:
+                keys = msg.keys if kind is TxLock else tuple(msg.lock_keys) + tuple(k for k, _ in msg.writes)
+                r = self._routes(t)
+                for k in keys:
+                    seg = segment_of(k, t.num_segments)
+                    if not r.can_write[seg]:
+                        request = msg.request if kind is TxLock else 0
+                        reason = f"segment {seg} unavailable"
+                        self._emit(src, TxVote(msg.tx, msg.attempt, request, NO, t.topology_id, (), reason))
+                        return
+            out = self.tx.on_message(src, msg, now)
+            if self.tx.locks.waiting(msg.tx):
+                self.metrics["grid.tx_lock_waits"] += 1
+            self._tx_out(out)
+            return
+        self._tx_out(self.tx.on_message(src, msg, now))
+
+    def _on_lock_info(self, src: Address, info: TxLockInfo) -> None:
+        t = self.topology
+        if t is None or info.topology_id > t.topology_id:
+            # Pushed under a topology we have not installed: imported once we have it (and know which of its
+            # segments we wait for); acknowledged then, so the pusher re-sends it if we never get there.
+            if len(self._tx_info_held) < self.config.max_queued:
+                self._tx_info_held.append((src, info))
+            return
+        key = (src, info.topology_id, info.segments)
+        self._emit(src, TxInfoAck(info.topology_id, info.segments))
+        if key in self._tx_info_seen:
+            return  # a re-send: importing twice could lock for transactions long finished
+        self._tx_info_seen[key] = None
+        while len(self._tx_info_seen) > _TX_DONE_KEPT:
+            self._tx_info_seen.popitem(last=False)
+        for seg in info.segments:
+            self._tx_awaiting.pop(seg, None)
+        self.metrics["grid.tx_lock_info_in"] += 1
+        self._tx_out(self.tx.on_message(src, info, self._now))
+        self._tx_gauge()
+
+    def _tx_install(self, old: CacheTopology | None, t: CacheTopology, dropped: list[int]) -> None:
+        """The transaction side of installing ``t`` (after ``old``): where the write primary of a segment
+        changed, the new primary blocks it (and promotes its backup locks) until the old primary's lock
+        information arrives, and the old primary pushes it; then the core answers waits of older topologies,
+        runs what it held for ``t``, drops the locks of segments gone, and the originator re-routes."""
+        now = self._now
+        me = self.address
+        alive = set(self.view)
+        block: list[int] = []
+        promote: list[int] = []
+        push: dict[Address, list[int]] = {}
+        if old is not None and old.num_segments == t.num_segments:
+            ro, rn = self._routes(old), self._routes(t)
+            for s in range(t.num_segments):
+                wo, wn = ro.write[s], rn.write[s]
+                op = wo[0] if wo else None
+                np = wn[0] if wn else None
+                if op == np:
+                    continue
+                if np == me:
+                    promote.append(s)
+                    if op is not None and op != me and op in alive:
+                        block.append(s)
+                        self._tx_awaiting[s] = (op, now)
+                elif op == me and np is not None:
+                    push.setdefault(np, []).append(s)
+        out: list[TxOutput] = []
+        if block:
+            self.tx.block_segments(block)
+        if promote:
+            self.tx.promote(promote)
+        out += self.tx.on_topology(t.topology_id, now)
+        for dest, segs in sorted(push.items()):
+            self.metrics["grid.tx_lock_info_pushed"] += 1
+            out += self.tx.push_lock_info(segs, dest)
+        if dropped:
+            out += self.tx.drop_segments(dropped, now)
+        self._tx_out(out)
+        self._tx_out(self.txc.on_topology(now))
+        if self._tx_info_held:
+            held, self._tx_info_held = self._tx_info_held, []
+            for src, info in held:
+                self._on_lock_info(src, info)
+
+    def _tx_on_view(self, now: float) -> None:
+        members = self.view
+        alive = set(members)
+        self._tx_out(self.tx.on_view(members, now))
+        self._tx_out(self.txc.on_view(members, now))
+        for key in [k for k in self._tx_pushes if k[0] not in alive]:
+            del self._tx_pushes[key]  # the new primary is gone; its successor promotes its own records
+        self._tx_info_held = [(s, i) for s, i in self._tx_info_held if s in alive]
+        gone = sorted(s for s, (pusher, _) in self._tx_awaiting.items() if pusher not in alive)
+        if gone:
+            self._tx_unblock(gone, "grid.tx_lock_info_pusher_gone")
+        self._tx_gauge()
+
+    def _tx_unblock(self, segments: list[int], metric: str) -> None:
+        """Stop waiting for lock information of ``segments`` (its pusher is gone: the backup locks promoted at
+        install are what is known). An empty import unblocks them and passes on what we have."""
+        for s in segments:
+            self._tx_awaiting.pop(s, None)
+        self.metrics[metric] += len(segments)
+        t = self.topology
+        tid = t.topology_id if t is not None else 0
+        self._tx_out(self.tx.import_lock_info(TxLockInfo(tid, tuple(segments), ()), self._now))
+
+    def _tx_tick(self, now: float) -> None:
+        out = self.tx.tick(now)
+        out += self.txc.tick(now)
+        self._tx_out(out)
+        interval = self.config.attempt_timeout
+        for key, entry in self._tx_pushes.items():
+            if entry[1] <= now:
+                entry[1] = now + interval
+                self.metrics["grid.tx_lock_info_resent"] += 1
+                self._emit(key[0], entry[0])
+        # Last resort: a segment blocked for a whole transaction timeout with its pusher alive never got the
+        # information (members that skipped a topology can disagree on who the previous primary was). Locks
+        # there wait no longer; counted, as it means lock information may have been lost.
+        limit = self.config.tx_timeout
+        stale = sorted(s for s, (_, since) in self._tx_awaiting.items() if now - since >= limit)
+        if stale:
+            self._tx_unblock(stale, "grid.tx_lock_info_given_up")
+
+    def _tx_next_deadline(self) -> float | None:
+        times = [x for x in (self.tx.next_deadline(), self.txc.next_deadline()) if x is not None]
+        if self._tx_pushes:
+            times.append(min(e[1] for e in self._tx_pushes.values()))
+        if self._tx_awaiting:
+            times.append(min(since for _, since in self._tx_awaiting.values()) + self.config.tx_timeout)
+        return min(times) if times else None
+
+    # -- outputs of the core
+    def _tx_out(self, outputs: Iterable[TxOutput]) -> None:
+        for o in outputs:
+            kind = type(o)
+            if kind is TxSend:
+                msg = o.message  # type: ignore[union-attr]
+                if type(msg) is TxCommit and self.config.tx_test_hold_commit and msg.tx.origin == self.address:  # type: ignore[union-attr]
+                    continue  # fault injection (GridConfig.tx_test_hold_commit)
+                if type(msg) is TxLockInfo and o.dest != self.address:  # type: ignore[union-attr]
+                    key = (o.dest, msg.topology_id, msg.segments)  # type: ignore[union-attr]
+                    self._tx_pushes[key] = [msg, self._now + self.config.attempt_timeout]  # type: ignore[list-item]
+                self._emit(o.dest, msg)  # type: ignore[union-attr]
+            elif kind is TxOutcome:
+                self._tx_outcome(o)  # type: ignore[arg-type]
+            elif kind is TxLocked:
+                op_id = self._tx_lock_ops.pop(o.tx, None)  # type: ignore[union-attr]
+                if op_id is not None:
+                    reason = "" if o.ok else _tx_reason(o.reason)  # type: ignore[union-attr]
+                    self._tx_result(op_id, TX_LOCK_OP, o.tx, o.ok, reason, o.reason)  # type: ignore[union-attr]
+
+    def _tx_outcome(self, o: TxOutcome) -> None:
+        # ok False from tx_commit means: not committed, and never will be (a rollback is only ever decided
+        # before a commit, and a commit is reported only once every owner acknowledged it). A commit that a
+        # participant answered with ROLLED_BACK (resolved the other way while this originator was cut off) is
+        # ok with reason "mixed": committed here and on the others, not there.
+        committed = o.committed
+        override = self._tx_reason_override.pop(o.tx, None)
+        if committed:
+            reason, error = (REASON_MIXED, o.reason) if o.mixed else ("", "")
+            self.metrics["grid.tx_commits"] += 1
+            if o.mixed:
+                self.metrics["grid.tx_mixed"] += 1
+        else:
+            reason = override[0] if override else _tx_reason(o.reason)
+            error = override[1] if override else o.reason
+            self.metrics["grid.tx_rollbacks"] += 1
+            self.metrics[f"grid.tx_rollbacks.{reason}"] += 1
+        self._tx_done[o.tx] = (committed, reason)
+        while len(self._tx_done) > _TX_DONE_KEPT:
+            self._tx_done.popitem(last=False)
+        lock_op = self._tx_lock_ops.pop(o.tx, None)
+        if lock_op is not None:
+            self._tx_result(lock_op, TX_LOCK_OP, o.tx, False, reason or REASON_ROLLED_BACK, error)
+        end = self._tx_end_ops.pop(o.tx, None)
+        extra = self._tx_extra_rollbacks.pop(o.tx, None)
+        for op_id, kind in ([end] if end else []) + ([(extra, TX_ROLLBACK_OP)] if extra else []):
+            if kind == TX_COMMIT_OP:
+                self._results.append(OpResult(op_id, kind, b"", committed, None, error, o.attempts, 0, reason, o.tx))
+            else:  # a rollback asked for: done unless it committed after all
+                ok = not o.committed
+                self._tx_result(op_id, kind, o.tx, ok, "" if ok else "committed", "" if ok else "committed")
+
+    def _tx_gauge(self) -> None:
+        self.metrics["grid.tx_in_doubt"] = len(self.tx.in_doubt())
+
     # ==== state transfer ===================================================================================
     def _cancel_in_xfers(self) -> None:
         for xid, xf in self._in_xfers.items():
@@ -1362,6 +1966,19 @@ class GridNode:
         self._refetch_at = self._now + self.config.retry_backoff
 
 
+def _tx_reason(text: str) -> str:
+    """The stable reason for the core's rollback explanation (its texts are for people)."""
+    if "changed since it was read" in text:
+        return REASON_CONFLICT
+    if "lock timeout" in text:
+        return REASON_LOCK_TIMEOUT
+    if "timed out" in text:
+        return REASON_TIMEOUT
+    if "unavailable" in text:
+        return REASON_UNAVAILABLE
+    return REASON_ROLLED_BACK
+
+
 def _batches(
     store: SegmentStore, xid: int, segments: list[int], max_entries: int, max_bytes: int
 ) -> Iterator[XferData]:
@@ -1391,4 +2008,6 @@ def _approx_size(msg: GridMessage) -> int:
         return (len(msg.value) if msg.value else 0) + 48  # type: ignore[union-attr]
     if kind is Topology or kind is Status:
         return 8192
+    if kind in _TX_KINDS:
+        return _tx_approx_size(msg)  # type: ignore[arg-type]
     return 32

@@ -42,11 +42,12 @@ The group's own state transfer is not used: the grid rebalances by itself (docs/
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import heapq
 import logging
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter, OrderedDict, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,8 @@ from .messages import DELETE, GET, PUT
 from .node import GridConfig, GridNode, OpResult, _PendingWrite
 from .store import FREE_AT_ONCE, SEQ_BITS, Segment, SegmentStore, version_topology
 from .topology import Availability, CacheTopology, Phase
+from .tx import InDoubt, TxReport
+from .tx_messages import TxId
 
 if TYPE_CHECKING:
     from ..runtime.channel import Channel
@@ -86,12 +89,90 @@ class GridTimeout(GridError):
     """The operation did not complete within the node's ``op_timeout``."""
 
 
+class GridLocked(GridError):
+    """A plain write on a key a transaction holds locked: nothing was written; try again shortly."""
+
+
 class GridNotOwner(GridError):
     """This member cannot serve the segment (it holds no complete copy); ``owners`` lists the ones that do."""
 
     def __init__(self, message: str, owners: list[str | None]) -> None:
         super().__init__(message)
         self.owners = owners
+
+
+class GridTxError(GridError):
+    """A transaction operation failed. ``reason`` is the node's machine-readable cause (``"conflict"``,
+    ``"lock_timeout"``, ``"timeout"``, ``"unavailable"``, ``"rolled_back"``, ...), ``tx`` the transaction id."""
+
+    def __init__(self, message: str, reason: str, tx: TxId | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.tx = tx
+
+
+class GridTxAborted(GridTxError):
+    """The transaction was rolled back: none of its writes took effect, so running it again is safe."""
+
+
+class GridTxConflict(GridTxAborted):
+    """Rolled back because a key it read changed before the commit (optimistic validation failed)."""
+
+
+class GridTxUnavailable(GridTxAborted, GridUnavailable):
+    """Rolled back because the grid could not serve it (owners missing, degraded partition, member leaving)."""
+
+
+class GridTxTimeout(GridTxAborted, GridTimeout):
+    """Rolled back because it was not decided within the transaction timeout."""
+
+
+class GridTxUnknown(GridTxError):
+    """The originator cannot say whether the transaction committed (it may have); do not re-run it blindly."""
+
+
+class GridTxNotFound(GridTxError):
+    """No interactive transaction with that id lives on this member (never begun here, or already ended)."""
+
+
+class GridTxBusy(GridTxError):
+    """Another request of the same interactive transaction is still running on this member."""
+
+
+# reason -> exception class; reasons not listed abort with GridTxAborted
+_TX_ERRORS: dict[str, type[GridTxError]] = {
+    "conflict": GridTxConflict,
+    "unavailable": GridTxUnavailable,
+    "timeout": GridTxTimeout,
+    "unknown": GridTxUnknown,
+}
+
+
+def tx_error_for(result: OpResult, tx: TxId | None) -> GridTxError:
+    """The exception for a failed transaction :class:`OpResult` (``reason`` set by the node; older text-only
+    results are classified by their text as :func:`error_for` does)."""
+    reason = getattr(result, "reason", "") or ""
+    if not reason:
+        text = result.error
+        reason = "unavailable" if "unavailable" in text else "timeout" if "timed out" in text else "rolled_back"
+    cls = _TX_ERRORS.get(reason, GridTxAborted)
+    where = f"transaction {tx}" if tx is not None else "transaction"
+    return cls(f"{where}: {result.error or reason}", reason, tx)
+
+
+@dataclass(slots=True)
+class _Interactive:
+    """An interactive transaction begun over HTTP: rolled back if no request touches it for ``tx_timeout``."""
+
+    tx: TxId
+    mode: str
+    deadline: float
+    busy: bool = False
+    handle: asyncio.TimerHandle | None = None
+
+
+MAX_ENDED = 10_000  # ended transactions remembered, so a late request gets a precise answer
+MAX_INTERACTIVE = 10_000  # interactive transactions open at once on one member
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,7 +409,9 @@ class _BatchWait:
 
 
 def error_for(result: OpResult) -> GridError:
-    """The exception for a failed :class:`OpResult` (the node reports the reason as text)."""
+    """The exception for a failed :class:`OpResult` (``reason`` set by the node, the text says more)."""
+    if result.reason == "locked":
+        return GridLocked(result.error)
     if "unavailable" in result.error:
         return GridUnavailable(result.error)
     if "timed out" in result.error:
@@ -381,6 +464,9 @@ class GridRuntime:
         self._announced_low: int | None = None
         self._low_topology = -1
         self._routing_cache: tuple[CacheTopology, list[str | None], dict[str, Any]] | None = None
+        # Interactive transactions begun here (HTTP), and how recently ended ones ended (for clear answers).
+        self.interactive: dict[TxId, _Interactive] = {}
+        self._ended: OrderedDict[TxId, str] = OrderedDict()
 
     # ==== channel callbacks (register them with Channel.connect) ============================================
     def on_view(self, view: View) -> None:
@@ -523,6 +609,230 @@ class GridRuntime:
             out.append(version)
         return out
 
+    # ==== transactions ========================================================================================
+    async def get_versioned(self, key: bytes) -> tuple[bytes | None, int]:
+        """``(value, version)`` of ``key``: value None and version 0 when absent. The version is what an
+        optimistic transaction passes as its read of the key."""
+        res = await self._run(GET, key, None)
+        return res.value, res.version
+
+    @property
+    def tx_timeout(self) -> float:
+        """How long an interactive transaction may go without a request before it is rolled back (the grid's
+        ``tx_timeout``)."""
+        return float(self.config.tx_timeout)
+
+    async def tx_begin(self, mode: str | None = None, *, interactive: bool = False) -> TxId:
+        """Start a transaction on this member (its originator). ``mode``: ``"optimistic"``, ``"pessimistic"``
+        or None (the grid's default); a bad mode raises ValueError. ``interactive``: it is driven by later
+        requests (HTTP), so it is rolled back after :attr:`tx_timeout` without one."""
+        node = self._require_node()
+        if node.leaving:
+            raise GridUnavailable("this member is leaving the grid; use another member")
+        if interactive and len(self.interactive) >= MAX_INTERACTIVE:
+            # Each holds state (and maybe locks) until its tx_timeout: a bound keeps a flood of begins harmless.
+            raise GridUnavailable(
+                f"{len(self.interactive)} interactive transactions are open on this member (the limit); "
+                "finish some, or try again later"
+            )
+        tx = node.tx_begin(self._loop.time(), mode)
+        self.counters["tx_begun"] += 1
+        if interactive:
+            entry = _Interactive(tx, mode or self.config.tx_locking, 0.0)
+            self.interactive[tx] = entry
+            self._touch(entry)
+        self._pump()
+        return tx
+
+    async def tx_lock(self, tx: TxId, keys: Sequence[bytes]) -> None:
+        """Pessimistic mode: lock ``keys`` on their primaries. On failure the transaction is rolled back and a
+        :class:`GridTxError` subclass says why (e.g. ``lock_timeout``)."""
+        node = self._require_node()
+        entry = self._claim(tx)
+        try:
+            op = node.tx_lock(tx, list(keys), self._loop.time())
+            res = await self._await_op(op)
+        finally:
+            self._release(entry)
+        self.counters["tx_lock_requests"] += 1
+        if not res.ok:
+            self._ended_as(tx, f"rolled back: {res.error or res.reason}")
+            self.counters["tx_aborted"] += 1
+            raise tx_error_for(res, tx)
+
+    async def tx_commit(
+        self, tx: TxId, writes: Mapping[bytes, bytes | None], reads: Mapping[bytes, int] | None = None
+    ) -> OpResult:
+        """Commit ``writes`` (key -> value, None deletes) after validating ``reads`` (key -> version read,
+        0 = absent). Returns once every owner applied it; raises a :class:`GridTxError` subclass otherwise
+        (:class:`GridTxConflict` when a read changed). Bad keys or values raise ValueError/TypeError before
+        anything starts, and the transaction stays open."""
+        node = self._require_node()
+        entry = self._claim(tx)
+        try:
+            op = node.tx_commit(tx, writes, reads or {}, self._loop.time())
+        except BaseException:
+            self._release(entry)
+            raise
+        # From here on the commit's own deadlines run in the node; no other request may touch it.
+        self._ended_as(tx, "committing")
+        try:
+            res = await self._await_op(op)
+        except GridUnavailable as exc:
+            # This member left (or is closing) before the outcome came: the commit may have been decided.
+            self._ended_as(tx, "outcome unknown (this member left during the commit)")
+            raise GridTxUnknown(f"transaction {tx}: {exc}; it may or may not have committed", "unknown", tx) from None
+        if res.ok:
+            self._ended_as(tx, "committed")
+            self.counters["tx_committed"] += 1
+            return res
+        self._ended_as(tx, f"rolled back: {res.error or res.reason}")
+        self.counters["tx_aborted"] += 1
+        err = tx_error_for(res, tx)
+        if isinstance(err, GridTxConflict):
+            self.counters["tx_conflicts"] += 1
+        raise err
+
+    async def tx_rollback(self, tx: TxId) -> None:
+        """Roll the transaction back (a no-op for one the node no longer knows: it already ended)."""
+        node = self._require_node()
+        # Also while a lock request of it waits: the rollback ends the wait (that request fails).
+        self._ended_as(tx, "rolled back by the client")
+        try:
+            op = node.tx_rollback(tx, self._loop.time())
+        except ValueError:
+            return  # unknown to the node: it ended already (rolled back)
+        await self._await_op(op)
+        self.counters["tx_rolled_back"] += 1
+
+    async def transact(
+        self,
+        writes: Mapping[bytes, bytes | None],
+        reads: Mapping[bytes, int] | None = None,
+        *,
+        mode: str | None = None,
+        lock: Sequence[bytes] = (),
+    ) -> tuple[TxId, OpResult]:
+        """A one-shot transaction: begin, lock ``lock`` (pessimistic), commit. Raises as :meth:`tx_commit`; a
+        bad request (ValueError/TypeError) rolls the transaction back before raising."""
+        tx = await self.tx_begin(mode)
+        try:
+            if lock:
+                await self.tx_lock(tx, lock)
+        except GridTxError:
+            raise  # the node rolled it back
+        except BaseException:
+            # A bad key, or the HTTP client went away while the locks were taken: do not leave it open.
+            self._rollback_now(tx)
+            raise
+        try:
+            return tx, await self.tx_commit(tx, writes, reads)
+        except (ValueError, TypeError):
+            self._rollback_now(tx)  # refused before anything started
+            raise
+
+    def tx_in_doubt(self) -> list[InDoubt]:
+        """This member's in-doubt transactions (prepared, originator gone): see :meth:`tx_resolve`."""
+        return list(self._require_node().tx_in_doubt())
+
+    def tx_report(self, tx: TxId) -> TxReport:
+        """What this member knows of ``tx`` (state, attempt, writes, versions stamped here): a resolver reads
+        every member's and decides with :func:`~.tx.termination_decision`."""
+        return self._require_node().tx_report(tx)
+
+    def tx_resolve(self, tx: TxId, commit: bool, versions: Mapping[bytes, int] | None = None) -> bool:
+        """An operator's decision for a transaction in doubt here; False when it is not in doubt here. A commit
+        needs each written key's version: stamped here, given in ``versions`` (from other members' reports),
+        or stamped now for keys this member is the write primary of; otherwise ValueError."""
+        node = self._require_node()
+        done = bool(node.tx_resolve(tx, commit, self._loop.time(), versions))
+        if done:
+            self.counters["tx_resolved_commit" if commit else "tx_resolved_rollback"] += 1
+        self._pump()
+        return done
+
+    def tx_ended(self, tx: TxId) -> str | None:
+        """How a recently ended transaction of this member ended (None: not known to have ended)."""
+        return self._ended.get(tx)
+
+    def check_interactive(self, tx: TxId) -> None:
+        """Raise :class:`GridTxNotFound` unless ``tx`` is an open interactive transaction of this member."""
+        if tx not in self.interactive:
+            ended = self._ended.get(tx)
+            if ended is not None:
+                raise GridTxNotFound(f"transaction {tx} has ended ({ended})", "not_found", tx)
+            raise GridTxNotFound(
+                f"no open transaction {tx} on this member (a transaction lives on the member that began it; "
+                f"it is rolled back after {self.tx_timeout:g} s without a request, or when its member restarts)",
+                "not_found",
+                tx,
+            )
+
+    def _claim(self, tx: TxId) -> _Interactive | None:
+        entry = self.interactive.get(tx)
+        if entry is not None:
+            if entry.busy:
+                raise GridTxBusy(f"transaction {tx}: another request of it is still running", "busy", tx)
+            entry.busy = True
+        return entry
+
+    def _release(self, entry: _Interactive | None) -> None:
+        if entry is not None and self.interactive.get(entry.tx) is entry:
+            entry.busy = False
+            self._touch(entry)
+
+    def _touch(self, entry: _Interactive) -> None:
+        entry.deadline = self._loop.time() + self.tx_timeout
+        if entry.handle is None:
+            entry.handle = self._loop.call_at(entry.deadline, self._expire, entry.tx)
+
+    def _expire(self, tx: TxId) -> None:
+        entry = self.interactive.get(tx)
+        if entry is None:
+            return
+        entry.handle = None
+        now = self._loop.time()
+        if entry.busy:
+            return  # _release re-arms it
+        if now < entry.deadline:
+            entry.handle = self._loop.call_at(entry.deadline, self._expire, tx)
+            return
+        self._ended_as(tx, f"rolled back after {self.tx_timeout:g} s without a request")
+        self.counters["tx_expired"] += 1
+        node = self.node
+        if node is not None and not self._closed:
+            with contextlib.suppress(ValueError):  # the node ended it already
+                node.tx_rollback(tx, now)
+            self._pump()
+
+    def _ended_as(self, tx: TxId, what: str) -> None:
+        entry = self.interactive.pop(tx, None)
+        if entry is not None and entry.handle is not None:
+            entry.handle.cancel()
+            entry.handle = None
+        self._ended[tx] = what
+        self._ended.move_to_end(tx)
+        while len(self._ended) > MAX_ENDED:
+            self._ended.popitem(last=False)
+
+    def _rollback_now(self, tx: TxId) -> None:
+        """Roll back without waiting for the answer (cleanup paths)."""
+        self._ended_as(tx, "rolled back")
+        node = self.node
+        if node is None or self._closed:
+            return
+        try:
+            node.tx_rollback(tx, self._loop.time())
+        except ValueError:
+            return
+        self._pump()
+
+    async def _await_op(self, op: int) -> OpResult:
+        fut: asyncio.Future[OpResult] = self._loop.create_future()
+        self._waiting[op] = fut
+        self._pump()
+        return await fut
+
     def scan_segment(
         self, segment: int, after: bytes | None = None, limit: int = 1000, max_bytes: int = 4 << 20
     ) -> SegmentPage:
@@ -657,6 +967,10 @@ class GridRuntime:
             if not wait.done.done():
                 wait.done.set_exception(gone)
         self._in_batch.clear()
+        for entry in self.interactive.values():
+            if entry.handle is not None:
+                entry.handle.cancel()
+        self.interactive.clear()
 
     # ==== status ============================================================================================
     @property
@@ -692,6 +1006,12 @@ class GridRuntime:
         elif "rebalance" in st:
             st["rebalance"]["in_progress"] = t is not None and t.rebalancing
         st["endpoints"] = {str(a): u for a, u in self.endpoints.items()}
+        st["transactions"] = {
+            "originated_pending": node.tx_pending,  # begun here, not finished
+            "interactive": len(self.interactive),  # of those, driven over HTTP (rolled back when abandoned)
+            "prepared": node.tx_prepared_count(),  # prepared here as a participant, waiting for the decision
+            "in_doubt": len(node.tx_in_doubt()),  # prepared here, originator gone: see GET /v1/tx/in-doubt
+        }
         return st
 
     def routing(self) -> dict[str, Any] | None:

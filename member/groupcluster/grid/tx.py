@@ -58,6 +58,17 @@ from .tx_messages import (
     Write,
 )
 
+# The stable failure reasons a member reports for a transaction or an operation (OpResult.reason in grid/node.py;
+# docs/grid-transactions.md, "Using transactions"). The core's own texts (TxOutcome.reason) are for people.
+REASON_CONFLICT = "conflict"  # optimistic validation: a key read changed before the commit
+REASON_LOCK_TIMEOUT = "lock_timeout"  # a lock was not granted within lock_timeout
+REASON_TIMEOUT = "timeout"  # no answer in time (operation or transaction timeout)
+REASON_ROLLED_BACK = "rolled_back"  # rolled back (by the client, the originator lost a participant, ...)
+REASON_UNAVAILABLE = "unavailable"  # a segment cannot be written (degraded) or has no owner
+REASON_LOCKED = "locked"  # a plain write on a key a transaction holds
+REASON_MIXED = "mixed"  # committed, but a participant had been resolved to roll back (ok True)
+REASON_ERROR = "error"  # any other failure of a plain operation
+
 # A version of 0 in a transaction's reads means "the key was absent": real versions start at 1 << 40
 # (store.make_version with a topology id of at least 1).
 ABSENT = 0
@@ -215,6 +226,18 @@ class LockTable:
     def blocked_segments(self) -> frozenset[int]:
         return frozenset(self._blocked)
 
+    def is_held(self, key: bytes) -> bool:
+        """Whether a transaction holds ``key`` (the node's check before a plain write: a dict lookup)."""
+        lock = self._locks.get(key)
+        return lock is not None and bool(lock.holders)
+
+    def is_blocked(self, segment: int) -> bool:
+        return segment in self._blocked
+
+    def holder_list(self, key: bytes) -> list[TxId]:
+        lock = self._locks.get(key)
+        return sorted(lock.holders) if lock else []
+
     def locked_keys(self) -> frozenset[bytes]:
         return frozenset(k for k, lock in self._locks.items() if lock.holders)
 
@@ -356,7 +379,7 @@ class LockTable:
         """Lock information for ``segments`` arrived (or is known not to come): resume their requests.
         Returns the transactions whose requests completed."""
         segs = set(segments)
-        self._blocked -= segs
+        self._blocked.difference_update(segs)  # in place: GridNode keeps a reference
         granted: list[TxId] = []
         # Queued waiters first (they were there before), then the parked requests in their order.
         for key in sorted(k for k in self._locks if self._segment_of(k) in segs):
@@ -1271,12 +1294,26 @@ class TxCoordinator:
                 continue
             for d in gone:
                 del c.unanswered[d]
+            # The topology without them is the next one, unless the router has it already (a driver can install
+            # it before the view: waiting for one more would wait for good, simulation seed 1250).
+            _, owners = self._router(sorted(c.touched))
+            owner_gone = any(o in gone for route in owners.values() for o in route)
+            need = tid + 1 if owner_gone else tid
             if c.state == CoordState.PREPARING:
-                self._abandon(c, tid + 1, now, out)
+                self._abandon(c, need, now, out)
             elif c.state == CoordState.ACTIVE and c.request:
-                c.need_topology = tid + 1  # resend the lock request to the new primaries
+                c.need_topology = need  # resend the lock request to the new primaries
                 c.unanswered.clear()
+                if need <= tid:
+                    c.need_topology = 0
+                    self._send_locks(c, now, out)
             elif c.state in (CoordState.COMMITTING, CoordState.ROLLING_BACK):
+                if owner_gone:
+                    # An owner left without acknowledging the decision: the owners of the topology that
+                    # replaces it must have it before a commit is reported (they take its keys over). Completing
+                    # now reported a commit nobody had applied when every owner was cut off from the originator
+                    # (simulation seed 1171: the participants, in doubt, were then rolled back).
+                    c.need_topology = max(c.need_topology, tid + 1)
                 self._maybe_complete(c, out)
         return out
 

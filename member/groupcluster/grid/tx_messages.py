@@ -8,9 +8,11 @@ The types are TX_LOCK (pessimistic: lock keys before the commit), TX_PREPARE, TX
 TX_COMMIT, TX_ROLLBACK, TX_ACK (the answer to both) and TX_LOCK_INFO (state transfer: the transactions that
 hold or wait for locks in given segments). A transaction id is ``[originator address, sequence]``.
 
-The payload is separate from the grid's (:mod:`.messages`) for now, because this slice must not change the
-grid's codec while it is being worked on; when transactions are wired into ``GridNode`` these messages join
-the grid payload under their type numbers (already chosen apart from the grid's 1 to 12).
+Inside a member these messages travel in the grid payload (:mod:`.messages`, format 4), under their own type
+numbers (20 and up, apart from the grid's); :func:`tx_to_wire` and :func:`decode_tx_message` are the per-message
+halves the grid codec uses. The standalone payload (:func:`encode_tx_payload`) is what the core's unit tests
+exchange. TX_INFO_ACK acknowledges a TX_LOCK_INFO: the pushing owner re-sends the information until the new
+primary acknowledges it, since a new primary blocks lock acquisition until it has it.
 
 :func:`decode_tx_payload` checks every field and every size a peer controls and raises
 :class:`~groupcluster.core.errors.WireError` naming the bad field.
@@ -34,6 +36,8 @@ TX_FORMAT_VERSION = 1
 
 # Type numbers continue after the grid's (1-12), so both can share one payload once wired together.
 TX_LOCK, TX_PREPARE, TX_VOTE, TX_COMMIT, TX_ROLLBACK, TX_ACK, TX_LOCK_INFO = 20, 21, 22, 23, 24, 25, 26
+TX_INFO_ACK = 27
+TX_TYPES = frozenset((TX_LOCK, TX_PREPARE, TX_VOTE, TX_COMMIT, TX_ROLLBACK, TX_ACK, TX_LOCK_INFO, TX_INFO_ACK))
 
 # Votes (answers to TX_LOCK and TX_PREPARE). RETRY: the sender's topology is newer than the message's; the
 # originator retries on the owners of a topology at least as new as the one in the vote.
@@ -86,6 +90,22 @@ class TxId:
 
     def __str__(self) -> str:
         return f"{self.origin}/{self.seq}"
+
+    @classmethod
+    def parse(cls, text: str) -> TxId:
+        """The inverse of ``str(tx)``: ``host:port#incarnation/seq``; ValueError says what is wrong."""
+        if type(text) is not str:
+            raise ValueError(f"transaction id: expected a string, got {type(text).__name__}")
+        origin, sep, seq = text.rpartition("/")
+        if not sep or not origin:
+            raise ValueError(f"transaction id {text!r}: expected originator/sequence (e.g. 10.0.0.1:7800#3/12)")
+        if not seq.isdigit() or not seq.isascii():
+            raise ValueError(f"transaction id {text!r}: the sequence {seq!r} is not a non-negative integer")
+        try:
+            address = Address.parse(origin)
+        except ValueError as exc:
+            raise ValueError(f"transaction id {text!r}: bad originator: {exc}") from None
+        return cls(address, int(seq))
 
 
 # key -> new value, None for a delete
@@ -190,7 +210,15 @@ class TxLockInfo:
     records: tuple[TxRecordInfo, ...]
 
 
-TxMessage = TxLock | TxPrepare | TxVote | TxCommit | TxRollback | TxAck | TxLockInfo
+@dataclass(frozen=True, slots=True)
+class TxInfoAck:
+    """The new primary got the TX_LOCK_INFO of ``segments`` the sender pushed under ``topology_id``."""
+
+    topology_id: int
+    segments: tuple[int, ...]
+
+
+TxMessage = TxLock | TxPrepare | TxVote | TxCommit | TxRollback | TxAck | TxLockInfo | TxInfoAck
 
 
 def _record_wire(r: TxRecordInfo) -> list[Any]:
@@ -229,12 +257,39 @@ def _wire(msg: TxMessage) -> list[Any]:
         return [TX_LOCK, msg.tx.to_wire(), msg.attempt, msg.request, msg.topology_id, list(msg.keys)]
     if isinstance(msg, TxLockInfo):
         return [TX_LOCK_INFO, msg.topology_id, list(msg.segments), [_record_wire(r) for r in msg.records]]
+    if isinstance(msg, TxInfoAck):
+        return [TX_INFO_ACK, msg.topology_id, list(msg.segments)]
     raise TypeError(f"not a transaction message: {msg!r}")
+
+
+tx_to_wire = _wire
 
 
 def encode_tx_payload(messages: Sequence[TxMessage]) -> bytes:
     """One payload for a batch of messages to the same destination."""
     return msgpack.packb([TX_FORMAT_VERSION, [_wire(m) for m in messages]], use_bin_type=True)
+
+
+def approx_size(msg: TxMessage) -> int:
+    """Roughly the encoded bytes of ``msg`` (the node cuts payloads by it)."""
+    if isinstance(msg, TxPrepare):
+        return 64 + sum(len(k) + 10 for k in msg.lock_keys) + sum(len(k) + len(v or b"") + 8 for k, v in msg.writes)
+    if isinstance(msg, TxCommit):
+        return 64 + sum(len(k) + len(v or b"") + 18 for k, _, v in msg.writes)
+    if isinstance(msg, TxLock):
+        return 64 + sum(len(k) + 4 for k in msg.keys)
+    if isinstance(msg, TxLockInfo):
+        return (
+            64
+            + 4 * len(msg.segments)
+            + sum(
+                80 + sum(len(k) + 4 for k in r.lock_keys) + sum(len(k) + len(v or b"") + 8 for k, v in r.writes)
+                for r in msg.records
+            )
+        )
+    if isinstance(msg, TxVote):
+        return 96 + len(msg.reason) + sum(len(k) + 10 for k, _ in msg.versions)
+    return 64
 
 
 # -- validation helpers: each names the field and the item that is wrong --------------------------------------
@@ -386,7 +441,15 @@ def _decode_one(raw: Any, f: str, lim: TxLimits) -> TxMessage:
             _segments(raw[2], f"{f}.segments"),
             tuple(_record(r, f"{f}.records[{i}]", lim) for i, r in enumerate(records)),
         )
+    if kind == TX_INFO_ACK:
+        as_list(raw, f, 3, exact=3)
+        return TxInfoAck(as_int(raw[1], f"{f}.topology_id"), _segments(raw[2], f"{f}.segments"))
     raise WireError(f"{f}.type: unknown transaction message type {kind!r}")
+
+
+def decode_tx_message(raw: Any, field: str, limits: TxLimits = DEFAULT_TX_LIMITS) -> TxMessage:
+    """One message of a payload (the grid codec's hook); raises WireError naming ``field``'s bad part."""
+    return _decode_one(raw, field, limits)
 
 
 def decode_tx_payload(data: bytes, limits: TxLimits = DEFAULT_TX_LIMITS) -> list[TxMessage]:

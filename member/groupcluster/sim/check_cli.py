@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from . import grid_checkers  # noqa: F401  (registers --stack grid)
+from . import grid_checkers, grid_tx_checkers  # noqa: F401  (register --stack grid and grid-tx)
 from .checkers import (
     SAFETY_CHECKERS,
     STACK_CHECKERS,

@@ -21,6 +21,7 @@ import yaml
 from ..core.errors import ConfigError
 from ..core.stack import resolve_config
 from .grid import GRID_DEFAULT_OPS, GRID_DEFAULT_SAFETY
+from .grid_tx import GRID_TX_DEFAULT_OPS, GRID_TX_DEFAULT_SAFETY, GRID_TX_STACK
 from .runner import default_jobs, run_many
 from .scenario import GRID_STACK, MEMBER_LOG, Scenario, SeedResult, build_spec
 from .world import slot_endpoint
@@ -39,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stack",
         default="fifo",
         metavar="NAME|FILE",
-        help="stack preset, YAML stack file, or 'grid' (the data grid on the vsync stack, with its checkers; "
-        "default fifo)",
+        help="stack preset, YAML stack file, 'grid' (the data grid on the vsync stack, with its checkers) or "
+        "'grid-tx' (the grid with transactions and their checkers; default fifo)",
     )
     parser.add_argument(
         "--jobs", type=int, default=None, metavar="J", help="worker processes (default: number of CPUs)"
@@ -97,6 +98,8 @@ def _defaults(stack: str) -> tuple[float, float]:
     """(safety time, send rate) a stack runs with unless told otherwise."""
     if stack == GRID_STACK:
         return GRID_DEFAULT_SAFETY, GRID_DEFAULT_OPS
+    if stack == GRID_TX_STACK:
+        return GRID_TX_DEFAULT_SAFETY, GRID_TX_DEFAULT_OPS
     return DEFAULTS.safety_time, DEFAULTS.send_rate
 
 
@@ -214,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
                 if "grid_ops" in st
                 else f"{st['sent']} sent, {st['delivered']} delivered"
             )
+            if "grid_tx" in st:
+                work += f", {st['grid_tx']} transactions ({st['grid_tx_ok']} committed)"
             out.write(
                 f"seed {result.seed}: ok, {result.events} events, {work}, converged {conv}; faults: "
                 f"{', '.join(result.kinds) or 'none'}\n"

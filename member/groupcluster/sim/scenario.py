@@ -32,7 +32,7 @@ from ..core.events import UpdateHosts
 from ..core.layer import LAYER_TYPES
 from ..core.stack import resolve_config
 from ..stacks import PRESETS, load_stack_file, preset
-from . import grid_checkers  # noqa: F401  (registers the grid stack's checkers)
+from . import grid_checkers, grid_tx_checkers  # noqa: F401  (register the grid stacks' checkers)
 from .checkers import Violation, check_all
 from .faults import FaultPlan, draw_plan
 from .history import History
@@ -42,6 +42,8 @@ from .world import LEAVING, PAUSED, RUNNING, AppFactory, Node, World
 
 # ``--stack grid``: the data grid (:mod:`groupcluster.sim.grid`) on the group stack a grid member runs.
 GRID_STACK = "grid"
+GRID_TX_STACK = "grid-tx"  # the grid plus transactions (:mod:`groupcluster.sim.grid_tx`)
+GRID_STACKS = (GRID_STACK, GRID_TX_STACK)
 GRID_GROUP_STACK = "vsync"
 
 # Simulated members log here (layers log under ``groupcluster.sim.members.<layer>``); the CLI keeps their
@@ -126,7 +128,7 @@ def build_spec(
     """The stack configuration every simulated member uses: a preset name, a YAML file or a list of layers,
     plus overrides. Every layer with an ``initial_hosts`` parameter (discovery) gets the static list of all
     endpoints unless the stack sets one."""
-    if stack == GRID_STACK:
+    if stack in GRID_STACKS:
         stack = GRID_GROUP_STACK
     if isinstance(stack, str):
         if stack in PRESETS:
@@ -533,6 +535,10 @@ def run_seed(
         from .grid import GridRun
 
         run: _Run = GridRun(seed, sc, logger or MEMBER_LOG)
+    elif sc.stack == GRID_TX_STACK:
+        from .grid_tx import GridTxRun
+
+        run = GridTxRun(seed, sc, logger or MEMBER_LOG)
     else:
         run = _Run(seed, sc, logger or MEMBER_LOG)
     run.run()

@@ -1,0 +1,416 @@
+"""Transactions through GridNode (docs/grid-transactions.md): several in-memory nodes over the fake network of
+test_grid_node.py, every message encoded and decoded.
+
+What is checked: commit and rollback end to end (values on every owner, one version per key), optimistic
+conflicts, pessimistic locks and the waits behind them, plain writes refused on a held key, a transaction across
+a rebalance (the lock information reaches the new primary, which stays blocked until it does, even when the
+first push is lost), an originator that crashes before prepare (rolled back everywhere) or after it (in doubt on
+every owner, its keys unusable, then resolved), GET versions, and the calls' input checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from groupcluster.core.address import Address
+from groupcluster.grid.consistent_hash import segment_of
+from groupcluster.grid.messages import GET, PUT, decode_payload, encode_payload
+from groupcluster.grid.node import (
+    REASON_CONFLICT,
+    REASON_LOCKED,
+    REASON_ROLLED_BACK,
+    TX_COMMIT_OP,
+    TX_LOCK_OP,
+    OpResult,
+    Outgoing,
+)
+from groupcluster.grid.tx import TxState, termination_decision
+from groupcluster.grid.tx_messages import TxCommit, TxId, TxLockInfo
+
+from .test_grid_node import CONFIG, FakeNet
+
+
+class TxNet(FakeNet):
+    """The fake network, able to lose chosen transaction messages (``drop(src, type)`` returns True to lose)."""
+
+    def __init__(self, seed: int = 1) -> None:
+        super().__init__(random.Random(seed))
+        self.lost: list[tuple[Address, object]] = []
+        self.drop = lambda src, msg: False
+
+    def collect(self, a: Address) -> None:
+        node = self.nodes.get(a)
+        if node is not None:
+            kept = []
+            for out in node.take_outbox():
+                msgs = decode_payload(out.payload)
+                keep = []
+                for m in msgs:
+                    if self.drop(a, m):
+                        self.lost.append((a, m))
+                    else:
+                        keep.append(m)
+                if keep:
+                    kept.append(Outgoing(out.dest, encode_payload(keep)))
+            node._outbox = kept
+        super().collect(a)
+
+    # -- helpers
+    def call(self, a: Address, fn: str, *args: object) -> object:
+        node = self.nodes[a]
+        # tx_begin takes the time first (the contract's signature); every other call takes it last
+        result = node.tx_begin(self.now, *args) if fn == "tx_begin" else getattr(node, fn)(*args, self.now)  # type: ignore[arg-type]
+        self.collect(a)
+        return result
+
+    def wait(self, a: Address, op_id: object, limit: float = 30.0) -> OpResult:
+        end = self.now + limit
+        while self.now < end:
+            for r in self.results.get(a, []):
+                if r.op_id == op_id:
+                    return r
+            self.run_until(self.now + 0.05)
+        raise AssertionError(f"operation {op_id} on {a} never finished")
+
+    def get(self, a: Address, key: bytes) -> OpResult:
+        return self.wait(a, self.call(a, "get", key))
+
+    def put(self, a: Address, key: bytes, value: bytes) -> OpResult:
+        return self.wait(a, self.call(a, "put", key, value))
+
+    def primary(self, key: bytes) -> Address:
+        t = self.coordinator.topology
+        assert t is not None
+        p = t.write_primary(segment_of(key, t.num_segments))
+        assert p is not None
+        return p
+
+    def owners(self, key: bytes) -> tuple[Address, ...]:
+        t = self.coordinator.topology
+        assert t is not None
+        return t.write_owners(segment_of(key, t.num_segments))
+
+    def stored(self, key: bytes) -> dict[Address, tuple[int, bytes | None] | None]:
+        out = {}
+        for a in self.owners(key):
+            node = self.nodes[a]
+            assert node.store is not None
+            out[a] = node.store.get(segment_of(key, node.store.num_segments), key)
+        return out
+
+
+def resolve_everywhere(net: TxNet, tx: TxId, commit: bool) -> int:
+    """Play the operator: resolve ``tx`` on every member that holds it in doubt, the same way. A commit needs
+    every written key's version: merged from the members' reports; a key whose stamping primary is gone gets
+    one from its current primary, which is therefore resolved first (then its report has it)."""
+    pending = [m for m in net.view if any(x.tx == tx for x in net.nodes[m].tx_in_doubt())]
+    resolved = 0
+    while pending:
+        versions: dict[bytes, int] = {}
+        for m in net.view:
+            versions.update(net.nodes[m].tx_report(tx).versions)
+        progress = False
+        for m in list(pending):
+            try:
+                if net.nodes[m].tx_resolve(tx, commit, net.now, versions):
+                    resolved += 1
+            except ValueError:
+                continue  # needs a version its primary has not stamped yet: after that one
+            pending.remove(m)
+            net.collect(m)
+            progress = True
+            break
+        assert progress, f"no member could resolve {tx}: {pending}"
+    return resolved
+
+
+def cluster(n: int, seed: int = 1) -> tuple[TxNet, list[Address]]:
+    net = TxNet(seed)
+    members = net.add(n)
+    net.run_until(3.0)
+    assert net.stable()
+    return net, members
+
+
+def no_locks_left(net: TxNet) -> None:
+    for a in net.view:
+        node = net.nodes[a]
+        assert node.tx.locks.empty(), f"{a} still holds locks: {node.tx.locks.locked_keys()}"
+        assert node.tx.active() == [], f"{a} has unfinished transactions {node.tx.active()}"
+
+
+def test_commit_applies_every_write_on_every_owner_with_one_version() -> None:
+    net, (_a, b, c) = cluster(3)
+    writes = {f"k{i}".encode(): f"v{i}".encode() for i in range(6)}
+    tx = net.call(b, "tx_begin")
+    assert isinstance(tx, TxId) and TxId.parse(str(tx)) == tx
+    res = net.wait(b, net.call(b, "tx_commit", tx, writes, {}))
+    assert res.ok and res.kind == TX_COMMIT_OP and res.tx == tx, res
+    for key, value in writes.items():
+        copies = net.stored(key)
+        assert len(copies) == 2 and {c for c in copies.values()} == {copies[net.primary(key)]}, copies
+        assert copies[net.primary(key)][1] == value  # type: ignore[index]
+        got = net.get(c, key)
+        assert got.ok and got.value == value and got.version == copies[net.primary(key)][0]  # type: ignore[index]
+    assert net.nodes[b].metrics["grid.tx_commits"] == 1
+    net.run_until(net.now + 2)
+    no_locks_left(net)
+
+
+def test_rollback_applies_nothing_and_a_later_commit_fails() -> None:
+    net, (a, b, _c) = cluster(3)
+    tx = net.call(a, "tx_begin")
+    rb = net.wait(a, net.call(a, "tx_rollback", tx))
+    assert rb.ok
+    late = net.wait(a, net.call(a, "tx_commit", tx, {b"k": b"v"}, {}))
+    assert not late.ok and late.reason == REASON_ROLLED_BACK
+    assert net.get(b, b"k").value is None
+    assert net.nodes[a].metrics["grid.tx_rollbacks"] == 1
+    with pytest.raises(ValueError, match="unknown"):
+        net.call(a, "tx_commit", TxId(a, 999), {}, {})
+
+
+def test_get_answers_carry_the_entry_version() -> None:
+    net, (a, b, _c) = cluster(3)
+    assert net.get(a, b"absent").version == 0
+    assert net.put(a, b"k", b"1").ok
+    v1 = net.get(b, b"k").version
+    assert net.put(b, b"k", b"2").ok
+    v2 = net.get(a, b"k").version
+    assert 0 < v1 < v2
+
+
+def test_optimistic_read_changed_before_commit_is_a_conflict() -> None:
+    net, (a, b, c) = cluster(3)
+    assert net.put(a, b"x", b"10").ok
+    read = net.get(b, b"x")
+    tx = net.call(b, "tx_begin", "optimistic")
+    assert net.put(c, b"x", b"11").ok  # another client writes the key after the transaction read it
+    res = net.wait(b, net.call(b, "tx_commit", tx, {b"x": b"9", b"y": b"1"}, {b"x": read.version}))
+    assert not res.ok and res.reason == REASON_CONFLICT, res
+    assert net.get(a, b"x").value == b"11" and net.get(a, b"y").value is None
+    assert net.nodes[b].metrics[f"grid.tx_rollbacks.{REASON_CONFLICT}"] == 1
+    # Unchanged reads validate: the same transfer with fresh versions commits.
+    read = net.get(b, b"x")
+    tx = net.call(b, "tx_begin")
+    res = net.wait(b, net.call(b, "tx_commit", tx, {b"x": b"9", b"y": b"1"}, {b"x": read.version, b"y": 0}))
+    assert res.ok, res
+    net.run_until(net.now + 1)
+    no_locks_left(net)
+
+
+def test_pessimistic_lock_blocks_plain_writes_and_other_lockers_until_commit() -> None:
+    net, (a, b, c) = cluster(3)
+    t1 = net.call(a, "tx_begin", "pessimistic")
+    locked = net.wait(a, net.call(a, "tx_lock", t1, [b"p", b"q"]))
+    assert locked.ok and locked.kind == TX_LOCK_OP
+    refused = net.put(c, b"p", b"plain")
+    assert not refused.ok and refused.reason == REASON_LOCKED, refused
+    primary = net.primary(b"p")
+    assert net.nodes[primary].metrics["grid.writes_refused_locked"] == 1
+    t2 = net.call(b, "tx_begin", "pessimistic")
+    second = net.call(b, "tx_lock", t2, [b"p"])
+    net.run_until(net.now + 1.0)
+    assert all(r.op_id != second for r in net.results.get(b, []))  # waits behind t1
+    assert net.nodes[primary].metrics["grid.tx_lock_waits"] >= 1
+    assert net.wait(a, net.call(a, "tx_commit", t1, {b"p": b"1", b"q": b"2"}, {})).ok
+    assert net.wait(b, second).ok  # granted once t1 committed
+    assert net.wait(b, net.call(b, "tx_commit", t2, {b"p": b"3"}, {})).ok
+    assert net.get(c, b"p").value == b"3" and net.get(c, b"q").value == b"2"
+    assert net.put(c, b"p", b"plain").ok  # free again
+    net.run_until(net.now + 1)
+    no_locks_left(net)
+    with pytest.raises(ValueError, match="optimistic"):
+        net.call(a, "tx_lock", net.call(a, "tx_begin", "optimistic"), [b"p"])
+
+
+def test_input_checks_name_what_is_wrong() -> None:
+    net, (a, _b, _c) = cluster(3)
+    with pytest.raises(ValueError, match="mode"):
+        net.nodes[a].tx_begin(net.now, "eager")
+    tx = net.call(a, "tx_begin")
+    with pytest.raises(TypeError, match=r"writes\[b'k'\]"):
+        net.nodes[a].tx_commit(tx, {b"k": "text"}, {}, net.now)  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match=r"reads\[b'k'\]"):
+        net.nodes[a].tx_commit(tx, {}, {b"k": -1}, net.now)
+    with pytest.raises(ValueError, match="exceed"):
+        net.nodes[a].tx_commit(tx, {b"k" * 70000: b"v"}, {}, net.now)
+    for bad in ("", "10.0.0.1:7800#1", "10.0.0.1:7800#1/x", "nohost/3"):
+        with pytest.raises(ValueError, match="transaction id"):
+            TxId.parse(bad)
+    assert net.nodes[a].tx_resolve(TxId(a, 77), True, net.now) is False
+
+
+def test_transaction_across_a_rebalance_moves_its_locks_to_the_new_primaries() -> None:
+    net, (a, _b, _c) = cluster(3, seed=4)
+    keys = [f"r{i}".encode() for i in range(40)]
+    before = {k: net.primary(k) for k in keys}
+    tx = net.call(a, "tx_begin", "pessimistic")
+    assert net.wait(a, net.call(a, "tx_lock", tx, keys)).ok
+    (d,) = net.add(1)
+    net.run_until(net.now + 6.0)
+    assert net.stable()
+    moved = [k for k in keys if net.primary(k) != before[k]]
+    assert moved, "the join moved no primary: pick other keys"
+    for k in moved:
+        new = net.nodes[net.primary(k)]
+        assert tx in new.tx.locks.holders(k), f"{k!r}: the new primary {new.address} did not get the lock"
+    assert sum(net.nodes[m].metrics["grid.tx_lock_info_in"] for m in net.view) >= 1
+    refused = net.put(d, moved[0], b"plain")
+    assert not refused.ok and refused.reason == REASON_LOCKED
+    writes = {k: b"t" for k in keys}
+    assert net.wait(a, net.call(a, "tx_commit", tx, writes, {})).ok
+    for k in keys:
+        assert {e[1] if e else None for e in net.stored(k).values()} == {b"t"}, k
+    net.run_until(net.now + 1)
+    no_locks_left(net)
+
+
+def test_a_lost_lock_information_push_is_sent_again_and_the_new_primary_waits_for_it() -> None:
+    net, (a, b, c) = cluster(3, seed=4)
+    keys = [f"r{i}".encode() for i in range(40)]
+    tx = net.call(a, "tx_begin", "pessimistic")
+    assert net.wait(a, net.call(a, "tx_lock", tx, keys)).ok
+    budget = [1]
+
+    def drop_first_info(src: Address, msg: object) -> bool:
+        if type(msg) is TxLockInfo and msg.records and budget[0]:  # type: ignore[attr-defined]
+            budget[0] -= 1
+            return True
+        return False
+
+    net.drop = drop_first_info
+    net.add(1)
+    for _ in range(200):
+        net.run_until(net.now + 0.05)
+        if net.lost:
+            break
+    assert net.lost, "no lock information was pushed"
+    src, info = net.lost[0]
+    assert isinstance(info, TxLockInfo)
+    dest = next(m for m in net.view if m != src and net.nodes[m].tx.locks.blocked_segments & set(info.segments))
+    blocked = net.nodes[dest].tx.locks.blocked_segments & set(info.segments)
+    assert blocked  # the new primary waits for the lost information
+    key = next(k for k in keys if segment_of(k, 32) in blocked)
+    # A plain write there is neither applied nor refused while blocked: it is retried until the push arrives.
+    writer = c if c != dest else b
+    op = net.call(writer, "put", key, b"plain")
+    net.run_until(net.now + 0.5)
+    assert net.nodes[dest].tx.locks.blocked_segments & blocked  # still waiting (re-sent after attempt_timeout)
+    assert all(r.op_id != op for r in net.results.get(writer, []))
+    net.run_until(net.now + 3.0)  # attempt_timeout: the pusher sends it again
+    assert net.nodes[src].metrics["grid.tx_lock_info_resent"] >= 1
+    assert not net.nodes[dest].tx.locks.blocked_segments
+    assert tx in net.nodes[dest].tx.locks.holders(key)
+    res = net.wait(writer, op)
+    assert not res.ok and res.reason == REASON_LOCKED
+    assert net.wait(a, net.call(a, "tx_commit", tx, {k: b"t" for k in keys}, {})).ok
+    net.run_until(net.now + 3)
+    assert not net.nodes[src]._tx_pushes  # acknowledged, no more re-sends
+    no_locks_left(net)
+
+
+def test_originator_crash_before_prepare_rolls_back_everywhere() -> None:
+    net, (a, _b, _c, d) = cluster(4)
+    tx = net.call(d, "tx_begin", "pessimistic")
+    assert net.wait(d, net.call(d, "tx_lock", tx, [b"u", b"w"])).ok
+    assert not net.put(a, b"u", b"x").ok
+    net.crash(d)
+    net.run_until(net.now + 5.0)
+    assert net.stable()
+    assert net.put(a, b"u", b"x").ok  # the lock went with the originator
+    for m in net.view:
+        assert net.nodes[m].tx_in_doubt() == []
+    no_locks_left(net)
+
+
+def _prepared_then_crash(net: TxNet, origin: Address, writes: dict[bytes, bytes]) -> TxId:
+    """Start a commit on ``origin`` whose TX_COMMIT never leaves it, wait for every vote, crash it."""
+    net.drop = lambda src, msg: src == origin and type(msg) is TxCommit
+    tx = net.call(origin, "tx_begin")
+    net.call(origin, "tx_commit", tx, writes, {})
+    net.run_until(net.now + 1.0)
+    assert not any(r.tx == tx for r in net.results.get(origin, []))  # not committed: commits were lost
+    net.crash(origin)
+    net.drop = lambda src, msg: False
+    net.run_until(net.now + 5.0)
+    assert net.stable()
+    return tx  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("decide_commit", [False, True])
+def test_originator_crash_after_prepare_leaves_it_in_doubt_until_resolved(decide_commit: bool) -> None:
+    net = TxNet(3)
+    net.add(4)
+    net.run_until(3.0)
+    a, _b, _c, d = net.view
+    writes = {b"m1": b"x1", b"m2": b"x2", b"m3": b"x3"}
+    tx = _prepared_then_crash(net, d, writes)
+    doubtful = [m for m in net.view if any(x.tx == tx for x in net.nodes[m].tx_in_doubt())]
+    assert doubtful and all(net.nodes[m].metrics["grid.tx_in_doubt"] >= 1 for m in doubtful)
+    # Its keys stay locked: neither plain writes nor other transactions get them meanwhile.
+    assert net.put(a, b"m1", b"plain").reason == REASON_LOCKED
+    reports = [net.nodes[m].tx_report(tx) for m in net.view]
+    assert termination_decision(r.state for r in reports) is False  # all prepared: nobody committed
+    versions: dict[bytes, int] = {}
+    for r in reports:
+        versions.update(r.versions)
+    assert set(versions) <= set(writes)  # stamped by the primaries (those still alive)
+    assert resolve_everywhere(net, tx, decide_commit) == len(doubtful)
+    net.run_until(net.now + 2.0)
+    for m in net.view:
+        assert net.nodes[m].tx_in_doubt() == []
+    for key, value in writes.items():
+        stored = {e[1] if e else None for e in net.stored(key).values()}
+        assert stored == ({value} if decide_commit else {None}), (key, stored)
+    assert net.put(a, b"m1", b"plain").ok
+    no_locks_left(net)
+
+
+def test_resolution_reaches_an_owner_that_never_saw_the_prepare() -> None:
+    # The keys get a new owner (a join) while the transaction is in doubt: its commit must reach it too.
+    net = TxNet(5)
+    net.add(3)
+    net.run_until(3.0)
+    _a, _b, c = net.view
+    writes = {f"n{i}".encode(): b"z" for i in range(12)}
+    tx = _prepared_then_crash(net, c, writes)
+    net.add(2)
+    net.run_until(net.now + 8.0)
+    assert net.stable()
+    assert TxState.PREPARED in [net.nodes[m].tx_report(tx).state for m in net.view]
+    assert resolve_everywhere(net, tx, True) >= 1
+    net.run_until(net.now + 2.0)
+    for key in writes:
+        assert {e[1] if e else None for e in net.stored(key).values()} == {b"z"}, key
+    no_locks_left(net)
+
+
+def test_plain_grid_results_carry_no_reason_on_success() -> None:
+    net, (a, _b, _c) = cluster(3)
+    res = net.put(a, b"k", b"v")
+    assert res.ok and res.reason == "" and res.kind == PUT
+    got = net.get(a, b"k")
+    assert got.kind == GET and got.ok
+
+
+def test_a_plain_write_cannot_slip_under_a_prepared_transaction() -> None:
+    # tx_test_hold_commit (fault injection): the originator sends no commit, so its participants stay prepared.
+    net = TxNet(6)
+    held = dataclasses.replace(CONFIG, tx_test_hold_commit=True)
+    net.config = held
+    a, b, c = net.add(3)
+    net.run_until(3.0)
+    tx = net.call(a, "tx_begin")
+    op = net.call(a, "tx_commit", tx, {b"h1": b"t", b"h2": b"t"}, {})
+    net.run_until(net.now + 2.0)
+    assert all(r.op_id != op for r in net.results.get(a, []))  # no outcome: the commit never left
+    prepared = {m: net.nodes[m].tx_prepared_count() for m in net.view}
+    assert sum(prepared.values()) >= 2, prepared  # the primaries and backups of both keys voted YES
+    for writer in (b, c):
+        res = net.put(writer, b"h1", b"plain")
+        assert not res.ok and res.reason == REASON_LOCKED and "held by transaction" in res.error
+    assert net.get(b, b"h1").value is None  # nothing slipped in
+    assert net.nodes[net.primary(b"h1")].metrics["grid.writes_refused_locked"] >= 2
