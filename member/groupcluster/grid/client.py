@@ -76,12 +76,13 @@ import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import repeat
 from types import TracebackType
 from typing import Any, TypeVar
 
 import msgpack
 
-from .consistent_hash import segment_of
+from .consistent_hash import segment_of, segments_of
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_REQUEST_TIMEOUT = 35.0  # above the grid's default op_timeout (30 s): its 504 arrives first
@@ -180,6 +181,9 @@ def _version_header(text: str | None) -> int | None:
 _Op = tuple[str, bytes, bytes | None]
 
 
+_BYTES = {bytes}
+
+
 def _check_key(key: Any) -> bytes:
     if type(key) is not bytes:
         raise TypeError(f"key: expected bytes, got {type(key).__name__}")
@@ -192,6 +196,18 @@ def _put_ops(items: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> li
     # A dict keeps the last value of a repeated key: requests run concurrently, so two writes of one key in
     # one call would otherwise land in no defined order.
     pairs = dict(items.items() if isinstance(items, Mapping) else items)
+    keys, values = list(pairs), list(pairs.values())
+    # The checks below in bulk (C-level map/min/max; the Spark writer sends millions of rows through here);
+    # anything off takes the loop, which names the first bad entry.
+    if (
+        keys
+        and set(map(type, keys)) == _BYTES
+        and set(map(type, values)) == _BYTES
+        and min(map(len, keys)) >= 1
+        and max(map(len, keys)) <= BATCH_KEY_LIMIT
+        and max(map(len, values)) <= VALUE_LIMIT
+    ):
+        return list(zip(repeat("put"), keys, values))
     ops: list[_Op] = []
     for k, v in pairs.items():
         _check_key(k)
@@ -225,10 +241,12 @@ class _BatchRun:
         """The pending operations grouped by target member (one member for all without ``route``), cut into
         requests of ``batch_size`` operations / ~4 MiB."""
         groups: dict[str, list[int]] = {}
-        anyone = None if route else router.any_endpoint()
-        for i in self.pending:
-            kind, key, _ = self.ops[i]
-            ep = anyone if anyone is not None else router.target(key, write=kind != "get")
+        ops = self.ops
+        if route:
+            targets = router.targets([ops[i][1] for i in self.pending], [ops[i][0] != "get" for i in self.pending])
+        else:
+            targets = [router.any_endpoint()] * len(self.pending)
+        for i, ep in zip(self.pending, targets, strict=True):
             groups.setdefault(ep, []).append(i)
         plan: list[tuple[str, list[int]]] = []
         for ep, idxs in groups.items():
@@ -247,11 +265,11 @@ class _BatchRun:
         return plan
 
     def body(self, idxs: list[int]) -> bytes:
-        ops = []
-        for i in idxs:
-            kind, key, value = self.ops[i]
-            ops.append([kind, key, value] if kind == "put" else [kind, key])
-        return msgpack.packb({"ops": ops}, use_bin_type=True)  # type: ignore[no-any-return]
+        ops = self.ops
+        # An operation is its (kind, key, value) tuple as it is (msgpack packs a tuple as an array) for a put;
+        # gets and deletes leave the value out.
+        body = [op if op[0] == "put" else op[:2] for op in map(ops.__getitem__, idxs)]
+        return msgpack.packb({"ops": body}, use_bin_type=True)  # type: ignore[no-any-return]
 
     def absorb(self, router: _Router, ep: str, idxs: list[int], reply: _Reply | None, error: str = "") -> None:
         """Take one request's outcome: results in, retryable keys to ``retry``; raises for a refused request."""
@@ -364,6 +382,37 @@ class _Router:
             if url is not None and self.avoid.get(url, 0.0) <= time.monotonic():
                 return url
         return self.any_endpoint()
+
+    def targets(self, keys: list[bytes], writes: list[bool]) -> list[str]:
+        """:meth:`target` of each key, with the segments hashed in one call and each member's ``avoid`` read
+        once (the Spark writer routes millions of keys)."""
+        t = self.table
+        try:
+            segs = segments_of(keys, t["num_segments"]) if t is not None else None
+            by_kind = (t["read"], t["write"]) if t is not None else None
+            members = t["members"] if t is not None else None
+        except (KeyError, IndexError, TypeError):
+            segs = None
+        if segs is None or by_kind is None or members is None:
+            return [self.target(k, w) for k, w in zip(keys, writes, strict=True)]
+        now = time.monotonic()
+        usable: dict[str, bool] = {}
+        out: list[str] = []
+        for seg, w in zip(segs, writes, strict=True):
+            try:
+                idx = by_kind[w][seg]
+                url = members[idx] if idx >= 0 else None
+            except (IndexError, TypeError):
+                url = None
+            if url is not None:
+                ok = usable.get(url)
+                if ok is None:
+                    ok = usable[url] = self.avoid.get(url, 0.0) <= now
+                if ok:
+                    out.append(url)
+                    continue
+            out.append(self.any_endpoint())
+        return out
 
     def scan_target(self, segment: int) -> str:
         """The member to scan ``segment`` on: its read owner in the routing table, else any member."""

@@ -117,9 +117,15 @@ from .tx_messages import approx_size as _tx_approx_size
 log = logging.getLogger("groupcluster.grid")
 
 MAX_PAYLOAD_SPLIT = 1024 * 1024  # a payload is cut near this size (the transport fragments beyond its MTU)
-# Entries of dropped segments freed per step (SegmentStore.collect): a fraction of a millisecond of work on
-# an idle machine (8192 per step measured 10-14 ms per step on the loaded one, each a stall for operations).
-FREE_PER_STEP = 2048
+# Entries of dropped segments freed per slice (SegmentStore.collect), at most one slice per FREE_INTERVAL.
+# A slice of 2,048 cost ~1 ms of CPU; freed on every step, back to back, the three old owners of a 1M-entry
+# rebalance each spent ~80 ms of CPU in a row after the last topology, on a 2-core machine with the joiner
+# and the writer, and single writes there took 10-25 ms (issue 4). Paced, freeing takes ~10% of a core
+# (~1.2 s for a member's ~250,000 entries and feed-log entries) and operations find the CPUs free.
+FREE_PER_STEP = 1024
+FREE_INTERVAL = 0.005
+# Transfer chunks applied or produced per step while operations may be waiting (see GridNode.defer_transfer).
+DEFERRED_CHUNKS_PER_STEP = 1
 
 # OpResult.kind of the transaction calls (never on the wire: operations on the wire are GET, PUT, DELETE).
 TX_LOCK_OP, TX_COMMIT_OP, TX_ROLLBACK_OP = 16, 17, 18
@@ -211,7 +217,10 @@ class Outgoing:
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, to be treated as read-only: one is made per operation, and a frozen dataclass's __init__ cost
+# ~1.1 us against ~0.2 us (its field assignments go through object.__setattr__), ~6% of a member's CPU in
+# Spark batch writes (issue 7).
+@dataclass(slots=True)
 class OpResult:
     """A finished client operation. ``ok`` False carries ``error``; a GET of an absent key is ok, value None."""
 
@@ -327,6 +336,13 @@ class _OutXfer:
         self.unacked = 0
 
 
+# Client operations, backups and their answers: handled at once even while transfer messages are held back
+# (see GridNode.defer_transfer).
+_OPERATION_KINDS = frozenset(
+    {Command, CommandBatch, Response, ResponseBatch, Backup, BackupBatch, BackupAck, BackupAckBatch}
+)
+
+
 class GridNode:
     """A grid member. Feed it views, payloads, time and operations; collect payloads and results."""
 
@@ -371,6 +387,7 @@ class GridNode:
         self._fetched: set[int] = set()
         self._fetch_tries: Counter[int] = Counter()
         self._refetch_at: float | None = None
+        self._collect_at = 0.0  # when the next slice of dropped segments may be freed (see FREE_INTERVAL)
         self._confirmed_id = 0
         self._statuses_in: dict[Address, MemberStatus] = {}
         # Set by a merge view while our topology was available: our entries may conflict with what the other
@@ -391,6 +408,20 @@ class GridNode:
         # (time, op id): resend and retry-backoff times of operations, as set (stale entries are skipped).
         self._op_timers: list[tuple[float, int]] = []
         self._loop: deque[tuple[Address, GridMessage]] = deque()
+        # Transfer work waits behind operations. With ``defer_transfer``, :meth:`on_messages` handles client
+        # operations, backups and their answers at once and holds back transfer chunks (XFER_DATA, applied
+        # later) and their acknowledgements (XFER_ACK, which produce the next chunk); :meth:`next_deadline`
+        # asks for a step at once and each :meth:`tick` handles them in arrival order until one chunk was
+        # applied or produced. So a write's backup or answer leaves before the transfer work of its step, and
+        # a driver's other inputs (the next delivered batch, HTTP requests) wait behind one chunk, not all
+        # chunks of a delivered batch: with 4 members on 2 cores, single writes during a rebalance waited
+        # behind 1-2 ms of chunk work per hop (issue 4). Every other message that arrives while some are held
+        # back queues behind them, in order, so a chunk is never overtaken by a topology, a fetch or a cancel
+        # (see _pump, seed 39); a view change first handles everything held back. Operations may overtake
+        # chunks: stores keep the newest version whichever comes first, and an operation sent after a
+        # topology carries its id, so it waits for that topology (_hold) as if it had arrived before it.
+        self.defer_transfer = True
+        self._deferred: deque[tuple[Address, GridMessage]] = deque()
         self._out: dict[Address | None, list[GridMessage]] = {}
         self._outbox: list[Outgoing] = []
         self._results: list[OpResult] = []
@@ -428,6 +459,7 @@ class GridNode:
     def on_view(self, members: Sequence[Address], now: float, *, merge: bool = False) -> None:
         """A new group view (``merge`` True for a merge view)."""
         self._now = now
+        self._drain_deferred()
         old_coord = self.view[0] if self.view else None
         if not members:
             raise ValueError("on_view: a view has at least one member")
@@ -496,6 +528,8 @@ class GridNode:
     def on_messages(self, batch: Iterable[tuple[Address, bytes]], now: float) -> None:
         """Payloads delivered by the group, as (sender, payload) pairs; bad payloads are dropped and counted."""
         self._now = now
+        defer = self.defer_transfer
+        deferred = self._deferred
         for src, payload in batch:
             try:
                 msgs = decode_payload(payload, self.limits)
@@ -504,12 +538,35 @@ class GridNode:
                 log.warning("%s: dropped a grid payload from %s: %s", self.address, src, exc)
                 continue
             for msg in msgs:
-                self._handle(src, msg)
+                kind = type(msg)
+                if defer and kind not in _OPERATION_KINDS and (deferred or kind is XferData or kind is XferAck):
+                    deferred.append((src, msg))
+                else:
+                    self._handle(src, msg)
         self._flush()
+
+    def _run_deferred(self, max_chunks: int) -> None:
+        """Handle held-back messages in arrival order until ``max_chunks`` transfer chunks were applied or
+        produced (see ``defer_transfer``)."""
+        deferred = self._deferred
+        done = 0
+        while deferred and done < max_chunks:
+            src, msg = deferred.popleft()
+            self._handle(src, msg)
+            if type(msg) is XferData or type(msg) is XferAck:
+                done += 1
+
+    def _drain_deferred(self) -> None:
+        """Handle every held-back message now (a view change must come after what arrived before it)."""
+        while self._deferred:
+            src, msg = self._deferred.popleft()
+            self._handle(src, msg)
 
     def tick(self, now: float) -> None:
         """Time passed: resend or fail operations, expire held requests, advance the planner's recovery."""
         self._now = now
+        if self._deferred:
+            self._run_deferred(DEFERRED_CHUNKS_PER_STEP)
         if self.planner is not None:
             self._planner_out(self.planner.on_tick(now))
         while self._queued and self._queued[0][0] <= now:
@@ -553,8 +610,10 @@ class GridNode:
         expiry = self._tombstone_expiry()
         if expiry is not None:
             times.append(expiry)
+        if self._deferred:
+            times.append(self._now)  # held-back transfer messages: the next one in a step of its own
         if self.store is not None and self.store._garbage:
-            times.append(self._now)  # dropped segments still to free: a step soon (each frees a slice)
+            times.append(self._collect_at)  # dropped segments still to free: the next slice (see _flush)
         tx_next = self._tx_next_deadline()
         if tx_next is not None:
             times.append(tx_next)
@@ -810,8 +869,9 @@ class GridNode:
             elif self.planner is None:
                 self._statuses_in.clear()
         self._check_ready()
-        if self.store is not None and self.store._garbage:
+        if self.store is not None and self.store._garbage and self._now >= self._collect_at:
             self.store.collect(FREE_PER_STEP)
+            self._collect_at = self._now + FREE_INTERVAL
         for dest, msgs in self._out.items():
             start, size = 0, 0
             for i, m in enumerate(msgs):
@@ -1869,6 +1929,12 @@ class GridNode:
             need -= xf.remaining
         alive = set(self.view) & set(t.members)
         by_source: dict[Address, list[int]] = {}
+        # Segments each source already streams to us: a segment goes to the least loaded of its owners. Always
+        # asking the primary left one old member streaming 45% of a joiner's segments and another 15%, so
+        # the last ~100 ms of a 1M-entry rebalance ran one stream alone (issue 4).
+        load: Counter[Address] = Counter()
+        for xf in self._in_xfers.values():
+            load[xf.source] += len(xf.remaining)
         for s in sorted(need):
             sources = [m for m in t.current.owners_of(s) if m in alive and m != self.address]
             if not sources:
@@ -1876,7 +1942,12 @@ class GridNode:
                 self.metrics["grid.segments_unrecoverable"] += 1
                 self._fetched.add(s)
                 continue
-            src = sources[self._fetch_tries[s] % len(sources)]
+            # A retry (the source failed the segment) asks the next owner in turn, as before; a first try the
+            # least loaded owner, ties to the first listed (deterministic, so simulation seeds replay).
+            k = self._fetch_tries[s] % len(sources)
+            turn = sources[k:] + sources[:k]
+            src = min(turn, key=lambda m: load[m]) if not self._fetch_tries[s] else turn[0]
+            load[src] += 1
             by_source.setdefault(src, []).append(s)
         for src, segs in by_source.items():
             xid = self._next_xfer
