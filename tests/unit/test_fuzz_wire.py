@@ -128,6 +128,7 @@ def grid_corpus() -> tuple[bytes, ...]:
     msgs += [
         tm.TxLock(tx, 1, 1, 3, (b"a", b"b")),
         tm.TxPrepare(tx, 1, 3, (b"a",), ((b"a", b"x"), (b"c", None)), ((b"a", 0),)),
+        tm.TxPrepare(tx, 1, 3, (b"a",), ((b"a", b"x"), (b"c", None)), ((b"a", 0),), False),  # optimistic: no wait
         tm.TxVote(tx, 1, 0, tm.YES, 3, ((b"a", 1 << 40),), ""),
         tm.TxVote(tx, 1, 2, tm.NO, 3, (), "lock timeout"),
         tm.TxCommit(tx, 1, 3, ((b"a", 1 << 40, b"x"), (b"c", 1 << 41, None))),

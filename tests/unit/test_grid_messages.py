@@ -83,6 +83,7 @@ def _tx_messages() -> list[object]:
     return [
         tm.TxLock(tx, 1, 1, 3, (b"a", b"b")),
         tm.TxPrepare(tx, 1, 3, (b"a",), ((b"a", b"x"), (b"c", None)), ((b"a", 0),)),
+        tm.TxPrepare(tx, 1, 3, (b"a",), ((b"a", b"x"), (b"c", None)), ((b"a", 0),), False),  # optimistic: no wait
         tm.TxVote(tx, 1, 0, tm.YES, 3, ((b"a", 1 << 40),), ""),
         tm.TxCommit(tx, 1, 3, ((b"a", 1 << 40, b"x"), (b"c", (1 << 40) + 1, None))),
         tm.TxRollback(tx, 1, 3),

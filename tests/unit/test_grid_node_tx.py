@@ -226,6 +226,44 @@ def test_pessimistic_lock_blocks_plain_writes_and_other_lockers_until_commit() -
         net.call(a, "tx_lock", net.call(a, "tx_begin", "optimistic"), [b"p"])
 
 
+def test_optimistic_commit_on_a_locked_key_fails_at_once_as_a_conflict() -> None:
+    net, (a, b, c) = cluster(3)
+    t1 = net.call(a, "tx_begin", "pessimistic")
+    assert net.wait(a, net.call(a, "tx_lock", t1, [b"p", b"q"])).ok
+    t0 = net.now
+    t2 = net.call(b, "tx_begin", "optimistic")
+    res = net.wait(b, net.call(b, "tx_commit", t2, {b"p": b"9", b"z": b"1"}, {b"p": 0}))
+    # refused without waiting for the lock (tx_lock_timeout is 10 s), as a conflict naming the holder
+    assert not res.ok and res.reason == REASON_CONFLICT and str(t1) in (res.error or ""), res
+    assert net.now - t0 < 1.0
+    assert net.get(c, b"z").value is None  # nothing of it applied
+    assert net.wait(a, net.call(a, "tx_commit", t1, {b"p": b"1"}, {})).ok
+    net.run_until(net.now + 1)
+    no_locks_left(net)
+
+
+def test_ordered_pessimistic_lock_requests_do_not_deadlock_across_members() -> None:
+    net, (a, b, c) = cluster(3)
+    # two keys with different primaries, locked by two transactions in opposite orders at the same moment:
+    # with both primaries asked at once each could get one key and wait for the other until the lock timeout
+    keys = [bytes([97 + i]) for i in range(26)]
+    k1 = keys[0]
+    k2 = next(k for k in keys if net.primary(k) != net.primary(k1))
+    t1 = net.call(a, "tx_begin", "pessimistic")
+    t2 = net.call(b, "tx_begin", "pessimistic")
+    l1 = net.call(a, "tx_lock", t1, [k1, k2])
+    l2 = net.call(b, "tx_lock", t2, [k2, k1])
+    t0 = net.now
+    assert net.wait(a, l1).ok
+    assert net.wait(a, net.call(a, "tx_commit", t1, {k1: b"1", k2: b"1"}, {})).ok
+    assert net.wait(b, l2).ok
+    assert net.wait(b, net.call(b, "tx_commit", t2, {k1: b"2", k2: b"2"}, {})).ok
+    assert net.now - t0 < 5.0  # no lock timeout on the way
+    assert net.get(c, k1).value == b"2" and net.get(c, k2).value == b"2"
+    net.run_until(net.now + 1)
+    no_locks_left(net)
+
+
 def test_input_checks_name_what_is_wrong() -> None:
     net, (a, _b, _c) = cluster(3)
     with pytest.raises(ValueError, match="mode"):
@@ -414,3 +452,29 @@ def test_a_plain_write_cannot_slip_under_a_prepared_transaction() -> None:
         assert not res.ok and res.reason == REASON_LOCKED and "held by transaction" in res.error
     assert net.get(b, b"h1").value is None  # nothing slipped in
     assert net.nodes[net.primary(b"h1")].metrics["grid.writes_refused_locked"] >= 2
+
+
+def test_a_commit_whose_originator_vanished_is_finished_by_the_owners_that_applied_it() -> None:
+    # The core's random search seed 9745: the originator died with its commit in flight after a rebalance gave
+    # a key a new owner whose copy was taken before the commit reached the old primary; the other owners
+    # committed, nobody was in doubt, and the new owner lacked the committed write for good. In the node a
+    # commit applied from an originator counts as a write it made us apply, so its departure re-drives it.
+    net, (a, _b, _c, d) = cluster(4)
+    key = next(k for k in (f"r{i}".encode() for i in range(100)) if d not in net.owners(k))
+    tx = net.call(d, "tx_begin")
+    assert net.wait(d, net.call(d, "tx_commit", tx, {key: b"committed"}, {})).ok
+    owners = net.owners(key)
+    keeper, lagging = owners[0], owners[1]
+    # The lagging owner lost the write (as a copy taken before the commit would lack it).
+    store = net.nodes[lagging].store
+    assert store is not None
+    seg = store.segments[segment_of(key, store.num_segments)]
+    del seg.ver[key], seg.val[key]
+    assert net.stored(key)[lagging] is None
+    net.crash(d)
+    net.run_until(net.now + 5.0)
+    assert net.stable()
+    assert net.nodes[keeper].metrics["grid.repair_entries_pushed"] >= 1
+    copies = net.stored(key)
+    assert {v for v in copies.values()} == {copies[keeper]} and copies[keeper][1] == b"committed", copies  # type: ignore[index]
+    assert net.get(a, key).value == b"committed"

@@ -156,6 +156,55 @@ class TestLockTable:
         assert lt.release(t2) == [t1]
         assert lt.blocked_segments == frozenset()
 
+    def test_no_wait_request_fails_at_once_on_a_held_key_and_keeps_what_it_got(self) -> None:
+        lt = LockTable(seg)
+        t1, t2, t3 = tid(1), tid(2), tid(3)
+        assert lt.acquire(t1, [b"k2"], 10.0)
+        assert not lt.acquire(t2, [b"k1", b"k2", b"k3"], 10.0, wait=False)
+        assert lt.take_failed() == [(t2, b"k2")] and lt.take_failed() == []
+        # not queued, not waiting: t1's release hands k2 to nobody; t2 keeps k1 until released (rolled back)
+        assert not lt.waiting(t2) and lt.held_by(t2) == {b"k1"} and lt.holders(b"k3") == frozenset()
+        assert lt.release(t1) == [] and lt.holders(b"k2") == frozenset()
+        assert lt.release(t2) == [] and lt.empty()
+        # a waiting request's key also fails a no-wait one (it would queue behind it)
+        assert lt.acquire(t1, [b"k1"], 10.0)
+        assert not lt.acquire(t2, [b"k1"], 10.0)
+        assert not lt.acquire(t3, [b"k1"], 10.0, wait=False)
+        assert lt.take_failed() == [(t3, b"k1")]
+        assert lt.release(t1) == [t2]
+
+    def test_a_shared_key_is_acquired_only_once_the_other_holders_are_gone(self) -> None:
+        lt = LockTable(seg)
+        t1, t2, t3 = tid(1), tid(2), tid(3)
+        lt.force_hold(t1, [b"k1"])  # promoted backup lock of a committed transaction, its commit in flight
+        lt.force_hold(t2, [b"k1"])  # imported: t2's lock on the old primary
+        assert not lt.acquire(t3, [b"k1"], 10.0)
+        assert not lt.acquire(t2, [b"k1", b"k2"], 10.0)  # t2's prepare: not alone on k1, so it waits
+        assert lt.held_by(t2) == {b"k1"} and lt.requested(t2) == {b"k1", b"k2"}
+        assert lt.release(t1) == [t2]  # t2 first (t3 waits for t2 anyway), then k2
+        assert lt.held_by(t2) == {b"k1", b"k2"}
+        assert lt.release(t2) == [t3]
+        # a no-wait request sharing a key fails like on any held key
+        lt.force_hold(t1, [b"k5"])
+        lt.force_hold(t2, [b"k5"])
+        assert not lt.acquire(t2, [b"k5"], 10.0, wait=False) and lt.take_failed() == [(t2, b"k5")]
+
+    def test_no_wait_request_parks_on_a_blocked_segment_then_fails_or_gets_it(self) -> None:
+        lt = LockTable(seg)
+        t1, t2, t3 = tid(1), tid(2), tid(3)
+        lt.block_segments([seg(b"k1")])
+        # the holders are not known yet: park (a NO now would refuse transactions that do not conflict)
+        assert not lt.acquire(t2, [b"k1"], 10.0, wait=False)
+        assert lt.take_failed() == [] and lt.waiting(t2)
+        lt.force_hold(t1, [b"k1"])  # the lock information: t1 holds k1
+        assert lt.unblock_segments([seg(b"k1")]) == []
+        assert lt.take_failed() == [(t2, b"k1")] and not lt.waiting(t2)
+        lt.release(t1)
+        lt.block_segments([seg(b"k1")])
+        assert not lt.acquire(t3, [b"k1"], 10.0, wait=False)
+        assert lt.unblock_segments([seg(b"k1")]) == [t3]  # nothing held there: granted
+        assert lt.take_failed() == []
+
     def test_blocked_request_keeps_its_deadline(self) -> None:
         lt = LockTable(seg)
         lt.block_segments([seg(b"k1")])
@@ -362,6 +411,39 @@ class TestTxTable:
         assert t.state_of(tx) == TxState.ACTIVE and t.locks.held_by(tx) == {b"k1"}
         (vote,) = sends(t.on_message(O1, prepare(tx, [b"k1"]), 1.0))
         assert isinstance(vote, TxVote) and vote.code == YES and vote.request == 0
+
+    def test_optimistic_prepare_votes_no_at_once_on_a_held_key_pessimistic_waits(self) -> None:
+        t, store = table()
+        t1, t2, t3 = tid(1), tid(2), tid(3)
+        t.on_message(O1, TxLock(t1, 1, 1, 1, (b"k1",)), 0.0)  # pessimistic holder
+        nowait = TxPrepare(t2, 1, 1, (b"k0", b"k1"), ((b"k0", b"x"), (b"k1", b"y")), ((b"k1", 0),), False)
+        (vote,) = sends(t.on_message(O1, nowait, 0.1))
+        assert isinstance(vote, TxVote) and vote.code == NO and vote.request == 0
+        assert vote.reason.startswith("conflict:") and str(t1) in vote.reason
+        assert t.state_of(t2) == TxState.ROLLED_BACK and t.locks.held_by(t2) == frozenset()
+        assert t.locks.holders(b"k0") == frozenset() and not t.locks.waiting(t2)  # nothing left waiting
+        # a pessimistic (waiting) prepare queues instead, and gets the key when the holder finishes
+        assert sends(t.on_message(O1, prepare(t3, [b"k1"]), 0.2)) == []
+        t.on_message(O1, TxRollback(t1, 1, 1), 0.3)
+        assert t.state_of(t3) == TxState.PREPARED
+        assert store.applied == []
+
+    def test_optimistic_prepare_on_a_blocked_segment_waits_for_the_lock_information(self) -> None:
+        old, _ = table(B)
+        new, _ = table(A)
+        t1, t2, t3 = tid(1), tid(2), tid(3)
+        old.on_message(O1, prepare(t1, [b"k1"]), 0.0)  # prepared on the old primary
+        new.block_segments([seg(b"k1")])
+        nowait = TxPrepare(t2, 1, 1, (b"k1",), ((b"k1", b"x"),), ((b"k1", 0),), False)
+        assert sends(new.on_message(O1, nowait, 0.1)) == []  # parked: not NO while the holders are unknown
+        (vote,) = sends(new.import_lock_info(old.export_segments([seg(b"k1")]), 0.2))
+        assert isinstance(vote, TxVote) and vote.code == NO and vote.reason.startswith("conflict:")
+        # the same with no holder in the information: the parked prepare goes on and votes YES
+        new2, _ = table(A)
+        new2.block_segments([seg(b"k2")])
+        assert sends(new2.on_message(O1, TxPrepare(t3, 1, 1, (b"k2",), ((b"k2", b"x"),), (), False), 0.1)) == []
+        (vote,) = sends(new2.import_lock_info(TxLockInfo(1, (seg(b"k2"),), ()), 0.2))
+        assert isinstance(vote, TxVote) and vote.code == YES
 
     def test_view_change_rolls_back_unprepared_and_marks_prepared_in_doubt(self) -> None:
         t, store = table()
@@ -652,11 +734,12 @@ class TestCoordinator:
         co = TxCoordinator(O1, StaticRouter([A, B], owners=2), TxConfig.from_dict({"locking": "pessimistic"}))
         tx = co.begin(0.0)
         out = co.lock(tx, [b"k0", b"k1"], 0.0)
-        locks = {o.dest: o.message for o in out if isinstance(o, TxSend)}
-        assert locks == {A: TxLock(tx, 1, 1, 1, (b"k0",)), B: TxLock(tx, 1, 1, 1, (b"k1",))}
+        # primaries one at a time, in address order: B only once A granted its keys
+        assert [(o.dest, o.message) for o in out if isinstance(o, TxSend)] == [(A, TxLock(tx, 1, 1, 1, (b"k0",)))]
         with pytest.raises(ValueError, match="still waits"):
             co.commit(tx, {}, 0.0)
-        assert co.on_message(A, TxVote(tx, 1, 1, YES, 1), 0.5) == []
+        out = co.on_message(A, TxVote(tx, 1, 1, YES, 1), 0.5)
+        assert [(o.dest, o.message) for o in out if isinstance(o, TxSend)] == [(B, TxLock(tx, 1, 1, 1, (b"k1",)))]
         assert co.on_message(B, TxVote(tx, 1, 1, YES, 1), 0.5) == [TxLocked(tx, 1, True)]
         assert co.lock(tx, [b"k0"], 0.6) == [TxLocked(tx, 2, True)]  # held already
         out = co.commit(tx, {b"k0": b"x"}, 1.0)
@@ -695,6 +778,7 @@ ALL: list[TxMessage] = [
     TxLock(T1, 1, 2, 3, (b"a", b"b")),
     TxPrepare(T1, 1, 3, (b"a",), ((b"a", b"x"), (b"b", None)), ((b"a", 0),)),
     TxPrepare(T1, 2, 3, (), (), ()),
+    TxPrepare(T1, 2, 3, (b"a",), ((b"a", b"x"),), ((b"a", 0),), False),  # optimistic: never waits
     TxVote(T1, 1, 0, YES, 3, ((b"a", make_version(3, 1)),), ""),
     TxVote(T1, 1, 2, NO, 3, (), "lock timeout"),
     TxCommit(T1, 1, 3, ((b"a", make_version(3, 1), b"x"), (b"b", make_version(3, 2), None))),
@@ -719,6 +803,14 @@ class TestWire:
     def test_round_trip(self) -> None:
         assert decode_tx_payload(encode_tx_payload(ALL)) == ALL
 
+    def test_prepare_without_the_wait_field_waits_and_long_reasons_are_cut(self) -> None:
+        # an older sender's prepare (7 items) keeps the old, waiting behaviour
+        (msg,) = decode_tx_payload(raw_payload([TX_PREPARE, T1.to_wire(), 1, 3, [b"a"], [], [[b"a", 0]]]))
+        assert isinstance(msg, TxPrepare) and msg.wait is True
+        # a reason naming a long key is cut to what a receiver accepts instead of making it refuse the payload
+        (vote,) = decode_tx_payload(encode_tx_payload([TxVote(T1, 1, 0, NO, 3, (), "conflict: " + "k" * 5000)]))
+        assert isinstance(vote, TxVote) and len(vote.reason) == 512 and vote.reason.startswith("conflict: k")
+
     @pytest.mark.parametrize(
         ("raw", "field"),
         [
@@ -728,7 +820,9 @@ class TestWire:
             ([TX_PREPARE, T1.to_wire(), -1, 3, [], [], []], r"messages\[0\].attempt"),
             ([TX_PREPARE, [["h", 1, 1], "x"], 1, 3, [], [], []], r"messages\[0\].tx.seq"),
             ([TX_PREPARE, [["h", 70000, 1], 1], 1, 3, [], [], []], r"messages\[0\].tx.origin.port"),
-            ([21, T1.to_wire(), 1, 3], r"messages\[0\]: expected 7 items"),
+            ([21, T1.to_wire(), 1, 3], r"messages\[0\]: expected 7 or 8 items"),
+            ([TX_PREPARE, T1.to_wire(), 1, 3, [], [], [], 1], r"messages\[0\].wait"),
+            ([TX_PREPARE, T1.to_wire(), 1, 3, [], [], [], True, 0], r"messages\[0\]: 9 items exceed"),
             ([22, T1.to_wire(), 1, 0, 7, 3, [], ""], r"messages\[0\].code"),
             ([22, T1.to_wire(), 1, 0, 0, 3, [[b"a", 0]], ""], r"messages\[0\].versions\[0\].version"),
             ([22, T1.to_wire(), 1, 0, 0, 3, [], "x" * 600], r"messages\[0\].reason"),
@@ -757,7 +851,7 @@ class TestWire:
             decode_tx_payload(b"\xc1")
         with pytest.raises(WireError, match="exceed the limit"):
             decode_tx_payload(encode_tx_payload(ALL), TxLimits(max_payload_bytes=10))
-        with pytest.raises(WireError, match=r"tx\.messages: 9 items exceed"):
+        with pytest.raises(WireError, match=r"tx\.messages: 10 items exceed"):
             decode_tx_payload(encode_tx_payload(ALL), TxLimits(max_messages=8))
         with pytest.raises(WireError, match=r"keys\[0\]: 1 bytes exceed"):
             decode_tx_payload(encode_tx_payload([ALL[0]]), TxLimits(max_key_bytes=0))
@@ -1120,8 +1214,9 @@ class TestManyTransactions:
             # a too broad fix of 159 (ignore every pushed record of an attempt the importer takes part in)
             pytest.param(42, 5, 3, False, 0.15, 0.3967153333030232, id="42"),
             pytest.param(648, 8, 3, False, 0.0, 0.6122396215812252, id="648"),
-            # the first narrower fix of 159 (skip keys the member was once asked to lock in that attempt)
-            pytest.param(9745, 7, 3, True, 0.0, 0.3676201226539725, id="9745"),
+            # a promoted backup lock (a commit not arrived yet) shared with an imported pessimistic lock: the
+            # prepare counted the shared key as held and validated against the old value (lost update)
+            pytest.param(641, 2, 2, True, 0.15, 0.951683155335479, id="641"),
         ],
     )
     def test_search_regressions(
@@ -1130,6 +1225,19 @@ class TestManyTransactions:
         run_random(
             random.Random(seed), txs=txs, loss=loss, dup=loss, crash=crash, pessimistic=pessimistic, rebalances=moves
         )
+
+    def test_known_open_search_seed_9745(self) -> None:
+        """Known open (it replayed the first narrower fix of 159 before optimistic prepares stopped waiting;
+        with them the run takes another path). The originator crashes while its commit is in flight, after
+        a rebalance gave k4 a new owner whose copy was taken before the old primary applied the commit; the
+        other owners commit, nobody is in doubt, so neither the operator procedure nor anything else tells
+        the new owner: it lacks the committed write for good. Needs the resolution after an originator's
+        departure to cover committed transactions (docs/grid-transactions.md, "Next"). A change in this
+        outcome fails here, so that a fix moves it back to the regressions."""
+        with pytest.raises(AssertionError, match=r"b'k4': owners differ"):
+            run_random(
+                random.Random(9745), txs=7, loss=0.0, dup=0.0, crash=True, pessimistic=0.3676201226539725, rebalances=3
+            )
 
     @pytest.mark.slow
     def test_search(self) -> None:
@@ -1187,7 +1295,7 @@ class TestManyTransactions:
         cl.start(O2, [b"k0"], LockingMode.OPTIMISTIC)
         cl.settle()
         (other,) = [t for t in cl.plans if t != tx]
-        assert cl.outcomes[other].committed is False and "lock timeout" in cl.outcomes[other].reason
+        assert cl.outcomes[other].committed is False and cl.outcomes[other].reason.startswith("conflict:")
         cl.resolve_in_doubt()  # all prepared, none committed: rolled back everywhere
         assert cl.applied_on(tx) == set()
         cl.check()

@@ -1686,11 +1686,22 @@ class GridNode:
         if store is None:
             return
         now = self._now
+        lows: dict[int, int] = {}
         for key, version, value in writes:
             seg = self._tx_segment(key)
             if store.has_segment(seg):
                 store.write(seg, key, version, value, now=now)
+                low = lows.get(seg)
+                if low is None or version < low:
+                    lows[seg] = version
         self.metrics["grid.tx_writes_applied"] += len(writes)
+        if lows and tx.origin != self.address:
+            # The originator drives the commit to every owner and stays responsible until all acknowledged; if
+            # it dies in between, an owner that joined by state transfer (its copy taken before the commit came
+            # here) may never get it. So the commit counts as a write ``tx.origin`` made us apply: when it
+            # leaves the view, _repair_after re-drives these segments' recent entries to the write owners
+            # (random search seed 9745: a committed write missing on k4's new owner for good).
+            self._note_stamped(tx.origin, lows)
 
     def _tx_route(self, keys: Sequence[bytes]) -> tuple[int, Mapping[bytes, Sequence[Address]]]:
         """The originator's routing: the write owners of each key's segment, write primary first. A segment
@@ -2039,7 +2050,7 @@ class GridNode:
 
 def _tx_reason(text: str) -> str:
     """The stable reason for the core's rollback explanation (its texts are for people)."""
-    if "changed since it was read" in text:
+    if "changed since it was read" in text or text.startswith("conflict:"):
         return REASON_CONFLICT
     if "lock timeout" in text:
         return REASON_LOCK_TIMEOUT

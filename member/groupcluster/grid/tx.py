@@ -155,11 +155,12 @@ TxOutput = TxSend | TxOutcome | TxLocked
 
 
 class _Request:
-    __slots__ = ("deadline", "index", "keys", "parked", "tx", "waiting")
+    __slots__ = ("deadline", "index", "keys", "parked", "tx", "wait", "waiting")
 
-    def __init__(self, tx: TxId, keys: tuple[bytes, ...], deadline: float) -> None:
+    def __init__(self, tx: TxId, keys: tuple[bytes, ...], deadline: float, wait: bool = True) -> None:
         self.tx = tx
         self.keys = keys
+        self.wait = wait  # False: fail instead of queueing behind a holder (optimistic prepares)
         self.index = 0  # keys[:index] are held
         self.deadline = deadline
         self.waiting: bytes | None = None  # queued behind this key's holders
@@ -188,6 +189,13 @@ class LockTable:
     transaction rolls back, which breaks any cycle. We do not detect cycles: the coordinators would need a
     wait-for graph spanning members, and timeouts already bound how long a lock can be waited for.
 
+    **No-wait requests** (``acquire(..., wait=False)``, the optimistic prepares) never queue behind another
+    transaction: a key held (or queued for) by another transaction fails the request at once, reported by
+    :meth:`take_failed` like a deadline. They still park on a blocked segment: there the holders are not
+    known yet (the lock information is one message away), and failing would refuse transactions that do not
+    conflict at all; once unblocked they go on, and fail if a key turned out held. A request that never waits
+    for a transaction is in no wait-for cycle, so optimistic transactions cannot deadlock.
+
     **Blocked segments.** A member that becomes the primary of a segment does not know which keys of it are
     locked until the pushing owner's lock information arrives; :meth:`block_segments` parks every request
     for a key there until :meth:`unblock_segments` (requests keep their deadlines meanwhile).
@@ -201,6 +209,7 @@ class LockTable:
         self._parked: list[_Request] = []
         self._blocked: set[int] = set()
         self._backup: dict[TxId, set[bytes]] = {}
+        self._failed: list[tuple[TxId, bytes]] = []  # no-wait requests that met a holder, not yet taken
 
     # -- queries
 
@@ -251,33 +260,55 @@ class LockTable:
 
     # -- acquisition
 
-    def acquire(self, tx: TxId, keys: Iterable[bytes], deadline: float) -> bool:
+    def acquire(self, tx: TxId, keys: Iterable[bytes], deadline: float, wait: bool = True) -> bool:
         """Lock ``keys`` for ``tx`` (keys it holds already count as acquired). True: all held now. False: the
         request waits; :meth:`release`, :meth:`unblock_segments`, :meth:`import_locks` and :meth:`tick` report
-        it granted (its tx in their result) or :meth:`tick` failed. One request per transaction at a time."""
+        it granted (its tx in their result) or :meth:`tick` failed. One request per transaction at a time.
+        ``wait`` False: a key another transaction holds fails the request instead (at once, or when its
+        blocked segment unblocks); :meth:`take_failed` reports it. The failed request keeps what it got."""
         if tx in self._requests:
             raise ValueError(f"transaction {tx} already waits for a lock")
-        req = _Request(tx, tuple(sorted(set(keys))), deadline)
+        req = _Request(tx, tuple(sorted(set(keys))), deadline, wait)
         self._requests[tx] = req
         return self._advance(req)
+
+    def take_failed(self) -> list[tuple[TxId, bytes]]:
+        """The no-wait requests that met a held key since the last call: ``(tx, key)``, in order."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def _advance(self, req: _Request) -> bool:
         held = self._held.setdefault(req.tx, set())
         while req.index < len(req.keys):
             key = req.keys[req.index]
-            if key in held:
+            lock = self._locks.get(key)
+            if key in held and (lock is None or len(lock.holders) <= 1):
                 req.index += 1
                 continue
             if self._segment_of(key) in self._blocked:
                 req.parked = True
                 self._parked.append(req)
                 return False
-            lock = self._locks.get(key)
             if lock is None:
                 lock = self._locks[key] = _Lock()
-            if lock.holders or lock.waiters:
+            # A key this transaction holds *shared* (promoted backup locks, imported lock information) is not
+            # acquired until the other holders are gone: counting it as held let a pessimistic transaction's
+            # prepare validate on a new primary while a committed transaction, whose commit had not reached
+            # that (formerly backup) member yet, still held the key (the random search found the lost update).
+            if lock.holders - {req.tx} or lock.waiters:
+                if not req.wait:
+                    self._failed.append((req.tx, key))
+                    del self._requests[req.tx]
+                    if not held:
+                        del self._held[req.tx]
+                    return False
                 req.waiting = key
-                lock.waiters.append(req)
+                if req.tx in lock.holders:
+                    # A sharing holder goes first: whoever queued before it waits for it to leave anyway.
+                    # (Two sharing holders both asking again wait for each other: the lock timeout ends that.)
+                    lock.waiters.appendleft(req)
+                else:
+                    lock.waiters.append(req)
                 return False
             lock.holders.add(req.tx)
             held.add(key)
@@ -288,13 +319,17 @@ class LockTable:
         return True
 
     def _wake(self, key: bytes, granted: list[TxId]) -> None:
-        """Hand a key with no holder to its first waiter (FIFO), unless its segment is blocked."""
+        """Hand a key with no holder but (perhaps) its first waiter to that waiter (FIFO), unless its segment
+        is blocked."""
         lock = self._locks.get(key)
-        if lock is None or lock.holders:
+        if lock is None:
             return
         if not lock.waiters:
-            del self._locks[key]
+            if not lock.holders:
+                del self._locks[key]
             return
+        if lock.holders - {lock.waiters[0].tx}:
+            return  # held by others (the head may share it: it waits for them to go)
         if self._segment_of(key) in self._blocked:
             return  # unblock_segments wakes it
         req = lock.waiters.popleft()
@@ -950,10 +985,11 @@ class TxTable:
         rec.lock_keys = tuple(sorted(locked | set(rec.lock_keys)))
         rec.backup_keys = tuple(sorted(k for k in rec.writes if k not in locked))
         self.locks.add_backup_locks(rec.tx, rec.backup_keys)
-        if self.locks.acquire(rec.tx, rec.lock_keys, now + self.config.lock_timeout):
+        if self.locks.acquire(rec.tx, rec.lock_keys, now + self.config.lock_timeout, msg.wait):
             self._prepared(rec, now, out)
         else:
             rec.pending = 0
+            self._granted((), now, out)  # a no-wait prepare that met a held key failed already: vote NO
 
     def _prepared(self, rec: _Record, now: float, out: list[TxOutput]) -> None:
         """Every lock of a prepare is held: validate what was read, stamp versions, vote."""
@@ -973,6 +1009,8 @@ class TxTable:
         self._vote(rec, 0, out)
 
     def _granted(self, txs: Iterable[TxId], now: float, out: list[TxOutput]) -> None:
+        """Answer the requests a lock operation completed, then the no-wait ones it failed (every lock
+        operation that can advance a request ends here)."""
         for tx in txs:
             rec = self._txs.get(tx)
             if rec is None or rec.pending is None:
@@ -982,6 +1020,23 @@ class TxTable:
                 self._prepared(rec, now, out)
             else:
                 self._vote(rec, request, out)
+        for tx, key in self.locks.take_failed():
+            self._conflict(tx, key, now, out)
+
+    def _conflict(self, tx: TxId, key: bytes, now: float, out: list[TxOutput]) -> None:
+        """A no-wait (optimistic) prepare found ``key`` held by another transaction: vote NO now. Waiting
+        would only delay the same answer in the usual case (the holder commits and the read no longer
+        validates), and it is what made optimistic transactions deadlock across members."""
+        rec = self._txs.get(tx)
+        if rec is None or rec.pending is None:
+            self._granted(self.locks.release(tx), now, out)
+            return
+        request, rec.pending = rec.pending, None
+        holders = self.locks.holder_list(key)
+        holder = f" ({holders[0]})" if holders else ""
+        reason = f"conflict: key {key!r} is locked by another transaction{holder}"
+        self._finish(rec, TxState.ROLLED_BACK, now, out, reason)
+        out.append(TxSend(rec.reply_to, TxVote(tx, rec.attempt, request, NO, self.topology_id, (), reason)))
 
     def _accepts_decision(self, src: Address, rec: _Record) -> bool:
         # Once in doubt, the originator's own (late) decision no longer counts: a resolver may already have
@@ -1142,6 +1197,8 @@ class _CTx:
     requests: int = 0
     request: int = 0
     request_keys: tuple[bytes, ...] = ()
+    # the lock request's primaries not asked yet, in the global order (see _send_locks)
+    lock_plan: list[tuple[Address, TxLock]] = field(default_factory=list)
     acked: dict[Address, int] = field(default_factory=dict)  # completion acks: member -> topology id
     reason: str = ""
     mixed: bool = False
@@ -1290,10 +1347,13 @@ class TxCoordinator:
         for tx in sorted(self._txs):
             c = self._txs[tx]
             gone = {d for d in c.unanswered if d not in self._members}
-            if not gone:
+            # a primary of the lock request not asked yet counts too: it would never answer
+            planned_gone = {d for d, _ in c.lock_plan if d not in self._members}
+            if not gone and not planned_gone:
                 continue
             for d in gone:
                 del c.unanswered[d]
+            gone |= planned_gone
             # The topology without them is the next one, unless the router has it already (a driver can install
             # it before the view: waiting for one more would wait for good, simulation seed 1250).
             _, owners = self._router(sorted(c.touched))
@@ -1304,6 +1364,7 @@ class TxCoordinator:
             elif c.state == CoordState.ACTIVE and c.request:
                 c.need_topology = need  # resend the lock request to the new primaries
                 c.unanswered.clear()
+                c.lock_plan = []
                 if need <= tid:
                     c.need_topology = 0
                     self._send_locks(c, now, out)
@@ -1354,6 +1415,14 @@ class TxCoordinator:
         out.append(TxSend(dest, msg))
 
     def _send_locks(self, c: _CTx, now: float, out: list[TxOutput]) -> None:
+        """Send a pessimistic lock request to its primaries **one at a time, in address order** (the next
+        only once the previous granted its keys; each primary takes its keys in key order). Every waiting
+        request then holds only locks below, in the global (primary, key) order, the one it waits for, so
+        lock requests cannot wait for each other in a cycle across members; asking every primary at once
+        let two transactions each hold a key on one member and wait on the other until the lock timeout.
+        The price is one round trip per primary. Lock requests made one after another by the same
+        transaction (keys locked as the client touches them) are outside this order: the lock timeout
+        still breaks such cycles."""
         c.touched.update(c.request_keys)
         tid, owners = self._router(c.request_keys)
         by_primary: dict[Address, list[bytes]] = {}
@@ -1361,8 +1430,14 @@ class TxCoordinator:
             by_primary.setdefault(owners[key][0], []).append(key)
         c.unanswered.clear()
         c.votes.clear()
-        for dest in sorted(by_primary):
-            self._send(c, dest, TxLock(c.tx, c.attempt, c.request, tid, tuple(by_primary[dest])), now, out)
+        c.lock_plan = [
+            (dest, TxLock(c.tx, c.attempt, c.request, tid, tuple(by_primary[dest]))) for dest in sorted(by_primary)
+        ]
+        self._send_next_lock(c, now, out)
+
+    def _send_next_lock(self, c: _CTx, now: float, out: list[TxOutput]) -> None:
+        dest, msg = c.lock_plan.pop(0)
+        self._send(c, dest, msg, now, out)
 
     def _on_lock_vote(self, c: _CTx, src: Address, vote: TxVote, now: float, out: list[TxOutput]) -> None:
         if src not in c.unanswered:
@@ -1373,11 +1448,14 @@ class TxCoordinator:
             self._decide(c, False, now, out, vote.reason or "lock refused")
         elif vote.code == VOTE_RETRY:
             c.unanswered.clear()
+            c.lock_plan = []
             c.need_topology = vote.topology_id
             tid, _ = self._router(())
             if tid >= c.need_topology:
                 c.need_topology = 0
                 self._send_locks(c, now, out)
+        elif not c.unanswered and not c.need_topology and c.lock_plan:
+            self._send_next_lock(c, now, out)  # the next primary in the order
         elif not c.unanswered and not c.need_topology:
             c.locked.update(c.request_keys)
             out.append(TxLocked(c.tx, c.request, True))
@@ -1403,10 +1481,13 @@ class TxCoordinator:
         c.unanswered.clear()
         c.votes.clear()
         c.versions = {}
+        # Optimistic prepares never queue behind another transaction (a held key is a conflict: NO at once),
+        # so they cannot deadlock; pessimistic ones wait (their keys are normally held already).
+        wait = c.mode == LockingMode.PESSIMISTIC
         for dest in sorted(set(lock_keys) | set(writes)):
             lk = tuple(lock_keys.get(dest, ()))
             reads = tuple((k, c.reads[k]) for k in lk if k in c.reads)
-            msg = TxPrepare(c.tx, c.attempt, tid, lk, tuple(writes.get(dest, ())), reads)
+            msg = TxPrepare(c.tx, c.attempt, tid, lk, tuple(writes.get(dest, ())), reads, wait)
             self._send(c, dest, msg, now, out)
 
     def _on_prepare_vote(self, c: _CTx, src: Address, vote: TxVote, now: float, out: list[TxOutput]) -> None:
@@ -1454,6 +1535,7 @@ class TxCoordinator:
         c.unanswered.clear()
         c.acked.clear()
         c.request = 0
+        c.lock_plan = []
         if not commit:
             # Presumed abort: a rollback can be reported at once; the messages below only free locks.
             out.append(TxOutcome(c.tx, False, reason, c.attempt))

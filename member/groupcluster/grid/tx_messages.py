@@ -132,6 +132,9 @@ class TxPrepare:
     ``writes`` are the writes of keys the recipient owns; ``lock_keys`` those it is the primary of (it locks
     them, validates ``reads`` and stamps versions; as a backup it records backup locks for the others).
     ``reads``: key -> version read by the transaction (0: absent), checked by the primary in optimistic mode.
+    ``wait``: whether the recipient may queue for a lock another transaction holds. False for optimistic
+    transactions: a held key makes it vote NO at once (a conflict), so they never wait for each other and
+    cannot deadlock. Absent on the wire (an older sender): True.
     """
 
     tx: TxId
@@ -140,6 +143,7 @@ class TxPrepare:
     lock_keys: tuple[bytes, ...]
     writes: tuple[Write, ...]
     reads: tuple[tuple[bytes, int], ...] = ()
+    wait: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,10 +247,14 @@ def _wire(msg: TxMessage) -> list[Any]:
             list(msg.lock_keys),
             [list(w) for w in msg.writes],
             [list(r) for r in msg.reads],
+            msg.wait,
         ]
     if isinstance(msg, TxVote):
         vs = [list(v) for v in msg.versions]
-        return [TX_VOTE, msg.tx.to_wire(), msg.attempt, msg.request, msg.code, msg.topology_id, vs, msg.reason]
+        # Reasons name keys, which may be long: cut to what a receiver accepts (a longer one would make it
+        # refuse the whole payload).
+        reason = msg.reason[:MAX_REASON_LEN]
+        return [TX_VOTE, msg.tx.to_wire(), msg.attempt, msg.request, msg.code, msg.topology_id, vs, reason]
     if isinstance(msg, TxCommit):
         return [TX_COMMIT, msg.tx.to_wire(), msg.attempt, msg.topology_id, [list(w) for w in msg.writes]]
     if isinstance(msg, TxRollback):
@@ -375,7 +383,9 @@ def _decode_one(raw: Any, f: str, lim: TxLimits) -> TxMessage:
         raise WireError(f"{f}: expected a non-empty list")
     kind = raw[0]
     if kind == TX_PREPARE:
-        as_list(raw, f, 7, exact=7)
+        as_list(raw, f, 8)
+        if len(raw) < 7:
+            raise WireError(f"{f}: expected 7 or 8 items, got {len(raw)}")
         lock_keys = _keys(raw[4], f"{f}.lock_keys", lim)
         writes = _writes(raw[5], f"{f}.writes", lim)
         reads = _key_versions(raw[6], f"{f}.reads", lim, 0)
@@ -391,6 +401,7 @@ def _decode_one(raw: Any, f: str, lim: TxLimits) -> TxMessage:
             lock_keys,
             writes,
             reads,
+            as_bool(raw[7], f"{f}.wait") if len(raw) == 8 else True,
         )
     if kind == TX_VOTE:
         as_list(raw, f, 8, exact=8)
