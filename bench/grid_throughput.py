@@ -1,7 +1,7 @@
 """Grid throughput: puts and gets per second from 4 client processes, one key per request and batched.
 
     .venv/bin/python bench/grid_throughput.py [--clients 4] [--members 3] [--single-ops 3000]
-        [--concurrency 16] [--batch-ops 50000] [--batch-size 1000] [--value-size 100] [--json]
+        [--concurrency 16] [--batch-ops 50000] [--batch-size 1000] [--value-size 100] [--grid-set K=V] [--json]
 
 Starts ``--members`` grid members (``groupcluster local`` machinery, 127.0.0.1) and ``--clients`` client
 *processes* (so the clients do not share one interpreter lock). All clients run each step at the same time,
@@ -98,6 +98,14 @@ def main() -> int:
     ap.add_argument("--batch-ops", type=int, default=50_000, help="keys per client in the batch steps")
     ap.add_argument("--batch-size", type=int, default=1000, help="keys per batch request")
     ap.add_argument("--value-size", type=int, default=100)
+    ap.add_argument(
+        "--grid-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="grid parameter for every member, e.g. persistence=write_through (repeatable); "
+        "persistence_path=DIR is filled in with a temporary directory when persistence is set without it",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -106,7 +114,13 @@ def main() -> int:
     bar = ProgressBar(sys.stderr)
     procs: list[mp.Process] = []
     try:
-        cluster.start(args.members, progress=bar.update)
+        params = list(args.grid_set)
+        if any(p.startswith("persistence=") for p in params) and not any(
+            p.startswith("persistence_path=") for p in params
+        ):
+            (work / "stores").mkdir()
+            params.append(f"persistence_path={work / 'stores'}")
+        cluster.start(args.members, grid_params=params, progress=bar.update)
         bar.finish()
         urls = [m.http for m in cluster.members]
         barrier = mp.Barrier(args.clients)
@@ -127,6 +141,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     res: dict[str, Any] = {"clients": args.clients, "members": args.members, "value_size": args.value_size}
+    res["grid_set"] = args.grid_set
     for step in STEPS:
         runs = [r[step] for r in per_client.values()]
         span = max(r["end"] for r in runs) - min(r["start"] for r in runs)

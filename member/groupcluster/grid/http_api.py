@@ -639,6 +639,7 @@ class _Api:
                 "ready": grid.ready,
                 "endpoints": st.get("endpoints"),
                 "transactions": st.get("transactions"),
+                "persistence": st.get("persistence"),
             }
             body["routing"] = grid.routing()
         return web.json_response(body)
@@ -1165,6 +1166,34 @@ def render_metrics(ctx: MemberContext) -> str:
             "counter",
             "client operations completed here",
             [(f'{{op="{op}"}}', ops[f"ops_{op}"]) for op in ("get", "put", "delete")],
+        )
+        _metric(
+            lines,
+            "groupcluster_grid_entry_events_total",
+            "counter",
+            "entry events produced here (only while a listener or grid.count_events wants them; docs/grid.md)",
+            [(f'{{kind="{k}"}}', gm[f"grid.events_{k}"]) for k in ("arrived", "departed", "written")],
+        )
+        _metric(
+            lines,
+            "groupcluster_grid_listener_errors_total",
+            "counter",
+            "entry listener calls that raised (logged)",
+            [("", ops["listener_errors"])],
+        )
+        _metric(
+            lines,
+            "groupcluster_grid_persist_steps_total",
+            "counter",
+            "steps written to the persistent store (one SQLite transaction each); errors: failed writes",
+            [("", ops["persist_steps"]), ('{result="error"}', ops["persist_errors"])],
+        )
+        _metric(
+            lines,
+            "groupcluster_grid_persist_seconds_total",
+            "counter",
+            "time spent writing the persistent store, on the event loop",
+            [("", ops["persist_us"] / 1e6)],
         )
         _metric(
             lines,

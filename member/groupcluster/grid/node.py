@@ -75,7 +75,7 @@ from .messages import (
     decode_payload,
     encode_payload,
 )
-from .store import Columns, SegmentStore, make_version
+from .store import Columns, SegmentStore, TransferEntry, make_version
 from .topology import Availability, CacheTopology, MemberStatus, PartitionHandling, Phase, RebalancePlanner, owner_set
 from .tx import (
     REASON_CONFLICT,
@@ -166,6 +166,23 @@ class GridConfig:
         "duration",
         doc="keep a deletion's tombstone this long (then drop it once no rebalance or merge runs); 0 keeps them",
     )
+    count_events: bool = param(
+        False,
+        "bool",
+        doc="produce entry events (arrived, departed, written) even with no listener, to count them in /metrics "
+        "(grid.events_<kind>); costs a copy of the columns per batch",
+    )
+    persistence: str = param(
+        "none",
+        "choice",
+        choices=("none", "write_through"),
+        doc="keep a local SQLite copy of this member's entries, written once per step (docs/grid.md, persistence)",
+    )
+    persistence_path: str = param(
+        "",
+        "str",
+        doc="the SQLite file of persistence=write_through, or a directory: one file per bind address in it",
+    )
     tx_locking: str = param(
         "optimistic", "choice", choices=tuple(m.value for m in LockingMode), doc="transactions' default locking mode"
     )
@@ -187,6 +204,8 @@ class GridConfig:
             raise ConfigError(f"grid.num_owners: {self.num_owners} is outside [1, {MAX_OWNERS}]")
         if not 0 <= self.capacity <= 1_000_000:
             raise ConfigError(f"grid.capacity: {self.capacity} is outside [0, 1000000]")
+        if self.persistence == "write_through" and not self.persistence_path:
+            raise ConfigError("grid.persistence_path: needed with persistence=write_through")
         if self.tombstone_grace < 0:
             raise ConfigError(f"grid.tombstone_grace: {self.tombstone_grace:g}s is negative (0 keeps tombstones)")
 
@@ -207,6 +226,37 @@ class GridConfig:
             tx_timeout=self.tx_timeout,
             resend_interval=self.attempt_timeout,
         )
+
+
+# Entry event kinds (docs/grid.md, "Entry events"): entries that came here by state transfer, entries of
+# segments this member dropped at the end of a rebalance, and writes this member applied as an owner.
+EVENT_ARRIVED, EVENT_DEPARTED, EVENT_WRITTEN = "arrived", "departed", "written"
+EVENT_KINDS = frozenset((EVENT_ARRIVED, EVENT_DEPARTED, EVENT_WRITTEN))
+
+
+@dataclass(frozen=True, slots=True)
+class EntryEvents:
+    """A batch of entry events of one kind, as columns (one object per batch, never one per entry).
+
+    ``keys[i]``, ``versions[i]``, ``values[i]`` describe one entry; a value None is a deletion (a tombstone moved
+    or dropped, or a removal written). ``segment`` is the one segment of an ``arrived``/``departed`` batch and -1
+    for ``written`` (keys of any segment). ``topology_id``: the topology installed when it happened. The columns
+    may be the node's own lists: listeners must not change them.
+    """
+
+    kind: str
+    segment: int
+    topology_id: int
+    keys: Sequence[bytes]
+    versions: Sequence[int]
+    values: Sequence[bytes | None]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def entries(self) -> Iterator[tuple[bytes, int, bytes | None]]:
+        """``(key, version, value or None)`` per entry."""
+        return zip(self.keys, self.versions, self.values, strict=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,6 +504,64 @@ class GridNode:
         self._tx_info_seen: OrderedDict[tuple[Address, int, tuple[int, ...]], None] = OrderedDict()
         self._tx_reason_override: dict[TxId, tuple[str, str]] = {}  # rolled back by the node itself: why
         self._tx_extra_rollbacks: dict[TxId, int] = {}  # tx_rollback during a commit: its op id
+        # -- entry events (off until set_event_kinds: then batches pile up for take_events)
+        self._event_kinds: frozenset[str] = frozenset()
+        self._events: list[EntryEvents] = []
+        # Columns of the writes applied in this step while "written" is on; one EntryEvents per step (_flush).
+        self._written: tuple[list[bytes], list[int], list[bytes | None]] | None = None
+        # -- persistence (docs/grid.md): entries a persistent store brought back, waiting for our first topology
+        self._restored: list[TransferEntry] | None = None
+        self._topology_floor = 0  # the highest topology id the store saw; a new grid must start above it
+        self.restore_outcome = ""  # "", "merged" (formed a new grid: pushed as a merge) or "discarded"
+        self._restore_wids: set[int] = set()  # pushes of restored entries not yet acknowledged by every owner
+
+    # ==== entry events =====================================================================================
+    def set_event_kinds(self, kinds: Iterable[str]) -> None:
+        """Which entry events to produce (empty: none, the default, at no cost). The driver collects them with
+        :meth:`take_events` after every step; each batch is also counted in ``grid.events_<kind>``."""
+        wanted = frozenset(kinds)
+        bad = wanted - EVENT_KINDS
+        if bad:
+            raise ValueError(f"set_event_kinds: unknown kind(s) {sorted(bad)}; known: {sorted(EVENT_KINDS)}")
+        self._event_kinds = wanted
+        self._written = ([], [], []) if EVENT_WRITTEN in wanted else None
+        self._events = [e for e in self._events if e.kind in wanted]
+
+    def restore(self, entries: list[TransferEntry], topology_floor: int) -> None:
+        """Entries of this member's persistent store (before its first view), and the highest topology id the
+        store had seen. On the first topology installed they are either pushed to their owners as after a merge
+        (we are an owner in a new grid's first topology: the members are forming a grid together, e.g. after
+        a full restart; every store keeps the newest version, tombstones count) or discarded (we join a running
+        grid: what we stored may be stale, so the store is cleared, the seed's advice). Our STATUS carries the
+        floor so the coordinator numbers new topologies above it: versions are ``(topology id << 40) | seq``,
+        and a new write must beat every stored one."""
+        if self.topology is not None:
+            raise RuntimeError("GridNode.restore: only before the first topology")
+        self._restored = list(entries)
+        self._topology_floor = max(0, topology_floor)
+
+    @property
+    def event_kinds(self) -> frozenset[str]:
+        return self._event_kinds
+
+    def take_events(self) -> list[EntryEvents]:
+        """The entry event batches produced since the last call, in the order they happened."""
+        events, self._events = self._events, []
+        return events
+
+    def _event(
+        self, kind: str, segment: int, keys: Sequence[bytes], versions: Sequence[int], values: Sequence[bytes | None]
+    ) -> None:
+        t = self.topology
+        self._events.append(EntryEvents(kind, segment, t.topology_id if t else 0, keys, versions, values))
+        self.metrics[f"grid.events_{kind}"] += len(keys)
+
+    def _note_written(self, key: bytes, version: int, value: bytes | None) -> None:
+        written = self._written
+        assert written is not None
+        written[0].append(key)
+        written[1].append(version)
+        written[2].append(value)
 
     # ==== inputs ===========================================================================================
     def on_view(self, members: Sequence[Address], now: float, *, merge: bool = False) -> None:
@@ -869,6 +977,10 @@ class GridNode:
             elif self.planner is None:
                 self._statuses_in.clear()
         self._check_ready()
+        written = self._written
+        if written is not None and written[0]:
+            self._event(EVENT_WRITTEN, -1, *written)
+            self._written = ([], [], [])
         if self.store is not None and self.store._garbage and self._now >= self._collect_at:
             self.store.collect(FREE_PER_STEP)
             self._collect_at = self._now + FREE_INTERVAL
@@ -896,7 +1008,8 @@ class GridNode:
     def _send_status(self) -> None:
         if not self.view:
             return
-        self._emit(self.view[0], Status(MemberStatus(self.config.capacity, self.leaving, self.topology)))
+        status = MemberStatus(self.config.capacity, self.leaving, self.topology, self._topology_floor)
+        self._emit(self.view[0], Status(status))
 
     # ==== topology =========================================================================================
     def _install(self, t: CacheTopology) -> None:
@@ -932,7 +1045,14 @@ class GridNode:
             # would drop here; seed 15 lost acknowledged writes that way. Dropping waits for availability.
             # Nor while our merge push waits for the merged group's topology: a topology of our old group
             # that arrives after the merge view must not take entries the push still has to carry (seed 19).
+            departed = EVENT_DEPARTED in self._event_kinds
             for s in store.held_segments() - keep:
+                if departed:
+                    data = store.segments[s]
+                    if data:
+                        # Snapshot the columns before the store lets go of the entries (they may be freed a
+                        # slice per step from here on).
+                        self._event(EVENT_DEPARTED, s, list(data.ver), list(data.ver.values()), list(data.val.values()))
                 self.metrics["grid.entries_dropped"] += store.remove_segment(s)
                 dropped_segments.append(s)
         if t.phase == Phase.READ_OLD_WRITE_ALL:
@@ -965,6 +1085,8 @@ class GridNode:
                 self._redrive(wid, pw)
         if merged:
             self._push_entries(merged, merge=True)
+        if old is None and (self._restored is not None or self._topology_floor):
+            self._settle_restored(t)
         # Requests held for this topology (or an older one) can be answered now.
         if self._queued:
             held, self._queued = self._queued, deque()
@@ -984,6 +1106,48 @@ class GridNode:
                 # a RETRY from them (or an answer, if the owner had not moved on either).
                 self._send_op(op)
         self._check_ready()
+
+    def _settle_restored(self, t: CacheTopology) -> None:
+        """Our first topology: merge what the persistent store brought back, or discard it (see :meth:`restore`)."""
+        entries, self._restored = self._restored or [], None
+        store = self.store
+        assert store is not None
+        if self.address in owner_set(t.current) and t.phase == Phase.NO_REBALANCE:
+            self.restore_outcome = "merged"
+            # The persistent copy restarts from what this member holds from now on: kept entries come back to
+            # it through their owners' writes (ours included). The old rows are set aside, not deleted, until
+            # every push is acknowledged: a member killed during the push brings them back at its next start.
+            store.stash_backing()
+            n = t.num_segments
+            first = self._next_write
+            self._push_entries([(segment_of(k, n), k, v, val) for k, v, val in entries], merge=False)
+            self._restore_wids = {w for w in range(first, self._next_write) if w in self._writes}
+            if not self._restore_wids:
+                store.drop_stash()
+            self.metrics["grid.restored_entries_pushed"] += len(entries)
+        else:
+            # Joined a running grid: nothing of the old file may linger (it may be stale).
+            store.reset_backing()
+            self.restore_outcome = "discarded"
+            self.metrics["grid.restored_entries_discarded"] += len(entries)
+        # A warning when there was something, so it shows at the default log level: an operator should know a
+        # store was emptied or merged.
+        log.log(
+            logging.WARNING if entries else logging.INFO,
+            "%s: persistent store %s: %d entries (%s)",
+            self.address,
+            self.restore_outcome,
+            len(entries),
+            "formed a new grid with the other members: pushed to their owners, newest version wins"
+            if self.restore_outcome == "merged"
+            else "joined a running grid: the store is cleared, its entries may be stale",
+        )
+
+    def _restore_done(self, wid: int) -> None:
+        wids = self._restore_wids
+        wids.discard(wid)
+        if not wids and self.store is not None:
+            self.store.drop_stash()  # every restored entry is with its owners now
 
     def _repair_after(self, gone: Address) -> None:
         """``gone`` left our view: finish the writes it may have left half replicated.
@@ -1310,7 +1474,8 @@ class GridNode:
         version = make_version(tid, self._seq)
         if kind != PUT:
             value = None
-        store.write(seg, key, version, value, now=self._now)
+        if store.write(seg, key, version, value, now=self._now) and self._written is not None:
+            self._note_written(key, version, value)
         if len(owners) == 1:
             self._respond(src, op_id, attempt, OK, tid)
             return
@@ -1347,13 +1512,16 @@ class GridNode:
             pw.awaiting = set()
             return
         owners = r.write[seg]
-        if self.address in owners:
-            self.store.write(seg, pw.key, pw.version, pw.value, now=self._now)
+        applied = self.address in owners and self.store.write(seg, pw.key, pw.version, pw.value, now=self._now)
+        if applied and self._written is not None:
+            self._note_written(pw.key, pw.version, pw.value)
         pw.topology_id = t.topology_id
         pw.awaiting = {m for m in owners if m != self.address}
         self.metrics["grid.writes_redriven"] += 1
         if not pw.awaiting:
             del self._writes[wid]
+            if self._restore_wids:
+                self._restore_done(wid)
             self._respond(pw.origin, pw.op_id, pw.attempt, OK, t.topology_id)
             return
         for b in sorted(pw.awaiting):  # sorted: address hashes (so set order) differ between processes
@@ -1391,6 +1559,7 @@ class GridNode:
         ack = self._emit_ack
         mine = self._routes(t).i_write
         now = self._now
+        written = self._written
         lows: dict[int, int] = {}
         for wid, version, key, value, seg in zip(
             b.write_ids, b.versions, b.keys, b.values, segments_of(b.keys, t.num_segments), strict=True
@@ -1398,7 +1567,10 @@ class GridNode:
             if not mine[seg]:
                 ack(src, wid, RETRY, tid)
             else:
-                write(seg, key, version, value, now=now)
+                if write(seg, key, version, value, now=now) and written is not None:
+                    written[0].append(key)
+                    written[1].append(version)
+                    written[2].append(value)
                 ack(src, wid, OK, tid)
                 low = lows.get(seg)
                 if low is None or version < low:
@@ -1415,7 +1587,9 @@ class GridNode:
         if b.topology_id < t.topology_id or not self._routes(t).i_write[seg]:
             self._emit_ack(src, b.write_id, RETRY, t.topology_id)
             return
-        self.store.write(seg, b.key, b.version, b.value, now=self._now)  # type: ignore[union-attr]
+        applied = self.store.write(seg, b.key, b.version, b.value, now=self._now)  # type: ignore[union-attr]
+        if applied and self._written is not None:
+            self._note_written(b.key, b.version, b.value)
         self._emit_ack(src, b.write_id, OK, t.topology_id)
         self._note_stamped(src, {seg: b.version})
 
@@ -1449,6 +1623,8 @@ class GridNode:
                 pw.awaiting.discard(src)
                 if not pw.awaiting:
                     del self._writes[wid]
+                    if self._restore_wids:
+                        self._restore_done(wid)
                     self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
             return
         if tid > pw.topology_id:
@@ -1690,7 +1866,8 @@ class GridNode:
         for key, version, value in writes:
             seg = self._tx_segment(key)
             if store.has_segment(seg):
-                store.write(seg, key, version, value, now=now)
+                if store.write(seg, key, version, value, now=now) and self._written is not None:
+                    self._note_written(key, version, value)
                 low = lows.get(seg)
                 if low is None or version < low:
                     lows[seg] = version
@@ -2021,6 +2198,9 @@ class GridNode:
             self.metrics["grid.xfer_entries_in"] += len(chunk)
             self.metrics["grid.xfer_entries_applied"] += applied
             self.metrics["grid.xfer_bytes_in"] += chunk.nbytes
+            if EVENT_ARRIVED in self._event_kinds:
+                # Every entry received, applied or not (a newer local write wins): duplicates are allowed.
+                self._event(EVENT_ARRIVED, d.segment, chunk.keys, chunk.versions, chunk.values)
         for s in d.done:
             if s in xf.remaining:
                 xf.remaining.discard(s)

@@ -46,6 +46,8 @@ import contextlib
 import gc
 import heapq
 import logging
+import os
+import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -59,7 +61,7 @@ from ..core.view import View
 from ..runtime.driver import GC_THRESHOLDS
 from .consistent_hash import segment_of
 from .messages import DELETE, GET, PUT
-from .node import GridConfig, GridNode, OpResult, _PendingWrite
+from .node import EVENT_KINDS, EntryEvents, GridConfig, GridNode, OpResult, _PendingWrite
 from .store import FREE_AT_ONCE, SEQ_BITS, Segment, SegmentStore, version_topology
 from .topology import Availability, CacheTopology, Phase
 from .tx import InDoubt, TxReport
@@ -395,7 +397,12 @@ class FeedNode(GridNode):
         if self.topology is None or t.topology_id > self.topology.topology_id:
             if not isinstance(self.store, FeedStore) or self.store.num_segments != t.num_segments:
                 # Put the feed store in place before GridNode._install would create a plain one.
-                self.store = FeedStore(t.num_segments, self.feed_entries, self.feed_bytes)
+                if self.config.persistence == "write_through":
+                    from .persist import PersistentStore
+
+                    self.store = PersistentStore(t.num_segments, self.feed_entries, self.feed_bytes)
+                else:
+                    self.store = FeedStore(t.num_segments, self.feed_entries, self.feed_bytes)
             self.store.topology_id = t.topology_id
         super()._install(t)
 
@@ -486,6 +493,64 @@ class GridRuntime:
         # Interactive transactions begun here (HTTP), and how recently ended ones ended (for clear answers).
         self.interactive: dict[TxId, _Interactive] = {}
         self._ended: OrderedDict[TxId, str] = OrderedDict()
+        # Entry-event listeners: handle -> (callable, kinds it wants). See add_listener.
+        self._listeners: dict[int, tuple[Callable[[list[EntryEvents]], Any], frozenset[str]]] = {}
+        self._next_listener = 1
+        # The SQLite copy with persistence=write_through (grid/persist.py): a file path is opened now, so a bad
+        # path fails the member's start with a clear error; a directory gets one file per bind address, opened
+        # at bind (the address exists only then). Loaded into the node at bind.
+        self._backing: Any = None
+        if self.config.persistence == "write_through" and not os.path.isdir(self.config.persistence_path):
+            from .persist import SqliteBacking
+
+            self._backing = SqliteBacking(self.config.persistence_path)
+
+    # ==== entry events =======================================================================================
+    def add_listener(self, fn: Callable[[list[EntryEvents]], Any], kinds: Iterable[str] | None = None) -> int:
+        """Call ``fn(batches)`` after every step of the node that produced entry events of ``kinds`` (default:
+        all of ``arrived``, ``departed``, ``written``), with the list of :class:`~.node.EntryEvents` of those
+        kinds, in order. Called on the event loop: keep it short (hand heavy work to a task or a queue). An
+        exception is logged and counted (``listener_errors``), never passed on. Returns a handle for
+        :meth:`remove_listener`. With no listener the node produces no events at all."""
+        wanted = EVENT_KINDS if kinds is None else frozenset(kinds)
+        bad = wanted - EVENT_KINDS
+        if not wanted or bad:
+            raise ValueError(f"add_listener: kinds {sorted(bad) or '(none)'} not among {sorted(EVENT_KINDS)}")
+        if not callable(fn):
+            raise TypeError(f"add_listener: {fn!r} is not callable")
+        handle = self._next_listener
+        self._next_listener += 1
+        self._listeners[handle] = (fn, wanted)
+        self._sync_event_kinds()
+        return handle
+
+    def remove_listener(self, handle: int) -> bool:
+        """Stop calling a listener; False if the handle is not registered."""
+        if self._listeners.pop(handle, None) is None:
+            return False
+        self._sync_event_kinds()
+        return True
+
+    def _sync_event_kinds(self) -> None:
+        if self.node is None:
+            return  # bind() sets them
+        kinds: set[str] = set(EVENT_KINDS) if self.config.count_events else set()
+        for _, wanted in self._listeners.values():
+            kinds |= wanted
+        self.node.set_event_kinds(kinds)
+
+    def _dispatch_events(self, events: list[EntryEvents]) -> None:
+        for fn, wanted in list(self._listeners.values()):
+            mine = events if len(wanted) == len(EVENT_KINDS) else [e for e in events if e.kind in wanted]
+            if not mine:
+                continue
+            try:
+                fn(mine)
+            except Exception:
+                # A listener is user code: its failure must not stop the member (nor the other listeners).
+                self.counters["listener_errors"] += 1
+                if self.counters["listener_errors"] <= 10 or self.counters["listener_errors"] % 1000 == 0:
+                    log.exception("entry listener %r failed (%d failures so far)", fn, self.counters["listener_errors"])
 
     # ==== channel callbacks (register them with Channel.connect) ============================================
     def on_view(self, view: View) -> None:
@@ -530,6 +595,23 @@ class GridRuntime:
         """Create the node now that the channel (and so our address) exists, and replay what came before."""
         self.ch = ch
         self.node = FeedNode(ch.address, self.config)
+        self._sync_event_kinds()
+        if self.config.persistence == "write_through" and self._backing is None:
+            from .persist import SqliteBacking
+
+            a = ch.address
+            name = f"grid-{a.host}-{a.port}.sqlite"
+            self._backing = SqliteBacking(os.path.join(self.config.persistence_path, name))
+        if self._backing is not None:
+            entries = self._backing.load()
+            self.node.restore(entries, self._backing.topology_id)
+            log.info(
+                "persistent store %s: %d entries, topology id up to %d (merged if this member forms a new grid with "
+                "the others, cleared if it joins a running grid)",
+                self._backing.path,
+                len(entries),
+                self._backing.topology_id,
+            )
         early, self._early = self._early, []
         for kind, item in early:
             if kind == "view":
@@ -994,6 +1076,12 @@ class GridRuntime:
             if entry.handle is not None:
                 entry.handle.cancel()
         self.interactive.clear()
+        if self._backing is not None:
+            node = self.node
+            if node is not None:
+                self._persist(node)
+            self._backing.close()
+            self._backing = None
 
     # ==== status ============================================================================================
     @property
@@ -1029,6 +1117,16 @@ class GridRuntime:
         elif "rebalance" in st:
             st["rebalance"]["in_progress"] = t is not None and t.rebalancing
         st["endpoints"] = {str(a): u for a, u in self.endpoints.items()}
+        if self.config.persistence != "none":
+            b = self._backing
+            st["persistence"] = {
+                "mode": self.config.persistence,
+                "path": self.config.persistence_path,
+                "restore": node.restore_outcome or "pending",
+                "rows_written": b.rows_written if b is not None else None,
+                "steps": self.counters["persist_steps"],
+                "errors": self.counters["persist_errors"],
+            }
         st["transactions"] = {
             "originated_pending": node.tx_pending,  # begun here, not finished
             "interactive": len(self.interactive),  # of those, driven over HTTP (rolled back when abandoned)
@@ -1134,6 +1232,8 @@ class GridRuntime:
         if node is None:
             return
         ch = self.ch
+        if self._backing is not None:
+            self._persist(node)  # before this step's payloads leave: an acknowledgement follows the commit
         out = node.take_outbox()
         if out and ch is not None and not ch.closed:
             for o in out:
@@ -1144,6 +1244,8 @@ class GridRuntime:
                 except Exception as exc:  # leaving/closed: nothing more goes out; the node copes with loss
                     self.counters["send_dropped"] += 1
                     log.debug("grid payload not sent: %s", exc)
+        if node._events:
+            self._dispatch_events(node.take_events())
         for res in node.take_results():
             fut = self._waiting.pop(res.op_id, None)
             if fut is not None:
@@ -1162,6 +1264,26 @@ class GridRuntime:
         if ch is not None and not ch.closed:
             self._maybe_announce_low()
         self._arm()
+
+    def _persist(self, node: GridNode) -> None:
+        store = node.store
+        take = getattr(store, "take_ops", None)
+        if take is None:
+            return
+        ops = take()
+        tid = node.topology.topology_id if node.topology is not None else 0
+        if not ops and tid <= self._backing.topology_id:
+            return
+        started = time.perf_counter()
+        try:
+            self._backing.apply(ops, tid)
+        except Exception:
+            # Disk full, file removed...: the member keeps serving from memory (its copies on other owners
+            # stay); the persistent copy is behind from here on. Logged and counted, never silent.
+            self.counters["persist_errors"] += 1
+            log.exception("persistent store %s: a write failed", self._backing.path)
+        self.counters["persist_steps"] += 1
+        self.counters["persist_us"] += int((time.perf_counter() - started) * 1e6)
 
     def _arm(self) -> None:
         if self._closed or self.node is None:

@@ -184,6 +184,15 @@ class SegmentStore:
                 freed += left
         return freed
 
+    def reset_backing(self) -> None:
+        """Forget the persistent copy of this store (grid/persist.py keeps one); the plain store has none."""
+
+    def stash_backing(self) -> None:
+        """Set the persistent copy's entries aside (kept until :meth:`drop_stash`, loaded again on a restart)."""
+
+    def drop_stash(self) -> None:
+        """Delete what :meth:`stash_backing` set aside."""
+
     def clear_segment(self, segment: int) -> int:
         """Empty a segment but keep holding it (a new owner starting a transfer from scratch)."""
         n = self.remove_segment(segment)

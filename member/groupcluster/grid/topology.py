@@ -219,19 +219,28 @@ class MemberStatus:
     capacity: float
     leaving: bool
     topology: CacheTopology | None
+    # The highest topology id of the member's persistent store (0: none): a new grid starts above it. Sent
+    # only when set, so statuses without persistence keep their three fields.
+    floor: int = 0
 
     def to_wire(self) -> list[Any]:
-        return [self.capacity, self.leaving, None if self.topology is None else self.topology.to_wire()]
+        out = [self.capacity, self.leaving, None if self.topology is None else self.topology.to_wire()]
+        if self.floor:
+            out.append(self.floor)
+        return out
 
     @classmethod
     def from_wire(cls, data: Any, field_name: str = "status") -> MemberStatus:
-        items = as_list(data, field_name, 3, exact=3)
+        items = as_list(data, field_name, 4)
+        if len(items) < 3:
+            raise WireError(f"{field_name}: expected 3 or 4 items, got {len(items)}")
         cap = items[0]
         if type(cap) not in (int, float) or not (math.isfinite(cap) and 0 <= cap <= 1_000_000):
             raise WireError(f"{field_name}.capacity: expected a number in [0, 1000000], got {cap!r}")
         leaving = as_bool(items[1], f"{field_name}.leaving")
         topo = None if items[2] is None else CacheTopology.from_wire(items[2], f"{field_name}.topology")
-        return cls(float(cap), leaving, topo)
+        floor = as_int(items[3], f"{field_name}.floor", 1, MAX_INT) if len(items) == 4 else 0
+        return cls(float(cap), leaving, topo, floor)
 
 
 @dataclass(slots=True)
@@ -305,6 +314,10 @@ class RebalancePlanner:
     def on_statuses(self, statuses: Mapping[Address, MemberStatus], now: float) -> list[Output]:
         """Statuses received (a batch): joins, leave requests and, while recovering, topologies."""
         statuses = {m: st for m, st in statuses.items() if m in self.view}
+        for st in statuses.values():
+            # A member's persistent store saw topologies up to st.floor: number ours above them (versions).
+            if st.floor > self.max_seen_id:
+                self.max_seen_id = st.floor
         if self.recovering:
             self.statuses.update(statuses)
             return self._maybe_finish_recovery(now)
@@ -383,7 +396,7 @@ class RebalancePlanner:
         tops = [st.topology for st in reported.values() if st.topology is not None]
         self.statuses = {}
         if tops:
-            self.max_seen_id = max(t.topology_id for t in tops)
+            self.max_seen_id = max(self.max_seen_id, *(t.topology_id for t in tops))
             self.max_rebalance_id = max(t.rebalance_id for t in tops)
             # Prefer what an available partition had (it may have taken writes); newest first.
             base = max(tops, key=lambda t: (t.availability == Availability.AVAILABLE, t.topology_id))
