@@ -8,7 +8,9 @@ judgement wrong.
 
 from __future__ import annotations
 
-from groupcluster.sim.scenario import Scenario, run_seed
+from groupcluster.sim.scenario import Scenario
+
+from . import seedruns
 
 # Pinned, not the current defaults: a seed replays its original run only with its scenario.
 GRID = Scenario(stack="grid", safety_time=12.0, send_rate=3.0)
@@ -127,9 +129,4 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
 
 
 def test_grid_regression_seeds_pass() -> None:
-    failures = []
-    for seed, scenario, note in REGRESSIONS:
-        result = run_seed(seed, scenario)
-        if result.violations:
-            failures.append(f"seed {seed} ({note}): " + "; ".join(str(v) for v in result.violations[:3]))
-    assert not failures, "\n".join(failures)
+    seedruns.replay_regressions(REGRESSIONS)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 from groupcluster.sim.grid import grid_scenario
-from groupcluster.sim.runner import default_jobs, run_many
 from groupcluster.sim.scenario import SeedResult, check_determinism
+
+from . import seedruns
 
 # (seed -> what still breaks) with grid_scenario() defaults. Seeds 0-199 pass (those that once failed were diagnosed
 # and fixed: test_grid_regressions.py). The open one is in the slow range: grids that never met.
@@ -31,17 +32,7 @@ KNOWN_OPEN: dict[int, str] = {
 
 
 def run_and_report(seeds: range) -> list[SeedResult]:
-    results = list(run_many(seeds, grid_scenario(), jobs=default_jobs()))
-    failed = [r for r in results if r.violations and r.seed not in KNOWN_OPEN]
-    fixed = [r.seed for r in results if not r.violations and r.seed in KNOWN_OPEN]
-    lines = []
-    for r in failed[:20]:
-        lines.append(f"seed {r.seed} (faults: {', '.join(r.kinds)}):")
-        lines.extend(f"    {v}" for v in r.violations[:5])
-        lines.append(f"    replay: groupcluster sim --seeds 1 --start {r.seed} --stack grid")
-    assert not failed, f"{len(failed)} of {len(results)} grid seeds failed:\n" + "\n".join(lines)
-    assert not fixed, f"known-open grid seeds now pass (move them to test_grid_regressions.py): {fixed}"
-    return results
+    return seedruns.run_and_report(seeds, grid_scenario(), "grid", KNOWN_OPEN, "test_grid_regressions.py")
 
 
 def test_200_grid_seeds() -> None:

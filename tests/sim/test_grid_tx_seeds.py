@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 from groupcluster.sim.grid_tx import grid_tx_scenario
-from groupcluster.sim.runner import default_jobs, run_many
 from groupcluster.sim.scenario import SeedResult, check_determinism
+
+from . import seedruns
 
 # (seed -> what still breaks) with grid_tx_scenario() defaults. Seeds 0-999 pass (the default run takes 0-199, the
 # slow test 200-999); the open one is from a sweep of 1000-1999 and of the grid's open kind (test_grid_seeds.py
@@ -30,17 +31,7 @@ KNOWN_OPEN: dict[int, str] = {
 
 
 def run_and_report(seeds: range) -> list[SeedResult]:
-    results = list(run_many(seeds, grid_tx_scenario(), jobs=default_jobs()))
-    failed = [r for r in results if r.violations and r.seed not in KNOWN_OPEN]
-    fixed = [r.seed for r in results if not r.violations and r.seed in KNOWN_OPEN]
-    lines = []
-    for r in failed[:20]:
-        lines.append(f"seed {r.seed} (faults: {', '.join(r.kinds)}):")
-        lines.extend(f"    {v}" for v in r.violations[:5])
-        lines.append(f"    replay: groupcluster sim --seeds 1 --start {r.seed} --stack grid-tx")
-    assert not failed, f"{len(failed)} of {len(results)} grid-tx seeds failed:\n" + "\n".join(lines)
-    assert not fixed, f"known-open grid-tx seeds now pass (move them to test_grid_tx_regressions.py): {fixed}"
-    return results
+    return seedruns.run_and_report(seeds, grid_tx_scenario(), "grid-tx", KNOWN_OPEN, "test_grid_tx_regressions.py")
 
 
 def test_200_grid_tx_seeds() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from groupcluster.sim.scenario import Scenario, run_seed
 
+from . import seedruns
 from .simtoy import TOY_STACK
 
 # Scenarios are pinned, not the current defaults: a seed replays its original run only with its scenario.
@@ -65,12 +66,7 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
 
 
 def test_regression_seeds_pass() -> None:
-    failures = []
-    for seed, scenario, note in REGRESSIONS:
-        result = run_seed(seed, scenario)
-        if result.violations:
-            failures.append(f"seed {seed} ({note}): " + "; ".join(str(v) for v in result.violations[:3]))
-    assert not failures, "\n".join(failures)
+    seedruns.replay_regressions(REGRESSIONS)
 
 
 def test_replaying_a_seed_reproduces_its_failure_exactly() -> None:

@@ -7,20 +7,13 @@ from __future__ import annotations
 
 import pytest
 from groupcluster.sim.faults import FAULT_KINDS
-from groupcluster.sim.runner import default_jobs, run_many
 from groupcluster.sim.scenario import Scenario, SeedResult
+
+from . import seedruns
 
 
 def run_and_report(seeds: range) -> list[SeedResult]:
-    results = list(run_many(seeds, Scenario(), jobs=default_jobs()))
-    failed = [r for r in results if r.violations]
-    lines = []
-    for r in failed[:20]:
-        lines.append(f"seed {r.seed} (faults: {', '.join(r.kinds)}):")
-        lines.extend(f"    {v}" for v in r.violations[:5])
-        lines.append(f"    replay: groupcluster sim --seeds 1 --start {r.seed} --stack fifo")
-    assert not failed, f"{len(failed)} of {len(results)} seeds failed:\n" + "\n".join(lines)
-    return results
+    return seedruns.run_and_report(seeds, Scenario(), "fifo")
 
 
 def test_500_seeds_with_every_fault_kind() -> None:
