@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from groupcluster.grid.client import GridClient
-from groupcluster.runtime.local import LocalCluster, ProgressBar, get_json
+from groupcluster.runtime.local import LocalCluster, ProgressBar
 
 
 def metric_sum(urls: list[str], name: str) -> float:
@@ -118,16 +118,8 @@ def main() -> int:
         before_entries = metric_sum(urls, "groupcluster_grid_rebalance_entries_received_total")
         before_bytes = metric_sum(urls, "groupcluster_grid_rebalance_bytes_received_total")
 
-        t_spawn = time.time()
-        new = cluster._spawn()  # what `groupcluster local scale 4` does, with the join time observed here
-        cluster.save()
-        t_joined = None
-        while t_joined is None:
-            st = get_json(new.http + "/v1/status", timeout=1.0)
-            if st and st.get("joined"):
-                t_joined = time.time()
-            else:
-                time.sleep(0.02)
+        # What `groupcluster local scale 4` does, with the join time observed here.
+        new, t_spawn, t_joined = cluster.spawn_and_wait_joined()
         if args.profile:
             out = Path(args.profile)
             out.mkdir(parents=True, exist_ok=True)

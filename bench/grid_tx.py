@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from groupcluster.grid.client import GridClient, GridClientError, GridTxAborted, GridTxConflict, GridTxUnknownOutcome
-from groupcluster.runtime.local import LocalCluster, ProgressBar, get_json
+from groupcluster.runtime.local import LocalCluster, ProgressBar
 
 START = 1000  # every counter's initial value
 
@@ -165,16 +165,8 @@ def run_one(args: argparse.Namespace, k: int, bar: ProgressBar) -> dict[str, Any
             procs.append((p, parent))
         t_idle = time.time() + 2.0  # let the clients connect and warm up first
         time.sleep(2.0 + args.seconds)
-        t_spawn = time.time()
-        new = cluster._spawn()  # what `groupcluster local scale 4` does, with the join time observed here
-        cluster.save()
-        t_joined = None
-        while t_joined is None:
-            st = get_json(new.http + "/v1/status", timeout=1.0)
-            if st and st.get("joined"):
-                t_joined = time.time()
-            else:
-                time.sleep(0.02)
+        # What `groupcluster local scale 4` does, with the join time observed here.
+        _new, t_spawn, t_joined = cluster.spawn_and_wait_joined()
         cluster.wait_settled("the rebalance", 900, bar.update)
         t_done = time.time()
         bar.finish()

@@ -1326,12 +1326,10 @@ class _TxCore:
         return router.target(key, write=True)
 
 
-class Transaction:
-    """A transaction of the blocking client (:meth:`GridClient.transaction`); commit on leaving the ``with``
-    block, roll back on an exception. Not thread-safe (as the client)."""
+class _TxHandle:
+    """What the blocking and the asyncio transaction share: their state, kept in a :class:`_TxCore`."""
 
-    def __init__(self, client: GridClient, mode: str = "optimistic") -> None:
-        self._c = client
+    def __init__(self, mode: str) -> None:
         self._t = _TxCore(mode)
 
     @property
@@ -1346,6 +1344,15 @@ class Transaction:
     @property
     def state(self) -> str:
         return self._t.state
+
+
+class Transaction(_TxHandle):
+    """A transaction of the blocking client (:meth:`GridClient.transaction`); commit on leaving the ``with``
+    block, roll back on an exception. Not thread-safe (as the client)."""
+
+    def __init__(self, client: GridClient, mode: str = "optimistic") -> None:
+        super().__init__(mode)
+        self._c = client
 
     def get(self, key: bytes) -> bytes | None:
         """The value of ``key`` as this transaction sees it (its own writes first); records the version read.
@@ -1459,25 +1466,13 @@ class Transaction:
             self.commit()
 
 
-class AsyncTransaction:
+class AsyncTransaction(_TxHandle):
     """A transaction of the asyncio client (:meth:`AsyncGridClient.transaction`): ``async with``; every
     operation is a coroutine (a pessimistic put locks the key first)."""
 
     def __init__(self, client: AsyncGridClient, mode: str = "optimistic") -> None:
+        super().__init__(mode)
         self._c = client
-        self._t = _TxCore(mode)
-
-    @property
-    def mode(self) -> str:
-        return self._t.mode
-
-    @property
-    def id(self) -> str | None:
-        return self._t.tx
-
-    @property
-    def state(self) -> str:
-        return self._t.state
 
     async def get(self, key: bytes) -> bytes | None:
         t = self._t

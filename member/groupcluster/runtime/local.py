@@ -416,6 +416,20 @@ class LocalCluster:
         self.save()
         return rec
 
+    def spawn_and_wait_joined(self, timeout: float = 600.0) -> tuple[MemberRecord, float, float]:
+        """:meth:`spawn`, then wait until the member reports it joined the group; returns it with the wall-clock
+        times (``time.time()``) of its start and of the first status saying joined (what the benchmarks time a
+        rebalance from). Raises :class:`LocalError` if it has not joined within ``timeout`` seconds."""
+        started = time.time()
+        rec = self.spawn()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = get_json(rec.http + "/v1/status", timeout=1.0)
+            if st and st.get("joined"):
+                return rec, started, time.time()
+            time.sleep(0.02)
+        raise LocalError(f"{rec.name} did not join within {timeout:.0f}s (log: {rec.log})")
+
     def history_path(self, name: str) -> Path:
         """Where member ``name`` records its history when :attr:`record` is set."""
         return self.dir / f"{name}.history.jsonl"

@@ -446,6 +446,10 @@ class GridRun(_Run):
         node = self.world.node(slot)
         if node is None or node.state != RUNNING or node.app is None or not node.app.usable:  # type: ignore[attr-defined]
             return
+        self._plain(node, rng)
+
+    def _plain(self, node: Node, rng: random.Random) -> None:
+        """One client operation on the shared key space: 45% GET, 45% PUT of a fresh value, 10% DELETE."""
         key = f"k{rng.randrange(KEYS)}".encode()
         r = rng.random()
         if r < 0.45:

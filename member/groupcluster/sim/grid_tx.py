@@ -284,19 +284,6 @@ class GridTxRun(GridRun):
         self.tx_stats["tx"] += 1
         self.world.app_call(node.slot, node.app.start_tx, f"t{self.tx_ids}", kind, mode, keys)  # type: ignore[union-attr]
 
-    def _plain(self, node: Node, rng: random.Random) -> None:
-        from ..grid.messages import DELETE, PUT
-
-        key = f"k{rng.randrange(24)}".encode()
-        r = rng.random()
-        if r < 0.45:
-            self._issue(node, GET, key, None)
-        elif r < 0.9:
-            self.values += 1
-            self._issue(node, PUT, key, f"v{self.values}".encode())
-        else:
-            self._issue(node, DELETE, key, None)
-
     def _pending_ops(self) -> int:
         return super()._pending_ops() + sum(a.tx_waiting for a in self._apps())  # type: ignore[attr-defined]
 
