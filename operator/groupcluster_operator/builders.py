@@ -132,6 +132,8 @@ def member_args(spec: ClusterSpec, *, initial_cluster_size: int) -> list[str]:
     }
     for key in sorted(grid):
         args += ["--grid-set", f"{key}={grid[key]}"]
+    for cache in spec.caches:
+        args += ["--cache", cache.member_arg]
     for key in sorted(spec.stack_set):
         args += ["--set", f"{key}={spec.stack_set[key]}"]
     if spec.auth.enabled:

@@ -59,10 +59,10 @@ class SpecError(ValueError):
     """A GroupCluster spec value the operator cannot use; the message names the field."""
 
 
-def _int(spec: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
+def _int(spec: Mapping[str, Any], key: str, default: int, low: int, high: int, where: str = "spec") -> int:
     value = spec.get(key, default)
     if type(value) is not int or not low <= value <= high:
-        raise SpecError(f"spec.{key}: expected an integer in [{low}, {high}], got {value!r}")
+        raise SpecError(f"{where}.{key}: expected an integer in [{low}, {high}], got {value!r}")
     return value
 
 
@@ -137,6 +137,83 @@ class AuthSpec:
         return "aead" if self.encrypt else "mac"
 
 
+CACHE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
+CACHE_MODES = ("distributed", "replicated", "invalidation")
+CACHE_PARAM_KEY = re.compile(r"[a-z_]{1,64}")
+# Parameters a cache's params may not set: the fields above set them, or the member refuses them for named
+# caches (persistence), or the operator sets them per pod (initial_cluster_size, taken from the default cache).
+CACHE_MANAGED_PARAMS = frozenset(
+    {"mode", "num_segments", "num_owners", "persistence", "persistence_path", "initial_cluster_size"}
+)
+
+
+@dataclass(frozen=True)
+class CacheDef:
+    """One entry of ``spec.caches``: a named cache every member declares (``--cache``, docs/grid.md)."""
+
+    name: str
+    mode: str = "distributed"
+    num_segments: int | None = None
+    num_owners: int | None = None
+    params: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def from_item(cls, item: Any, where: str) -> CacheDef:
+        if not isinstance(item, Mapping):
+            raise SpecError(f"{where}: expected an object with a name")
+        unknown = set(item) - {"name", "mode", "numSegments", "numOwners", "params"}
+        if unknown:
+            raise SpecError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+        name = item.get("name")
+        if not isinstance(name, str) or not CACHE_NAME.fullmatch(name) or name == "default":
+            raise SpecError(
+                f"{where}.name: {name!r} must be 1 to 48 characters of a-z, 0-9, '_' and '-' (not 'default', the "
+                "grid's own cache)"
+            )
+        where = f"{where} ({name})"
+        mode = _choice(item, "mode", "distributed", CACHE_MODES, where)
+        segments = _int(item, "numSegments", 1, 1, 65536, where) if "numSegments" in item else None
+        owners = _int(item, "numOwners", 1, 1, 16, where) if "numOwners" in item else None
+        if owners is not None and mode != "distributed":
+            raise SpecError(f"{where}.numOwners: only for distributed caches (a {mode} cache has no owner count)")
+        if segments is not None and mode == "invalidation":
+            raise SpecError(f"{where}.numSegments: an invalidation cache has no segments")
+        params = _str_map(item, "params", where)
+        for key, value in params.items():
+            if not CACHE_PARAM_KEY.fullmatch(key) or key in CACHE_MANAGED_PARAMS:
+                raise SpecError(
+                    f"{where}.params: key {key!r} is not a cache parameter the spec may set "
+                    f"(not one of {', '.join(sorted(CACHE_MANAGED_PARAMS))}; lower case and '_')"
+                )
+            if not value or any(c in value for c in ",=") or any(c.isspace() for c in value):
+                raise SpecError(f"{where}.params.{key}: {value!r} must be one word without ',' or '='")
+        return cls(name, mode, segments, owners, tuple(sorted(params.items())))
+
+    @property
+    def member_arg(self) -> str:
+        """The member's ``--cache`` value."""
+        items = [("mode", self.mode)]
+        if self.num_segments is not None:
+            items.append(("num_segments", str(self.num_segments)))
+        if self.num_owners is not None:
+            items.append(("num_owners", str(self.num_owners)))
+        items += list(self.params)
+        return f"{self.name}:" + ",".join(f"{k}={v}" for k, v in items)
+
+
+def _caches(spec: Mapping[str, Any]) -> tuple[CacheDef, ...]:
+    value = spec.get("caches") or []
+    if not isinstance(value, list):
+        raise SpecError("spec.caches: expected a list of caches")
+    out = tuple(CacheDef.from_item(item, f"spec.caches[{i}]") for i, item in enumerate(value))
+    seen: set[str] = set()
+    for c in out:
+        if c.name in seen:
+            raise SpecError(f"spec.caches: {c.name!r} is listed twice")
+        seen.add(c.name)
+    return out
+
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """One GroupCluster's desired state (spec fields, defaults applied)."""
@@ -160,6 +237,7 @@ class ClusterSpec:
     leave_timeout: int = 120
     pod_template: dict[str, Any] = field(default_factory=dict)
     auth: AuthSpec = field(default_factory=AuthSpec)
+    caches: tuple[CacheDef, ...] = ()
 
     @classmethod
     def from_resource(cls, body: Mapping[str, Any], default_image: str = "") -> ClusterSpec:
@@ -201,6 +279,7 @@ class ClusterSpec:
             leave_timeout=_int(spec, "leaveTimeoutSeconds", 120, 1, 3600),
             pod_template=dict(template),
             auth=AuthSpec.from_spec(spec),
+            caches=_caches(spec),
         )
         if out.member_port == out.http_port:
             raise SpecError(f"spec.memberPort and spec.httpPort: both are {out.http_port}; they must differ")
@@ -234,7 +313,9 @@ class ClusterSpec:
         With numOwners=1 one member still has to be able to leave: its graceful leave hands its segments off
         before it goes, so the limit only protects against a crash in the middle of several hand-offs.
         """
-        return max(1, self.num_owners - 1)
+        # A distributed named cache with fewer owners bounds it too (replicated caches have every member).
+        owners = [self.num_owners] + [c.num_owners or 2 for c in self.caches if c.mode == "distributed"]
+        return max(1, min(owners) - 1)
 
     @property
     def auth_secret_name(self) -> str:

@@ -188,6 +188,17 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     assert 'The GroupCluster "bad" is invalid' in res.stderr, res.stderr
     assert "spec.numOwners" in res.stderr and "less than or equal to 16" in res.stderr
     assert "spec.replicas" in res.stderr and "spec.partitionHandling" in res.stderr
+    # Named caches: bad entries are refused (the schema first, then its rules), and the list is fixed at creation.
+    bad["spec"] = {"caches": [{"name": "x", "mode": "nearline"}, {"name": "Bad"}]}
+    res = kube.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+    assert res.returncode != 0 and "spec.caches[0].mode" in res.stderr and "spec.caches[1].name" in res.stderr
+    bad["spec"] = {"caches": [{"name": "default"}, {"name": "r", "mode": "replicated", "numOwners": 2}]}
+    res = kube.kubectl("apply", "-f", "-", input=json.dumps(bad), check=False)
+    assert res.returncode != 0 and "'default' is the grid's own cache" in res.stderr, res.stderr
+    assert "numOwners is only for distributed caches" in res.stderr, res.stderr
+    patch = json.dumps({"spec": {"caches": [{"name": "sessions", "mode": "replicated"}]}})
+    res = kube.kubectl("patch", "groupcluster", "demo", "-n", ns, "--type", "merge", "-p", patch, check=False)
+    assert res.returncode != 0 and "caches cannot be changed after creation" in res.stderr, res.stderr
 
     # Deleting the GroupCluster removes everything it owned (owner references; the operator drops its finalizer).
     kube.kubectl("delete", "groupcluster", "demo", "-n", ns, "--timeout=60s", timeout=90)

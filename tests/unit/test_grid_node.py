@@ -262,9 +262,9 @@ class Writer:
             self.failures.append(f"{where}: {key!r} returned {value!r}; latest acknowledged write #{floor}")
 
 
-def run_scenario(seed: int, duration: float = 20.0) -> tuple[FakeNet, Writer]:
+def run_scenario(seed: int, duration: float = 20.0, config: GridConfig = CONFIG) -> tuple[FakeNet, Writer]:
     rng = random.Random(seed)
-    net = FakeNet(random.Random(rng.random()))
+    net = FakeNet(random.Random(rng.random()), config)
     writer = Writer(net, random.Random(rng.random()))
     net.add(3)
     net.run_until(2.0)

@@ -250,3 +250,52 @@ def test_member_rbac_is_least_privilege() -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orders-member", "namespace": "shop"}]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == UID for o in objs)
+
+
+def test_spec_caches_become_cache_options_the_real_member_command_accepts(tmp_path: Path) -> None:
+    from groupcluster.grid.caches import parse_cache_specs
+
+    s = spec(
+        numOwners=3,
+        caches=[
+            {"name": "sessions", "mode": "replicated", "numSegments": 64},
+            {"name": "near", "mode": "invalidation", "params": {"max_entries": "1000"}},
+            {"name": "audit", "numOwners": 2, "params": {"op_timeout": "20s"}},
+        ],
+    )
+    container = builders.build_member_pod(s, UID, 1, initial_cluster_size=2)["spec"]["containers"][0]
+    ns = _parse_member_args(container["args"], _secret_files(tmp_path, s))
+    assert ns.caches == [
+        "sessions:mode=replicated,num_segments=64",
+        "near:mode=invalidation,max_entries=1000",
+        "audit:mode=distributed,num_owners=2,op_timeout=20s",
+    ]
+    specs = {c.name: c for c in parse_cache_specs(ns.caches)}  # what the member would refuse, it refuses here
+    assert specs["near"].invalidation is not None and specs["near"].invalidation.max_entries == 1000
+    assert specs["audit"].grid is not None and specs["audit"].grid.op_timeout == 20.0
+    # The audit cache's 2 owners bound the members leaving at once, not the default cache's 3.
+    assert s.max_leaving == 1 and spec(numOwners=3).max_leaving == 2
+    assert s.pod_hash() != spec(numOwners=3).pod_hash()
+
+
+@pytest.mark.parametrize(
+    ("caches", "message"),
+    [
+        ([{"name": "Bad"}], r"spec.caches\[0\].name: 'Bad' must be 1 to 48 characters"),
+        ([{"name": "default"}], r"not 'default', the grid's own cache"),
+        ([{"name": "a"}, {"name": "a"}], r"spec.caches: 'a' is listed twice"),
+        ([{"name": "a", "mode": "nearline"}], r"spec.caches\[0\] \(a\).mode: 'nearline' is not one of"),
+        ([{"name": "a", "mode": "replicated", "numOwners": 2}], r"numOwners: only for distributed caches"),
+        ([{"name": "a", "mode": "invalidation", "numSegments": 8}], r"an invalidation cache has no segments"),
+        ([{"name": "a", "numOwners": 0}], r"spec.caches\[0\] \(a\).numOwners: expected an integer in \[1, 16\]"),
+        ([{"name": "a", "params": {"mode": "replicated"}}], r"params: key 'mode' is not a cache parameter"),
+        ([{"name": "a", "params": {"op_timeout": "1s,mode=x"}}], r"params.op_timeout: '1s,mode=x' must be one word"),
+        ([{"name": "a", "size": 3}], r"spec.caches\[0\]: unknown field\(s\) size"),
+        ({"name": "a"}, r"spec.caches: expected a list of caches"),
+    ],
+)
+def test_bad_spec_caches_are_refused_naming_the_entry(caches: Any, message: str) -> None:
+    from groupcluster_operator.model import SpecError
+
+    with pytest.raises(SpecError, match=message):
+        spec(caches=caches)

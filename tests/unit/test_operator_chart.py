@@ -45,6 +45,14 @@ def test_crd_has_scale_status_printer_columns_and_described_fields() -> None:
     for name in ("replicas", "image", "resources", "numOwners", "numSegments", "partitionHandling", "stack"):
         assert spec_props[name].get("description"), f"spec.{name} has no description (kubectl explain)"
     assert spec_props["replicas"]["minimum"] == 0
+    caches = spec_props["caches"]
+    assert caches["description"] and caches["default"] == []
+    assert caches["x-kubernetes-validations"] == [
+        {"rule": "self == oldSelf", "message": "caches cannot be changed after creation"}
+    ]
+    item = caches["items"]
+    assert item["required"] == ["name"] and all(p.get("description") for p in item["properties"].values())
+    assert item["properties"]["mode"]["enum"] == ["distributed", "replicated", "invalidation"]
 
 
 def test_crd_defaults_agree_with_the_operator_defaults() -> None:

@@ -45,6 +45,11 @@ when a rebalance moves it; pages are in key order, so the cursor carries over be
 (``None`` when the answering member did not hold the key's segment, which happens only while the routing
 table is out of date). ``changes`` reads one page of a segment's change feed (``GET /v1/changes/{id}``).
 
+**Named caches** (docs/grid.md, "Named caches and modes"): ``grid.cache("sessions")`` gives ``get``,
+``put`` and ``delete`` on a cache declared with ``--cache``, with the same retries, routed by its mode
+(learnt from ``GET /v1/caches/{name}``): distributed by its own routing table, replicated reads on any
+member and writes to the primary, invalidation always on one member (its copies are that member's).
+
 **Transactions** (docs/grid-transactions.md, "Using transactions")::
 
     with grid.transaction() as tx:          # "optimistic" (default) or "pessimistic"
@@ -490,6 +495,42 @@ class _Router:
         raise GridRequestError(reply.status, self.error_message(reply))
 
 
+class _CacheRoute(_Router):
+    """Routing of one named cache (``client.cache(name)``): its own table and mode, learnt from ``GET
+    /v1/caches/{name}``; the endpoints, the endpoints to avoid and the counters are the client's."""
+
+    def __init__(self, base: _Router, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"cache: expected a cache name, got {name!r}")
+        super().__init__(base.seeds, base.retries, base.backoff, base.timeout, base.avoid_seconds)
+        self.known = list(base.known)
+        self.avoid = base.avoid
+        self.stats = base.stats
+        self.name = name
+        self.mode: str | None = None
+        self.status_path = "/v1/caches/" + urllib.parse.quote(name, safe="")
+        self.pinned: str | None = None
+
+    def kv_path(self, key: bytes) -> str:
+        return self.status_path + key_path(key)[len("/v1") :]
+
+    def learn(self, status: dict[str, Any]) -> None:
+        mode = status.get("mode")
+        if isinstance(mode, str):
+            self.mode = mode
+        super().learn(status)
+
+    def target(self, key: bytes, write: bool) -> str:
+        if self.mode == "invalidation":
+            # Each member holds its own copies: keep talking to one member (another only when it fails).
+            if self.pinned is None or self.avoid.get(self.pinned, 0.0) > time.monotonic():
+                self.pinned = self.any_endpoint()
+            return self.pinned
+        if self.mode == "replicated" and not write:
+            return self.any_endpoint()  # every member reads its own full copy
+        return super().target(key, write)
+
+
 def _check_batching(batch_size: int, parallel: int) -> None:
     if not 1 <= batch_size <= 10_000:
         raise ValueError(f"batch_size: expected 1 to 10000, got {batch_size}")
@@ -647,13 +688,42 @@ class GridClient:
         except (OSError, http.client.HTTPException) as exc:
             return None, str(exc) or type(exc).__name__
 
-    def status(self, endpoint: str | None = None) -> dict[str, Any]:
+    def status(self, endpoint: str | None = None, path: str = "/v1/status") -> dict[str, Any]:
         """``GET /v1/status`` of one member (any known member by default)."""
         ep = normalize_endpoint(endpoint) if endpoint else self._r.any_endpoint()
-        reply = self._request(ep, "GET", "/v1/status", None)
+        reply = self._request(ep, "GET", path, None)
         if reply.status != 200:
             raise GridRequestError(reply.status, self._r.error_message(reply))
         return json.loads(reply.body)  # type: ignore[no-any-return]
+
+    def cache(self, name: str) -> CacheClient:
+        """The named cache ``name`` (``GET /v1/caches`` lists them): get/put/delete routed by its mode.
+        Raises :class:`GridRequestError` (404) when the members have no cache of that name."""
+        return CacheClient(self, name)
+
+    def caches(self) -> list[dict[str, Any]]:
+        """``GET /v1/caches`` of some member: every cache with its mode, segments, owners and status."""
+        return self.status(path="/v1/caches")["caches"]  # type: ignore[no-any-return]
+
+    def _learn_cache(self, route: _CacheRoute, avoid: str | None = None) -> bool:
+        """Reload a named cache's mode and routing table from some member; a 404 (no such cache) raises."""
+        route.stats["refreshes"] += 1
+        tried: set[str] = set()
+        for _ in range(len(route.known)):
+            ep = route.any_endpoint(exclude=avoid)
+            if ep in tried:
+                continue
+            tried.add(ep)
+            try:
+                route.learn(self.status(ep, route.status_path))
+                return True
+            except GridRequestError as exc:
+                if exc.status == 404:
+                    raise
+                route.failed(ep)
+            except (OSError, http.client.HTTPException, ValueError):
+                route.failed(ep)
+        return False
 
     def refresh(self, avoid: str | None = None) -> bool:
         """Reload the routing table from some member; False if none answered."""
@@ -671,14 +741,16 @@ class GridClient:
                 self._r.failed(ep)
         return False
 
-    def _call(self, method: str, key: bytes, value: bytes | None, versioned: bool = False) -> Any:
-        path = key_path(key)
-        r = self._r
+    def _call(
+        self, method: str, key: bytes, value: bytes | None, versioned: bool = False, cache: _CacheRoute | None = None
+    ) -> Any:
+        path = key_path(key) if cache is None else cache.kv_path(key)
+        r = self._r if cache is None else cache
         deadline = time.monotonic() + r.timeout
         last = "no attempt made"
         last_status = None
         for attempt in range(r.retries + 1):
-            ep = r.target(key, write=method != "GET") if self.route else r.any_endpoint()
+            ep = r.target(key, write=method != "GET") if self.route or cache is not None else r.any_endpoint()
             r.stats["requests"] += 1
             try:
                 reply = self._request(ep, method, path, value)
@@ -696,7 +768,9 @@ class GridClient:
                 break
             r.stats["retries"] += 1
             time.sleep(min(r.delay(attempt), max(0.0, deadline - time.monotonic())))
-            if self.route:
+            if cache is not None:
+                self._learn_cache(cache, avoid=ep)
+            elif self.route:
                 self.refresh(avoid=ep)
         raise GridUnavailableError(f"{method} failed after {attempt + 1} attempts; last: {last}", last_status)
 
@@ -1015,12 +1089,40 @@ class AsyncGridClient:
             versions.extend(run.versions)
         return results
 
-    async def status(self, endpoint: str | None = None) -> dict[str, Any]:
+    async def status(self, endpoint: str | None = None, path: str = "/v1/status") -> dict[str, Any]:
         ep = normalize_endpoint(endpoint) if endpoint else self._r.any_endpoint()
-        reply = await self._request(ep, "GET", "/v1/status", None)
+        reply = await self._request(ep, "GET", path, None)
         if reply.status != 200:
             raise GridRequestError(reply.status, self._r.error_message(reply))
         return json.loads(reply.body)  # type: ignore[no-any-return]
+
+    def cache(self, name: str) -> AsyncCacheClient:
+        """The named cache ``name``: get/put/delete routed by its mode (see :meth:`GridClient.cache`; here the
+        cache is looked up on first use, so a 404 for an unknown name comes from the first operation)."""
+        return AsyncCacheClient(self, name)
+
+    async def caches(self) -> list[dict[str, Any]]:
+        """``GET /v1/caches`` of some member."""
+        return (await self.status(path="/v1/caches"))["caches"]  # type: ignore[no-any-return]
+
+    async def _learn_cache(self, route: _CacheRoute, avoid: str | None = None) -> bool:
+        route.stats["refreshes"] += 1
+        tried: set[str] = set()
+        for _ in range(len(route.known)):
+            ep = route.any_endpoint(exclude=avoid)
+            if ep in tried:
+                continue
+            tried.add(ep)
+            try:
+                route.learn(await self.status(ep, route.status_path))
+                return True
+            except GridRequestError as exc:
+                if exc.status == 404:
+                    raise
+                route.failed(ep)
+            except (TimeoutError, OSError, self._aiohttp.ClientError, ValueError):
+                route.failed(ep)
+        return False
 
     async def refresh(self, avoid: str | None = None) -> bool:
         # Many tasks failing at once share one refresh instead of each asking a member.
@@ -1043,16 +1145,20 @@ class AsyncGridClient:
                 self._r.failed(ep)
         return False
 
-    async def _call(self, method: str, key: bytes, value: bytes | None, versioned: bool = False) -> Any:
-        path = key_path(key)
-        r = self._r
-        if self.route and r.table is None:
+    async def _call(
+        self, method: str, key: bytes, value: bytes | None, versioned: bool = False, cache: _CacheRoute | None = None
+    ) -> Any:
+        path = key_path(key) if cache is None else cache.kv_path(key)
+        r = self._r if cache is None else cache
+        if cache is not None and cache.mode is None:
+            await self._learn_cache(cache)
+        elif cache is None and self.route and r.table is None:
             await self.refresh()
         deadline = time.monotonic() + r.timeout
         last = "no attempt made"
         last_status = None
         for attempt in range(r.retries + 1):
-            ep = r.target(key, write=method != "GET") if self.route else r.any_endpoint()
+            ep = r.target(key, write=method != "GET") if self.route or cache is not None else r.any_endpoint()
             r.stats["requests"] += 1
             try:
                 reply = await self._request(ep, method, path, value)
@@ -1070,7 +1176,9 @@ class AsyncGridClient:
                 break
             r.stats["retries"] += 1
             await asyncio.sleep(min(r.delay(attempt), max(0.0, deadline - time.monotonic())))
-            if self.route:
+            if cache is not None:
+                await self._learn_cache(cache, avoid=ep)
+            elif self.route:
                 await self.refresh(avoid=ep)
         raise GridUnavailableError(f"{method} failed after {attempt + 1} attempts; last: {last}", last_status)
 
@@ -1183,6 +1291,70 @@ class AsyncGridClient:
 
 
 # ==== transactions ======================================================================================
+
+
+class CacheClient:
+    """One named cache through a :class:`GridClient` (``client.cache("sessions")``): the same get/put/delete
+    and retries as the client's own, routed by the cache's mode: a distributed cache like the default one
+    (owners from its routing table), a replicated one reads on any member and writes to the key's primary,
+    an invalidation cache always talks to the same member (its copies are that member's)."""
+
+    def __init__(self, client: GridClient, name: str) -> None:
+        self._c = client
+        self._route = _CacheRoute(client._r, name)
+        if not client._learn_cache(self._route):
+            raise GridUnavailableError(f"cache {name!r}: no member answered GET {self._route.status_path}")
+
+    @property
+    def name(self) -> str:
+        return self._route.name
+
+    @property
+    def mode(self) -> str | None:
+        return self._route.mode
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._c._call("GET", key, None, cache=self._route)  # type: ignore[no-any-return]
+
+    def put(self, key: bytes, value: bytes) -> None:
+        if type(value) is not bytes:
+            raise TypeError(f"value: expected bytes, got {type(value).__name__}")
+        self._c._call("PUT", key, value, cache=self._route)
+
+    def delete(self, key: bytes) -> None:
+        self._c._call("DELETE", key, None, cache=self._route)
+
+    def status(self) -> dict[str, Any]:
+        """``GET /v1/caches/{name}`` of the member this cache talks to."""
+        ep = self._route.pinned or self._route.any_endpoint()
+        return self._c.status(ep, self._route.status_path)
+
+
+class AsyncCacheClient:
+    """:class:`CacheClient` for :class:`AsyncGridClient`."""
+
+    def __init__(self, client: AsyncGridClient, name: str) -> None:
+        self._c = client
+        self._route = _CacheRoute(client._r, name)
+
+    @property
+    def name(self) -> str:
+        return self._route.name
+
+    @property
+    def mode(self) -> str | None:
+        return self._route.mode
+
+    async def get(self, key: bytes) -> bytes | None:
+        return await self._c._call("GET", key, None, cache=self._route)  # type: ignore[no-any-return]
+
+    async def put(self, key: bytes, value: bytes) -> None:
+        if type(value) is not bytes:
+            raise TypeError(f"value: expected bytes, got {type(value).__name__}")
+        await self._c._call("PUT", key, value, cache=self._route)
+
+    async def delete(self, key: bytes) -> None:
+        await self._c._call("DELETE", key, None, cache=self._route)
 
 
 class GridTxError(GridClientError):

@@ -20,6 +20,10 @@
 ``POST /v1/force-available`` on the coordinator: leave degraded mode with the members present (operator's
                            override after members are known dead, not cut off; 409 on other members)
 ``GET /metrics``           Prometheus text format
+``GET /v1/caches``         every cache of the member (``--cache``): name, mode, segments, owners, status
+``/v1/caches/{cache}/...`` a named cache: ``GET`` its description and routing; ``kv/{key}``, ``batch`` and,
+                           for distributed caches, ``tx``, ``tx/begin``, ``tx/{id}/...`` as above (404 for a
+                           cache the member lacks, 409 for a transaction on another mode)
 =========================  ==============================================================================
 
 Keys are the URL path after ``/v1/kv/``, percent-decoded and UTF-8 encoded to bytes: 1 to
@@ -84,6 +88,8 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from ..sim.history import view_id_json
+from .caches import DEFAULT_CACHE, DISTRIBUTED, INVALIDATION, CacheSet, runtime_for
+from .invalidation import InvalidationNode
 from .messages import DEFAULT_LIMITS, DELETE, GET, PUT
 from .node import OpResult
 from .runtime import (
@@ -136,6 +142,8 @@ class MemberContext:
     grid: GridRuntime | None
     request_leave: Callable[[], None]
     channel: Callable[[], Channel | None]
+    # The default cache and the named ones (--cache); None when the member declares no named cache.
+    caches: CacheSet | None = None
     started: float = field(default_factory=time.time)
     http_requests: dict[str, int] = field(default_factory=dict)
     # Bearer tokens: ``admin_token`` guards POST /v1/leave; ``kv_token`` guards the data endpoints (/v1/kv,
@@ -169,7 +177,10 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
             return json_error(404, f"no such endpoint: {request.path}")
         if exc.status == 413:
             limit = (
-                MAX_BATCH_BYTES if request.path == "/v1/batch" or request.path.startswith("/v1/tx") else MAX_VALUE_BYTES
+                MAX_BATCH_BYTES
+                if request.path.endswith("/batch")
+                or (request.path.startswith(("/v1/tx", "/v1/caches/")) and "/tx" in request.path)
+                else MAX_VALUE_BYTES
             )
             return json_error(413, f"request body too large (limit {limit} bytes)")
         return json_error(exc.status, exc.reason)
@@ -187,6 +198,14 @@ def _payload_error_text(exc: RequestPayloadError) -> str:
 _DATA_PREFIXES = ("/v1/kv", "/v1/batch", "/v1/segments", "/v1/changes", "/v1/tx")
 
 
+def _data_path(path: str) -> bool:
+    """Paths guarded by the data token: the default cache's data endpoints and every named cache's
+    (``/v1/caches/{cache}/kv|batch|tx...``; the listing and a cache's description stay open, like status)."""
+    if path.startswith(_DATA_PREFIXES):
+        return True
+    return path.startswith("/v1/caches/") and path.count("/") >= 4
+
+
 def _admin_path(path: str) -> bool:
     """Paths guarded by the admin token: leaving, forcing availability, in-doubt transactions."""
     if path in ("/v1/leave", "/v1/force-available", "/v1/tx/in-doubt"):
@@ -200,7 +219,7 @@ def _token_middleware(ctx: MemberContext) -> Any:
         path = request.path
         if _admin_path(path):
             expected, what = ctx.admin_token, "the admin token (--admin-token-file)"
-        elif path.startswith(_DATA_PREFIXES):
+        elif _data_path(path):
             expected, what = ctx.kv_token, "the data token (--kv-token-file)"
         else:
             return await handler(request)
@@ -238,11 +257,35 @@ def build_app(ctx: MemberContext) -> web.Application:
     app.router.add_get("/v1/tx/{tx:.+}/report", api.tx_report)
     app.router.add_get("/v1/segments/{segment}", api.segment)
     app.router.add_get("/v1/changes/{segment}", api.changes)
+    # Named caches (grid/caches.py): the same key/value, batch and transaction forms under /v1/caches/{cache}.
+    app.router.add_get("/v1/caches", api.caches)
+    app.router.add_get("/v1/caches/{cache}", api.cache)
+    app.router.add_post("/v1/caches/{cache}/batch", api.batch)
+    app.router.add_post("/v1/caches/{cache}/tx", api.tx)
+    app.router.add_post("/v1/caches/{cache}/tx/begin", api.tx_begin)
+    app.router.add_post("/v1/caches/{cache}/tx/{tx:.+}/{action:lock|commit|rollback}", api.tx_action)
     # ``{key:.*}`` also matches an empty key and keys with "/", so both get a precise 400 rather than a 404.
     for method in ("GET", "PUT", "DELETE"):
         app.router.add_route(method, "/v1/kv/{key:.*}", api.kv)
         app.router.add_route(method, "/v1/kv", api.kv_missing_key)
+        app.router.add_route(method, "/v1/caches/{cache}/kv/{key:.*}", api.kv)
     return app
+
+
+def _default_only(grid: GridRuntime) -> dict[str, Any]:
+    """``/v1/caches`` entry of the default cache on a member without named caches."""
+    t = grid.node.topology if grid.node is not None else None
+    return {
+        "name": DEFAULT_CACHE,
+        "mode": DISTRIBUTED,
+        "ready": grid.ready,
+        "not_ready": grid.not_ready_reasons(),
+        "num_segments": t.num_segments if t is not None else grid.config.num_segments,
+        "num_owners": t.current.num_owners if t is not None else grid.config.num_owners,
+        "topology_id": t.topology_id if t is not None else None,
+        "entries": len(grid.node.store) if grid.node is not None and grid.node.store is not None else 0,
+        "mode_mismatch": {},
+    }
 
 
 def parse_key(raw: str) -> bytes:
@@ -591,6 +634,55 @@ class _Api:
     def _count(self, name: str) -> None:
         self.ctx.http_requests[name] = self.ctx.http_requests.get(name, 0) + 1
 
+    def _runtime(self, request: web.Request, *, tx: bool = False) -> Any:
+        """The cache a data request is for (``/v1/caches/{cache}/...``; the default cache otherwise), or the
+        error response: 404 without a grid or for a cache this member does not have, 409 for a transaction on a
+        cache that is not distributed."""
+        name = request.match_info.get("cache")
+        grid = self.ctx.grid
+        if grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        if name is None:
+            return grid
+        rt = runtime_for(self.ctx.caches, grid, name)
+        if rt is None:
+            known = self.ctx.caches.names() if self.ctx.caches is not None else [DEFAULT_CACHE]
+            return json_error(
+                404, f"no cache named {name!r} on this member (its caches: {', '.join(known)})", cache=name
+            )
+        mode = self.ctx.caches.mode_of(name) if self.ctx.caches is not None else DISTRIBUTED
+        if tx and mode != DISTRIBUTED:
+            return json_error(
+                409,
+                f"cache {name!r} is {mode}: transactions run on distributed caches only (a {mode} cache has "
+                + (
+                    "no owners to lock on: each member holds its own copies)"
+                    if mode == INVALIDATION
+                    else "its own write path to every member; use single writes or a distributed cache)"
+                ),
+                cache=name,
+                reason="mode",
+            )
+        return rt
+
+    async def caches(self, request: web.Request) -> web.Response:
+        """``GET /v1/caches``: every cache of this member with its mode, segments, owners and status."""
+        if self.ctx.grid is None:
+            return json_error(404, "this member runs no data grid (start it with --grid)")
+        if self.ctx.caches is None:
+            return web.json_response({"caches": [_default_only(self.ctx.grid)], "unknown_payloads": {}})
+        return web.json_response(self.ctx.caches.listing())
+
+    async def cache(self, request: web.Request) -> web.Response:
+        """``GET /v1/caches/{cache}``: one cache's description and its routing table (clients route with it)."""
+        rt = self._runtime(request)
+        if isinstance(rt, web.Response):
+            return rt
+        name = request.match_info["cache"]
+        caches = self.ctx.caches
+        doc = caches.describe(name) if caches is not None else _default_only(rt)
+        return web.json_response({**(doc or {}), "routing": rt.routing()})
+
     async def healthz(self, request: web.Request) -> web.Response:
         return web.json_response({"ok": True, "uptime_seconds": round(time.time() - self.ctx.started, 3)})
 
@@ -602,7 +694,7 @@ class _Api:
         elif grid is None:
             reasons = ["leaving the group"] if ch.leaving else []
         else:
-            reasons = grid.not_ready_reasons()
+            reasons = (self.ctx.caches or grid).not_ready_reasons()
         if reasons:
             return web.json_response({"ready": False, "reasons": reasons}, status=503)
         return web.json_response({"ready": True})
@@ -688,9 +780,9 @@ class _Api:
             key = parse_key(request.match_info["key"])
         except ValueError as exc:
             return json_error(400, str(exc))
-        grid = self.ctx.grid
-        if grid is None:
-            return json_error(404, "this member runs no data grid (start it with --grid)")
+        grid = self._runtime(request)
+        if isinstance(grid, web.Response):
+            return grid
         value: bytes | None = None
         if request.method == "PUT":
             length = request.content_length
@@ -727,9 +819,9 @@ class _Api:
 
     async def batch(self, request: web.Request) -> web.Response:
         self._count("batch")
-        grid = self.ctx.grid
-        if grid is None:
-            return json_error(404, "this member runs no data grid (start it with --grid)")
+        grid = self._runtime(request)
+        if isinstance(grid, web.Response):
+            return grid
         ctype = request.content_type
         if ctype in MSGPACK_TYPES:
             binary = True
@@ -761,7 +853,7 @@ class _Api:
             return json_error(503, str(exc), reason=str(exc))
         except (ValueError, TypeError) as exc:
             return json_error(400, str(exc))
-        t = grid.node.topology if grid.node is not None else None
+        t = getattr(grid.node, "topology", None)  # an invalidation cache has none
         # The node reports the version of what a get read; the local copy's is the fallback (older peers).
         versions: list[int | None] = [r.version or None for r in results]
         if any(not r.version and r.kind == GET and r.ok and r.value is not None for r in results):
@@ -808,9 +900,9 @@ class _Api:
     async def tx(self, request: web.Request) -> web.Response:
         """``POST /v1/tx``: a one-shot transaction (begin, lock, commit) on this member."""
         self._count("tx")
-        grid = self.ctx.grid
-        if grid is None:
-            return json_error(404, "this member runs no data grid (start it with --grid)")
+        grid = self._runtime(request, tx=True)
+        if isinstance(grid, web.Response):
+            return grid
         parsed = await self._tx_body(
             request, optional=False, shape='{"reads": {key: version}, "writes": {key: value or null}}'
         )
@@ -832,9 +924,9 @@ class _Api:
     async def tx_begin(self, request: web.Request) -> web.Response:
         """``POST /v1/tx/begin``: an interactive transaction, driven by later requests to this member."""
         self._count("tx_begin")
-        grid = self.ctx.grid
-        if grid is None:
-            return json_error(404, "this member runs no data grid (start it with --grid)")
+        grid = self._runtime(request, tx=True)
+        if isinstance(grid, web.Response):
+            return grid
         parsed = await self._tx_body(request, optional=True, shape='{"mode": "optimistic" or "pessimistic"}')
         if isinstance(parsed, web.Response):
             return parsed
@@ -852,9 +944,9 @@ class _Api:
         """``POST /v1/tx/{id}/lock|commit|rollback|resolve``."""
         action = request.match_info["action"]
         self._count(f"tx_{action}")
-        grid = self.ctx.grid
-        if grid is None:
-            return json_error(404, "this member runs no data grid (start it with --grid)")
+        grid = self._runtime(request, tx=True)
+        if isinstance(grid, web.Response):
+            return grid
         shapes = {
             "lock": '{"keys": [key, ...]}',
             "commit": '{"reads": {key: version}, "writes": {key: value or null}}',
@@ -1234,6 +1326,8 @@ def render_metrics(ctx: MemberContext) -> str:
             "every grid node counter, by name",
             [(f'{{name="{_label(k)}"}}', v) for k, v in sorted(gm.items())],
         )
+    if ctx.caches is not None:
+        _cache_metrics(lines, ctx.caches)
     _metric(
         lines,
         "groupcluster_protocol_counter",
@@ -1249,6 +1343,48 @@ def render_metrics(ctx: MemberContext) -> str:
         [(f'{{kind="{k}"}}', v) for k, v in sorted(ctx.http_requests.items())],
     )
     return "\n".join(lines) + "\n"
+
+
+def _cache_metrics(lines: list[str], caches: CacheSet) -> None:
+    """Per named cache: entries, operations and every node counter, labelled with the cache's name and mode."""
+    entries, ops, counters, mismatched = [], [], [], []
+    for name, rt in caches.named.items():
+        lab = f'cache="{_label(name)}",mode="{caches.mode_of(name)}"'
+        node = rt.node
+        n = 0
+        if isinstance(node, InvalidationNode):
+            n = len(node.entries)
+        elif node is not None and node.store is not None:
+            n = len(node.store)
+        entries.append((f"{{{lab}}}", n))
+        for op in ("get", "get_local", "put", "delete", "failed"):
+            ops.append((f'{{{lab},op="{op}"}}', rt.counters[f"ops_{op}"]))
+        if node is not None:
+            counters += [(f'{{{lab},name="{_label(k)}"}}', v) for k, v in sorted(node.metrics.items())]
+        mismatched.append((f"{{{lab}}}", len(caches.mismatches.get(name, {}))))
+    _metric(lines, "groupcluster_cache_entries", "gauge", "entries held here, per named cache", entries)
+    _metric(
+        lines,
+        "groupcluster_cache_operations_total",
+        "counter",
+        "client operations per named cache (get_local: gets answered from this member's own copy)",
+        ops,
+    )
+    _metric(
+        lines,
+        "groupcluster_cache_mode_mismatch_members",
+        "gauge",
+        "members declaring the cache with another mode (their payloads are dropped)",
+        mismatched,
+    )
+    _metric(
+        lines,
+        "groupcluster_cache_payloads_dropped_total",
+        "counter",
+        "named-cache payloads dropped: for a cache this member lacks, with another mode, or malformed",
+        [(f'{{reason="{r}"}}', caches.counters[f"cache_{r}"]) for r in ("unknown", "mode_mismatch", "bad_payloads")],
+    )
+    _metric(lines, "groupcluster_cache_counter", "counter", "every named cache's node counter, by name", counters)
 
 
 def _label(text: str) -> str:

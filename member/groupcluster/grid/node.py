@@ -828,6 +828,13 @@ class GridNode:
         return True
 
     # -- outputs --------------------------------------------------------------------------------------------
+    def reads_locally(self, key: bytes) -> bool:
+        """Whether a GET of ``key`` issued here now is answered from this member's own copy (no hop)."""
+        t = self.topology
+        if t is None:
+            return False
+        return bool(self._routes(t).i_read[segment_of(key, t.num_segments)])
+
     def take_outbox(self) -> list[Outgoing]:
         out, self._outbox = self._outbox, []
         return out

@@ -16,6 +16,9 @@ the ``other`` callback unchanged. A tag byte instead of a protocol header keeps 
 protocol layers another engineer owns) untouched; both tags are outside printable ASCII, so they do not clash
 with the text ids the test workload puts first.
 
+Named caches (:mod:`.caches`) run one more :class:`GridRuntime` each, with their own ``wire_prefix`` (tag
+``0xF9``, mode and name) and the default runtime as ``parent``: they share its member info and announce none.
+
 **Member info.** Clients route a key to its owner's HTTP endpoint, so members must know each other's
 endpoints. After every view change each member multicasts a small msgpack map ``{"http": url}``; the map of
 group address to URL is pruned to the view and published in :meth:`GridRuntime.routing`.
@@ -467,14 +470,22 @@ class GridRuntime:
         *,
         http_url: str | None = None,
         other: Callable[[list[Message]], Any] | None = None,
+        name: str = "default",
+        wire_prefix: bytes = _GRID_PREFIX,
+        parent: GridRuntime | None = None,
     ) -> None:
         self.config = config or GridConfig()
+        # A named cache (grid/caches.py) runs its own node behind its own wire prefix and shares the default
+        # cache's member info: the endpoints map is the parent's object (pruned in place), and it announces none.
+        self.name = name
+        self._prefix = wire_prefix
+        self._parent = parent
         tune_gc()
         self.http_url = http_url
         self.other = other
         self.ch: Channel | None = None
         self.node: GridNode | None = None
-        self.endpoints: dict[Address, str] = {}
+        self.endpoints: dict[Address, str] = parent.endpoints if parent is not None else {}
         self.counters: Counter[str] = Counter()
         self._loop = asyncio.get_running_loop()
         self._early: list[tuple[str, Any]] = []
@@ -558,7 +569,9 @@ class GridRuntime:
             self._early.append(("view", view))
             return
         self.node.on_view(view.members, self._loop.time(), merge=view.is_merge)
-        self.endpoints = {a: u for a, u in self.endpoints.items() if a in view.members}
+        members = set(view.members)
+        for gone in [a for a in self.endpoints if a not in members]:
+            del self.endpoints[gone]  # in place: named caches share this map
         self.unfinished = {a: v for a, v in self.unfinished.items() if a in view.members}
         self._announced_low = None  # new members need to hear it
         self._announce()
@@ -582,8 +595,11 @@ class GridRuntime:
                 others.append(m)
         if others and self.other is not None:
             self.other(others)
-        if not grid:
-            return
+        if grid:
+            self.deliver(grid)
+
+    def deliver(self, grid: list[tuple[Address, bytes]]) -> None:
+        """Payloads for our node, tag already stripped and our own multicast copies already left out."""
         if self.node is None:
             # Before bind we cannot tell our own multicast copies apart; bind() filters them.
             self._early.append(("msgs", grid))
@@ -644,6 +660,10 @@ class GridRuntime:
             raise GridUnavailable("this member is leaving the grid; use another member")
         now = self._loop.time()
         if kind == GET:
+            if self._parent is not None and node.reads_locally(key):
+                # Named caches count reads answered from our own copy (no hop: what replicated mode is for); the
+                # default cache skips the extra key hash on its hot path.
+                self.counters["ops_get_local"] += 1
             op = node.get(key, now)
         elif kind == PUT:
             op = node.put(key, value, now)  # type: ignore[arg-type]
@@ -1178,7 +1198,7 @@ class GridRuntime:
     # ==== plumbing ============================================================================================
     def _announce(self) -> None:
         ch = self.ch
-        if ch is None or ch.closed or ch.leaving:
+        if ch is None or ch.closed or ch.leaving or self._parent is not None:
             return
         info: dict[str, Any] = {}
         if self.http_url is not None:
@@ -1196,7 +1216,7 @@ class GridRuntime:
     def _maybe_announce_low(self) -> None:
         """Announce our :meth:`FeedNode.oldest_unfinished` when it changed (cheap when nothing was re-driven)."""
         node = self.node
-        if not isinstance(node, FeedNode) or node.topology is None:
+        if not isinstance(node, FeedNode) or node.topology is None or self._parent is not None:
             return
         tid = node.topology.topology_id
         if not node._redriven and tid == self._low_topology and self._announced_low == tid:
@@ -1240,7 +1260,7 @@ class GridRuntime:
                 if o.dest == ch.address:
                     continue  # the node loops back to itself internally
                 try:
-                    ch.send(_GRID_PREFIX + o.payload, dest=o.dest)
+                    ch.send(self._prefix + o.payload, dest=o.dest)
                 except Exception as exc:  # leaving/closed: nothing more goes out; the node copes with loss
                     self.counters["send_dropped"] += 1
                     log.debug("grid payload not sent: %s", exc)

@@ -43,6 +43,7 @@ from ..core.errors import ConfigError
 from ..core.message import Message
 from ..core.stack import resolve_config
 from ..core.view import View
+from ..grid.caches import CacheSet, CacheSpec, parse_cache_specs
 from ..grid.node import GridConfig
 from ..grid.runtime import GridRuntime
 from ..sim.history import make_payload, view_id_json
@@ -183,6 +184,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="grid parameter, e.g. num_owners=2, capacity=0, op_timeout=30s (repeatable)",
     )
     grid.add_argument(
+        "--cache",
+        dest="caches",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE,...",
+        help="one more cache on this member, e.g. sessions:mode=replicated or near:mode=invalidation or "
+        "orders:num_segments=64,num_owners=3 (modes: distributed, replicated, invalidation; repeatable; "
+        "declare the same caches on every member; docs/grid.md, named caches)",
+    )
+    grid.add_argument(
         "--grid-leave-timeout",
         type=_positive_float,
         default=120.0,
@@ -277,6 +288,10 @@ class Member:
         )
         if self.grid_config is None and getattr(args, "grid_params", None):
             raise ConfigError("--grid-set: only with --grid")
+        self.cache_specs: list[CacheSpec] = parse_cache_specs(getattr(args, "caches", None) or [])
+        if self.grid_config is None and self.cache_specs:
+            raise ConfigError("--cache: only with --grid")
+        self.caches: CacheSet | None = None
 
     # -- deliveries ------------------------------------------------------------------------------------
     def on_batch(self, msgs: list[Message]) -> None:
@@ -436,16 +451,25 @@ class Member:
         if self.grid_config is not None:
             grid = self.grid = GridRuntime(self.grid_config, http_url=http_url, other=self.on_batch)
             on_messages = grid.on_messages
+            # Without named caches the default runtime demultiplexes alone (no extra pass over each batch).
+            caches = self.caches = CacheSet(grid, self.cache_specs) if self.cache_specs else None
+            if caches is not None:
+                on_messages = caches.on_messages
 
             def on_view(view: View) -> None:
-                grid.on_view(view)
+                if caches is not None:
+                    caches.on_view(view)
+                else:
+                    grid.on_view(view)
                 self.on_view(view)
 
         runner = await self._start_http(http_url) if args.http is not None else None
         try:
             return await self._run_member(on_messages, on_view)
         finally:
-            if self.grid is not None:
+            if self.caches is not None:
+                self.caches.close()
+            elif self.grid is not None:
                 self.grid.close()
             if runner is not None:
                 await runner.cleanup()
@@ -458,6 +482,7 @@ class Member:
         ctx = MemberContext(
             cluster=self.args.cluster,
             grid=self.grid,
+            caches=self.caches,
             request_leave=self.request_leave,
             channel=lambda: self.ch,
             admin_token=self.args.admin_token,
@@ -484,8 +509,10 @@ class Member:
         grid = self.grid
         if grid is None or grid.node is None or self.ch is None or self.ch.closed:
             return
-        grid.leave()
-        handed = asyncio.ensure_future(grid.wait_ready_to_leave())
+        # Every cache hands its segments off (a named cache's leave is its own rebalance, run side by side).
+        waiter: Any = self.caches if self.caches is not None else grid
+        waiter.leave()
+        handed = asyncio.ensure_future(waiter.wait_ready_to_leave())
         hurry = asyncio.ensure_future(self.hurry.wait())
         try:
             await asyncio.wait(
@@ -494,7 +521,8 @@ class Member:
         finally:
             hurry.cancel()
             handed.cancel()
-        if grid.node.ready_to_leave:
+        handed_off = self.caches.ready_to_leave if self.caches is not None else grid.node.ready_to_leave
+        if handed_off:
             print(f"member {self.ch.address}: grid segments handed off", flush=True)
         elif self.hurry.is_set():
             print(f"member {self.ch.address}: grid hand-off skipped (second stop signal)", flush=True)
@@ -529,7 +557,9 @@ class Member:
             return 0
         stopper.cancel()
         ch = self.ch = connect.result()  # raises ChannelError / ConfigError to run()
-        if self.grid is not None:
+        if self.caches is not None:
+            self.caches.bind(ch)
+        elif self.grid is not None:
             self.grid.bind(ch)
         print(f"member {ch.address}: joined {ch.view}", flush=True)
         if getattr(args, "faults_control", None):
