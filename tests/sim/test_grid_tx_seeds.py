@@ -16,18 +16,13 @@ from groupcluster.sim.scenario import SeedResult, check_determinism
 from . import seedruns
 
 # (seed -> what still breaks) with grid_tx_scenario() defaults. Seeds 0-999 pass (the default run takes 0-199, the
-# slow test 200-999); the open one is from a sweep of 1000-1999 and of the grid's open kind (test_grid_seeds.py
-# NEVER_MET): grids that never met.
+# slow test 200-999); 1450, from a sweep of 1000-1999 (grids that never met), passes since the merge of grids that
+# never met keeps the later write (test_grid_tx_regressions.py).
 # Seed 19 was listed here (a version only the dead originator knew: member 1 stayed in doubt without c1's version,
 # and c1's current primary held the transaction committed, waiting for a version nobody would stamp). With transfer
 # chunks waiting behind operations (GridNode.defer_transfer) its schedule changed and it passes: the gap is still
 # open (docs/grid-transactions.md, Next 1), this seed no longer reaches it.
-KNOWN_OPEN: dict[int, str] = {
-    1450: "tx-lost-write: the first grid's members all left but one; restarted members (fresh incarnations) started "
-    "a second grid (topology 1 up) and committed transactions there; at the merge with the first grid's last member "
-    "its older writes (stamped under topology ~10) beat the second grid's later commits (the open merge-policy "
-    "question of docs/grid.md, Not done yet: two grids that never met both stamp versions from topology 1 up)",
-}
+KNOWN_OPEN: dict[int, str] = {}
 
 
 def run_and_report(seeds: range) -> list[SeedResult]:

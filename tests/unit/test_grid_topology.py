@@ -310,6 +310,58 @@ def test_topology_and_status_wire_round_trip_and_validation() -> None:
         CacheTopology.from_wire(bad)
     with pytest.raises(WireError, match="capacity"):
         MemberStatus.from_wire([-1, False, None])
+    assert t.grid_id != 0 and CacheTopology.from_wire(t.to_wire()).grid_id == t.grid_id
+    bad = msgpack.unpackb(msgpack.packb(t.to_wire()), raw=False)
+    bad[9] = -1
+    with pytest.raises(WireError, match=r"topology\.grid_id"):
+        CacheTopology.from_wire(bad)
+    bad[9], bad[10] = 1, t.topology_id  # the re-stamp id lies below the topology's own
+    with pytest.raises(WireError, match=r"topology\.restamp"):
+        CacheTopology.from_wire(bad)
+    with pytest.raises(WireError, match="expected 11 items, got 9"):
+        CacheTopology.from_wire(t.to_wire()[:9])
+
+
+def _grid(first: int, n: int, now: float) -> RebalancePlanner:
+    view = [m(i) for i in range(first, first + n)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, now=now)
+    p.on_statuses({x: MemberStatus(1.0, False, None) for x in view}, now)
+    return p
+
+
+def test_grids_started_apart_get_different_ids_and_their_merge_a_restamp_topology() -> None:
+    a, b = _grid(0, 2, 1.0), _grid(2, 2, 1.0)  # same time, other coordinators
+    ta, tb = a.topology, b.topology
+    assert ta is not None and tb is not None
+    assert ta.grid_id and tb.grid_id and ta.grid_id != tb.grid_id
+    assert ta.restamp == tb.restamp == 0
+    assert _grid(0, 2, 2.0).topology.grid_id != ta.grid_id  # type: ignore[union-attr]  # the same one, later
+    # A split of one grid that heals: one id, nothing to re-stamp.
+    p = RebalancePlanner([m(0), m(1)], num_segments=SEGS, num_owners=2, now=3.0)
+    t = p.on_statuses({m(0): MemberStatus(1.0, False, ta), m(1): MemberStatus(1.0, False, ta)}, 3.0)[-1][1]
+    assert (t.grid_id, t.restamp) == (ta.grid_id, 0)
+    # The merge of the two grids: one id above both grids' ids is kept for re-stamping, the merged group's
+    # topologies come after it and carry it on; the merged grid is a new one (a member of either grid that
+    # missed the merge is told apart when it comes back).
+    view = [m(i) for i in range(4)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, now=4.0, merge=True)
+    statuses = {x: MemberStatus(1.0, False, ta if x in ta.members else tb) for x in view}
+    out = p.on_statuses(statuses, 4.0)
+    merged = out[0][1]
+    top = max(ta.topology_id, tb.topology_id)
+    assert merged.restamp == top + 1 and merged.topology_id > merged.restamp
+    assert merged.grid_id not in (0, ta.grid_id, tb.grid_id)
+    later = confirm_all(p)
+    assert later and all((x.grid_id, x.restamp) == (merged.grid_id, merged.restamp) for x in later)
+    # A coordinator change after it, one member still on its old grid's topology (it missed the merged one):
+    # no new re-stamp id. The straggler pushes under the merged group's (above its own topology), and what the
+    # merged group wrote since, under higher ids, still beats its old entries.
+    final = p.topology
+    assert final is not None
+    q = RebalancePlanner(view[1:], num_segments=SEGS, num_owners=2, now=9.0)
+    lag = {x: MemberStatus(1.0, False, final) for x in view[1:]} | {m(3): MemberStatus(1.0, False, tb)}
+    t = q.on_statuses(lag, 9.0)[-1][1]
+    assert (t.grid_id, t.restamp) == (final.grid_id, merged.restamp) and t.topology_id > final.topology_id
 
 
 # ---- property: any sequence of joins, leaves, single crashes and confirmations -----------------------------

@@ -45,7 +45,9 @@ from .tx_messages import (
 #    BACKUP_BATCH, BACKUP_ACK_BATCH: one message per destination and step, fields as columns).
 # 4: the transaction messages (types 20-27, grid/tx_messages.py) share the payload, and answers carry the
 #    version of the entry a GET read (RSP and RSP_BATCH gain a version field; 0 when absent or not a GET).
-GRID_FORMAT_VERSION = 4
+# 5: topologies carry the grid's id and the re-stamp topology of the last merge of grids that never met
+#    (CacheTopology.grid_id, restamp), so the members of a merged group order those grids' writes by time.
+GRID_FORMAT_VERSION = 5
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12

@@ -75,7 +75,7 @@ from .messages import (
     decode_payload,
     encode_payload,
 )
-from .store import Columns, SegmentStore, TransferEntry, make_version
+from .store import SEQ_BITS, Columns, SegmentStore, TransferEntry, make_version, next_seq, version_seq
 from .topology import Availability, CacheTopology, MemberStatus, PartitionHandling, Phase, RebalancePlanner, owner_set
 from .tx import (
     REASON_CONFLICT,
@@ -423,7 +423,12 @@ class GridNode:
         self._stamped_by: dict[Address, dict[int, list[float]]] = {}
         self.metrics: Counter[str] = Counter()
         self._now = 0.0
-        self._seq = 0
+        # Wall-clock seconds minus the ``now`` we are given (the driver's clock may be monotonic): the sequence
+        # part of the versions we stamp is at least the wall clock in milliseconds (store.next_seq), so a
+        # version dates its write and the merge of two grids that never met keeps the later write (docs/grid.md).
+        # 0 (unit tests): sequences count from 1.
+        self.wall_offset = 0.0
+        self._seq: dict[int, int] = {}  # segment -> the last sequence we stamped for it
         self._next_op = 1
         self._next_write = 1
         self._next_xfer = 1
@@ -605,6 +610,7 @@ class GridNode:
                     now=now,
                     may_start_grid=not self._joined_others,
                     initial_size=self.config.initial_cluster_size,
+                    merge=merge,
                 )
             else:
                 self._planner_out(self.planner.on_view(self.view, now))
@@ -1037,8 +1043,18 @@ class GridNode:
         merged: list[tuple[int, bytes, int, bytes | None]] = []
         if self._merge_from is not None and merged_topology:
             # The first topology of the merged group: take our entries (tombstones too) before any drop.
-            self._merge_from = None
             merged = [(s, k, ver, val) for s, data in sorted(store.segments.items()) for k, (ver, val) in data.items()]
+            if t.restamp > self._merge_from:
+                # The merged group joins grids that never met (topology.py, restamp): our versions and the
+                # other grid's count topologies from 1 each, so they say nothing about which write came last.
+                # Every member of either grid pushes its entries re-stamped under the one topology id
+                # ``restamp``, above both grids' and below the merged group's, keeping each sequence: the
+                # write's time. So the later write of a key wins everywhere, and any write of the merged
+                # group beats them all.
+                high = t.restamp << SEQ_BITS
+                merged = [(s, k, high | version_seq(ver), val) for s, k, ver, val in merged]
+                self.metrics["grid.merge_entries_restamped"] += len(merged)
+            self._merge_from = None
         # Tombstones stay: a member that was cut off (or a partition that wrote on its own) pushes its entries
         # after a merge, and an older value must not bring a deleted key back (see docs/grid.md, merge).
         store.keep_tombstones = True
@@ -1477,8 +1493,11 @@ class GridNode:
             self._respond(src, op_id, attempt, RETRY, tid)
             return
         owners = r.write[seg]
-        self._seq += 1
-        version = make_version(tid, self._seq)
+        data = store.segments.get(seg)
+        seq = self._seq[seg] = next_seq(
+            self._seq.get(seg, 0), self._now + self.wall_offset, data.ver.get(key) if data is not None else None
+        )
+        version = (tid << SEQ_BITS) | seq
         if kind != PUT:
             value = None
         if store.write(seg, key, version, value, now=self._now) and self._written is not None:
@@ -1860,9 +1879,12 @@ class GridNode:
 
     def _tx_stamp(self, key: bytes) -> int:
         # The sequence plain writes use: one primary orders a key's versions, whichever kind of write.
-        self._seq += 1
         t = self.topology
-        return make_version(t.topology_id if t is not None else 0, self._seq)
+        seg = self._tx_segment(key)
+        entry = self.store.get(seg, key) if self.store is not None else None
+        held = entry[0] if entry is not None else None
+        seq = self._seq[seg] = next_seq(self._seq.get(seg, 0), self._now + self.wall_offset, held)
+        return make_version(t.topology_id if t is not None else 0, seq)
 
     def _tx_apply(self, tx: TxId, writes: tuple[VersionedWrite, ...]) -> None:
         store = self.store

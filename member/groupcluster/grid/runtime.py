@@ -611,6 +611,8 @@ class GridRuntime:
         """Create the node now that the channel (and so our address) exists, and replay what came before."""
         self.ch = ch
         self.node = FeedNode(ch.address, self.config)
+        # The node is given the loop's (monotonic) time; versions carry wall-clock time (store.next_seq).
+        self.node.wall_offset = time.time() - self._loop.time()
         self._sync_event_kinds()
         if self.config.persistence == "write_through" and self._backing is None:
             from .persist import SqliteBacking
@@ -1326,5 +1328,8 @@ class GridRuntime:
         self._timer_at = None
         if self.node is None or self._closed:
             return
-        self.node.tick(max(self._loop.time(), due))
+        now = self._loop.time()
+        # Follow the wall clock's adjustments (NTP): refreshed whenever a timer fires.
+        self.node.wall_offset = time.time() - now
+        self.node.tick(max(now, due))
         self._pump()

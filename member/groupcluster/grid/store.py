@@ -2,10 +2,13 @@
 
 Versions order the writes of one key: the primary owner stamps every write with ``(topology id << 40) | seq``
 (:func:`make_version`), so a write accepted under a newer topology always beats one from an older topology,
-and within one topology the single primary orders them. Every apply is "newest version wins", which gives the
-rule Infinispan states as "a write during a transfer wins over a transferred value": a value that arrives by
-state transfer is applied only where the key is absent or holds an older version, and a deletion during a
-transfer leaves a *tombstone* (its version, no value) so an older transferred value cannot resurrect the key.
+and within one topology the single primary orders them. The sequence is a hybrid clock (:func:`next_seq`): at
+least the primary's wall clock in milliseconds, so a version also dates its write, which orders the writes of
+two grids that never met when they merge (grid/node.py re-stamps them by it). Every apply is "newest version
+wins", which gives the rule Infinispan states as "a write during a transfer wins over a transferred value": a
+value that arrives by state transfer is applied only where the key is absent or holds an older version, and a
+deletion during a transfer leaves a *tombstone* (its version, no value) so an older transferred value cannot
+resurrect the key.
 The node keeps tombstones (``keep_tombstones``) because after a merge another partition's older entries arrive
 too; :meth:`SegmentStore.purge_tombstones` drops them all, :meth:`SegmentStore.expire_tombstones` those older
 than a time (the node's ``tombstone_grace``; the time of a tombstone is when *this* store got it). Two different
@@ -33,6 +36,40 @@ _BULK_MIN = 16
 FREE_AT_ONCE = 1024
 
 
+# The clock part of a sequence counts milliseconds of wall-clock time since 2024-01-01 UTC: 40 bits last until
+# 2058. A write's sequence is at least its primary's clock (:func:`clock_seq`), so the sequence of a version
+# also dates it (:func:`version_seq`), which is what orders the writes of two grids that never met (docs/grid.md,
+# "Grids that never met").
+CLOCK_EPOCH_MS = 1_704_067_200_000
+# The clock part stops 2**32 ms short of the end (in 2058), so counting on from it stays within 40 bits.
+_CLOCK_MAX = MAX_SEQ - (1 << 32)
+
+
+def clock_seq(wall: float) -> int:
+    """The clock part of a sequence for the wall-clock time ``wall`` (seconds since the Unix epoch): whole
+    milliseconds since :data:`CLOCK_EPOCH_MS`, 0 for a time before it (a node given no wall clock counts
+    from 1, as versions did before they carried time)."""
+    ms = int(wall * 1000.0) - CLOCK_EPOCH_MS
+    return 0 if ms < 0 else min(ms, _CLOCK_MAX)
+
+
+def next_seq(last: int, wall: float, held: int | None) -> int:
+    """The sequence a primary stamps next: above its ``last`` one for the segment, at least its clock, and above
+    the sequence of the key's ``held`` version (a hybrid logical clock: a key's sequences grow with its
+    versions even when the clocks of its successive primaries disagree by a little)."""
+    # clock_seq inlined: this runs for every write the primary stamps.
+    seq = int(wall * 1000.0) - CLOCK_EPOCH_MS
+    if seq > _CLOCK_MAX:
+        seq = _CLOCK_MAX
+    if seq <= last:
+        seq = last + 1
+    if held is not None:
+        held &= MAX_SEQ
+        if held >= seq:
+            seq = held + 1
+    return seq
+
+
 def make_version(topology_id: int, seq: int) -> int:
     if not 0 <= seq <= MAX_SEQ:
         raise ValueError(f"version sequence {seq} is outside [0, {MAX_SEQ}]")
@@ -41,6 +78,12 @@ def make_version(topology_id: int, seq: int) -> int:
 
 def version_topology(version: int) -> int:
     return version >> SEQ_BITS
+
+
+def version_seq(version: int) -> int:
+    """The sequence part of a version: for versions stamped with a wall clock, the write's time in
+    milliseconds since :data:`CLOCK_EPOCH_MS` (or a little above it, see :func:`next_seq`)."""
+    return version & MAX_SEQ
 
 
 def _tie_wins(new: bytes | None, old: bytes | None) -> bool:

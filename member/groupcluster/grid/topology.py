@@ -24,6 +24,7 @@ degraded mode when a partition may have cost it data or a majority.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -85,6 +86,13 @@ class CacheTopology:
     availability: Availability = Availability.AVAILABLE
     stable_members: tuple[Address, ...] = ()  # owners of the last balanced, available CH (partition detection)
     mode: PartitionHandling = PartitionHandling.DENY_READ_WRITES
+    # Which grid this is: fixed by the coordinator that starts an empty grid (:func:`new_grid_id`) and kept by
+    # every later topology, through splits and their merges. Two ids in one recovery mean grids that never met
+    # are merging; the merged grid gets a new id.
+    grid_id: int = 0
+    # The topology id under which the members re-stamp what they held before the last merge of grids that never
+    # met (0: none so far): above every id either grid used, below the merged group's. See GridNode._install.
+    restamp: int = 0
     _member_set: frozenset[Address] = field(default=frozenset(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -178,11 +186,13 @@ class CacheTopology:
             [m.to_wire() for m in self.stable_members],
             self.current.to_wire(),
             None if self.pending is None else self.pending.to_wire(),
+            self.grid_id,
+            self.restamp,
         ]
 
     @classmethod
     def from_wire(cls, data: Any, field_name: str = "topology") -> CacheTopology:
-        items = as_list(data, field_name, 9, exact=9)
+        items = as_list(data, field_name, 11, exact=11)
         tid = as_int(items[0], f"{field_name}.topology_id", 1, MAX_INT)
         rid = as_int(items[1], f"{field_name}.rebalance_id", 0, MAX_INT)
         phase = Phase(as_int(items[2], f"{field_name}.phase", 0, 3))
@@ -200,7 +210,9 @@ class CacheTopology:
             raise WireError(f"{field_name}.pending: segments or owners differ from the current CH")
         if len(set(members)) != len(members):
             raise WireError(f"{field_name}.members: a member is listed twice")
-        return cls(tid, rid, phase, current, pending, members, avail, stable, mode)
+        grid_id = as_int(items[9], f"{field_name}.grid_id", 0, MAX_INT)
+        restamp = as_int(items[10], f"{field_name}.restamp", 0, tid - 1)
+        return cls(tid, rid, phase, current, pending, members, avail, stable, mode, grid_id, restamp)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -209,6 +221,7 @@ class CacheTopology:
             "phase": self.phase.name,
             "availability": self.availability.name,
             "members": [str(m) for m in self.members],
+            "grid_id": self.grid_id,
         }
 
 
@@ -249,6 +262,13 @@ class _Info:
     leaving: bool
 
 
+def new_grid_id(coordinator: Address, now: float) -> int:
+    """The id of a grid ``coordinator`` starts at ``now``: a hash of both (63 bits, never 0), so two grids
+    started apart get different ids without any random source in the planner."""
+    digest = hashlib.blake2b(f"{coordinator}|{now!r}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 1) or 1
+
+
 # An output of the planner: (None, topology) to broadcast, (member, topology) to send to one member.
 Output = tuple[Address | None, CacheTopology]
 
@@ -272,6 +292,7 @@ class RebalancePlanner:
         now: float = 0.0,
         may_start_grid: bool = True,
         initial_size: int = 1,
+        merge: bool = False,
     ) -> None:
         self.view: tuple[Address, ...] = tuple(view)
         # Whether this coordinator may start a new, empty grid when no member reports a topology. A member
@@ -286,6 +307,11 @@ class RebalancePlanner:
         # that restarted alone formed a grid of its own). With a size above half of the members that start
         # together, only one grid can ever start.
         self.initial_size = initial_size
+        # Created for a merge view: only then may two grid ids among the reported topologies start a re-stamp
+        # (see _finish_recovery). After a coordinator change, every member that merged has pushed already, or
+        # pushes under the re-stamp id its topology names: a new one would put a straggler's old entries above
+        # what the merged group wrote since.
+        self.merge = merge
         self.num_segments = num_segments
         self.num_owners = num_owners
         self.mode = mode
@@ -299,10 +325,14 @@ class RebalancePlanner:
         self.max_rebalance_id = 0
         self.segments_lost = 0  # segments left with no owner holding their data (degraded or allow mode)
         self.rebalances_started = 0
+        self.now = now  # the latest time given: a new grid's id is made from it
+        self.grid_id = 0  # of the grid we continue (or start); given to every topology we make
+        self.restamp = 0  # see CacheTopology.restamp
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def on_view(self, view: Sequence[Address], now: float) -> list[Output]:
         self.view = tuple(view)
+        self.now = now
         if self.recovering:
             for m in [m for m in self.statuses if m not in self.view]:
                 del self.statuses[m]
@@ -314,6 +344,7 @@ class RebalancePlanner:
     def on_statuses(self, statuses: Mapping[Address, MemberStatus], now: float) -> list[Output]:
         """Statuses received (a batch): joins, leave requests and, while recovering, topologies."""
         statuses = {m: st for m, st in statuses.items() if m in self.view}
+        self.now = now
         for st in statuses.values():
             # A member's persistent store saw topologies up to st.floor: number ours above them (versions).
             if st.floor > self.max_seen_id:
@@ -363,6 +394,7 @@ class RebalancePlanner:
         return not self.recovering and t is not None and set(t.members) <= self.confirmed
 
     def on_tick(self, now: float) -> list[Output]:
+        self.now = now
         if self.recovering and now >= self.recovery_deadline:
             return self._finish_recovery()
         return []
@@ -400,7 +432,16 @@ class RebalancePlanner:
             self.max_rebalance_id = max(t.rebalance_id for t in tops)
             # Prefer what an available partition had (it may have taken writes); newest first.
             base = max(tops, key=lambda t: (t.availability == Availability.AVAILABLE, t.topology_id))
-            self.topology = base
+            self.grid_id = base.grid_id
+            self.restamp = max(t.restamp for t in tops)
+            if self.merge and len({t.grid_id for t in tops}) > 1:
+                # Grids that never met: their versions count topologies from 1 each. One id above all of theirs
+                # is kept for re-stamping their entries by write time (GridNode._install); the merged group's
+                # topologies come after it. The merged grid is a new one: a member of either grid that missed
+                # this merge and meets the merged group later is told apart again, and re-stamps too.
+                self.restamp = self._next_id()
+                self.grid_id = new_grid_id(self.view[0], self.now)
+            self.topology = replace(base, grid_id=self.grid_id, restamp=self.restamp)
             out = self._update()
             if not out:
                 # Announce even an unchanged topology under a new id above every id anyone reported, so all
@@ -421,6 +462,7 @@ class RebalancePlanner:
             if not owners or not self.may_start_grid or len(live) < self.initial_size:
                 return []
             ch = balanced(None, owners, self._caps(), self.num_segments, self.num_owners)
+            self.grid_id = new_grid_id(self.view[0], self.now)
             return [(None, self._set(self._new(0, Phase.NO_REBALANCE, ch, None, stable=owner_set(ch))))]
         out: list[Output] = []
         holders = set(t.current.members) | (set(t.pending.members) if t.pending is not None else set())
@@ -568,10 +610,14 @@ class RebalancePlanner:
             availability,
             tuple(stable),
             self.mode,
+            self.grid_id,
+            self.restamp,
         )
 
     def _bump(self, t: CacheTopology, **changes: Any) -> CacheTopology:
-        return replace(t, topology_id=self._next_id(), mode=self.mode, **changes)
+        return replace(
+            t, topology_id=self._next_id(), mode=self.mode, grid_id=self.grid_id, restamp=self.restamp, **changes
+        )
 
     def _set(self, t: CacheTopology) -> CacheTopology:
         if self.topology is None or t.topology_id != self.topology.topology_id:

@@ -63,6 +63,9 @@ KEYS = 24  # a small key space: keys see concurrent writers and many reads of wr
 GRID_DEFAULT_OPS = 3.0  # client operations per member per virtual second
 GRID_DEFAULT_SAFETY = 12.0  # virtual seconds of faults
 POLL = 0.1
+# The wall clock every simulated member sees is the virtual time plus this (a date in 2027): versions carry
+# the time of their write (grid/store.py, next_seq), and the simulated clocks agree (no skew).
+SIM_WALL_CLOCK = 1_800_000_000.0
 
 
 def grid_scenario(**changes: Any) -> Scenario:
@@ -123,6 +126,7 @@ class GridApp:
         self.run = run
         self.me = node.address
         self.grid = GridNode(node.address, run.setup.config())
+        self.grid.wall_offset = SIM_WALL_CLOCK
         self.ops: dict[int, str] = {}  # the node's op id -> the history's op id
         self.leave_requested = False
         self.topology_id = 0
