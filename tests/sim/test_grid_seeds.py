@@ -14,18 +14,11 @@ from groupcluster.sim.scenario import SeedResult, check_determinism
 
 from . import seedruns
 
-# (seed -> what still breaks) with grid_scenario() defaults. Seeds 0-999 pass (those that once failed were
+# (seed -> what still breaks) with grid_scenario() defaults. Seeds 0-1999 pass (those that once failed were
 # diagnosed and fixed: test_grid_regressions.py); 553, open until then (grids that never met), passes since
-# versions carry the write's time and the merge of grids that never met re-stamps by it (docs/grid.md). The open
-# one is from a sweep of 1000-1999 (outside the tested ranges, listed so it is not forgotten; docs/grid.md,
-# "Not done yet").
-KNOWN_OPEN: dict[int, str] = {
-    1440: "grid-lost-write: heavy loss (24 %); the recovery after a merge view timed out before two members' "
-    "statuses arrived (one installed the merge view only after the timeout), so the planner took them for gone "
-    "and continued the running rebalance without them: segment 8 was left with one owner (the coordinator), "
-    "which took acknowledged writes and crashed; force_available brought back a stale copy. Not of the never-met "
-    "kind: it fails the same way before that change",
-}
+# versions carry the write's time and the merge of grids that never met re-stamps by it (docs/grid.md), and 1440
+# (a member's status after the recovery timeout) since such members stay owners.
+KNOWN_OPEN: dict[int, str] = {}
 # 983 (members started apart; a restart gave the second group its third member, and both groups started grids) left
 # this list when transfer chunks began to wait behind operations (GridNode.defer_transfer): its schedule changed and
 # it passed before its cause was fixed; the cause (grids that never met) is fixed with 553's.

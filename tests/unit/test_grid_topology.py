@@ -194,6 +194,29 @@ def test_takeover_recovers_from_the_newest_reported_topology() -> None:
     assert final is not None and final.phase == Phase.NO_REBALANCE and set(owner_set(final.current)) == set(view)
 
 
+def test_a_view_member_whose_status_comes_after_the_recovery_timeout_stays_an_owner() -> None:
+    # Seed 1440: after a merge view two members installed it only after the new coordinator's recovery timed
+    # out. They were dropped as owners, a segment went down to one owner, and that owner's crash lost writes.
+    t0 = joined(5).topology
+    assert t0 is not None and t0.phase == Phase.NO_REBALANCE
+    view = [m(0), m(1), m(2), m(3), m(4)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, recovery_timeout=1.0, now=10.0)
+    assert p.on_statuses({x: MemberStatus(1.0, False, t0) for x in view[:4]}, 10.5) == []
+    out = p.on_tick(11.0)  # m(4) has not reported: the recovery ends without its status
+    assert out
+    t = p.topology
+    assert t is not None and t.topology_id > t0.topology_id and t.availability == Availability.AVAILABLE
+    for s in range(SEGS):
+        assert set(t.current.owners_of(s)) == set(t0.current.owners_of(s)), s  # nobody lost a segment
+    # Its status arrives late: nothing to rebalance, and it stays an owner.
+    p.on_statuses({m(4): MemberStatus(1.0, False, t0)}, 11.5)
+    confirm_all(p)
+    final = p.topology
+    assert final is not None and final.phase == Phase.NO_REBALANCE
+    assert all(len(final.current.owners_of(s)) == 2 for s in range(SEGS))
+    assert set(owner_set(final.current)) == set(view)
+
+
 def test_status_from_a_member_ahead_bumps_the_id() -> None:
     p = joined(3)
     t = p.topology

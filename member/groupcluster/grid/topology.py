@@ -441,6 +441,18 @@ class RebalancePlanner:
                 # this merge and meets the merged group later is told apart again, and re-stamps too.
                 self.restamp = self._next_id()
                 self.grid_id = new_grid_id(self.view[0], self.now)
+            # A view member whose status came too late but that holds segments of the topology we continue
+            # stays an owner: it is alive (the view says so) and keeps receiving writes as one. Dropping it
+            # would leave its segments with fewer owners until its status arrives and a rebalance restores
+            # them, and one crash in that window loses acknowledged writes (seed 1440: two members installed
+            # the merge view after the recovery timeout; a segment went down to one owner, which then crashed).
+            # Its status, when it arrives, only updates its leave flag.
+            for ch in (base.current, base.pending):
+                if ch is None:
+                    continue
+                for m, cap in zip(ch.members, ch.capacities, strict=True):
+                    if m in self.view and m not in self.members:
+                        self.members[m] = _Info(cap, False)
             self.topology = replace(base, grid_id=self.grid_id, restamp=self.restamp)
             out = self._update()
             if not out:
