@@ -34,6 +34,8 @@ from .tx_messages import (
     TxLockInfo,
     TxMessage,
     TxPrepare,
+    TxReportAnswer,
+    TxReportRequest,
     TxRollback,
     TxVote,
     decode_tx_message,
@@ -45,7 +47,8 @@ from .tx_messages import (
 #    BACKUP_BATCH, BACKUP_ACK_BATCH: one message per destination and step, fields as columns).
 # 4: the transaction messages (types 20-27, grid/tx_messages.py) share the payload, and answers carry the
 #    version of the entry a GET read (RSP and RSP_BATCH gain a version field; 0 when absent or not a GET).
-GRID_FORMAT_VERSION = 4
+# 5: TX_REPORT_REQ and TX_REPORT (types 28-29): the automatic resolution of in-doubt transactions.
+GRID_FORMAT_VERSION = 5
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12
@@ -667,7 +670,7 @@ GridMessage = (
 )
 
 _TX_CLASSES: frozenset[type] = frozenset(
-    (TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck)
+    (TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck, TxReportRequest, TxReportAnswer)
 )
 
 
