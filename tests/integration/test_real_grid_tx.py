@@ -8,12 +8,14 @@
 * **Interrupted by a join, then by SIGKILL.** The same transfers run while a 4th member joins and while a member
   (primary of some segments, backup of others, originator of some transfers) is killed. Transfers whose commit
   got no answer are "unknown"; their marker says what happened, and the same checks hold. Transactions left
-  in doubt by the killed originator are resolved with ``groupcluster tx resolve --auto`` first.
+  in doubt by the killed originator are resolved by the grid itself (automatic resolution) before the checks.
 * **An in-doubt transaction, deterministically.** The originator runs with the grid's fault-injection setting
   ``tx_test_hold_commit=true`` (it sends no commit after a unanimous YES): once every participant reports the
-  transaction prepared (``/v1/status``), the originator is SIGKILLed. The participants list the transaction
-  in doubt (HTTP and ``groupcluster tx in-doubt``), keep its keys locked (a plain write gets 409 "locked"),
-  and ``groupcluster tx resolve --commit`` applies its writes everywhere.
+  transaction prepared (``/v1/status``), the originator is SIGKILLed. With automatic resolution (the default)
+  the grid's coordinator rolls it back by itself within seconds (nobody committed it) and the keys are usable
+  again. With ``tx_auto_resolve=false`` the participants list the transaction in doubt (HTTP and
+  ``groupcluster tx in-doubt``), keep its keys locked (a plain write gets 409 "locked"), and
+  ``groupcluster tx resolve --commit`` applies its writes everywhere.
 * The HTTP surface: versions on GET, one-shot conflicts, interactive transactions (begin/lock/commit/rollback,
   unknown ids, an abandoned transaction rolled back after ``tx_timeout``), clear 4xx errors.
 """
@@ -412,11 +414,8 @@ def test_transfers_across_a_join_and_a_sigkill(members: Members) -> None:
     finally:
         bank.join()
     live = [grid.urls[n] for n in survivors]
-    # Transactions the killed member originated may be in doubt on the survivors: resolve them the safe way.
-    for tx in {d["tx"] for u in live for d in in_doubt(u)}:
-        out = cli("resolve", tx, "--auto", "--member", live[0])
-        assert out.returncode == 0, out.stderr
-    assert all(not in_doubt(u) for u in live)
+    # Transactions the killed member originated may have been in doubt on the survivors: the grid resolves them.
+    wait_until("the grid to resolve what is in doubt", lambda: all(not in_doubt(u) for u in live), 30, members)
     verify(live, bank.transfers)
     print(
         {
@@ -427,12 +426,22 @@ def test_transfers_across_a_join_and_a_sigkill(members: Members) -> None:
 
 
 # ==== an in-doubt transaction, made deterministic by a fault hook =============================================
-def test_in_doubt_transaction_listed_and_resolved(members: Members) -> None:
+@dataclass
+class Doubt:
+    grid: Grid
+    keys: list[bytes]
+    survivors: list[str]
+    live: list[str]  # their URLs
+    killed_at: float
+
+
+def _in_doubt_made(members: Members, *flags: str) -> Doubt:
+    """Four members; m0 originates a transaction writing two keys it does not own, its commit never leaves it
+    (``tx_test_hold_commit``, fault injection for tests only); once every participant prepared, m0 is killed."""
     grid = Grid(members, 4)
-    # m0 will originate the transaction; its commit never leaves it (fault injection for tests only).
-    grid.start(0, *TX_FLAGS, "--grid-set", "tx_test_hold_commit=true")
+    grid.start(0, *TX_FLAGS, *flags, "--grid-set", "tx_test_hold_commit=true")
     for i in range(1, 4):
-        grid.start(i, *TX_FLAGS)
+        grid.start(i, *TX_FLAGS, *flags)
     names = ["m0", "m1", "m2", "m3"]
 
     def routed() -> bool:
@@ -476,10 +485,41 @@ def test_in_doubt_transaction_listed_and_resolved(members: Members) -> None:
 
     wait_until("every participant to prepare", prepared, 30, members)
     grid.procs["m0"].kill()
+    killed_at = time.monotonic()
     thread.join(timeout=60)
     assert answer and isinstance(answer[0], OSError), f"the killed originator answered {answer}"
     survivors = ["m1", "m2", "m3"]
-    live = [grid.urls[n] for n in survivors]
+    return Doubt(grid, keys, survivors, [grid.urls[n] for n in survivors], killed_at)
+
+
+def test_in_doubt_transaction_resolved_by_the_grid_itself(members: Members) -> None:
+    d = _in_doubt_made(members)
+    grid, keys, live = d.grid, d.keys, d.live
+
+    def view_without_m0() -> bool:
+        st = grid.status("m1")
+        return st is not None and len(st["view"]["members"]) == 3
+
+    wait_until("the survivors' view without the originator", view_without_m0, 60, members)
+    seen_at = time.monotonic()
+    # Every participant had prepared and nobody committed: the coordinator rolls it back, by itself.
+    wait_until("the grid to resolve it", lambda: not any(in_doubt(u) for u in live), 15, members)
+    resolved_at = time.monotonic()
+    print(f"view change {seen_at - d.killed_at:.1f} s after the kill, resolved {resolved_at - seen_at:.1f} s after it")
+    metrics = "".join(http("GET", u + "/metrics")[1].decode() for u in live)
+    assert 'name="grid.tx_auto_resolved_rollback"' in metrics, metrics[:2000]
+    for u in live:
+        with GridClient([u], route=False) as c:
+            assert c.get_many(keys) == {k: b"before" for k in keys}, u
+    # The keys are usable again: a plain write and a transaction.
+    assert http("PUT", live[0] + "/v1/kv/" + keys[0].decode(), b"later", 30)[0] == 200
+    code, body = post_json(live[1] + "/v1/tx", {"writes": {b64(k): b64(b"tx-after") for k in keys}})
+    assert code == 200 and body["committed"] is True, body
+
+
+def test_in_doubt_transaction_listed_and_resolved_by_the_operator_with_auto_resolve_off(members: Members) -> None:
+    d = _in_doubt_made(members, "--grid-set", "tx_auto_resolve=false")
+    grid, keys, survivors, live = d.grid, d.keys, d.survivors, d.live
     wait_until(
         "the survivors to list it in doubt",
         lambda: any(in_doubt(u) for u in live) and grid.settled(survivors),
@@ -505,6 +545,9 @@ def test_in_doubt_transaction_listed_and_resolved(members: Members) -> None:
     assert out.returncode == 0 and json.loads(out.stdout)["in_doubt"][0]["tx"] == tx
     out = cli("resolve", "127.0.0.1:1#1/1", "--commit", "--member", live[0])
     assert out.returncode == 1 and "not in doubt" in out.stderr, out.stderr
+    # The cluster-wide form: the member asks every member over the group (no member knows this one).
+    out = cli("resolve", "127.0.0.1:1#1/1", "--auto", "--cluster", "--member", live[0])
+    assert out.returncode == 1 and "in doubt on no member" in out.stderr, out.stderr
     out = cli("resolve", tx, "--commit", "--member", live[0])
     assert out.returncode == 0 and "committed" in out.stdout, out.stdout + out.stderr
     print(out.stdout)

@@ -219,6 +219,7 @@ tx_fields = st.fixed_dictionaries(
         "lock": st.lists(tx_keys, max_size=3) | json_values,
         "keys": st.lists(tx_keys, max_size=3) | json_values,
         "commit": st.booleans() | json_values,
+        "cluster": st.booleans() | json_values,
         "versions": st.dictionaries(st.binary(max_size=4), st.integers(-1, 2**63), max_size=2) | json_values,
     },
 )

@@ -6,6 +6,7 @@ from typing import Any
 
 from groupcluster.sim.grid_tx_checkers import (
     check_tx_atomicity_and_lost_writes,
+    check_tx_auto_resolved,
     check_tx_conserved_total,
     check_tx_locks_released,
 )
@@ -90,6 +91,16 @@ def test_locks_left_after_convergence_are_reported() -> None:
     failed = [ev(9.0, "-", "tx_resolve_failed", tx="x/1", members=["a"])]
     (v,) = check_tx_locks_released(hist(failed))
     assert "could not resolve" in v.detail
+
+
+def test_an_in_doubt_transaction_the_grid_could_decide_but_left_is_reported() -> None:
+    # The operator resolving what the grid cannot decide (a prepare-time member left) is fine ...
+    manual = [ev(9.0, "-", "tx_resolve", tx="x/1", commit=False, members=["a"], why="members ... left")]
+    assert check_tx_auto_resolved(hist(manual)) == []
+    # ... one the grid's own rule decides, still in doubt after convergence, is not.
+    left = [ev(9.0, "-", "tx_auto_left", tx="x/2", decision="rollback"), *manual]
+    (v,) = check_tx_auto_resolved(hist(left))
+    assert v.property == "tx-auto-resolved" and "x/2" in v.detail and "rollback" in v.detail
 
 
 def test_the_total_is_not_judged_when_a_transfer_overlaps_two_groups_taking_writes() -> None:

@@ -47,6 +47,26 @@ NEVER_MET = (
     "wall-clock time and the merge of grids that never met re-stamps by it)"
 )
 
+RESOLVER_IS_ORIGINATOR = (
+    "automatic resolution: the originator came back (a partition healed) and was the view coordinator; its "
+    "resolver's commits were ignored by the participants in doubt, which ignore the originator's own late "
+    "decisions, so the transaction stayed in doubt for good (now a resolver's TX_COMMIT/TX_ROLLBACK is marked "
+    "resolved and taken from any sender; grid/tx.py)"
+)
+VIEW_BEHIND = (
+    "automatic resolution: in the round right after the originator's crash, one participant had not installed "
+    "the view yet (its record prepared, not in doubt), reported nothing, and no round followed; it was in doubt "
+    "for good once it installed the view (now the request carries the coordinator's view and a member reports "
+    "prepared records whose originator is outside it; the resolver waits for it and asks again)"
+)
+
+GIVE_UP_AT_DEADLINE = (
+    "a new primary's last-resort unblock (lock information not arrived after tx_timeout) compared now - since "
+    ">= tx_timeout while its deadline was since + tx_timeout; floating point made the first false at the second, "
+    "and the simulator stepped that member at one instant for ever (now both use since + tx_timeout; unit test "
+    "in test_grid_node_tx.py)"
+)
+
 # (seed, scenario, what the seed found). Seeds 104 and 143 found TWO_GRIDS on the first sweep; the fault choice
 # changed since (crashes and pauses prefer originators in the middle of a commit), so their runs are not the
 # same any more: 212 (a later transaction's write beaten at the merge) and 220 (the counters' total broken by
@@ -59,6 +79,10 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (1250, GRID_TX, TOPOLOGY_BEFORE_VIEW),
     (1398, GRID_TX, SEPARATE_GRIDS),
     (1450, GRID_TX, NEVER_MET),
+    (19, GRID_TX, RESOLVER_IS_ORIGINATOR),
+    (113, GRID_TX, RESOLVER_IS_ORIGINATOR),
+    (446, GRID_TX, VIEW_BEHIND),
+    (814, GRID_TX, GIVE_UP_AT_DEADLINE),
 ]
 
 

@@ -112,10 +112,20 @@ def test_begin_lock_and_resolve_bodies() -> None:
         parse_tx_lock({"keys": []}, binary=True)
     with pytest.raises(BadBatch, match=r"^body: expected a map \{\"keys\""):
         parse_tx_lock([b"a"], binary=True)
-    assert parse_tx_resolve({"commit": True}, True) == (True, {})
-    assert parse_tx_resolve({"commit": False}, True) == (False, {})
-    assert parse_tx_resolve({"commit": True, "versions": {b"k": 1 << 40}}, True) == (True, {b"k": 1 << 40})
-    assert parse_tx_resolve({"commit": True, "versions": {b64(b"k"): 9}}, False) == (True, {b"k": 9})
+    assert parse_tx_resolve({"commit": True}, True) == (True, {}, False)
+    assert parse_tx_resolve({"commit": False}, True) == (False, {}, False)
+    assert parse_tx_resolve({"commit": True, "versions": {b"k": 1 << 40}}, True) == (True, {b"k": 1 << 40}, False)
+    assert parse_tx_resolve({"commit": True, "versions": {b64(b"k"): 9}}, False) == (True, {b"k": 9}, False)
+    # cluster-wide: commit may be null (the grid's rule decides), versions are collected by the member
+    assert parse_tx_resolve({"cluster": True, "commit": None}, True) == (None, {}, True)
+    assert parse_tx_resolve({"cluster": True}, True) == (None, {}, True)
+    assert parse_tx_resolve({"cluster": True, "commit": False}, True) == (False, {}, True)
+    with pytest.raises(BadBatch, match=r"^cluster: expected true"):
+        parse_tx_resolve({"cluster": 1, "commit": True}, True)
+    with pytest.raises(BadBatch, match=r"^versions: not with cluster"):
+        parse_tx_resolve({"cluster": True, "commit": True, "versions": {}}, True)
+    with pytest.raises(BadBatch, match=r"^commit: expected true \(commit\) or false \(roll back\), or null with"):
+        parse_tx_resolve({"cluster": True, "commit": "yes"}, True)
     for bad in ({}, {"commit": 1}, {"commit": "yes"}, {"commit": None}):
         with pytest.raises(BadBatch, match=r"^commit: expected true \(commit\) or false \(roll back\)"):
             parse_tx_resolve(bad, True)

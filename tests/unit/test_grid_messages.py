@@ -90,12 +90,14 @@ def _tx_messages() -> list[object]:
         tm.TxAck(tx, 1, tm.ACK_OK, 3),
         tm.TxLockInfo(3, (1, 5), (info,)),
         tm.TxInfoAck(3, (1, 5)),
+        tm.TxReportRequest(4, (tx,), (A,)),
+        tm.TxReportAnswer(4, (tm.TxReportInfo(tx, 1, 2, True, False, ((b"k", b"v"),), ((b"k", 1 << 40),), (A,)),)),
     ]
 
 
 def test_transaction_messages_share_the_grid_payload() -> None:
     # Format 4: the two-phase-commit messages travel with the grid's (one payload per destination and step),
-    # and a GET's answer carries the entry's version.
+    # and a GET's answer carries the entry's version. Format 5: the resolver's report request and answer too.
     msgs = [*ALL, *_tx_messages(), Response(4, 1, OK, 3, b"v", "", 1 << 41)]
     assert decode_payload(encode_payload(msgs)) == msgs  # type: ignore[arg-type]
     rb = ResponseBatch()
@@ -113,7 +115,9 @@ def test_transaction_messages_share_the_grid_payload() -> None:
         ([26, 3, [1, 1], []], r"segments: a segment is listed twice"),
         ([27, 3], r"expected 3 items"),
         ([27, -1, []], r"topology_id"),
-        ([28, 1], r"unknown grid message type 28"),
+        ([28, 1], r"expected 4 items"),
+        ([29, 1, [[[[A.host, A.port, A.incarnation], 1], 9, 1, True, False, [], [], []]]], r"reports\[0\]\.state"),
+        ([30, 1], r"unknown grid message type 30"),
     ],
 )
 def test_bad_transaction_messages_name_their_field(fields: list[object], message: str) -> None:

@@ -27,7 +27,7 @@ from groupcluster.grid.node import (
     Outgoing,
 )
 from groupcluster.grid.tx import TxState, termination_decision
-from groupcluster.grid.tx_messages import TxCommit, TxId, TxLockInfo
+from groupcluster.grid.tx_messages import TxCommit, TxId, TxLockInfo, TxReportAnswer, TxReportRequest
 
 from .test_grid_node import CONFIG, FakeNet
 
@@ -35,10 +35,12 @@ from .test_grid_node import CONFIG, FakeNet
 class TxNet(FakeNet):
     """The fake network, able to lose chosen transaction messages (``drop(src, type)`` returns True to lose)."""
 
-    def __init__(self, seed: int = 1) -> None:
-        super().__init__(random.Random(seed))
+    def __init__(self, seed: int = 1, *, auto_resolve: bool = True) -> None:
+        super().__init__(random.Random(seed), dataclasses.replace(CONFIG, tx_auto_resolve=auto_resolve))
         self.lost: list[tuple[Address, object]] = []
         self.drop = lambda src, msg: False
+        # Also lose by destination: (src, dest, msg) -> True to lose (dest None: a multicast).
+        self.drop_to = lambda src, dest, msg: False
 
     def collect(self, a: Address) -> None:
         node = self.nodes.get(a)
@@ -48,7 +50,7 @@ class TxNet(FakeNet):
                 msgs = decode_payload(out.payload)
                 keep = []
                 for m in msgs:
-                    if self.drop(a, m):
+                    if self.drop(a, m) or self.drop_to(a, out.dest, m):
                         self.lost.append((a, m))
                     else:
                         keep.append(m)
@@ -380,7 +382,8 @@ def _prepared_then_crash(net: TxNet, origin: Address, writes: dict[bytes, bytes]
 
 @pytest.mark.parametrize("decide_commit", [False, True])
 def test_originator_crash_after_prepare_leaves_it_in_doubt_until_resolved(decide_commit: bool) -> None:
-    net = TxNet(3)
+    # tx_auto_resolve off: today's manual procedure (the operator's).
+    net = TxNet(3, auto_resolve=False)
     net.add(4)
     net.run_until(3.0)
     a, _b, _c, d = net.view
@@ -409,7 +412,7 @@ def test_originator_crash_after_prepare_leaves_it_in_doubt_until_resolved(decide
 
 def test_resolution_reaches_an_owner_that_never_saw_the_prepare() -> None:
     # The keys get a new owner (a join) while the transaction is in doubt: its commit must reach it too.
-    net = TxNet(5)
+    net = TxNet(5, auto_resolve=False)
     net.add(3)
     net.run_until(3.0)
     _a, _b, c = net.view
@@ -437,7 +440,7 @@ def test_plain_grid_results_carry_no_reason_on_success() -> None:
 def test_a_plain_write_cannot_slip_under_a_prepared_transaction() -> None:
     # tx_test_hold_commit (fault injection): the originator sends no commit, so its participants stay prepared.
     net = TxNet(6)
-    held = dataclasses.replace(CONFIG, tx_test_hold_commit=True)
+    held = dataclasses.replace(net.config, tx_test_hold_commit=True)
     net.config = held
     a, b, c = net.add(3)
     net.run_until(3.0)
@@ -478,3 +481,205 @@ def test_a_commit_whose_originator_vanished_is_finished_by_the_owners_that_appli
     copies = net.stored(key)
     assert {v for v in copies.values()} == {copies[keeper]} and copies[keeper][1] == b"committed", copies  # type: ignore[index]
     assert net.get(a, key).value == b"committed"
+
+
+# -- automatic resolution of in-doubt transactions (GridConfig.tx_auto_resolve, on by default) -----------------
+
+
+def _in_doubt_on(net: TxNet, tx: TxId) -> list[Address]:
+    return [m for m in net.view if any(x.tx == tx for x in net.nodes[m].tx_in_doubt())]
+
+
+def _prepare_with_commits_lost(
+    net: TxNet, origin: Address, writes: dict[bytes, bytes], keep_to: Address | None = None
+) -> TxId:
+    """Commit on ``origin`` and lose its TX_COMMITs (all, or all but the one to ``keep_to``) after every vote."""
+    net.drop_to = lambda src, dest, msg: src == origin and type(msg) is TxCommit and dest != keep_to
+    tx = net.call(origin, "tx_begin")
+    net.call(origin, "tx_commit", tx, writes, {})
+    net.run_until(net.now + 1.0)
+    assert not any(r.tx == tx for r in net.results.get(origin, []))  # no outcome: not every owner acknowledged
+    return tx  # type: ignore[return-value]
+
+
+def _key_where(net: TxNet, pred: object, prefix: str = "q") -> bytes:
+    return next(k for k in (f"{prefix}{i}".encode() for i in range(1000)) if pred(net.owners(k)))  # type: ignore[operator]
+
+
+def test_report_request_and_answer_name_every_in_doubt_transaction_and_the_prepare_time_view() -> None:
+    net, (a, b, c, d) = cluster(4)
+    writes = {b"m1": b"x1", b"m2": b"x2", b"m3": b"x3"}
+    tx = _prepare_with_commits_lost(net, d, writes)
+    # A member answers a request with every transaction in doubt on it (none yet: the originator lives) and
+    # those named; the prepare-time view of a prepared one is the four members.
+    owner = net.owners(b"m1")[0]
+    node = net.nodes[owner]
+    node.on_messages([(a, encode_payload([TxReportRequest(7, (tx,))]))], net.now)
+    answers = [
+        m for o in node.take_outbox() if o.dest == a for m in decode_payload(o.payload) if type(m) is TxReportAnswer
+    ]
+    assert len(answers) == 1 and answers[0].request_id == 7
+    (rep,) = answers[0].reports
+    assert rep.tx == tx and rep.state == TxState.PREPARED and not rep.in_doubt and set(rep.views) == {a, b, c, d}
+    assert b"m1" in dict(rep.writes)
+    # The originator says it is still deciding (its commits are lost, so it waits for the acknowledgements).
+    net.nodes[d].on_messages([(a, encode_payload([TxReportRequest(8, (tx,))]))], net.now)
+    (ans,) = [
+        m
+        for o in net.nodes[d].take_outbox()
+        if o.dest == a
+        for m in decode_payload(o.payload)
+        if type(m) is TxReportAnswer
+    ]
+    assert ans.reports[0].state == TxState.COMMITTED  # it decided commit: a resolver must commit it too
+
+
+def test_the_grid_rolls_back_an_in_doubt_transaction_nobody_committed() -> None:
+    net, (a, _b, _c, d) = cluster(4)
+    writes = {b"m1": b"x1", b"m2": b"x2", b"m3": b"x3"}
+    tx = _prepare_with_commits_lost(net, d, writes)
+    net.crash(d)
+    net.drop_to = lambda src, dest, msg: False
+    net.run_until(net.now + 0.5)  # one round of the coordinator, right after the view change
+    assert _in_doubt_on(net, tx) == []
+    coordinator = net.nodes[net.view[0]]
+    assert coordinator.metrics["grid.tx_auto_resolved_rollback"] == 1
+    assert coordinator.metrics["grid.tx_auto_resolved_commit"] == 0
+    for key in writes:
+        assert {e[1] if e else None for e in net.stored(key).values()} == {None}, key
+    assert net.put(a, b"m1", b"plain").ok  # the keys are usable again
+    no_locks_left(net)
+
+
+def test_the_grid_commits_an_in_doubt_transaction_a_member_committed() -> None:
+    net, (_a, _b, _c, d) = cluster(4)
+    writes = {_key_where(net, lambda o: d not in o, "p"): b"v1", _key_where(net, lambda o: d in o, "r"): b"v2"}
+    first = sorted(writes)[0]
+    keeper = net.owners(first)[1]  # the one owner the originator's commit reaches
+    tx = _prepare_with_commits_lost(net, d, writes, keep_to=keeper)
+    assert net.nodes[keeper].tx_report(tx).state == TxState.COMMITTED
+    net.crash(d)
+    net.drop_to = lambda src, dest, msg: False
+    net.run_until(net.now + 3.0)
+    assert net.stable()
+    assert all(net.nodes[m].tx_in_doubt() == [] for m in net.view)
+    assert net.nodes[net.view[0]].metrics["grid.tx_auto_resolved_commit"] >= 1
+    for key, value in writes.items():
+        copies = net.stored(key)
+        assert {e[1] if e else None for e in copies.values()} == {value}, (key, copies)
+        assert len({e[0] for e in copies.values() if e}) == 1, copies  # one version on every owner
+    no_locks_left(net)
+
+
+def _undecidable(net: TxNet, members: list[Address], writes: dict[bytes, bytes]) -> tuple[TxId, Address]:
+    """A transaction in doubt whose prepare-time view lost another member for good: (tx, that member)."""
+    d = members[-1]
+    tx = _prepare_with_commits_lost(net, d, writes)
+    # Another member of the view at the prepare leaves for good (it may have committed it, and its data moved).
+    gone = next(m for m in members[1:-1] if m not in set(net.owners(b"m1")) | set(net.owners(b"m2")))
+    net.crash(gone)
+    net.run_until(net.now + 5.0)
+    net.crash(d)
+    net.drop_to = lambda src, dest, msg: False
+    net.run_until(net.now + 5.0)
+    assert net.stable()
+    return tx, gone
+
+
+def test_an_in_doubt_transaction_stays_listed_when_a_member_of_its_prepare_time_view_left() -> None:
+    net, members = cluster(5)
+    tx, gone = _undecidable(net, members, {b"m1": b"x1", b"m2": b"x2"})
+    doubtful = _in_doubt_on(net, tx)
+    assert doubtful, "nobody can tell a rollback is safe: it stays in doubt"
+    why = net.nodes[net.view[0]].tx_undecided()
+    assert tx in why and str(gone) in why[tx] and "prepare-time view" in why[tx], why
+    assert net.put(net.view[0], b"m1", b"plain").reason == REASON_LOCKED  # still locked
+    # The operator's procedure still resolves it.
+    assert resolve_everywhere(net, tx, False) == len(doubtful)
+    net.run_until(net.now + 3.0)
+    assert net.put(net.view[0], b"m1", b"plain").ok
+    assert net.nodes[net.view[0]].tx_undecided() == {}
+    no_locks_left(net)
+
+
+@pytest.mark.parametrize("auto", [True, False])
+def test_a_version_only_the_dead_originator_knew_is_stamped_by_the_current_primary(auto: bool) -> None:
+    # Simulation seed 19's old schedule: the originator was the primary that stamped k1's version and died with
+    # it; a member holds the transaction committed with k1's write waiting for that version, another holds it in
+    # doubt. Nobody alive knows the version, so k1's current primary must stamp one (before: k1 stayed locked, the
+    # in-doubt member could not be resolved).
+    net = TxNet(11, auto_resolve=auto)
+    net.add(4)
+    net.run_until(3.0)
+    a, _b, _c, d = net.view
+    k1 = _key_where(net, lambda o: o[0] == d, "s")  # stamped by the originator
+    p1 = net.owners(k1)[1]  # its backup: the primary once the originator is gone
+    k3 = _key_where(net, lambda o: d not in o and p1 not in o, "t")
+    writes = {k1: b"one", k3: b"three"}
+    tx = _prepare_with_commits_lost(net, d, writes)
+    net.crash(d)
+    net.drop_to = lambda src, dest, msg: False
+    if auto:
+        # The committed member: a commit without k1's version (as one computed for a topology in which it did
+        # not own k1) reaches the new primary of k1 from another member before any resolution.
+        net.drop = lambda src, msg: type(msg) is TxReportRequest  # hold the resolver back meanwhile
+    pushed = TxCommit(tx, 1, net.coordinator.topology.topology_id, ())  # type: ignore[union-attr]
+    node = net.nodes[p1]
+    node.on_messages([(a, encode_payload([pushed]))], net.now)
+    net.collect(p1)
+    net.drop = lambda src, msg: False
+    net.run_until(net.now + 4.0)
+    if not auto:
+        resolve_everywhere(net, tx, True)  # the operator: commit (a member committed it)
+        net.run_until(net.now + 2.0)
+    assert node.metrics["grid.tx_versions_stamped_late"] == 1
+    assert all(net.nodes[m].tx_in_doubt() == [] for m in net.view)
+    for key, value in writes.items():
+        copies = net.stored(key)
+        assert {e[1] if e else None for e in copies.values()} == {value}, (key, copies)
+        assert len({e[0] for e in copies.values() if e}) == 1, copies
+    assert net.put(a, k1, b"plain").ok
+    no_locks_left(net)
+
+
+def test_a_segment_waiting_for_lock_information_is_given_up_at_its_very_deadline() -> None:
+    # Grid-tx simulation seed 814: the last-resort unblock compared ``now - since >= tx_timeout`` while the next
+    # deadline was ``since + tx_timeout``; at since = 5.87407714840255 the subtraction gives 5.999999999999999,
+    # so at the deadline nothing was due and the simulator stepped the member at that instant for ever.
+    net, (a, _b, _c) = cluster(3)
+    node = net.nodes[a]
+    node.config = dataclasses.replace(node.config, tx_timeout=6.0)  # the simulation's
+    since = 5.87407714840255
+    deadline = since + node.config.tx_timeout
+    assert deadline - since < node.config.tx_timeout  # the rounding that made it happen
+    node._tx_awaiting[0] = (net.view[1], since)
+    node.tx.block_segments([0])
+    assert node.next_deadline() is not None and node.next_deadline() <= deadline  # type: ignore[operator]
+    node.tick(deadline)
+    assert node._tx_awaiting == {} and not node.tx.locks.is_blocked(0)
+    assert node.metrics["grid.tx_lock_info_given_up"] == 1
+
+
+def test_tx_resolve_all_resolves_on_every_member_from_one() -> None:
+    # Next 2: one call on any member collects every member's report (the resolver's messages) and decides.
+    net, members = cluster(5)
+    writes = {b"m1": b"x1", b"m2": b"x2"}
+    tx, _gone = _undecidable(net, members, writes)
+    asker = net.view[-1]
+
+    def resolve_all(commit: bool | None) -> OpResult:
+        return net.wait(asker, net.call(asker, "tx_resolve_all", tx, commit))
+
+    res = resolve_all(None)  # the grid's rule: cannot tell
+    assert not res.ok and res.reason == "undecided" and "prepare-time view" in res.error, res
+    res = resolve_all(True)  # the operator's decision
+    assert res.ok and res.value == b"commit" and res.tx == tx, res
+    net.run_until(net.now + 2.0)
+    assert _in_doubt_on(net, tx) == []
+    for key, value in writes.items():
+        copies = net.stored(key)
+        assert {e[1] if e else None for e in copies.values()} == {value}, (key, copies)
+        assert len({e[0] for e in copies.values() if e}) == 1, copies
+    no_locks_left(net)
+    res = resolve_all(False)
+    assert not res.ok and res.reason == "not_in_doubt", res

@@ -15,7 +15,8 @@
 ``POST /v1/tx/begin``      an interactive transaction on this member; then ``/v1/tx/{id}/lock``, ``/commit``,
                            ``/rollback`` (POST)
 ``GET /v1/tx/in-doubt``    this member's in-doubt transactions; ``GET /v1/tx/{id}/report`` one's state here;
-                           ``POST /v1/tx/{id}/resolve`` ``{"commit": bool}`` (all three need the admin token)
+                           ``POST /v1/tx/{id}/resolve`` ``{"commit": bool}`` (all three need the admin token);
+                           ``{"cluster": true, "commit": bool or null}`` resolves on every member from this one
 ``POST /v1/leave``         202: hand our segments to new owners, then leave the group and exit
 ``POST /v1/force-available`` on the coordinator: leave degraded mode with the members present (operator's
                            override after members are known dead, not cut off; 409 on other members)
@@ -495,13 +496,22 @@ def parse_tx_lock(doc: Any, binary: bool) -> tuple[bytes, ...]:
     return keys
 
 
-def parse_tx_resolve(doc: Any, binary: bool) -> tuple[bool, dict[bytes, int]]:
+def parse_tx_resolve(doc: Any, binary: bool) -> tuple[bool | None, dict[bytes, int], bool]:
     """``{"commit": bool, "versions": {key: version}}`` (versions optional: other members' stamped versions,
-    which a commit may need) -> (commit, versions)."""
-    doc = _check_fields(doc, ("commit", "versions"), '{"commit": true or false}')
+    which a commit may need), or ``{"cluster": true, "commit": bool or null}`` (resolve on every member from
+    this one; null: the grid's own rule decides) -> (commit, versions, cluster)."""
+    doc = _check_fields(doc, ("commit", "versions", "cluster"), '{"commit": true or false}')
+    cluster = doc.get("cluster", False)
+    if type(cluster) is not bool:
+        raise BadBatch(f"cluster: expected true (resolve on every member from this one) or false, got {cluster!r}")
     commit = doc.get("commit")
+    if cluster and "versions" in doc:
+        raise BadBatch("versions: not with cluster (the member collects every member's versions itself)")
+    if cluster and commit is None:
+        return None, {}, True
     if type(commit) is not bool:
-        raise BadBatch(f"commit: expected true (commit) or false (roll back), got {commit!r}")
+        also = ", or null with cluster" if cluster else ""
+        raise BadBatch(f"commit: expected true (commit) or false (roll back){also}, got {commit!r}")
     versions: dict[bytes, int] = {}
     for raw, version in _tx_map(doc, "versions").items():
         where = f"versions[{_key_label(raw)}]"
@@ -509,7 +519,7 @@ def parse_tx_resolve(doc: Any, binary: bool) -> tuple[bool, dict[bytes, int]]:
         if type(version) is not int or not 1 <= version <= MAX_VERSION:
             raise BadBatch(f"{where}: expected a version (an integer 1 to 2^63-1), got {version!r}")
         versions[key] = version
-    return commit, versions
+    return commit, versions, cluster
 
 
 def parse_tx_id(text: str) -> TxId:
@@ -963,7 +973,11 @@ class _Api:
         doc, binary = parsed
         try:
             if action == "resolve":
-                return self._tx_resolve(grid, tx, *parse_tx_resolve(doc, binary))
+                commit, versions, cluster = parse_tx_resolve(doc, binary)
+                if cluster:
+                    return await self._tx_resolve_all(grid, tx, commit)
+                assert commit is not None
+                return self._tx_resolve(grid, tx, commit, versions)
             if action == "rollback":
                 return await self._tx_rollback(grid, tx, doc, binary)
             grid.check_interactive(tx)
@@ -1004,6 +1018,13 @@ class _Api:
             )
         return web.json_response({"tx": str(tx), "resolved": "commit" if commit else "rollback"})
 
+    async def _tx_resolve_all(self, grid: GridRuntime, tx: TxId, commit: bool | None) -> web.Response:
+        res = await grid.tx_resolve_all(tx, commit)
+        if res.ok:
+            return web.json_response({"tx": str(tx), "resolved": (res.value or b"").decode(), "cluster": True})
+        status = {"not_in_doubt": 404, "undecided": 409, "timeout": 504}.get(res.reason, 503)
+        return json_error(status, res.error, tx=str(tx), reason=res.reason)
+
     async def tx_report(self, request: web.Request) -> web.Response:
         """``GET /v1/tx/{id}/report``: this member's state of a transaction, for a resolver
         (``groupcluster tx resolve --auto`` decides from every member's)."""
@@ -1027,6 +1048,8 @@ class _Api:
                 "attempt": rep.attempt,
                 "writes": [[_b64(k), None if v is None else _b64(v)] for k, v in rep.writes],
                 "versions": [[_b64(k), ver] for k, ver in rep.versions],
+                # the members of the view at its prepare here: one gone for good may have committed it
+                "views": [str(m) for m in rep.views],
             }
         )
 

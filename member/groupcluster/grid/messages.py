@@ -34,6 +34,8 @@ from .tx_messages import (
     TxLockInfo,
     TxMessage,
     TxPrepare,
+    TxReportAnswer,
+    TxReportRequest,
     TxRollback,
     TxVote,
     decode_tx_message,
@@ -47,6 +49,7 @@ from .tx_messages import (
 #    version of the entry a GET read (RSP and RSP_BATCH gain a version field; 0 when absent or not a GET).
 # 5: topologies carry the grid's id and the re-stamp topology of the last merge of grids that never met
 #    (CacheTopology.grid_id, restamp), so the members of a merged group order those grids' writes by time.
+#    Also TX_REPORT_REQ and TX_REPORT (types 28-29): the automatic resolution of in-doubt transactions.
 GRID_FORMAT_VERSION = 5
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
@@ -669,7 +672,7 @@ GridMessage = (
 )
 
 _TX_CLASSES: frozenset[type] = frozenset(
-    (TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck)
+    (TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck, TxReportRequest, TxReportAnswer)
 )
 
 

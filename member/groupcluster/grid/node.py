@@ -89,15 +89,21 @@ from .tx import (
     CoordState,
     InDoubt,
     LockingMode,
+    ResolverOutput,
     TxConfig,
     TxCoordinator,
+    TxDecided,
     TxLocked,
     TxOutcome,
     TxOutput,
     TxReport,
+    TxResolver,
     TxSend,
     TxState,
     TxTable,
+    decision,
+    report_info,
+    resolution,
 )
 from .tx_messages import (
     NO,
@@ -108,6 +114,9 @@ from .tx_messages import (
     TxLock,
     TxLockInfo,
     TxPrepare,
+    TxReportAnswer,
+    TxReportInfo,
+    TxReportRequest,
     TxRollback,
     TxVote,
     VersionedWrite,
@@ -129,8 +138,13 @@ DEFERRED_CHUNKS_PER_STEP = 1
 
 # OpResult.kind of the transaction calls (never on the wire: operations on the wire are GET, PUT, DELETE).
 TX_LOCK_OP, TX_COMMIT_OP, TX_ROLLBACK_OP = 16, 17, 18
+TX_RESOLVE_OP = 19  # tx_resolve_all: value b"commit" or b"rollback" when ok
+# Request ids of tx_resolve_all's report requests: apart from the resolver's rounds, which count from 1.
+_QUERY_IDS = 1 << 48
 _TX_DONE_KEPT = 10_000  # finished transactions remembered for late calls (tx_commit after a rollback)
-_TX_KINDS: frozenset[type] = frozenset((TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck))
+_TX_KINDS: frozenset[type] = frozenset(
+    (TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck, TxReportRequest, TxReportAnswer)
+)
 
 
 @dataclass(frozen=True)
@@ -193,6 +207,13 @@ class GridConfig:
         "bool",
         doc="fault injection for tests, never in production: an originator sends no commit after a unanimous YES "
         "(its participants stay prepared; kill it to make the transaction in doubt)",
+    )
+    tx_auto_resolve: bool = param(
+        True,
+        "bool",
+        doc="the view coordinator resolves in-doubt transactions itself (commit if a member committed it, roll "
+        "back if every member of its prepare-time view but the originator answered otherwise); off: only an "
+        "operator does (groupcluster tx resolve)",
     )
 
     def __post_init__(self) -> None:
@@ -491,6 +512,8 @@ class GridNode:
             apply=self._tx_apply,
         )
         self.txc = TxCoordinator(address, self._tx_route, tcfg)
+        self.txr = TxResolver(address, tcfg)  # automatic resolution of in-doubt transactions, on the coordinator
+        self.txr.enabled = self.config.tx_auto_resolve
         # The lock table's own containers (never replaced, only changed in place), for the plain write path's
         # checks: one truth test each while no transaction runs here.
         self._tx_locked = self.tx.locks._locks
@@ -509,6 +532,10 @@ class GridNode:
         self._tx_info_seen: OrderedDict[tuple[Address, int, tuple[int, ...]], None] = OrderedDict()
         self._tx_reason_override: dict[TxId, tuple[str, str]] = {}  # rolled back by the node itself: why
         self._tx_extra_rollbacks: dict[TxId, int] = {}  # tx_rollback during a commit: its op id
+        # tx_resolve_all in progress: request id -> [op id, tx, forced decision or None, members not answered
+        # yet, reports so far, deadline]
+        self._tx_queries: dict[int, list[Any]] = {}
+        self._tx_query_seq = 0
         # -- entry events (off until set_event_kinds: then batches pile up for take_events)
         self._event_kinds: frozenset[str] = frozenset()
         self._events: list[EntryEvents] = []
@@ -587,7 +614,7 @@ class GridNode:
             self._repair_after(gone)
         # Transactions learn of the view before a topology the planner makes from it is installed below: the
         # originator re-routes what the departed members had not answered to that topology.
-        self._tx_on_view(now)
+        self._tx_on_view(now, merge or bool(old_view - set(members)))
         if merge and t is not None and self.store is not None:
             # Also from a degraded topology: it still writes the segments whose owners are all with us (seed
             # 614: a member cut off alone took a write for such a segment, never pushed it, and lost it).
@@ -1814,15 +1841,38 @@ class GridNode:
                         per_dest.setdefault(owner, []).append((k, vs[k], writes[k]))
             for dest in sorted(dests):
                 if commit:
-                    msg: Any = TxCommit(tx, rep.attempt, t.topology_id, tuple(sorted(per_dest.get(dest, ()))))
+                    msg: Any = TxCommit(tx, rep.attempt, t.topology_id, tuple(sorted(per_dest.get(dest, ()))), True)
                 else:
-                    msg = TxRollback(tx, rep.attempt, t.topology_id)
+                    msg = TxRollback(tx, rep.attempt, t.topology_id, True)
                 out.append(TxSend(dest, msg))
         self.metrics["grid.tx_resolved_commit" if commit else "grid.tx_resolved_rollback"] += 1
         self._tx_out(out)
         self._tx_gauge()
         self._flush()
         return True
+
+    def tx_resolve_all(self, tx: TxId, commit: bool | None, now: float) -> int:
+        """Resolve in-doubt ``tx`` on every member, from this one: ask every member of the view for its report
+        (TX_REPORT_REQ), then decide, with ``commit`` (True/False: an operator's decision) or, when None, by the
+        grid's own rule (:func:`~.tx.resolution`), and send the decision like the automatic resolver does.
+
+        The result (``take_results``) has kind TX_RESOLVE_OP; ok with value ``b"commit"`` or ``b"rollback"``,
+        else a reason: ``not_in_doubt`` (no member has it in doubt), ``undecided`` (``commit`` None and the rule
+        cannot tell; the error says why), ``timeout`` (a member did not answer within ``op_timeout``),
+        ``unavailable`` (the view changed meanwhile, or a merge is in progress: ask again)."""
+        self._now = now
+        op_id = self._new_op_id()
+        if not self.view:
+            self._tx_query_done(op_id, tx, False, REASON_UNAVAILABLE, "not in a group yet")
+            return op_id
+        self._tx_query_seq += 1
+        rid = _QUERY_IDS + self._tx_query_seq
+        self._tx_queries[rid] = [op_id, tx, commit, set(self.view), {}, now + self.config.op_timeout]
+        msg = TxReportRequest(rid, (tx,), tuple(self.view))
+        for m in self.view:
+            self._emit(m, msg)
+        self._flush()
+        return op_id
 
     def tx_prepared_count(self) -> int:
         """Transactions prepared on this member as a participant (voted YES, no decision yet)."""
@@ -1937,6 +1987,15 @@ class GridNode:
         if kind is TxLockInfo:
             self._on_lock_info(src, msg)
             return
+        if kind is TxReportRequest:
+            self._tx_on_report_request(src, msg)
+            return
+        if kind is TxReportAnswer:
+            if msg.request_id > _QUERY_IDS:
+                self._tx_on_query_answer(src, msg)
+            else:
+                self._tx_resolver_out(self.txr.on_answer(src, msg, now))
+            return
         t = self.topology
         if kind is TxPrepare or kind is TxLock:
             if t is not None and self._merge_hold is not None and msg.topology_id >= t.topology_id:
@@ -1959,6 +2018,8 @@ class GridNode:
             self._tx_out(out)
             return
         self._tx_out(self.tx.on_message(src, msg, now))
+        if kind is TxCommit and (msg.resolved or src != msg.tx.origin):
+            self._tx_stamp_orphans()  # a resolver's commit may leave a write waiting for its version here
 
     def _on_lock_info(self, src: Address, info: TxLockInfo) -> None:
         t = self.topology
@@ -1979,6 +2040,7 @@ class GridNode:
             self._tx_awaiting.pop(seg, None)
         self.metrics["grid.tx_lock_info_in"] += 1
         self._tx_out(self.tx.on_message(src, info, self._now))
+        self._tx_stamp_orphans()
         self._tx_gauge()
 
     def _tx_install(self, old: CacheTopology | None, t: CacheTopology, dropped: list[int]) -> None:
@@ -2024,12 +2086,18 @@ class GridNode:
             held, self._tx_info_held = self._tx_info_held, []
             for src, info in held:
                 self._on_lock_info(src, info)
+        self._tx_stamp_orphans()
 
-    def _tx_on_view(self, now: float) -> None:
+    def _tx_on_view(self, now: float, removed: bool) -> None:
         members = self.view
         alive = set(members)
         self._tx_out(self.tx.on_view(members, now))
         self._tx_out(self.txc.on_view(members, now))
+        self._tx_resolver_out(self.txr.on_view(members, now, removed=removed))
+        for rid, q in list(self._tx_queries.items()):
+            if q[3] - alive:  # a member it waits for left: its answer never comes
+                del self._tx_queries[rid]
+                self._tx_query_done(q[0], q[1], False, REASON_UNAVAILABLE, "the view changed meanwhile: ask again")
         for key in [k for k in self._tx_pushes if k[0] not in alive]:
             del self._tx_pushes[key]  # the new primary is gone; its successor promotes its own records
         self._tx_info_held = [(s, i) for s, i in self._tx_info_held if s in alive]
@@ -2047,11 +2115,18 @@ class GridNode:
         t = self.topology
         tid = t.topology_id if t is not None else 0
         self._tx_out(self.tx.import_lock_info(TxLockInfo(tid, tuple(segments), ()), self._now))
+        self._tx_stamp_orphans()
 
     def _tx_tick(self, now: float) -> None:
         out = self.tx.tick(now)
         out += self.txc.tick(now)
         self._tx_out(out)
+        self._tx_resolver_out(self.txr.tick(now))
+        for rid, q in list(self._tx_queries.items()):
+            if q[5] <= now:
+                del self._tx_queries[rid]
+                missing = ", ".join(sorted(str(m) for m in q[3]))
+                self._tx_query_done(q[0], q[1], False, REASON_TIMEOUT, f"no report from {missing} in time")
         interval = self.config.attempt_timeout
         for key, entry in self._tx_pushes.items():
             if entry[1] <= now:
@@ -2062,16 +2137,22 @@ class GridNode:
         # information (members that skipped a topology can disagree on who the previous primary was). Locks
         # there wait no longer; counted, as it means lock information may have been lost.
         limit = self.config.tx_timeout
-        stale = sorted(s for s, (_, since) in self._tx_awaiting.items() if now - since >= limit)
+        # The same expression as _tx_next_deadline's: ``now - since >= limit`` can be false at that very
+        # deadline (floating point), and the driver then steps at it for ever (grid-tx simulation seed 814).
+        stale = sorted(s for s, (_, since) in self._tx_awaiting.items() if since + limit <= now)
         if stale:
             self._tx_unblock(stale, "grid.tx_lock_info_given_up")
 
     def _tx_next_deadline(self) -> float | None:
-        times = [x for x in (self.tx.next_deadline(), self.txc.next_deadline()) if x is not None]
+        times = [
+            x for x in (self.tx.next_deadline(), self.txc.next_deadline(), self.txr.next_deadline()) if x is not None
+        ]
         if self._tx_pushes:
             times.append(min(e[1] for e in self._tx_pushes.values()))
         if self._tx_awaiting:
             times.append(min(since for _, since in self._tx_awaiting.values()) + self.config.tx_timeout)
+        if self._tx_queries:
+            times.append(min(q[5] for q in self._tx_queries.values()))
         return min(times) if times else None
 
     # -- outputs of the core
@@ -2128,6 +2209,127 @@ class GridNode:
 
     def _tx_gauge(self) -> None:
         self.metrics["grid.tx_in_doubt"] = len(self.tx.in_doubt())
+
+    # -- automatic resolution of in-doubt transactions (TxResolver on the view coordinator)
+    def _tx_on_report_request(self, src: Address, req: TxReportRequest) -> None:
+        """Answer the coordinator's report request: the reports of the transactions it names and of every one
+        in doubt here. Writes waiting for a version this member can stamp now are stamped first, so the
+        report carries the version (seed 19's gap)."""
+        self._tx_stamp_orphans()
+        ids = set(req.txs).union(self.tx.unresolved(req.members))
+        self._emit(src, TxReportAnswer(req.request_id, tuple(self._tx_report_info(tx) for tx in sorted(ids))))
+
+    def _tx_report_info(self, tx: TxId) -> TxReportInfo:
+        """This member's report of ``tx`` for a resolver; on its originator, what the originator decided."""
+        rep = self.tx.report(tx)
+        if tx.origin != self.address:
+            return report_info(rep)
+        decided = self.txc.decided(tx)
+        if decided is not None:  # COMMITTING: the commit's writes and versions; ROLLING_BACK: rolled back
+            return report_info(decided if decided.state == TxState.COMMITTED or rep.state != TxState.COMMITTED else rep)
+        if self.txc.state_of(tx) is not None:
+            return report_info(rep, deciding=True)
+        done = self._tx_done.get(tx)
+        if done is not None and rep.state != TxState.COMMITTED:
+            state = TxState.COMMITTED if done[0] else TxState.ROLLED_BACK
+            return report_info(TxReport(tx, state, rep.attempt, rep.writes, rep.versions, False, rep.views))
+        return report_info(rep)
+
+    def _tx_on_query_answer(self, src: Address, answer: TxReportAnswer) -> None:
+        q = self._tx_queries.get(answer.request_id)
+        if q is None or src not in q[3]:
+            return
+        op_id, tx, commit, waiting, reports, _ = q
+        waiting.discard(src)
+        for r in answer.reports:
+            if r.tx == tx:
+                reports[src] = r
+        if waiting:
+            return
+        del self._tx_queries[answer.request_id]
+        present = set(self.view)
+        if not any(r.in_doubt or (r.state == TxState.PREPARED and tx.origin not in present) for r in reports.values()):
+            self._tx_query_done(op_id, tx, False, "not_in_doubt", f"transaction {tx} is in doubt on no member")
+            return
+        verdict = resolution(tx, reports, self.view) if commit is None else commit
+        if isinstance(verdict, str):
+            self._tx_query_done(op_id, tx, False, "undecided", f"transaction {tx} stays in doubt: {verdict}")
+            return
+        if self._merge_hold is not None or self.topology is None:
+            self._tx_query_done(op_id, tx, False, REASON_UNAVAILABLE, "a merge is in progress: ask again")
+            return
+        self._tx_send_decision(decision(tx, verdict, reports))
+        self._results.append(
+            OpResult(op_id, TX_RESOLVE_OP, b"", True, b"commit" if verdict else b"rollback", "", 1, 0, "", tx)
+        )
+
+    def _tx_query_done(self, op_id: int, tx: TxId, ok: bool, reason: str, error: str) -> None:
+        self._results.append(OpResult(op_id, TX_RESOLVE_OP, b"", ok, None, error, 1, 0, reason, tx))
+
+    def _tx_resolver_out(self, outputs: Iterable[ResolverOutput]) -> None:
+        for o in outputs:
+            if type(o) is TxSend:
+                self._emit(o.dest, o.message)  # type: ignore[union-attr]
+            else:
+                self._tx_send_decision(o)  # type: ignore[arg-type]
+
+    def _tx_send_decision(self, d: TxDecided) -> None:
+        """Send the resolver's decision, self-contained, to the write owners of its keys (current and pending:
+        owners that get them by state transfer never saw the prepare) and to every member that reported it
+        unfinished. Not during a merge hold (our topology may be the other side's): the next round decides
+        again."""
+        t = self.topology
+        if t is None or self._merge_hold is not None:
+            return
+        r = self._routes(t)
+        n = t.num_segments
+        writes = dict(d.writes)
+        versions = dict(d.versions)
+        dests: set[Address] = set(d.members)
+        per_dest: dict[Address, list[VersionedWrite]] = {}
+        for k in sorted(writes):
+            for owner in r.write[segment_of(k, n)]:
+                dests.add(owner)
+                if d.commit and k in versions:
+                    per_dest.setdefault(owner, []).append((k, versions[k], writes[k]))
+        for dest in sorted(dests):
+            if d.commit:
+                msg: Any = TxCommit(d.tx, d.attempt, t.topology_id, tuple(per_dest.get(dest, ())), True)
+            else:
+                msg = TxRollback(d.tx, d.attempt, t.topology_id, True)
+            self._emit(dest, msg)
+        self.metrics["grid.tx_auto_resolved_commit" if d.commit else "grid.tx_auto_resolved_rollback"] += 1
+        log.info("%s: resolved in-doubt transaction %s: %s", self.address, d.tx, "commit" if d.commit else "rollback")
+
+    def _tx_stamp_orphans(self) -> None:
+        """Committed here with a write still waiting for a version only the dead originator knew: as the key's
+        current write primary, stamp one, apply it, and send it to the other write owners (TxTable.stamp_committed)."""
+        t = self.topology
+        if t is None or not self.tx.locks._held:
+            return
+        r = self._routes(t)
+        n = t.num_segments
+
+        def is_primary(key: bytes) -> bool:
+            seg = segment_of(key, n)
+            return r.primary[seg] and r.can_write[seg]
+
+        out, stamped = self.tx.stamp_committed(is_primary, self._now)
+        self._tx_out(out)
+        for tx, attempt, writes in stamped:
+            per_dest: dict[Address, list[VersionedWrite]] = {}
+            for w in writes:
+                for owner in r.write[segment_of(w[0], n)]:
+                    if owner != self.address:
+                        per_dest.setdefault(owner, []).append(w)
+            for dest, ws in sorted(per_dest.items()):
+                self._emit(dest, TxCommit(tx, attempt, t.topology_id, tuple(ws), True))
+            self.metrics["grid.tx_versions_stamped_late"] += len(writes)
+
+    def tx_undecided(self) -> dict[TxId, str]:
+        """On the view coordinator: the in-doubt transactions its last resolution round could not decide, and
+        why (an operator decides those: ``groupcluster tx resolve``)."""
+        return dict(self.txr.undecided)
 
     # ==== state transfer ===================================================================================
     def _cancel_in_xfers(self) -> None:

@@ -878,6 +878,16 @@ class GridRuntime:
         self._pump()
         return done
 
+    async def tx_resolve_all(self, tx: TxId, commit: bool | None) -> OpResult:
+        """Resolve in-doubt ``tx`` on every member from this one (:meth:`GridNode.tx_resolve_all`): ``commit``
+        True/False forces the decision, None lets the grid's rule decide. The result says what happened (ok:
+        ``value`` b"commit" or b"rollback"; else ``reason`` not_in_doubt, undecided, timeout, unavailable)."""
+        node = self._require_node()
+        res = await self._await_op(node.tx_resolve_all(tx, commit, self._loop.time()))
+        if res.ok:
+            self.counters[f"tx_resolved_all_{res.value.decode() if res.value else ''}"] += 1
+        return res
+
     def tx_ended(self, tx: TxId) -> str | None:
         """How a recently ended transaction of this member ended (None: not known to have ended)."""
         return self._ended.get(tx)
@@ -1154,6 +1164,9 @@ class GridRuntime:
             "interactive": len(self.interactive),  # of those, driven over HTTP (rolled back when abandoned)
             "prepared": node.tx_prepared_count(),  # prepared here as a participant, waiting for the decision
             "in_doubt": len(node.tx_in_doubt()),  # prepared here, originator gone: see GET /v1/tx/in-doubt
+            "auto_resolve": node.config.tx_auto_resolve,
+            # On the view coordinator: in doubt, and the grid cannot tell the outcome (an operator decides).
+            "undecided": {str(t): why for t, why in sorted(node.tx_undecided().items())},
         }
         return st
 

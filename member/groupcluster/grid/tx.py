@@ -42,6 +42,7 @@ from .tx_messages import (
     INFO_ACTIVE,
     INFO_PREPARED,
     NO,
+    REPORT_UNKNOWN,
     VOTE_RETRY,
     YES,
     TxAck,
@@ -52,6 +53,9 @@ from .tx_messages import (
     TxMessage,
     TxPrepare,
     TxRecordInfo,
+    TxReportAnswer,
+    TxReportInfo,
+    TxReportRequest,
     TxRollback,
     TxVote,
     VersionedWrite,
@@ -503,6 +507,9 @@ class TxReport:
     attempt: int
     writes: tuple[Write, ...]
     versions: tuple[tuple[bytes, int], ...]
+    in_doubt: bool = False
+    # The members of the view at its prepare here (or at the import of its lock information), sorted.
+    views: tuple[Address, ...] = ()
 
 
 class _Record:
@@ -524,6 +531,7 @@ class _Record:
         "topology_id",
         "tx",
         "versions",
+        "views",
         "writes",
     )
 
@@ -549,6 +557,9 @@ class _Record:
         self.imported = False  # known here only through pushed lock information
         # The request a lock wait will answer: 0 the prepare, n the lock request n, None nothing waits.
         self.pending: int | None = None
+        # The members of the view when it prepared here (or its lock information came): a resolver rolls an
+        # in-doubt transaction back only when all of them but the originator are still members.
+        self.views: frozenset[Address] = frozenset()
 
 
 class TxTable:
@@ -611,12 +622,28 @@ class TxTable:
         if rec is None:
             return TxReport(tx, None, 0, (), ())
         return TxReport(
-            tx, rec.state, rec.attempt, tuple(sorted(rec.writes.items())), tuple(sorted(rec.versions.items()))
+            tx,
+            rec.state,
+            rec.attempt,
+            tuple(sorted(rec.writes.items())),
+            tuple(sorted(rec.versions.items())),
+            rec.in_doubt and rec.state == TxState.PREPARED,
+            tuple(sorted(rec.views)),
         )
 
     def active(self) -> list[TxId]:
         """Transactions not finished here (ACTIVE or PREPARED), sorted."""
         return sorted(t for t, r in self._txs.items() if r.state not in TERMINAL)
+
+    def unresolved(self, members: Iterable[Address] = ()) -> list[TxId]:
+        """Prepared here and in doubt, or prepared with an originator outside ``members`` (a resolver's view,
+        which this member may not have installed yet): what a resolver must hear about, sorted."""
+        present = frozenset(members)
+        return sorted(
+            t
+            for t, r in self._txs.items()
+            if r.state == TxState.PREPARED and (r.in_doubt or (present and t.origin not in present))
+        )
 
     def in_doubt(self) -> list[InDoubt]:
         return [
@@ -746,6 +773,36 @@ class TxTable:
             self._finish(rec, TxState.ROLLED_BACK, now, out, "resolved", decided=True)
         return out
 
+    def stamp_committed(
+        self, is_primary: Callable[[bytes], bool], now: float
+    ) -> tuple[list[TxOutput], list[tuple[TxId, int, tuple[VersionedWrite, ...]]]]:
+        """Committed here, originator gone, and a key still held because its write came without a version
+        (a pushed write of a prepared backup record; its stamping primary was the originator, which died with
+        the version: simulation seed 19): where this member is the key's current write primary
+        (``is_primary(key)``) and its segment is not blocked, stamp a version now, apply the write and release
+        the key, as a primary does for any write. Returns the outputs and, per transaction, ``(tx, attempt,
+        writes stamped)``: the caller sends them to the key's other owners, which hold the same committed
+        record waiting for that version. Only without the originator: while it lives its commit carries the
+        version it collected, and a second one would make the owners' versions differ."""
+        out: list[TxOutput] = []
+        stamped: list[tuple[TxId, int, tuple[VersionedWrite, ...]]] = []
+        members = self._members
+        for tx in sorted(self.locks._held):
+            rec = self._txs.get(tx)
+            if rec is None or rec.state != TxState.COMMITTED or members is None or tx.origin in members:
+                continue
+            keys = sorted(
+                k for k in self._unapplied(rec) if not self.locks.is_blocked(self._segment_of(k)) and is_primary(k)
+            )
+            if not keys:
+                continue
+            writes = tuple((k, self._stamp(k), rec.writes[k]) for k in keys)
+            rec.versions.update((k, v) for k, v, _ in writes)
+            self._apply(tx, writes)
+            self._release_applied(rec, now, out)
+            stamped.append((tx, rec.attempt, writes))
+        return out, stamped
+
     # -- state transfer
 
     def block_segments(self, segments: Iterable[int]) -> None:
@@ -840,6 +897,10 @@ class TxTable:
             if r.state == INFO_PREPARED and rec.state == TxState.ACTIVE and rec.pending is None:
                 rec.state = TxState.PREPARED
                 rec.prepared_attempt = r.attempt
+            if r.state == INFO_PREPARED:
+                # The information does not carry the view of the prepare: ours now is what we can name
+                # (the members that prepared it report their own).
+                rec.views = rec.views | (self._members or frozenset())
             rec.in_doubt = rec.in_doubt or r.in_doubt
             if self._members is not None and r.tx.origin not in self._members and rec.state == TxState.PREPARED:
                 rec.in_doubt = True
@@ -1006,6 +1067,7 @@ class TxTable:
         rec.versions = {k: self._stamp(k) for k in sorted(rec.writes) if k in rec.stamp_keys}
         rec.state = TxState.PREPARED
         rec.prepared_attempt = rec.attempt
+        rec.views = self._members or frozenset()
         self._vote(rec, 0, out)
 
     def _granted(self, txs: Iterable[TxId], now: float, out: list[TxOutput]) -> None:
@@ -1038,17 +1100,19 @@ class TxTable:
         self._finish(rec, TxState.ROLLED_BACK, now, out, reason)
         out.append(TxSend(rec.reply_to, TxVote(tx, rec.attempt, request, NO, self.topology_id, (), reason)))
 
-    def _accepts_decision(self, src: Address, rec: _Record) -> bool:
+    def _accepts_decision(self, src: Address, rec: _Record, msg: TxCommit | TxRollback) -> bool:
         # Once in doubt, the originator's own (late) decision no longer counts: a resolver may already have
-        # decided for every participant, and one participant taking the late message would split them.
-        return not (rec.in_doubt and src == rec.tx.origin)
+        # decided for every participant, and one participant taking the late message would split them. A
+        # resolver's decision counts whoever sends it (the view coordinator can be the originator, back after
+        # a partition: simulation seed 19 with automatic resolution).
+        return msg.resolved or not (rec.in_doubt and src == rec.tx.origin)
 
     def _on_commit(self, src: Address, msg: TxCommit, now: float, out: list[TxOutput]) -> None:
         rec = self._txs.get(msg.tx)
         retry = self.topology_id > msg.topology_id
         code = ACK_RETRY if retry else ACK_OK
         if rec is not None:
-            if not self._accepts_decision(src, rec):
+            if not self._accepts_decision(src, rec, msg):
                 return
             if rec.state == TxState.ROLLED_BACK and rec.prepared_attempt == msg.attempt:
                 # It voted YES to this very attempt and was then rolled back (by a resolver, while the
@@ -1096,7 +1160,7 @@ class TxTable:
             # Remember it, so a prepare of this attempt that arrives late is refused instead of locking.
             rec = self._txs[msg.tx] = _Record(msg.tx, msg.attempt, src)
             self._finish(rec, TxState.ROLLED_BACK, now, out, "rolled back", decided=True)
-        elif not self._accepts_decision(src, rec):
+        elif not self._accepts_decision(src, rec, msg):
             return
         elif rec.state == TxState.COMMITTED:
             # The other outcome only if the rollback is of the committed attempt (an abandoned older attempt's
@@ -1155,6 +1219,205 @@ def termination_decision(states: Iterable[TxState | None]) -> bool | None:
     if not seen:
         return None
     return TxState.COMMITTED in seen
+
+
+# -- automatic resolution ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TxDecided:
+    """The resolver's decision for an in-doubt transaction. The driver sends it, self-contained (a TX_COMMIT
+    with each owner's writes and the versions known, or a TX_ROLLBACK), to the current write owners of the keys
+    and to ``members`` (those that reported it unfinished). A written key with no version anywhere (its
+    stamping primary is gone) is committed by its current primary, which stamps one
+    (:meth:`TxTable.stamp_committed`)."""
+
+    tx: TxId
+    commit: bool
+    attempt: int
+    writes: tuple[Write, ...]
+    versions: tuple[tuple[bytes, int], ...]
+    members: tuple[Address, ...]
+
+
+ResolverOutput = TxSend | TxDecided
+
+
+def resolution(tx: TxId, reports: Mapping[Address, TxReportInfo], members: Iterable[Address]) -> bool | str:
+    """The automatic decision for in-doubt ``tx`` from the reports of *every* member of the current view
+    (``members``): True commit, False roll back, or a text saying why it stays in doubt.
+
+    * some member COMMITTED it → commit (only the originator after a unanimous YES, or a resolver, commits);
+    * its originator is a member and still deciding → wait for it;
+    * its originator is a member and reports it ROLLED_BACK → roll back (it decided so, and only it decides a
+      commit; the node reports what its originator side decided. Simulation seed 19 had one: an originator back
+      after a partition had rolled the transaction back, and a participant that left kept it in doubt);
+    * a member has it PREPARED without knowing it in doubt while the originator is gone (it has not installed
+      the view without the originator yet, and would still take the originator's late commit) → wait;
+    * a member of a view at its prepare, other than the originator, is no longer a member → stay in doubt: it
+      may have committed the transaction and its data may have moved by state transfer, so no member left
+      can tell a rollback is safe (an operator decides: ``groupcluster tx resolve``);
+    * otherwise roll back (:func:`termination_decision`: nobody committed it, so no client was told it did).
+    """
+    present = set(members)
+    states = [r.state for r in reports.values()]
+    if int(TxState.COMMITTED) in states:
+        return True
+    deciding = sorted(str(m) for m, r in reports.items() if r.deciding)
+    if deciding:
+        return f"its originator {deciding[0]} has not decided yet"
+    origin = reports.get(tx.origin) if tx.origin in present else None
+    if origin is not None and origin.state == int(TxState.ROLLED_BACK):
+        return False
+    if tx.origin not in present:
+        unaware = sorted(str(m) for m, r in reports.items() if r.state == int(TxState.PREPARED) and not r.in_doubt)
+        if unaware:
+            return f"{', '.join(unaware)} prepared it and has not seen its originator leave yet"
+    views: set[Address] = set()
+    for r in reports.values():
+        views.update(r.views)
+    left = sorted(str(m) for m in views - present - {tx.origin})
+    if left:
+        return f"members of its prepare-time view left ({', '.join(left)}): one may have committed it"
+    return False
+
+
+class TxResolver:
+    """The view coordinator's automatic resolution of in-doubt transactions (docs/grid-transactions.md,
+    "Resolving in-doubt transactions"), one per member, active on the view coordinator only.
+
+    After a view change that removed a member (or made this member coordinator), and then every
+    ``resend_interval`` while any member reports a transaction in doubt or a round went unanswered, it sends
+    every member a TX_REPORT_REQ (the transactions it knows in doubt; each member adds those in doubt on it).
+    Once every member of the view answered a round, each transaction in doubt that the round asked about is
+    decided by :func:`resolution` (one in doubt that the round did not name yet is asked about in a new round,
+    at once). Decisions come out as :class:`TxDecided`; those it cannot take are listed in :attr:`undecided`.
+    A round's decisions are taken from fresh reports each time, so a lost decision message is decided (the
+    same way) again in the next round."""
+
+    def __init__(self, address: Address, config: TxConfig | None = None) -> None:
+        self.address = address
+        self.config = config or TxConfig()
+        self.enabled = True
+        self._members: tuple[Address, ...] = ()
+        self._request = 0
+        self._asked: frozenset[TxId] = frozenset()
+        self._waiting: set[Address] = set()
+        self._answers: dict[Address, TxReportAnswer] = {}
+        self._next_round: float | None = None
+        self._known: frozenset[TxId] = frozenset()
+        self.undecided: dict[TxId, str] = {}  # in doubt and not decidable by the last round: why
+        self.rounds = 0
+        self.decided = 0
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and bool(self._members) and self._members[0] == self.address
+
+    def next_deadline(self) -> float | None:
+        return self._next_round if self.active else None
+
+    def on_view(self, members: Sequence[Address], now: float, *, removed: bool) -> list[ResolverOutput]:
+        """A new view; ``removed``: a member of the previous view is not in it (a merge view counts too)."""
+        was = self.active
+        self._members = tuple(members)
+        if not self.active:
+            self._next_round = None
+            self._waiting.clear()
+            self._answers.clear()
+            self.undecided.clear()
+            return []
+        if removed or not was or self._next_round is not None:
+            return self._start(now)
+        return []
+
+    def tick(self, now: float) -> list[ResolverOutput]:
+        if self.active and self._next_round is not None and now >= self._next_round:
+            return self._start(now)
+        return []
+
+    def on_answer(self, src: Address, answer: TxReportAnswer, now: float) -> list[ResolverOutput]:
+        if not self.active or answer.request_id != self._request or src not in self._waiting:
+            return []  # an answer to an older round, or a duplicate
+        self._waiting.discard(src)
+        self._answers[src] = answer
+        if self._waiting:
+            return []
+        return self._complete(now)
+
+    def _start(self, now: float) -> list[ResolverOutput]:
+        self._request += 1
+        self.rounds += 1
+        self._asked = self._known
+        self._waiting = set(self._members)
+        self._answers = {}
+        # Unless every answer comes and nothing is in doubt, another round follows.
+        self._next_round = now + self.config.resend_interval
+        msg = TxReportRequest(self._request, tuple(sorted(self._asked)), self._members)
+        return [TxSend(m, msg) for m in self._members]
+
+    def _complete(self, now: float) -> list[ResolverOutput]:
+        by_tx: dict[TxId, dict[Address, TxReportInfo]] = {}
+        in_doubt: set[TxId] = set()
+        present = set(self._members)
+        for member, answer in self._answers.items():
+            for r in answer.reports:
+                by_tx.setdefault(r.tx, {})[member] = r
+                # Prepared with its originator gone from our view counts too: the member's view may be behind
+                # (simulation seed 446: it reported nothing in the round of the view change, in doubt later).
+                if r.in_doubt or (r.state == int(TxState.PREPARED) and r.tx.origin not in present):
+                    in_doubt.add(r.tx)
+        out: list[ResolverOutput] = []
+        new = in_doubt - self._asked
+        self.undecided = {}
+        for tx in sorted(in_doubt & self._asked):
+            reports = by_tx[tx]
+            verdict = resolution(tx, reports, self._members)
+            if isinstance(verdict, str):
+                self.undecided[tx] = verdict
+                continue
+            self.decided += 1
+            out.append(decision(tx, verdict, reports))
+        self._known = frozenset(in_doubt)
+        if new:
+            out += self._start(now)  # ask every member about them now
+        elif not in_doubt:
+            self._next_round = None
+        return out
+
+
+def decision(tx: TxId, commit: bool, reports: Mapping[Address, TxReportInfo]) -> TxDecided:
+    """The decision for ``tx`` with what the members reported: the writes and versions merged (a committed
+    report's versions win: they are what every owner must store), and the members that have it unfinished."""
+    writes: dict[bytes, bytes | None] = {}
+    versions: dict[bytes, int] = {}
+    attempt = 0
+    # Committed reports last: the versions a commit carried are the ones every owner must store.
+    for member in sorted(reports, key=lambda m: (reports[m].state == int(TxState.COMMITTED), m)):
+        r = reports[member]
+        writes.update(r.writes)
+        versions.update(r.versions)
+        if r.in_doubt or r.state == int(TxState.COMMITTED):
+            attempt = max(attempt, r.attempt)
+    unfinished = tuple(sorted(m for m, r in reports.items() if r.state in (int(TxState.ACTIVE), int(TxState.PREPARED))))
+    return TxDecided(
+        tx,
+        commit,
+        attempt,
+        tuple(sorted(writes.items())),
+        tuple(sorted((k, v) for k, v in versions.items() if k in writes)),
+        unfinished,
+    )
+
+
+def report_info(report: TxReport, deciding: bool = False) -> TxReportInfo:
+    """A :class:`TxReport` as a TX_REPORT carries it."""
+    state = REPORT_UNKNOWN if report.state is None else int(report.state)
+    if report.state is None:
+        return TxReportInfo(report.tx, state, 0, False, deciding, (), (), ())
+    return TxReportInfo(
+        report.tx, state, report.attempt, report.in_doubt, deciding, report.writes, report.versions, report.views
+    )
 
 
 # -- coordinator -------------------------------------------------------------------------------------------------
@@ -1229,6 +1492,18 @@ class TxCoordinator:
 
     def pending(self) -> list[TxId]:
         return sorted(self._txs)
+
+    def decided(self, tx: TxId) -> TxReport | None:
+        """The decision taken and still being completed, as a report: COMMITTED (with the commit's writes and
+        versions) or ROLLED_BACK; None before a decision or once done."""
+        c = self._txs.get(tx)
+        if c is None or c.state not in (CoordState.COMMITTING, CoordState.ROLLING_BACK):
+            return None
+        if c.state == CoordState.ROLLING_BACK:
+            return TxReport(tx, TxState.ROLLED_BACK, c.attempt, (), ())
+        return TxReport(
+            tx, TxState.COMMITTED, c.attempt, tuple(sorted(c.writes.items())), tuple(sorted(c.versions.items()))
+        )
 
     def next_deadline(self) -> float | None:
         out: list[float] = []

@@ -6,12 +6,17 @@ decides. ::
 
     groupcluster tx in-doubt --member 127.0.0.1:8080 [--all] [--json] [--admin-token-file F]
     groupcluster tx resolve 127.0.0.1:7800#12/3 --commit|--rollback|--auto --member 127.0.0.1:8080 [--only]
+    groupcluster tx resolve 127.0.0.1:7800#12/3 --commit|--rollback|--auto --member 127.0.0.1:8080 --cluster
 
 ``in-doubt --all`` asks every member in the routing table of ``--member`` (an in-doubt transaction is listed
 by each participant that holds it). ``resolve`` reads every member's report of the transaction
 (``GET /v1/tx/{id}/report``) and resolves it (``POST /v1/tx/{id}/resolve``) on each member holding it in
 doubt, with the versions the members stamped; ``--auto`` takes the safe decision (commit if some member
-committed it, else roll back). The endpoints need the admin token when the members run with
+committed it, else roll back). With ``--cluster`` the member given does it all itself, in one request
+(``POST /v1/tx/{id}/resolve`` ``{"cluster": true}``): it collects every member's report over the group and sends
+one decision; ``--auto`` then applies the grid's own rule (the one of automatic resolution), which refuses,
+saying why, when a member of the transaction's prepare-time view left. The endpoints need the admin token when
+the members run with
 ``--admin-token-file``. Exit status: 0 done, 1 the member refused or
 could not be reached (the message says why), 2 bad arguments.
 """
@@ -70,7 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decision.add_argument(
         "--auto", action="store_true", help="commit if some member committed it, else roll back (the safe rule)"
     )
-    resolve.add_argument("--only", action="store_true", help="resolve on --member alone (not the other members)")
+    where = resolve.add_mutually_exclusive_group()
+    where.add_argument("--only", action="store_true", help="resolve on --member alone (not the other members)")
+    where.add_argument(
+        "--cluster",
+        action="store_true",
+        help="let --member collect every member's report and resolve everywhere (with --auto: the grid's rule, "
+        "which refuses when a member of the transaction's prepare-time view left)",
+    )
 
 
 def _request(method: str, url: str, token: str | None, timeout: float, body: Any = None) -> tuple[int, Any]:
@@ -178,6 +190,8 @@ def _reports(args: argparse.Namespace, urls: list[str]) -> dict[str, dict[str, A
 def resolve(args: argparse.Namespace) -> int:
     """Resolve on every member that holds the transaction in doubt (the decision must be the same on all),
     passing the versions the members stamped (a commit needs one per written key)."""
+    if args.cluster:
+        return _resolve_cluster(args)
     urls = _members(args) if not args.only else [args.member]
     reports = _reports(args, urls)
     holding = [u for u, r in reports.items() if r.get("in_doubt")]
@@ -224,6 +238,19 @@ def resolve(args: argparse.Namespace) -> int:
         raise CliError(f"transaction {args.tx}: no version known for some written keys on {', '.join(pending)}")
     verb = "committed" if commit else "rolled back"
     print(f"transaction {args.tx} {verb} (resolved on {', '.join(resolved) or 'the members, by each other'})")
+    return 0
+
+
+def _resolve_cluster(args: argparse.Namespace) -> int:
+    commit = None if args.auto else bool(args.commit)
+    path = "/v1/tx/" + urllib.parse.quote(args.tx, safe="") + "/resolve"
+    timeout = max(args.timeout, 35.0)  # the member waits up to its op_timeout (30 s) for every report
+    body = {"cluster": True, "commit": commit}
+    status, doc = _request("POST", args.member + path, args.admin_token_file, timeout, body)
+    if status != 200:
+        raise CliError(f"{args.member}: HTTP {status}: {doc.get('error', doc)}")
+    verb = "committed" if doc.get("resolved") == "commit" else "rolled back"
+    print(f"transaction {args.tx} {verb} (resolved on every member by {args.member})")
     return 0
 
 

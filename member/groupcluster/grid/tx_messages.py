@@ -8,11 +8,13 @@ The types are TX_LOCK (pessimistic: lock keys before the commit), TX_PREPARE, TX
 TX_COMMIT, TX_ROLLBACK, TX_ACK (the answer to both) and TX_LOCK_INFO (state transfer: the transactions that
 hold or wait for locks in given segments). A transaction id is ``[originator address, sequence]``.
 
-Inside a member these messages travel in the grid payload (:mod:`.messages`, format 4), under their own type
+Inside a member these messages travel in the grid payload (:mod:`.messages`, format 5), under their own type
 numbers (20 and up, apart from the grid's); :func:`tx_to_wire` and :func:`decode_tx_message` are the per-message
 halves the grid codec uses. The standalone payload (:func:`encode_tx_payload`) is what the core's unit tests
 exchange. TX_INFO_ACK acknowledges a TX_LOCK_INFO: the pushing owner re-sends the information until the new
-primary acknowledges it, since a new primary blocks lock acquisition until it has it.
+primary acknowledges it, since a new primary blocks lock acquisition until it has it. TX_REPORT_REQ and
+TX_REPORT are the automatic resolution of in-doubt transactions: the view coordinator asks every member for
+its reports, and decides from all of them (grid/tx.py, :class:`~.tx.TxResolver`).
 
 :func:`decode_tx_payload` checks every field and every size a peer controls and raises
 :class:`~groupcluster.core.errors.WireError` naming the bad field.
@@ -37,7 +39,10 @@ TX_FORMAT_VERSION = 1
 # Type numbers continue after the grid's (1-12), so both can share one payload once wired together.
 TX_LOCK, TX_PREPARE, TX_VOTE, TX_COMMIT, TX_ROLLBACK, TX_ACK, TX_LOCK_INFO = 20, 21, 22, 23, 24, 25, 26
 TX_INFO_ACK = 27
-TX_TYPES = frozenset((TX_LOCK, TX_PREPARE, TX_VOTE, TX_COMMIT, TX_ROLLBACK, TX_ACK, TX_LOCK_INFO, TX_INFO_ACK))
+TX_REPORT_REQ, TX_REPORT = 28, 29
+TX_TYPES = frozenset(
+    (TX_LOCK, TX_PREPARE, TX_VOTE, TX_COMMIT, TX_ROLLBACK, TX_ACK, TX_LOCK_INFO, TX_INFO_ACK, TX_REPORT_REQ, TX_REPORT)
+)
 
 # Votes (answers to TX_LOCK and TX_PREPARE). RETRY: the sender's topology is newer than the message's; the
 # originator retries on the owners of a topology at least as new as the one in the vote.
@@ -54,6 +59,9 @@ ACK_NAMES = {ACK_OK: "OK", ACK_RETRY: "RETRY", ACK_ROLLED_BACK: "ROLLED_BACK", A
 # Record states carried by TX_LOCK_INFO (the participant's states, see tx.TxState).
 INFO_ACTIVE, INFO_PREPARED = 0, 1
 
+# A member's state of a transaction in a TX_REPORT: tx.TxState's values, and REPORT_UNKNOWN (no record here).
+REPORT_UNKNOWN, REPORT_MAX_STATE = -1, 3
+
 MAX_REASON_LEN = 512
 
 
@@ -66,7 +74,8 @@ class TxLimits:
     max_tx_keys: int = 4096  # keys of one transaction in one message
     max_key_bytes: int = 64 * 1024
     max_value_bytes: int = 4 * 1024 * 1024
-    max_records: int = 100_000  # transactions in one TX_LOCK_INFO
+    max_records: int = 100_000  # transactions in one TX_LOCK_INFO, reports in one TX_REPORT
+    max_view: int = 4096  # members named by one report (the view at the transaction's prepare)
 
 
 DEFAULT_TX_LIMITS = TxLimits()
@@ -172,6 +181,11 @@ class TxCommit:
     attempt: int
     topology_id: int
     writes: tuple[VersionedWrite, ...]
+    # Sent by a resolver (the view coordinator's automatic resolution, an operator's resolve), not by the
+    # originator's own two-phase commit: a participant in doubt takes it even when it comes from the
+    # originator's address (the coordinator may be the originator, back after a partition). Absent on the wire
+    # (an older sender): False.
+    resolved: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +195,7 @@ class TxRollback:
     tx: TxId
     attempt: int
     topology_id: int
+    resolved: bool = False  # as TxCommit.resolved
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +237,57 @@ class TxInfoAck:
     segments: tuple[int, ...]
 
 
-TxMessage = TxLock | TxPrepare | TxVote | TxCommit | TxRollback | TxAck | TxLockInfo | TxInfoAck
+@dataclass(frozen=True, slots=True)
+class TxReportRequest:
+    """The view coordinator asks a member for its reports (automatic resolution of in-doubt transactions):
+    those of ``txs`` and of every transaction in doubt on the member (``txs`` empty: only those), or prepared
+    there with an originator outside ``members`` (the coordinator's view: the member may not have installed it
+    yet, and would otherwise report nothing until the next view change)."""
+
+    request_id: int
+    txs: tuple[TxId, ...] = ()
+    members: tuple[Address, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TxReportInfo:
+    """One member's report of one transaction, as a TX_REPORT carries it.
+
+    ``state``: a ``tx.TxState`` value or REPORT_UNKNOWN. ``deciding``: the member is the transaction's
+    originator and has not decided yet (a resolver must wait). ``views``: the members of the view at the
+    transaction's prepare here (or at the import of its lock information): a member of it that left may have
+    committed the transaction and taken its data away by state transfer."""
+
+    tx: TxId
+    state: int
+    attempt: int
+    in_doubt: bool
+    deciding: bool
+    writes: tuple[Write, ...]
+    versions: tuple[tuple[bytes, int], ...]
+    views: tuple[Address, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TxReportAnswer:
+    """The answer to a TX_REPORT_REQ: the request's id and the member's reports."""
+
+    request_id: int
+    reports: tuple[TxReportInfo, ...]
+
+
+TxMessage = (
+    TxLock
+    | TxPrepare
+    | TxVote
+    | TxCommit
+    | TxRollback
+    | TxAck
+    | TxLockInfo
+    | TxInfoAck
+    | TxReportRequest
+    | TxReportAnswer
+)
 
 
 def _record_wire(r: TxRecordInfo) -> list[Any]:
@@ -234,6 +299,19 @@ def _record_wire(r: TxRecordInfo) -> list[Any]:
         list(r.lock_keys),
         [list(w) for w in r.writes],
         [list(v) for v in r.versions],
+    ]
+
+
+def _report_wire(r: TxReportInfo) -> list[Any]:
+    return [
+        r.tx.to_wire(),
+        r.state,
+        r.attempt,
+        r.in_doubt,
+        r.deciding,
+        [list(w) for w in r.writes],
+        [list(v) for v in r.versions],
+        [m.to_wire() for m in r.views],
     ]
 
 
@@ -256,9 +334,15 @@ def _wire(msg: TxMessage) -> list[Any]:
         reason = msg.reason[:MAX_REASON_LEN]
         return [TX_VOTE, msg.tx.to_wire(), msg.attempt, msg.request, msg.code, msg.topology_id, vs, reason]
     if isinstance(msg, TxCommit):
-        return [TX_COMMIT, msg.tx.to_wire(), msg.attempt, msg.topology_id, [list(w) for w in msg.writes]]
+        out = [TX_COMMIT, msg.tx.to_wire(), msg.attempt, msg.topology_id, [list(w) for w in msg.writes]]
+        if msg.resolved:
+            out.append(True)
+        return out
     if isinstance(msg, TxRollback):
-        return [TX_ROLLBACK, msg.tx.to_wire(), msg.attempt, msg.topology_id]
+        out = [TX_ROLLBACK, msg.tx.to_wire(), msg.attempt, msg.topology_id]
+        if msg.resolved:
+            out.append(True)
+        return out
     if isinstance(msg, TxAck):
         return [TX_ACK, msg.tx.to_wire(), msg.attempt, msg.code, msg.topology_id]
     if isinstance(msg, TxLock):
@@ -267,6 +351,10 @@ def _wire(msg: TxMessage) -> list[Any]:
         return [TX_LOCK_INFO, msg.topology_id, list(msg.segments), [_record_wire(r) for r in msg.records]]
     if isinstance(msg, TxInfoAck):
         return [TX_INFO_ACK, msg.topology_id, list(msg.segments)]
+    if isinstance(msg, TxReportRequest):
+        return [TX_REPORT_REQ, msg.request_id, [t.to_wire() for t in msg.txs], [m.to_wire() for m in msg.members]]
+    if isinstance(msg, TxReportAnswer):
+        return [TX_REPORT, msg.request_id, [_report_wire(r) for r in msg.reports]]
     raise TypeError(f"not a transaction message: {msg!r}")
 
 
@@ -297,6 +385,16 @@ def approx_size(msg: TxMessage) -> int:
         )
     if isinstance(msg, TxVote):
         return 96 + len(msg.reason) + sum(len(k) + 10 for k, _ in msg.versions)
+    if isinstance(msg, TxReportRequest):
+        return 32 + 48 * len(msg.txs) + 40 * len(msg.members)
+    if isinstance(msg, TxReportAnswer):
+        return 32 + sum(
+            80
+            + 40 * len(r.views)
+            + sum(len(k) + len(v or b"") + 8 for k, v in r.writes)
+            + sum(len(k) + 10 for k, _ in r.versions)
+            for r in msg.reports
+        )
     return 64
 
 
@@ -378,6 +476,29 @@ def _record(raw: Any, f: str, lim: TxLimits) -> TxRecordInfo:
     )
 
 
+def _report(raw: Any, f: str, lim: TxLimits) -> TxReportInfo:
+    items = as_list(raw, f, 8, exact=8)
+    state = as_int(items[1], f"{f}.state", REPORT_UNKNOWN, REPORT_MAX_STATE)
+    writes = _writes(items[5], f"{f}.writes", lim)
+    versions = _key_versions(items[6], f"{f}.versions", lim, 1)
+    raw_views = as_list(items[7], f"{f}.views", lim.max_view)
+    views = tuple(as_address(m, f"{f}.views[{i}]") for i, m in enumerate(raw_views))
+    if len(set(views)) != len(views):
+        raise WireError(f"{f}.views: a member is listed twice")
+    if state == REPORT_UNKNOWN and (writes or versions or views):
+        raise WireError(f"{f}.state: a transaction unknown to the member carries no writes, versions or views")
+    return TxReportInfo(
+        TxId.from_wire(items[0], f"{f}.tx"),
+        state,
+        as_int(items[2], f"{f}.attempt"),
+        as_bool(items[3], f"{f}.in_doubt"),
+        as_bool(items[4], f"{f}.deciding"),
+        writes,
+        versions,
+        views,
+    )
+
+
 def _decode_one(raw: Any, f: str, lim: TxLimits) -> TxMessage:
     if type(raw) is not list or not raw:
         raise WireError(f"{f}: expected a non-empty list")
@@ -415,17 +536,25 @@ def _decode_one(raw: Any, f: str, lim: TxLimits) -> TxMessage:
             as_str(raw[7], f"{f}.reason", MAX_REASON_LEN),
         )
     if kind == TX_COMMIT:
-        as_list(raw, f, 5, exact=5)
+        as_list(raw, f, 6)
+        if len(raw) < 5:
+            raise WireError(f"{f}: expected 5 or 6 items, got {len(raw)}")
         return TxCommit(
             TxId.from_wire(raw[1], f"{f}.tx"),
             as_int(raw[2], f"{f}.attempt"),
             as_int(raw[3], f"{f}.topology_id"),
             _versioned(raw[4], f"{f}.writes", lim),
+            as_bool(raw[5], f"{f}.resolved") if len(raw) == 6 else False,
         )
     if kind == TX_ROLLBACK:
-        as_list(raw, f, 4, exact=4)
+        as_list(raw, f, 5)
+        if len(raw) < 4:
+            raise WireError(f"{f}: expected 4 or 5 items, got {len(raw)}")
         return TxRollback(
-            TxId.from_wire(raw[1], f"{f}.tx"), as_int(raw[2], f"{f}.attempt"), as_int(raw[3], f"{f}.topology_id")
+            TxId.from_wire(raw[1], f"{f}.tx"),
+            as_int(raw[2], f"{f}.attempt"),
+            as_int(raw[3], f"{f}.topology_id"),
+            as_bool(raw[4], f"{f}.resolved") if len(raw) == 5 else False,
         )
     if kind == TX_ACK:
         as_list(raw, f, 5, exact=5)
@@ -455,6 +584,24 @@ def _decode_one(raw: Any, f: str, lim: TxLimits) -> TxMessage:
     if kind == TX_INFO_ACK:
         as_list(raw, f, 3, exact=3)
         return TxInfoAck(as_int(raw[1], f"{f}.topology_id"), _segments(raw[2], f"{f}.segments"))
+    if kind == TX_REPORT_REQ:
+        as_list(raw, f, 4, exact=4)
+        txs = as_list(raw[2], f"{f}.txs", lim.max_records)
+        ids = tuple(TxId.from_wire(t, f"{f}.txs[{i}]") for i, t in enumerate(txs))
+        if len(set(ids)) != len(ids):
+            raise WireError(f"{f}.txs: a transaction is listed twice")
+        raw_members = as_list(raw[3], f"{f}.members", lim.max_view)
+        members = tuple(as_address(m, f"{f}.members[{i}]") for i, m in enumerate(raw_members))
+        if len(set(members)) != len(members):
+            raise WireError(f"{f}.members: a member is listed twice")
+        return TxReportRequest(as_int(raw[1], f"{f}.request_id"), ids, members)
+    if kind == TX_REPORT:
+        as_list(raw, f, 3, exact=3)
+        reports = as_list(raw[2], f"{f}.reports", lim.max_records)
+        out = tuple(_report(r, f"{f}.reports[{i}]", lim) for i, r in enumerate(reports))
+        if len({r.tx for r in out}) != len(out):
+            raise WireError(f"{f}.reports: a transaction is reported twice")
+        return TxReportAnswer(as_int(raw[1], f"{f}.request_id"), out)
     raise WireError(f"{f}.type: unknown transaction message type {kind!r}")
 
 

@@ -13,13 +13,18 @@ checkers). On top, each member's client starts transactions (2 to 5 keys, optimi
 
 Transaction keys are not touched by plain operations (the grid checkers judge those on their own keys).
 
-**The operator.** A transaction prepared on a member whose originator left that member's view (crash, or a
-partition) stays *in doubt*, keeping its locks, until it is resolved (docs/grid-transactions.md). Once the group
-has converged and settled (the liveness phase), the simulator does what an operator does: for each
-transaction some live member lists in doubt, it collects every live member's ``tx_report``, decides with
-:func:`~groupcluster.grid.tx.termination_decision` (commit iff some member committed it), merges the reported
-versions, and resolves it on every member listing it (those that need a version first stamped by the current
-primary are resolved after it). It repeats while in-doubt transactions appear.
+**In-doubt transactions.** A transaction prepared on a member whose originator left that member's view (crash,
+or a partition) is *in doubt*, keeping its locks, until it is resolved (docs/grid-transactions.md). With
+``tx_auto_resolve`` (three seeds in four: ``seed % 4 != 0``) the grid's view coordinator resolves it by itself;
+what it cannot decide (a member of the transaction's prepare-time view left for good: it may have committed)
+stays in doubt for an operator. Once the group has converged and settled (the liveness phase), the simulator
+does what an operator does: for each transaction some live member lists in doubt, it collects every live
+member's ``tx_report``, decides with :func:`~groupcluster.grid.tx.termination_decision` (commit iff some member
+committed it), merges the reported versions, and resolves it on every member listing it (those that need a
+version first stamped by the current primary are resolved after it). It repeats while in-doubt transactions
+appear. With automatic resolution on, a transaction the grid's own rule could decide and that is still in doubt
+then is recorded (``tx_auto_left``) and fails the ``tx-auto-resolved`` checker; the seeds with it off keep
+exercising the manual procedure alone.
 
 History events (besides the grid's):
 
@@ -30,7 +35,10 @@ tx_start         ``id``, ``mode``, ``tx_kind`` transfer/unique, ``keys``, ``tx``
 tx_reads         ``id``, ``values`` {key: value or null}  (what a transfer read, before committing)
 tx_commit        ``id``, ``writes`` {key: value}  (the commit was asked with these writes)
 tx_end           ``id``, ``ok``, ``reason`` (``ok`` True: committed, every owner acknowledged)
-tx_resolve       ``tx``, ``commit``, ``members`` (the operator resolved an in-doubt transaction)
+tx_resolve       ``tx``, ``commit``, ``members``, ``why`` (the operator resolved an in-doubt transaction;
+                 ``why``: why the grid left it, with automatic resolution on)
+tx_auto_left     ``tx``, ``decision`` (automatic resolution on: still in doubt after convergence, though the
+                 grid's rule decides it)
 tx_final         ``key``, ``value`` (final read of a transaction key after the grid converged, by the member)
 tx_locks         ``locked``, ``active``, ``in_doubt``, ``blocked`` (a member's lock table at the end)
 ===============  =========================================================================================
@@ -45,7 +53,7 @@ from typing import Any
 
 from ..grid.messages import GET
 from ..grid.node import GridConfig, OpResult
-from ..grid.tx import REASON_MIXED, CoordState, termination_decision
+from ..grid.tx import REASON_MIXED, CoordState, resolution, termination_decision
 from ..grid.tx_messages import TxId
 from .checkers import Violation
 from .grid import GridApp, GridRun, GridSetup, grid_scenario
@@ -73,11 +81,17 @@ def grid_tx_scenario(**changes: Any) -> Scenario:
 
 @dataclasses.dataclass(frozen=True)
 class GridTxSetup(GridSetup):
-    """The grid's draw plus short transaction timeouts (faults last seconds here, not minutes)."""
+    """The grid's draw plus short transaction timeouts (faults last seconds here, not minutes), and whether the
+    grid resolves in-doubt transactions itself (``tx_auto_resolve``)."""
+
+    auto_resolve: bool = True
 
     def config(self) -> GridConfig:
         base = super().config()
-        return dataclasses.replace(base, tx_lock_timeout=2.0, tx_timeout=6.0)
+        return dataclasses.replace(base, tx_lock_timeout=2.0, tx_timeout=6.0, tx_auto_resolve=self.auto_resolve)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**super().to_json(), "tx_auto_resolve": self.auto_resolve}
 
 
 class _Client:
@@ -232,10 +246,13 @@ class GridTxRun(GridRun):
     def __init__(self, seed: int, scenario: Scenario, logger: Any) -> None:
         super().__init__(seed, scenario, logger)
         s = self.setup
-        self.setup = GridTxSetup(s.mode, s.num_owners, s.num_segments, s.initial_cluster_size)
+        # Not drawn from a random stream, so the seed's other draws stay what they were.
+        self.setup = GridTxSetup(s.mode, s.num_owners, s.num_segments, s.initial_cluster_size, seed % 4 != 0)
         self.tx_rng = random.Random(self.client_rng.getrandbits(64))
         self.tx_ids = 0
-        self.tx_stats: Counter[str] = Counter({"tx": 0, "tx_ok": 0, "tx_failed": 0, "tx_resolved": 0})
+        self.tx_stats: Counter[str] = Counter(
+            {"tx": 0, "tx_ok": 0, "tx_failed": 0, "tx_resolved": 0, "tx_auto_commit": 0, "tx_auto_rollback": 0}
+        )
         self.tx_final: set[str] = set()
         self.tx_final_start: dict[str, float] = {}
         self.resolved: set[TxId] = set()
@@ -245,6 +262,13 @@ class GridTxRun(GridRun):
 
     def extra_stats(self) -> dict[str, int]:
         return {**super().extra_stats(), **{f"grid_{k}": v for k, v in self.tx_stats.items()}}
+
+    def _count_auto(self, app: GridApp) -> None:
+        """Add a member's automatic resolutions to the run's stats (members alive at the end: a coordinator that
+        crashed took its count along)."""
+        m = app.grid.metrics
+        self.tx_stats["tx_auto_commit"] += m["grid.tx_auto_resolved_commit"]
+        self.tx_stats["tx_auto_rollback"] += m["grid.tx_auto_resolved_rollback"]
 
     # -- faults ----------------------------------------------------------------------------------------------------
     def _pick(self, states: tuple[str, ...]) -> Node | None:
@@ -301,6 +325,18 @@ class GridTxRun(GridRun):
         now = self.loop.now
         reports = [a.grid.tx_report(tx) for a in apps]
         commit = bool(termination_decision(r.state for r in reports))
+        why = ""
+        if self.setup.auto_resolve:  # type: ignore[attr-defined]
+            # What the grid's coordinator would decide from the same reports: if it decides, the grid should have.
+            view = apps[0].grid.view
+            infos = {a.grid.address: a.grid._tx_report_info(tx) for a in apps}
+            verdict = resolution(tx, infos, view)
+            if isinstance(verdict, str):
+                why = verdict
+            else:
+                self.history.add(now, "-", "tx_auto_left", tx=str(tx), decision="commit" if verdict else "rollback")
+                self.tx_stats["tx_auto_left"] += 1
+                why = "left by the grid"
         pending = [a for a in apps if any(d.tx == tx for d in a.grid.tx_in_doubt())]
         names = []
         while pending:
@@ -320,7 +356,7 @@ class GridTxRun(GridRun):
             pending.remove(done)
             names.append(done.node.name)
         self.tx_stats["tx_resolved"] += 1
-        self.history.add(now, "-", "tx_resolve", tx=str(tx), commit=commit, members=names)
+        self.history.add(now, "-", "tx_resolve", tx=str(tx), commit=commit, members=names, why=why)
 
     # -- the end ---------------------------------------------------------------------------------------------------
     def _final_reads(self) -> None:
@@ -351,6 +387,7 @@ class GridTxRun(GridRun):
     def _record_stores(self) -> None:
         super()._record_stores()
         for app in self._apps():
+            self._count_auto(app)
             g = app.grid
             locks = g.tx.locks
             self.history.add(

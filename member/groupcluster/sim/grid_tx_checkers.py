@@ -31,6 +31,9 @@ in such a window.
 * ``tx-locks-released`` — after convergence and the operator's resolutions, no member holds a lock, waits for
   one, keeps a transaction active or in doubt, blocks a segment for lock information, or still runs one as an
   originator; and every resolution the operator tried succeeded.
+* ``tx-auto-resolved`` — with automatic resolution on (``tx_auto_resolve``), no transaction is still in doubt after
+  convergence that the grid's own rule decides (``tx_auto_left``): the operator is needed only for those whose
+  prepare-time view lost a member for good.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class TxHistory:
     readers: dict[str, tuple[str, float]]  # key -> (member that read it, when)
     locks: list[HistoryEvent]
     resolve_failures: list[HistoryEvent]
+    auto_left: list[HistoryEvent] = field(default_factory=list)
 
 
 def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> TxHistory:
@@ -81,6 +85,7 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> TxHistory
     readers: dict[str, tuple[str, float]] = {}
     locks: list[HistoryEvent] = []
     failures: list[HistoryEvent] = []
+    auto_left: list[HistoryEvent] = []
     for ev in events:
         k = ev.kind
         d = ev.data
@@ -102,7 +107,9 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> TxHistory
             locks.append(ev)
         elif k == "tx_resolve_failed":
             failures.append(ev)
-    return TxHistory(txs, finals, readers, locks, failures)
+        elif k == "tx_auto_left":
+            auto_left.append(ev)
+    return TxHistory(txs, finals, readers, locks, failures, auto_left)
 
 
 def _writer(value: str | None) -> str | None:
@@ -228,10 +235,24 @@ def check_tx_locks_released(history: History | HistoryIndex | Iterable[HistoryEv
     return out
 
 
+def check_tx_auto_resolved(history: History | HistoryIndex | Iterable[HistoryEvent]) -> list[Violation]:
+    h = parse(history)
+    return [
+        Violation(
+            "tx-auto-resolved",
+            ev.member,
+            f"{ev.data.get('tx')} was still in doubt after convergence though the grid's rule decides it "
+            f"({ev.data.get('decision')}): automatic resolution did not run or did not reach every member",
+        )
+        for ev in h.auto_left
+    ]
+
+
 TX_CHECKERS = {
     "tx-atomicity": check_tx_atomicity_and_lost_writes,
     "tx-conserved-total": check_tx_conserved_total,
     "tx-locks-released": check_tx_locks_released,
+    "tx-auto-resolved": check_tx_auto_resolved,
 }
 
 STACK_CHECKERS["grid-tx"] = {**GRID_CHECKERS, **TX_CHECKERS}
