@@ -4,6 +4,8 @@ with one SQLite file per member.
 * A full-cluster restart recovers: three members write, all are SIGKILLed, three start again on the same files
   and form a new grid; every acknowledged key reads back, and a new write wins over the stored value (its
   topology id is above every stored one).
+* A named cache (``--cache NAME:...,persistence=write_through``) keeps a file of its own beside the default
+  cache's in a shared directory, and a full restart brings both back.
 * A member restarted into the running grid never resurrects stale data: a key deleted while it was down stays
   deleted, and the member says in its log that it cleared its store.
 """
@@ -109,3 +111,49 @@ def test_member_restarted_into_the_running_grid_does_not_bring_back_a_deleted_ke
     # Read from the restarted member itself too (it now owns part of the keys).
     with GridClient([grid.urls["m2"]], timeout=30.0, retries=20, route=False) as direct:
         assert all(direct.get(k) is None for k in keys[:50])
+
+
+def test_a_named_cache_keeps_its_own_file_and_comes_back_after_a_full_restart(members: Members, tmp_path: Path) -> None:
+    grid = Grid(members, 3)
+    store = tmp_path / "stores"
+    store.mkdir()
+    options = (
+        "--grid-set",
+        "persistence=write_through",
+        "--grid-set",
+        f"persistence_path={store}",
+        "--grid-set",
+        "initial_cluster_size=3",
+        "--cache",
+        f"orders:mode=replicated,num_segments=16,persistence=write_through,persistence_path={store}",
+    )
+    for i in range(3):
+        grid.start(i, *options)
+    _settled(grid, members)
+    with GridClient(list(grid.urls.values()), timeout=30.0, retries=20) as client:
+        orders = client.cache("orders")
+        for i in range(200):
+            orders.put(f"o-{i}".encode(), f"order {i}".encode())
+        orders.delete(b"o-7")
+        client.put(b"d-1", b"default's")
+        client.put(b"o-1", b"not an order")  # the same key in the default cache is another entry
+    files = sorted(p.name for p in store.glob("*.sqlite"))
+    assert len(files) == 6 and sum(f.endswith("-orders.sqlite") for f in files) == 3, files
+    for proc in list(grid.procs.values()):
+        proc.kill()
+    for i in range(3):
+        grid.start(i, *options)
+    _settled(grid, members)
+
+    def orders_ready() -> bool:
+        # The named cache settles on its own schedule: /readyz waits for every cache.
+        return all(grid.ready(f"m{i}") for i in range(3))
+
+    wait_until("every cache ready", orders_ready, 60, members)
+    with GridClient(list(grid.urls.values()), timeout=30.0, retries=20) as client:
+        orders = client.cache("orders")
+        got = {i: orders.get(f"o-{i}".encode()) for i in range(200)}
+        wrong = [i for i, v in got.items() if v != (None if i == 7 else f"order {i}".encode())]
+        assert not wrong, f"{len(wrong)} orders lost or wrong, e.g. {wrong[:5]}"
+        assert client.get(b"d-1") == b"default's"
+        assert client.get(b"o-1") == b"not an order"

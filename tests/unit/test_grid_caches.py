@@ -61,7 +61,11 @@ def test_spec_parses_modes_and_node_parameters() -> None:
         ("x:num_segments=0", "--cache x.num_segments: 0 is below the minimum 1"),
         ("x:colour=blue", "--cache x: unknown key 'colour'"),
         ("x:mode=invalidation,num_owners=2", "--cache x: unknown key 'num_owners'; allowed keys: attempt_timeout"),
-        ("x:persistence=write_through", "--cache x: persistence: persistence is for the default cache only"),
+        ("x:persistence=write_through", "--cache x: grid.persistence_path: needed with persistence=write_through"),
+        (
+            "x:mode=invalidation,persistence=write_through",
+            "--cache x: persistence: an invalidation cache keeps no persistent copy",
+        ),
         ("x:num_owners", "--cache x: item 1 'num_owners': expected KEY=VALUE"),
         ("x:num_owners=2,num_owners=3", "--cache x: num_owners is given twice"),
     ],

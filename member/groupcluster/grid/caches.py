@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -54,8 +55,9 @@ MODES = (DISTRIBUTED, REPLICATED, INVALIDATION)
 MODE_CODES = {DISTRIBUTED: 1, REPLICATED: 2, INVALIDATION: 3}
 MODE_NAMES = {v: k for k, v in MODE_CODES.items()}
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,47}")
-# A named cache keeps no persistent copy yet (its SQLite file name would be the default cache's).
-_NAMED_FORBIDDEN = {"persistence", "persistence_path"}
+# An invalidation cache keeps local copies only (no state transfer, no merge), so a persistent copy of them
+# would bring back entries other members invalidated meanwhile: persistence is for the other modes.
+_INVALIDATION_FORBIDDEN = {"persistence", "persistence_path"}
 assert TAG_CACHE not in (TAG_GRID, TAG_INFO)
 
 
@@ -125,9 +127,12 @@ def parse_cache_spec(text: str) -> CacheSpec:
     mode = params.pop("mode", DISTRIBUTED)
     if mode not in MODES:
         raise ConfigError(f"{where}: mode {mode!r} is not one of {', '.join(MODES)}")
-    bad = _NAMED_FORBIDDEN & params.keys()
+    bad = _INVALIDATION_FORBIDDEN & params.keys() if mode == INVALIDATION else set()
     if bad:
-        raise ConfigError(f"{where}: {', '.join(sorted(bad))}: persistence is for the default cache only")
+        raise ConfigError(
+            f"{where}: {', '.join(sorted(bad))}: an invalidation cache keeps no persistent copy (its local copies "
+            "are not kept in step by state transfer; put the shared store behind it instead)"
+        )
     explicit = frozenset(params)
     if mode == INVALIDATION:
         return CacheSpec(name, mode, invalidation=InvalidationConfig.from_dict(params, where), explicit=explicit)
@@ -336,6 +341,23 @@ class InvalidationRuntime:
 CacheRuntime = GridRuntime | InvalidationRuntime
 
 
+def _check_persistence_files(default: GridConfig, specs: Sequence[CacheSpec]) -> None:
+    """Two caches must not write one SQLite file: a directory gets a file per cache (the cache's name in the
+    file name), but a file path names one file, which only one cache may use."""
+    owners: dict[str, str] = {}
+    configs = [(DEFAULT_CACHE, default)] + [(s.name, s.grid) for s in specs if s.grid is not None]
+    for name, cfg in configs:
+        if cfg.persistence != "write_through" or os.path.isdir(cfg.persistence_path):
+            continue
+        path = os.path.abspath(cfg.persistence_path)
+        if path in owners:
+            raise ConfigError(
+                f"--cache {name}: persistence_path {cfg.persistence_path!r} is the file of cache {owners[path]!r} "
+                "too; give each cache its own file, or a directory (one file per cache and member in it)"
+            )
+        owners[path] = name
+
+
 class CacheSet:
     """The default cache and the named ones of a member: demultiplexes the channel, lists the caches.
 
@@ -345,6 +367,7 @@ class CacheSet:
     """
 
     def __init__(self, default: GridRuntime, specs: Sequence[CacheSpec]) -> None:
+        _check_persistence_files(default.config, specs)
         self.default = default
         self.specs = {s.name: s for s in specs}
         self.named: dict[str, CacheRuntime] = {}

@@ -618,7 +618,9 @@ class GridRuntime:
             from .persist import SqliteBacking
 
             a = ch.address
-            name = f"grid-{a.host}-{a.port}.sqlite"
+            # Named caches (grid/caches.py) keep a file of their own beside the default cache's.
+            suffix = "" if self._parent is None else f"-{self.name}"
+            name = f"grid-{a.host}-{a.port}{suffix}.sqlite"
             self._backing = SqliteBacking(os.path.join(self.config.persistence_path, name))
         if self._backing is not None:
             entries = self._backing.load()
