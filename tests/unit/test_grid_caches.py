@@ -8,6 +8,7 @@ import asyncio
 import gc
 import random
 from collections import deque
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -20,6 +21,7 @@ from groupcluster.grid.caches import (
     REPLICATED,
     TAG_CACHE,
     CacheSet,
+    _check_persistence_files,
     parse_cache_spec,
     parse_cache_specs,
     wire_prefix,
@@ -79,6 +81,22 @@ def test_spec_errors_say_what_and_where(text: str, message: str) -> None:
 def test_a_name_declared_twice_is_refused() -> None:
     with pytest.raises(ConfigError, match="--cache a: declared twice"):
         parse_cache_specs(["a", "b:mode=invalidation", "a:mode=replicated"])
+
+
+def test_two_caches_on_one_persistence_file_are_refused_and_a_directory_is_shared(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    f = tmp_path / "one.sqlite"
+    default = GridConfig(persistence="write_through", persistence_path=str(f))
+    same = parse_cache_specs([f"orders:persistence=write_through,persistence_path={f}"])
+    with pytest.raises(ConfigError, match=r"--cache orders: persistence_path .* is the file of cache 'default' too"):
+        _check_persistence_files(default, same)
+    shared = GridConfig(persistence="write_through", persistence_path=str(tmp_path))
+    specs = parse_cache_specs(
+        [
+            f"a:persistence=write_through,persistence_path={tmp_path}",
+            f"b:mode=replicated,persistence=write_through,persistence_path={tmp_path}",
+        ]
+    )
+    _check_persistence_files(shared, specs)  # a directory: one file per cache in it
 
 
 # ==== replicated mode (the grid node with every member as owner) =========================================
