@@ -83,7 +83,7 @@ def test_a_name_declared_twice_is_refused() -> None:
         parse_cache_specs(["a", "b:mode=invalidation", "a:mode=replicated"])
 
 
-def test_two_caches_on_one_persistence_file_are_refused_and_a_directory_is_shared(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_two_caches_on_one_persistence_file_are_refused_and_a_directory_is_shared(tmp_path: Path) -> None:
     f = tmp_path / "one.sqlite"
     default = GridConfig(persistence="write_through", persistence_path=str(f))
     same = parse_cache_specs([f"orders:persistence=write_through,persistence_path={f}"])
