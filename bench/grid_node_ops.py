@@ -8,7 +8,8 @@ Three members (``FeedNode``, as a real member runs it: batching and the change-f
 * ``batch put`` / ``batch get``: ``--batch`` operations per round, keys spread over all segments, each key's
   operation started (one step per member, as ``POST /v1/batch`` does) on the member the client library sends
   it to, run until every result is back; microseconds per operation over all three members (the whole path:
-  command, stamp, backup, acknowledgement, response, encoding and decoding);
+  command, stamp, backup, acknowledgement, response, encoding and decoding, and the node's next timer asked
+  after every step, as a member's runtime does);
 * ``transfer``: a member holding ``--entries`` entries of 100 bytes streams them to a new owner as state
   transfer does (chunks built, encoded, decoded, validated and applied); microseconds and MB/s per entry.
 
@@ -58,6 +59,8 @@ class Net:
                     dests = [m for m in self.addrs if m != a] if out.dest is None else [out.dest]
                     for d in dests:
                         self.nodes[d].on_messages([(a, out.payload)], self.now)
+                        # After every step, as the member's runtime does to arm its timer.
+                        self.nodes[d].next_deadline()
         return got
 
 
@@ -77,6 +80,7 @@ def run_batches(net: Net, kind: int, batch: int, rounds: int, value: bytes) -> f
         t0 = time.perf_counter()
         for target, ops in groups.items():
             net.nodes[target].start_batch(ops, net.now)
+            net.nodes[target].next_deadline()
         done = net.settle()
         total += time.perf_counter() - t0
         assert done == batch, f"{done} of {batch} operations finished"

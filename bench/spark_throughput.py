@@ -16,6 +16,11 @@ One run, same machine, same DataFrame (``key`` = ``k%09d``, ``value`` = ``--valu
 Rows/s is rows divided by the wall-clock seconds of the Spark job. The issue's targets: at least 100k
 rows/s written and 200k rows/s read. Spark and the members share the machine's cores, so the figures
 include the members' own CPU: compare the two sinks within one run.
+
+Beside the wall clock, each grid job reports the CPU it cost, which other work on the machine moves much less:
+``members_cpu_us_per_row`` (user + system time of the member processes) and ``spark_cpu_us_per_row`` (this
+process's other descendants: the JVM and its Python workers), both per row, read from ``/proc`` before and
+after the job (Linux only; absent elsewhere).
 """
 
 from __future__ import annotations
@@ -31,13 +36,63 @@ from pathlib import Path
 from typing import Any
 
 
-def timed(label: str, fn: Any, rows: int, results: dict[str, Any], quiet: bool) -> None:
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, user + system CPU seconds) of every process, from ``/proc`` ({} without it)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[int, tuple[int, float]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        # The command name (field 2) may hold spaces and parentheses: the fields after it start at the last ")".
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        out[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def cpu_split(member_pids: set[int]) -> tuple[float, float]:
+    """CPU seconds used so far by the member processes, and by this process's other descendants (Spark)."""
+    table = _proc_table()
+    me = os.getpid()
+    members = spark = 0.0
+    for pid, (_, cpu) in table.items():
+        if pid in member_pids:
+            members += cpu
+            continue
+        p, hops = table[pid][0], 0
+        while p > 1 and p != me and p in table and hops < 64:
+            p, hops = table[p][0], hops + 1
+        if p == me:
+            spark += cpu
+    return members, spark
+
+
+def timed(
+    label: str, fn: Any, rows: int, results: dict[str, Any], quiet: bool, member_pids: set[int] | None = None
+) -> None:
+    cpu0 = cpu_split(member_pids) if member_pids is not None else None
     t0 = time.perf_counter()
     fn()
     secs = time.perf_counter() - t0
     results[label] = {"seconds": round(secs, 2), "rows_per_s": round(rows / secs)}
+    line = f"  {label:<14} {secs:8.1f} s  {rows / secs:12,.0f} rows/s"
+    if cpu0 is not None and member_pids is not None:
+        cpu1 = cpu_split(member_pids)
+        if cpu1[0] > 0:
+            m_us, s_us = ((b - a) / rows * 1e6 for a, b in zip(cpu0, cpu1, strict=True))
+            results[label]["members_cpu_us_per_row"] = round(m_us, 2)
+            results[label]["spark_cpu_us_per_row"] = round(s_us, 2)
+            line += f"   CPU per row: members {m_us:5.1f} us, Spark {s_us:5.1f} us"
     if not quiet:
-        print(f"  {label:<14} {secs:8.1f} s  {rows / secs:12,.0f} rows/s", flush=True)
+        print(line, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"starting {args.members} grid members ...", flush=True)
         cluster.start(args.members, timeout=300)
         members = ",".join(m.http for m in cluster.live())
+        member_pids = {m.pid for m in cluster.live()}
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # read when the JVM starts
         spark = (
             SparkSession.builder.master("local[2]")
@@ -113,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             args.rows,
             results,
             quiet,
+            member_pids,
         )
         total = args.rows + 10
         timed(
@@ -123,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             total,
             results,
             quiet,
+            member_pids,
         )
         counted = spark.read.format("groupcluster").options(**grid).load().count()
         results["grid_rows_read"] = counted

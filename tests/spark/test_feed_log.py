@@ -188,3 +188,20 @@ def test_a_write_being_re_driven_holds_back_its_topology() -> None:
     assert node.oldest_unfinished() == max(tid - 1, 0)
     del node._writes[99]
     assert node.oldest_unfinished() == tid
+
+
+def test_a_full_log_is_cut_a_sixteenth_below_its_bound_and_stays_complete_above_its_floor() -> None:
+    # A log stays full under steady writes; cutting it a little below the bound (not one entry per write)
+    # keeps eviction out of most writes. What it holds must still be every write above the floor.
+    s = held(max_entries=1600)
+    for i in range(1, 1601):
+        s.write(i % 4, b"k%d" % i, v(1, i), b"x")
+    assert len(s.feeds[0].entries) == 400  # 1600 writes over 4 segments: no log is full yet
+    for i in range(1601, 6401):
+        s.write(0, b"k%d" % i, v(1, i), b"x")
+    log = s.feeds[0]
+    assert 1500 <= len(log.entries) <= 1600
+    page = s.changes(0, log.floor, 2000, ALL_STABLE)
+    assert page.covered and [e[0] for e in page.entries] == sorted(e[0] for e in log.entries)
+    assert page.entries[-1][0] == v(1, 6400) and page.entries[0][0] > log.floor
+    assert not s.changes(0, log.floor - 1, 10, ALL_STABLE).covered

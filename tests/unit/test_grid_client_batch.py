@@ -12,7 +12,7 @@ import time
 
 import msgpack
 import pytest
-from groupcluster.grid.client import BATCH_KEY_LIMIT, VALUE_LIMIT, _BatchRun, _put_ops, _Router
+from groupcluster.grid.client import BATCH_KEY_LIMIT, VALUE_LIMIT, _BatchRun, _put_ops, _Reply, _Router
 
 
 def test_put_ops_keeps_the_last_value_of_a_key_and_checks_every_entry() -> None:
@@ -57,3 +57,43 @@ def test_targets_route_each_key_as_target_does() -> None:
 def test_a_batch_body_gives_puts_their_value_and_other_operations_none() -> None:
     run = _BatchRun([("put", b"k", b"v"), ("get", b"g", None), ("delete", b"d", None)], 10.0)
     assert msgpack.unpackb(run.body([2, 0, 1])) == {"ops": [["delete", b"d"], ["put", b"k", b"v"], ["get", b"g"]]}
+
+
+def test_targets_of_writes_only_route_each_key_as_target_does() -> None:
+    r = _Router(["http://a:1", "http://b:1"], retries=1, backoff=0.01, timeout=1.0, avoid=1.0)
+    r.table = {"num_segments": 4, "members": ["http://a:1", "http://b:1"], "read": [0, 0, 0, 0], "write": [0, 1, -1, 1]}
+    keys = [b"w%d" % i for i in range(200)]
+    r.rng = random.Random(7)
+    bulk = r.targets(keys, [True] * len(keys))
+    r.rng = random.Random(7)
+    assert bulk == [r.target(k, True) for k in keys]
+
+
+def test_plan_cuts_requests_by_count_and_by_bytes() -> None:
+    r = _Router(["http://a:1"], retries=1, backoff=0.01, timeout=1.0, avoid=1.0)
+    small = _BatchRun([("put", b"k%d" % i, b"v") for i in range(2500)], 10.0)
+    assert [len(idxs) for _, idxs in small.plan(r, 1000, route=False)] == [1000, 1000, 500]
+    big = 1024 * 1024  # four such values (and their keys) exceed a request's ~4 MiB
+    heavy = _BatchRun([("put", b"b%d" % i, b"x" * big) for i in range(9)], 10.0)
+    plan = heavy.plan(r, 1000, route=False)
+    assert [idxs for _, idxs in plan] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
+def test_absorb_records_values_versions_and_failures_and_skips_nothing_when_all_writes_are_done() -> None:
+    r = _Router(["http://a:1"], retries=1, backoff=0.01, timeout=1.0, avoid=1.0)
+    writes = _BatchRun([("put", b"a", b"1"), ("delete", b"b", None)], 10.0)
+    ok = msgpack.packb({"topology_id": 3, "results": [{"status": 200}, {"status": 200}]})
+    writes.absorb(r, "http://a:1", [0, 1], _Reply(200, ok))
+    writes.next_round()
+    assert writes.finish() == [None, None] and writes.versions == [None, None]
+    mixed = _BatchRun([("put", b"a", b"1"), ("get", b"g", None), ("put", b"c", b"2")], 10.0)
+    answer = {
+        "topology_id": 3,
+        "results": [{"status": 200}, {"status": 200, "value": b"x", "version": 9}, {"status": 503}],
+    }
+    mixed.absorb(r, "http://a:1", [0, 1, 2], _Reply(200, msgpack.packb(answer)))
+    assert mixed.results == [None, b"x", None] and mixed.versions == [None, 9, None] and mixed.retry == [2]
+    puts = _BatchRun([("put", b"a", b"1"), ("put", b"c", b"2")], 10.0)
+    answer = {"topology_id": 3, "results": [{"status": 200}, {"status": 500, "error": "boom"}]}
+    puts.absorb(r, "http://a:1", [0, 1], _Reply(200, msgpack.packb(answer)))
+    assert puts.failed == {1: "HTTP 500: boom"}

@@ -82,6 +82,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import repeat
+from operator import itemgetter
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -189,6 +190,9 @@ _Op = tuple[str, bytes, bytes | None]
 _BYTES = {bytes}
 
 
+_OK_RESULT = {"status": 200}  # a batch's answer for a write that was done
+
+
 def _check_key(key: Any) -> bytes:
     if type(key) is not bytes:
         raise TypeError(f"key: expected bytes, got {type(key).__name__}")
@@ -241,6 +245,7 @@ class _BatchRun:
         self.last_status: int | None = None
         self.last_error = ""
         self.deadline = time.monotonic() + timeout
+        self.no_gets = all(op[0] != "get" for op in ops)
 
     def plan(self, router: _Router, batch_size: int, route: bool) -> list[tuple[str, list[int]]]:
         """The pending operations grouped by target member (one member for all without ``route``), cut into
@@ -255,6 +260,10 @@ class _BatchRun:
             groups.setdefault(ep, []).append(i)
         plan: list[tuple[str, list[int]]] = []
         for ep, idxs in groups.items():
+            parts = [idxs[j : j + batch_size] for j in range(0, len(idxs), batch_size)]
+            if all(self._nbytes(part) <= BATCH_BYTES for part in parts):
+                plan.extend((ep, part) for part in parts)  # the usual case: small entries, cut by count alone
+                continue
             chunk: list[int] = []
             size = 0
             for i in idxs:
@@ -268,6 +277,12 @@ class _BatchRun:
             if chunk:
                 plan.append((ep, chunk))
         return plan
+
+    def _nbytes(self, idxs: list[int]) -> int:
+        """The bytes :meth:`plan` counts for these operations (key, value and 16 each)."""
+        part = list(map(self.ops.__getitem__, idxs))
+        keys = sum(map(len, map(itemgetter(1), part)))
+        return keys + sum(map(len, filter(None, map(itemgetter(2), part)))) + 16 * len(part)
 
     def body(self, idxs: list[int]) -> bytes:
         ops = self.ops
@@ -299,6 +314,8 @@ class _BatchRun:
                 raise ValueError(f"{len(results)} results for {len(idxs)} operations")
         except Exception as exc:
             raise GridClientError(f"{ep}: malformed batch answer: {exc}") from None
+        if self.no_gets and type(results) is list and results.count(_OK_RESULT) == len(results):
+            return  # every write done (the usual answer): nothing to record, results and versions stay None
         for i, res in zip(idxs, results, strict=True):
             status = res.get("status")
             if status == 200:
@@ -402,22 +419,33 @@ class _Router:
             return [self.target(k, w) for k, w in zip(keys, writes, strict=True)]
         now = time.monotonic()
         usable: dict[str, bool] = {}
-        out: list[str] = []
-        for seg, w in zip(segs, writes, strict=True):
-            try:
-                idx = by_kind[w][seg]
-                url = members[idx] if idx >= 0 else None
-            except (IndexError, TypeError):
-                url = None
-            if url is not None:
-                ok = usable.get(url)
-                if ok is None:
-                    ok = usable[url] = self.avoid.get(url, 0.0) <= now
-                if ok:
-                    out.append(url)
-                    continue
-            out.append(self.any_endpoint())
-        return out
+        # The member each segment of these keys goes to, per kind (reads, writes), worked out once per call
+        # rather than per key; None: no usable owner in the table, so any member.
+        wanted = set(segs)
+        per_seg: list[dict[int, str | None]] = []
+        for table in by_kind:
+            urls: dict[int, str | None] = {}
+            for seg in wanted:
+                try:
+                    idx = table[seg]
+                    url = members[idx] if idx >= 0 else None
+                except (IndexError, TypeError, KeyError):
+                    url = None
+                if url is not None:
+                    ok = usable.get(url)
+                    if ok is None:
+                        ok = usable[url] = self.avoid.get(url, 0.0) <= now
+                    if not ok:
+                        url = None
+                urls[seg] = url
+            per_seg.append(urls)
+        if all(writes):
+            out: list[str | None] = list(map(per_seg[1].__getitem__, segs))
+        else:
+            out = [per_seg[w][seg] for seg, w in zip(segs, writes, strict=True)]
+        if None in out:
+            out = [url if url is not None else self.any_endpoint() for url in out]
+        return out  # type: ignore[return-value]
 
     def scan_target(self, segment: int) -> str:
         """The member to scan ``segment`` on: its read owner in the routing table, else any member."""

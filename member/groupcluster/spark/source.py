@@ -332,8 +332,11 @@ class GroupClusterWriter(DataSourceArrowWriter):
         stats = {"rows": 0, "puts": 0, "deletes": 0, "flushes": 0}
 
         def flush() -> None:
-            puts = {k: v for k, v in chunk.items() if v is not None}
-            dels = [k for k, v in chunk.items() if v is None]
+            if None in chunk.values():
+                puts: dict[bytes, bytes | None] = {k: v for k, v in chunk.items() if v is not None}
+                dels = [k for k, v in chunk.items() if v is None]
+            else:  # no deletions (the usual case): the chunk as it is (put_many copies what it keeps)
+                puts, dels = chunk, []
             try:
                 if puts:
                     io.put_many(puts)
