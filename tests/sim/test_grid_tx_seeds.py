@@ -17,21 +17,14 @@ from . import seedruns
 
 # (seed -> what still breaks) with grid_tx_scenario() defaults. Seeds 0-999 pass (the default run takes 0-199, the
 # slow test 200-999). From sweeps of 1000-1999: 1450 (grids that never met) passes since the merge of grids that
-# never met keeps the later write (test_grid_tx_regressions.py); 1434 is open: a lone allow_read_writes member's
-# acknowledged commit lost with it.
+# never met keeps the later write, and 1434 (a lone allow_read_writes member's commit lost with it) since the
+# simulated faults keep clear of such a side (test_grid_tx_regressions.py).
 # Seed 19 was listed here (a version only the dead originator knew: member 1 stayed in doubt without c1's version,
 # and c1's current primary held the transaction committed, waiting for a version nobody would stamp). With transfer
 # chunks waiting behind operations (GridNode.defer_transfer) its schedule changed and it passed; the gap is closed
 # since (the current primary stamps one: TxTable.stamp_committed, test_grid_node_tx.py
 # test_a_version_only_the_dead_originator_knew_is_stamped_by_the_current_primary).
-KNOWN_OPEN: dict[int, str] = {
-    1434: "tx-lost-write, nothing in doubt (found by the first sweep of 1000-1999 with automatic resolution, whose "
-    "messages changed the schedule): in allow_read_writes, loss left the originator alone in a view and a grid of "
-    "its own; its transaction's first attempt was abandoned (RETRY), the second prepared and committed on that lone "
-    "member only, the client was told committed, and the member crashed before any merge, taking the only copy. A "
-    "plain write acknowledged there would be lost the same way: the simulation's exposure rule (num_owners - 1 "
-    "members lost) counts the majority's owners, not a one-member side that takes writes in this mode",
-}
+KNOWN_OPEN: dict[int, str] = {}
 
 
 def run_and_report(seeds: range) -> list[SeedResult]:

@@ -10,7 +10,9 @@ on a small key space through random members, so keys see concurrent writers.
 Faults follow the seed's plan (:mod:`groupcluster.sim.faults`), with one rule the grid's guarantee needs:
 **at most ``num_owners - 1`` members are crashed or partitioned away before rebalancing completes**. The
 schedule keeps an *exposure* count of members lost (crashed, cut off, clogged, paused) since the grid was
-last fully replicated and balanced on the live members, and skips a fault that would exceed it. Graceful
+last fully replicated and balanced on the live members, and skips a fault that would exceed it (or that
+would come while a member's topology has fewer than ``num_owners`` members: a side that message loss alone
+split off, running a grid of its own in ``allow_read_writes``, holds the only copies of its writes). Graceful
 leaves are ``GridNode.leave`` first, then the group leave once the node is ready (never more than that).
 
 Each seed picks a partition-handling mode, 2 or 3 owners and a segment count. After the safety phase the
@@ -288,6 +290,15 @@ class GridRun(_Run):
                 return False
             live = {x.me for x in apps}
             if not set(t.stable_members) <= live or len(t.stable_members) <= 2 * (self.exposed + count):
+                return False
+        # Message loss alone can split the group (failure detection excludes members) without any fault the
+        # exposure count knows of. In allow_read_writes each side then runs an available grid of its own, and a
+        # side of fewer than num_owners members holds the only copies of what it acknowledged: losing a member
+        # now could lose acknowledged writes beyond the rule (grid-tx seed 1434: a member alone in its own grid
+        # committed a transaction and crashed).
+        for a in apps:
+            t = a.grid.topology
+            if t is not None and len(t.members) < min(self.setup.num_owners, len(apps)):
                 return False
         return bool(apps)
 
