@@ -41,7 +41,7 @@ from .consistent_hash import MAX_OWNERS
 from .invalidation import InvalidationConfig, InvalidationNode
 from .messages import DELETE, GET, PUT
 from .node import GridConfig, OpResult
-from .runtime import TAG_GRID, TAG_INFO, GridRuntime, GridUnavailable, error_for
+from .runtime import TAG_GRID, TAG_INFO, GridRuntime, GridUnavailable, NodeTimer, error_for
 
 if TYPE_CHECKING:
     from ..runtime.channel import Channel
@@ -166,7 +166,7 @@ def parse_cache_specs(texts: Iterable[str]) -> list[CacheSpec]:
     return specs
 
 
-class InvalidationRuntime:
+class InvalidationRuntime(NodeTimer):
     """Drives one :class:`~.invalidation.InvalidationNode` from the channel and the event loop (the same
     operations as :class:`~.runtime.GridRuntime` that the HTTP API uses)."""
 
@@ -314,28 +314,6 @@ class InvalidationRuntime:
             if fut is not None and not fut.done():
                 fut.set_result(res)
         self._arm()
-
-    def _arm(self) -> None:
-        if self._closed or self.node is None:
-            return
-        deadline = self.node.next_deadline()
-        if deadline == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = deadline
-        if deadline is not None:
-            self._timer = self._loop.call_at(deadline, self._on_timer)
-
-    def _on_timer(self) -> None:
-        due = self._timer_at or 0.0
-        self._timer = None
-        self._timer_at = None
-        if self.node is None or self._closed:
-            return
-        self.node.tick(max(self._loop.time(), due))
-        self._pump()
 
 
 CacheRuntime = GridRuntime | InvalidationRuntime

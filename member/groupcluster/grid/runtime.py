@@ -476,7 +476,48 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-class GridRuntime:
+class NodeTimer:
+    """One loop timer at the driven node's ``next_deadline()`` (grid and invalidation runtimes): re-armed after
+    every step, it ticks the node when due and pumps what the tick produced."""
+
+    _closed: bool
+    _loop: asyncio.AbstractEventLoop
+    _timer: asyncio.TimerHandle | None
+    _timer_at: float | None
+    node: Any
+
+    def _pump(self) -> None:
+        raise NotImplementedError
+
+    def _tick(self, now: float) -> None:
+        self.node.tick(now)
+
+    def _arm(self) -> None:
+        if self._closed or self.node is None:
+            return
+        deadline = self.node.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None:
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        # The loop may fire a hair before the deadline (clock resolution); ticking at the deadline itself keeps
+        # the node from finding nothing due and the timer from re-arming at once in a loop.
+        due = self._timer_at or 0.0
+        self._timer = None
+        self._timer_at = None
+        if self.node is None or self._closed:
+            return
+        self._tick(max(self._loop.time(), due))
+        self._pump()
+
+
+class GridRuntime(NodeTimer):
     """Drives one :class:`GridNode` from a channel's callbacks and the event loop's clock."""
 
     def __init__(
@@ -1339,29 +1380,7 @@ class GridRuntime:
         self.counters["persist_steps"] += 1
         self.counters["persist_us"] += int((time.perf_counter() - started) * 1e6)
 
-    def _arm(self) -> None:
-        if self._closed or self.node is None:
-            return
-        deadline = self.node.next_deadline()
-        if deadline == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = deadline
-        if deadline is not None:
-            self._timer = self._loop.call_at(deadline, self._on_timer)
-
-    def _on_timer(self) -> None:
-        # The loop may fire a hair before the deadline (clock resolution); ticking at the deadline itself keeps
-        # the node from finding nothing due and the timer from re-arming at once in a loop.
-        due = self._timer_at or 0.0
-        self._timer = None
-        self._timer_at = None
-        if self.node is None or self._closed:
-            return
-        now = self._loop.time()
+    def _tick(self, now: float) -> None:
         # Follow the wall clock's adjustments (NTP): refreshed whenever a timer fires.
-        self.node.wall_offset = time.time() - now
-        self.node.tick(max(now, due))
-        self._pump()
+        self.node.wall_offset = time.time() - self._loop.time()  # type: ignore[union-attr]
+        self.node.tick(now)  # type: ignore[union-attr]
