@@ -461,6 +461,10 @@ class GridRun(_Run):
         node = self.world.node(slot)
         if node is None or node.state != RUNNING or node.app is None or not node.app.usable:  # type: ignore[attr-defined]
             return
+        self._operate(node, rng)
+
+    def _operate(self, node: Node, rng: random.Random) -> None:
+        """One client request through ``node`` (the grid-tx run also starts transactions here)."""
         self._plain(node, rng)
 
     def _plain(self, node: Node, rng: random.Random) -> None:

@@ -287,14 +287,7 @@ class GridTxRun(GridRun):
         return rng.choice(candidates)
 
     # -- clients -------------------------------------------------------------------------------------------------
-    def _workload(self, slot: int) -> None:
-        if self.healed:
-            return
-        rng = self.work_rng
-        self.loop.after(rng.expovariate(self.sc.send_rate), self._workload, slot)
-        node = self.world.node(slot)
-        if node is None or node.state != RUNNING or node.app is None or not node.app.usable:  # type: ignore[attr-defined]
-            return
+    def _operate(self, node: Node, rng: random.Random) -> None:
         if rng.random() >= TX_SHARE:
             self._plain(node, rng)
             return
