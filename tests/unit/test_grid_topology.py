@@ -9,7 +9,7 @@ import msgpack
 import pytest
 from groupcluster.core.address import Address
 from groupcluster.core.errors import WireError
-from groupcluster.grid.consistent_hash import balanced
+from groupcluster.grid.consistent_hash import ConsistentHash, balanced
 from groupcluster.grid.topology import (
     Availability,
     CacheTopology,
@@ -481,3 +481,43 @@ def test_ch_lists_a_member_with_capacity_even_when_nothing_moves_to_it() -> None
     assert t is not None and t.phase == Phase.NO_REBALANCE and out
     assert t.current.owner_map() == [(a,)] and b in t.members
     assert t.current.capacity_of(b) == 1.0
+
+
+@settings(max_examples=150 * EXAMPLES_SCALE, derandomize=True, database=None, deadline=None)
+@given(
+    st.data(),
+    st.sampled_from(list(Phase)),
+    st.sampled_from(list(Availability)),
+    st.sampled_from(list(PartitionHandling)),
+)
+def test_routing_table_matches_the_per_segment_answers(
+    data: st.DataObject, phase: Phase, avail: Availability, mode: PartitionHandling
+) -> None:
+    """The node's route cache (CacheTopology.routing_table, computed per owner combination) gives exactly
+    what read_owners, write_owners, can_read and can_write give segment by segment, in every phase,
+    availability and partition mode, with members missing from the topology's member list."""
+    pool = [m(i) for i in range(6)]
+    n_owners = data.draw(st.integers(1, 3))
+
+    def owner_map() -> list[tuple[Address, ...]]:
+        return [
+            tuple(data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=n_owners, unique=True)))
+            for _ in range(SEGS)
+        ]
+
+    caps = {x: 1.0 for x in pool}
+    current = ConsistentHash.from_owner_map(SEGS, n_owners, owner_map(), caps)
+    pending = None if phase == Phase.NO_REBALANCE else ConsistentHash.from_owner_map(SEGS, n_owners, owner_map(), caps)
+    members = tuple(data.draw(st.lists(st.sampled_from(pool), unique=True)))
+    t = CacheTopology(7, 1, phase, current, pending, members, avail, (), mode)
+    me = data.draw(st.sampled_from(pool))
+    table = t.routing_table(me)
+    assert len(table) == SEGS
+    for s, r in enumerate(table):
+        assert r.read == t.read_owners(s)
+        assert r.write == t.write_owners(s)
+        assert r.can_read == t.can_read(s)
+        assert r.can_write == t.can_write(s)
+        assert r.i_read == (me in t.read_owners(s))
+        assert r.i_write == (me in t.write_owners(s))
+        assert r.primary == (t.write_primary(s) == me)

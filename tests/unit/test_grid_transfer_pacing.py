@@ -24,7 +24,7 @@ from groupcluster.grid.messages import (
     decode_payload,
     encode_payload,
 )
-from groupcluster.grid.node import FREE_INTERVAL, FREE_PER_STEP, GridConfig, GridNode
+from groupcluster.grid.node import FREE_INTERVAL, FREE_PER_STEP, XFER_OVERHEAD, GridConfig, GridNode
 from groupcluster.grid.store import make_version
 from groupcluster.grid.topology import Availability, CacheTopology, Phase
 
@@ -120,7 +120,12 @@ def test_a_source_answers_a_backup_before_it_produces_the_next_chunk() -> None:
     node.take_outbox()
     node.on_messages([(Y, encode_payload([Fetch(9, 5, 1, (0,))]))], 0.2)
     first = [m for d, m in _sent(node) if isinstance(m, XferData)]
-    assert len(first) == cfg.transfer_window  # the window's worth at once
+    assert len(first) == 1  # one chunk per step ...
+    assert node.next_deadline() == 0.2
+    node.tick(0.2)
+    assert [type(m) for _, m in _sent(node)] == [XferData]  # ... the window's second in the next step
+    node.tick(0.2)
+    assert _sent(node) == []  # the window (2) is full
     backup = BackupBatch(5)
     backup.add(3, make_version(5, 1), b"z", b"new")
     node.on_messages([(Y, encode_payload([XferAck(9)])), (Z, encode_payload([backup]))], 0.3)
@@ -160,3 +165,52 @@ def test_dropped_segments_are_freed_one_slice_per_interval() -> None:
         now = node.next_deadline()  # type: ignore[assignment]
         node.tick(now)
     assert abs(now - (1.0 + 3 * FREE_INTERVAL)) < 1e-9
+
+
+def _chunk(xid: int, first: int, n: int, size: int, last: bool = False) -> XferData:
+    entries = [(b"k%06d" % i, make_version(4, i + 1), b"v" * size) for i in range(first, first + n)]
+    return XferData(xid, 0, EntryChunk.of(entries), (0,) if last else (), last)
+
+
+def test_a_new_owner_acknowledges_chunks_no_faster_than_its_transfer_rate() -> None:
+    rate = 10_000  # bytes per second
+    node = GridNode(Y, GridConfig.from_dict({"num_segments": 1, "num_owners": 2, "transfer_rate": rate}))
+    node.on_view((X, Y, Z), 0.0)
+    node.take_outbox()
+    t = _topology(5, Phase.READ_OLD_WRITE_ALL, [(X, Z)], [(X, Y)])
+    node.on_messages([(X, encode_payload([Topology(t)]))], 0.1)
+    xid = next(m.xfer_id for _, m in _sent(node) if isinstance(m, Fetch))  # type: ignore[attr-defined]
+    chunks = [_chunk(xid, 10 * i, 10, 100) for i in range(3)]
+    cost = len(chunks[0].entries.blob) + XFER_OVERHEAD  # about 1.2 KB: 0.12 s at 10 KB/s
+    node.on_messages([(X, encode_payload(chunks))], 1.0)
+    node.tick(1.0)
+    assert [type(m) for _, m in _sent(node)] == [XferAck]  # the first at once
+    node.tick(1.0)
+    node.tick(1.0)
+    assert _sent(node) == []  # the second and third wait for the rate ...
+    assert node.store is not None and len(node.store) == 30  # ... though applied at once: only acks wait
+    due = node.next_deadline()
+    assert due is not None and abs(due - (1.0 + cost / rate)) < 1e-9
+    node.tick(due - 0.001)
+    assert _sent(node) == []
+    node.tick(due)
+    assert [type(m) for _, m in _sent(node)] == [XferAck]  # ... and go when due
+    third = node.next_deadline()
+    assert third is not None and abs(third - (1.0 + 2 * cost / rate)) < 1e-9
+    # The stream is cancelled before its acknowledgement is due (its source left): nothing is sent for it.
+    node.on_view((Y, Z), third - 0.01)
+    node.tick(third)
+    assert not [m for _, m in _sent(node) if isinstance(m, XferAck)]
+
+
+def test_without_a_transfer_rate_every_chunk_is_acknowledged_when_applied() -> None:
+    node = GridNode(Y, GridConfig.from_dict({"num_segments": 1, "num_owners": 2, "transfer_rate": 0}))
+    node.on_view((X, Y, Z), 0.0)
+    node.take_outbox()
+    t = _topology(5, Phase.READ_OLD_WRITE_ALL, [(X, Z)], [(X, Y)])
+    node.on_messages([(X, encode_payload([Topology(t)]))], 0.1)
+    xid = next(m.xfer_id for _, m in _sent(node) if isinstance(m, Fetch))  # type: ignore[attr-defined]
+    node.on_messages([(X, encode_payload([_chunk(xid, 10 * i, 10, 1000) for i in range(3)]))], 1.0)
+    for _ in range(3):
+        node.tick(1.0)
+        assert [type(m) for _, m in _sent(node)] == [XferAck]

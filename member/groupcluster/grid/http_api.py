@@ -784,6 +784,7 @@ class _Api:
                 "rebalance_id": t.get("rebalance_id"),
                 "phase": t.get("phase"),
                 "availability": t.get("availability"),
+                "topology_installed_at": st.get("topology_installed_at"),
                 "segments_owned": st.get("segments_owned", 0),
                 "segments_primary": st.get("segments_primary", 0),
                 "rebalance": st.get("rebalance"),

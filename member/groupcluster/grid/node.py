@@ -135,6 +135,7 @@ FREE_PER_STEP = 1024
 FREE_INTERVAL = 0.005
 # Transfer chunks applied or produced per step while operations may be waiting (see GridNode.defer_transfer).
 DEFERRED_CHUNKS_PER_STEP = 1
+XFER_OVERHEAD = 64  # bytes a chunk's message costs beyond its packed entries (pacing; approximate)
 
 # OpResult.kind of the transaction calls (never on the wire: operations on the wire are GET, PUT, DELETE).
 TX_LOCK_OP, TX_COMMIT_OP, TX_ROLLBACK_OP = 16, 17, 18
@@ -159,10 +160,16 @@ class GridConfig:
         doc="what a partition that may have lost data or a majority still serves",
     )
     transfer_batch_entries: int = param(1000, "int", doc="most entries in one state-transfer batch", minimum=1)
-    # Small chunks and a short window bound what an operation's BACKUP to a new owner queues behind on the link
-    # and in the receiver's loop (3 sources x 2 x 64 KiB); the receiver stays busy all the same (docs/grid.md).
-    transfer_batch_bytes: int = param("64KiB", "size", doc="most bytes in one state-transfer batch", minimum=1)
+    # Each chunk costs a round trip through both members' stacks whatever its size: 128 KiB chunks moved the same
+    # data with 10-20% less CPU than 64 KiB ones, and one is still handled in well under a millisecond per step
+    # (defer_transfer); a short window bounds what waits on the link (docs/grid.md, "Pacing").
+    transfer_batch_bytes: int = param("128KiB", "size", doc="most bytes in one state-transfer batch", minimum=1)
     transfer_window: int = param(2, "int", doc="unacknowledged transfer batches in flight per stream", minimum=1)
+    # A new owner paces what it receives by when it acknowledges chunks (docs/grid.md, "Pacing"): unpaced, the
+    # transfer took every core of a 2-core machine and single writes waited 8-11x longer than on the idle grid.
+    transfer_rate: int = param(
+        "64MiB", "size", doc="most state-transfer bytes per second into this member (0: no limit)", minimum=0
+    )
     attempt_timeout: float = param("3s", "duration", doc="resend an operation not answered within this")
     op_timeout: float = param("30s", "duration", doc="fail an operation not completed within this")
     retry_backoff: float = param("20ms", "duration", doc="wait before retrying on an unchanged topology")
@@ -379,16 +386,16 @@ class _Routes:
     __slots__ = ("can_read", "can_write", "i_read", "i_write", "primary", "read", "topology", "write")
 
     def __init__(self, t: CacheTopology, me: Address) -> None:
-        segs = range(t.num_segments)
         self.topology = t
-        self.read = [t.read_owners(s) for s in segs]
-        self.write = [t.write_owners(s) for s in segs]
-        self.can_read = [t.can_read(s) for s in segs]
-        self.can_write = [t.can_write(s) for s in segs]
+        table = t.routing_table(me)
+        self.read = [r.read for r in table]
+        self.write = [r.write for r in table]
+        self.can_read = [r.can_read for r in table]
+        self.can_write = [r.can_write for r in table]
         # This member's part per segment (asked per operation; address comparisons are Python calls).
-        self.i_read = [me in r for r in self.read]
-        self.i_write = [me in w for w in self.write]
-        self.primary = [bool(w) and w[0] == me for w in self.write]
+        self.i_read = [r.i_read for r in table]
+        self.i_write = [r.i_write for r in table]
+        self.primary = [r.primary for r in table]
 
 
 class _InXfer:
@@ -463,6 +470,11 @@ class GridNode:
         self._fetched: set[int] = set()
         self._fetch_tries: Counter[int] = Counter()
         self._refetch_at: float | None = None
+        # Pacing (transfer_rate): when the next chunk may be acknowledged, and acknowledgements held until then
+        # as (due time, source, transfer id); streams whose window has room for another chunk in a later step.
+        self._ack_at = 0.0
+        self._acks_due: deque[tuple[float, Address, int]] = deque()
+        self._pumps: deque[tuple[Address, int]] = deque()
         self._collect_at = 0.0  # when the next slice of dropped segments may be freed (see FREE_INTERVAL)
         self._confirmed_id = 0
         self._statuses_in: dict[Address, MemberStatus] = {}
@@ -714,6 +726,11 @@ class GridNode:
         self._now = now
         if self._deferred:
             self._run_deferred(DEFERRED_CHUNKS_PER_STEP)
+        elif self._pumps:
+            dest, xid = self._pumps.popleft()
+            stream = self._out_xfers.get((dest, xid))
+            if stream is not None:
+                self._pump(dest, xid, stream)
         if self.planner is not None:
             self._planner_out(self.planner.on_tick(now))
         while self._queued and self._queued[0][0] <= now:
@@ -745,6 +762,11 @@ class GridNode:
         if self._refetch_at is not None and now >= self._refetch_at:
             self._refetch_at = None
             self._plan_fetches()
+        while self._acks_due and self._acks_due[0][0] <= now:
+            _, src, xid = self._acks_due.popleft()
+            xf = self._in_xfers.get(xid)
+            if xf is not None and xf.source == src:  # not cancelled meanwhile
+                self._emit(src, XferAck(xid))
         expiry = self._tombstone_expiry()
         if expiry is not None and now >= expiry:
             assert self.store is not None
@@ -760,8 +782,10 @@ class GridNode:
         expiry = self._tombstone_expiry()
         if expiry is not None:
             times.append(expiry)
-        if self._deferred:
-            times.append(self._now)  # held-back transfer messages: the next one in a step of its own
+        if self._acks_due:
+            times.append(self._acks_due[0][0])
+        if self._deferred or self._pumps:
+            times.append(self._now)  # held-back transfer work: the next chunk in a step of its own
         if self.store is not None and self.store._garbage:
             times.append(self._collect_at)  # dropped segments still to free: the next slice (see _flush)
         tx_next = self._tx_next_deadline()
@@ -2435,7 +2459,16 @@ class GridNode:
         self._pump(src, f.xfer_id, stream)
 
     def _pump(self, dest: Address, xid: int, stream: _OutXfer) -> None:
+        """Send the stream's next chunks while its window has room. With ``defer_transfer``, one chunk per step:
+        if the window has room for more, the stream waits in ``_pumps`` for the next step (a FETCH used to
+        produce the whole first window in one step, 1.5-2 ms of a source's loop with 256 KiB chunks)."""
+        limit = 1 if self.defer_transfer else self.config.transfer_window
+        sent = 0
         while stream.unacked < self.config.transfer_window:
+            if sent == limit:
+                self._pumps.append((dest, xid))
+                return
+            sent += 1
             batch = next(stream.batches, None)
             if batch is None:
                 self._out_xfers.pop((dest, xid), None)
@@ -2479,8 +2512,23 @@ class GridNode:
             if xf.remaining:  # the source ended early: fetch the rest again
                 self._plan_fetches()
         else:
-            self._emit(src, XferAck(d.xfer_id))
+            self._ack(src, d)
         self._maybe_confirm()
+
+    def _ack(self, src: Address, d: XferData) -> None:
+        """Acknowledge a chunk, which lets its source send the next one: at once, or with ``transfer_rate`` once
+        the chunks acknowledged so far are within the rate (each is counted at its packed size)."""
+        rate = self.config.transfer_rate
+        if not rate:
+            self._emit(src, XferAck(d.xfer_id))
+            return
+        now = self._now
+        due = max(now, self._ack_at)
+        self._ack_at = due + (len(d.entries.blob) + XFER_OVERHEAD) / rate
+        if due > now or self._acks_due:
+            self._acks_due.append((due, src, d.xfer_id))
+        else:
+            self._emit(src, XferAck(d.xfer_id))
 
     def _on_xfer_fail(self, src: Address, f: XferFail) -> None:
         xf = self._in_xfers.get(f.xfer_id)

@@ -557,6 +557,8 @@ class GridRuntime(NodeTimer):
         self._announced_low: int | None = None
         self._low_topology = -1
         self._routing_cache: tuple[CacheTopology, list[str | None], dict[str, Any]] | None = None
+        self._seen_topology: CacheTopology | None = None
+        self.topology_installed_at: float | None = None
         # Interactive transactions begun here (HTTP), and how recently ended ones ended (for clear answers).
         self.interactive: dict[TxId, _Interactive] = {}
         self._ended: OrderedDict[TxId, str] = OrderedDict()
@@ -1209,6 +1211,7 @@ class GridRuntime(NodeTimer):
         elif "rebalance" in st:
             st["rebalance"]["in_progress"] = t is not None and t.rebalancing
         st["endpoints"] = {str(a): u for a, u in self.endpoints.items()}
+        st["topology_installed_at"] = self.topology_installed_at
         if self.config.persistence != "none":
             b = self._backing
             st["persistence"] = {
@@ -1339,6 +1342,10 @@ class GridRuntime(NodeTimer):
                 except Exception as exc:  # leaving/closed: nothing more goes out; the node copes with loss
                     self.counters["send_dropped"] += 1
                     log.debug("grid payload not sent: %s", exc)
+        if node.topology is not self._seen_topology:
+            # Wall-clock time of each install, for /v1/status (when did the last rebalance end, to the step).
+            self._seen_topology = node.topology
+            self.topology_installed_at = time.time()
         if node._events:
             self._dispatch_events(node.take_events())
         for res in node.take_results():

@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..core.address import Address
 from ..core.errors import WireError
@@ -73,6 +73,18 @@ def owner_set(ch: ConsistentHash) -> tuple[Address, ...]:
     """Members that own at least one segment, in CH order."""
     used = {i for own in ch.owners for i in own}
     return tuple(m for i, m in enumerate(ch.members) if i in used)
+
+
+class SegmentRoute(NamedTuple):
+    """One segment's routing answers in a topology (see :meth:`CacheTopology.routing_table`)."""
+
+    read: tuple[Address, ...]  # read_owners
+    write: tuple[Address, ...]  # write_owners
+    can_read: bool
+    can_write: bool
+    i_read: bool  # the asking member is among ``read``
+    i_write: bool  # ... among ``write``
+    primary: bool  # ... first of ``write`` (the write primary)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +185,57 @@ class CacheTopology:
         if self.availability == Availability.AVAILABLE or self.mode == PartitionHandling.ALLOW_READ_WRITES:
             return bool(self.write_owners(segment))
         return not self.missing_owner(segment)
+
+    def routing_table(self, me: Address) -> list[SegmentRoute]:
+        """Every segment's answers of :meth:`read_owners`, :meth:`write_owners`, :meth:`can_read` and
+        :meth:`can_write`, and ``me``'s part in them, at once.
+
+        A member computes this once per topology it installs, on every member at the same moment: per segment,
+        with a Python address comparison per owner, it cost 1.3-2.5 ms of CPU per topology with 256 segments,
+        and a single write during a rebalance crossed several members each busy with it (issue 4). Segments
+        with the same owner indexes share one answer, so the work is per distinct owner combination (a few
+        dozen), not per segment. A unit test checks it against the per-segment methods."""
+        ms = self._member_set
+        cur_ch, new_ch = self.current, self.pending
+        cm = cur_ch.members
+        nm = new_ch.members if new_ch is not None else ()
+        phase = self.phase
+        # can_read: ALLOW_READS reads like an available topology; can_write: only ALLOW_READ_WRITES writes so.
+        any_read = self.availability == Availability.AVAILABLE or self.mode != PartitionHandling.DENY_READ_WRITES
+        any_write = self.availability == Availability.AVAILABLE or self.mode == PartitionHandling.ALLOW_READ_WRITES
+        memo: dict[tuple[tuple[int, ...], tuple[int, ...] | None], SegmentRoute] = {}
+        out: list[SegmentRoute] = []
+        new_owners = new_ch.owners if new_ch is not None else None
+        for s, co in enumerate(cur_ch.owners):
+            no = new_owners[s] if new_owners is not None else None
+            route = memo.get((co, no))
+            if route is None:
+                cur = tuple(cm[i] for i in co)
+                if no is None:
+                    read_cand = write_cand = holders = cur
+                else:
+                    new = tuple(nm[i] for i in no)
+                    write_cand = cur + tuple(m for m in new if m not in cur)
+                    if phase == Phase.READ_OLD_WRITE_ALL:
+                        read_cand, holders = cur, cur
+                    elif phase == Phase.READ_NEW_WRITE_ALL:
+                        read_cand, holders = new, write_cand
+                    else:
+                        read_cand, holders = new + tuple(m for m in cur if m not in new), write_cand
+                read = tuple(m for m in read_cand if m in ms)
+                write = tuple(m for m in write_cand if m in ms)
+                intact = all(m in ms for m in holders)
+                route = memo[(co, no)] = SegmentRoute(
+                    read,
+                    write,
+                    bool(read) if any_read else intact,
+                    bool(write) if any_write else intact,
+                    me in read,
+                    me in write,
+                    bool(write) and write[0] == me,
+                )
+            out.append(route)
+        return out
 
     # -- wire -----------------------------------------------------------------------------------------------
     def to_wire(self) -> list[Any]:
