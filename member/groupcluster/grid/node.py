@@ -911,6 +911,15 @@ class GridNode:
             return False
         return bool(self._routes(t).i_read[segment_of(key, t.num_segments)])
 
+    def owner_routes(self) -> tuple[list[tuple[Address, ...]], list[tuple[Address, ...]]] | None:
+        """Per segment of the installed topology, its read owners (preferred first) and write owners (primary
+        first); computed once per topology and shared with the node's own routing (None: no topology)."""
+        t = self.topology
+        if t is None:
+            return None
+        r = self._routes(t)
+        return r.read, r.write
+
     def take_outbox(self) -> list[Outgoing]:
         out, self._outbox = self._outbox, []
         return out

@@ -1251,11 +1251,11 @@ class GridRuntime(NodeTimer):
             return cached[2]  # clients and progress bars ask often; a topology's table never changes
         index = {m: i for i, m in enumerate(members)}
         read, write, owners = [], [], []
-        for s in range(t.num_segments):
-            r = t.read_owners(s)
-            w = t.write_primary(s)
+        routes = node.owner_routes()  # type: ignore[union-attr]  # the node's, computed once per topology
+        assert routes is not None
+        for r, w in zip(*routes, strict=True):
             read.append(index.get(r[0], -1) if r else -1)
-            write.append(index.get(w, -1) if w is not None else -1)
+            write.append(index.get(w[0], -1) if w else -1)
             owners.append([index[m] for m in r if m in index])
         table = {
             "topology_id": t.topology_id,
