@@ -143,7 +143,7 @@ def main() -> int:
         bar.finish()
         # The rebalance ended when the last member installed the final balanced topology; the members report
         # that time, so the result does not depend on how often the status was polled (every 0.25 s).
-        installed = [(st or {}).get("grid", {}).get("topology_installed_at") for st in cluster.statuses().values()]
+        installed = [((st or {}).get("grid") or {}).get("topology_installed_at") for st in cluster.statuses().values()]
         t_done = max((t for t in installed if t), default=t_settled)
         for s in spies:
             s.send_signal(2)  # SIGINT: py-spy writes its profile and exits

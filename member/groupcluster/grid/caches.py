@@ -286,15 +286,7 @@ class InvalidationRuntime(NodeTimer):
         return None  # every member answers from its own copies: talk to one member
 
     def close(self) -> None:
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        gone = GridUnavailable("this member left the group before the operation completed")
-        for fut in self._waiting.values():
-            if not fut.done():
-                fut.set_exception(gone)
-        self._waiting.clear()
+        self._stop(GridUnavailable("this member left the group before the operation completed"))
 
     def _pump(self) -> None:
         node = self.node

@@ -167,8 +167,8 @@ class GridConfig:
     transfer_window: int = param(2, "int", doc="unacknowledged transfer batches in flight per stream", minimum=1)
     # A new owner paces what it receives by when it acknowledges chunks (docs/grid.md, "Pacing"): unpaced, the
     # transfer took every core of a 2-core machine and single writes waited 8-11x longer than on the idle grid.
-    # The default is bench/grid_rebalance.py's trade-off there: 53 MB/s moved with a write p99 3.2-4.4x idle
-    # (64 MiB/s: 60 MB/s, 3.7-6.2x; 48 MiB/s: 45 MB/s, 3.1-3.2x).
+    # The default is bench/grid_rebalance.py's trade-off there: 53 MB/s moved with a write p99 2.7-4.4x idle
+    # (13 runs; 64 MiB/s: 57-61 MB/s, 3.7-6.2x; 48 MiB/s: 45 MB/s, 3.1-3.2x).
     transfer_rate: int = param(
         "56MiB", "size", doc="most state-transfer bytes per second into this member (0: no limit)", minimum=0
     )

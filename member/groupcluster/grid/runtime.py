@@ -484,10 +484,22 @@ class NodeTimer:
     _loop: asyncio.AbstractEventLoop
     _timer: asyncio.TimerHandle | None
     _timer_at: float | None
+    _waiting: dict[int, asyncio.Future[Any]]
     node: Any
 
     def _pump(self) -> None:
         raise NotImplementedError
+
+    def _stop(self, gone: Exception) -> None:
+        """Closing: no more ticks, and every single operation still waiting fails with ``gone``."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(gone)
+        self._waiting.clear()
 
     def _tick(self, now: float) -> None:
         self.node.tick(now)
@@ -1153,15 +1165,8 @@ class GridRuntime(NodeTimer):
 
     def close(self) -> None:
         """Stop timers and fail the operations still waiting (the member is going away)."""
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
         gone = GridUnavailable("this member left the grid before the operation completed")
-        for fut in self._waiting.values():
-            if not fut.done():
-                fut.set_exception(gone)
-        self._waiting.clear()
+        self._stop(gone)
         for wait in self._in_batch.values():
             if not wait.done.done():
                 wait.done.set_exception(gone)

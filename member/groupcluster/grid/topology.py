@@ -128,25 +128,35 @@ class CacheTopology:
         return self.current.segment_of(key)
 
     # -- routing -------------------------------------------------------------------------------------------
+    def _candidates(
+        self, cur: tuple[Address, ...], new: tuple[Address, ...] | None
+    ) -> tuple[tuple[Address, ...], tuple[Address, ...], tuple[Address, ...]]:
+        """The phase's rules for one segment with current owners ``cur`` and new owners ``new`` (None: no
+        rebalance): who may serve a read (preferred first), who a write must reach (primary first) and who is
+        guaranteed to hold the data, live or not. The per-segment queries and :meth:`routing_table` share them."""
+        if new is None:
+            return cur, cur, cur
+        write = cur + tuple(m for m in new if m not in cur)
+        if self.phase == Phase.READ_OLD_WRITE_ALL:
+            return cur, write, cur
+        if self.phase == Phase.READ_NEW_WRITE_ALL:
+            return new, write, write
+        # READ_ALL prefers the new owners too, so it is compatible with both of its neighbours.
+        return new + tuple(m for m in cur if m not in new), write, write
+
+    def _segment_candidates(self, segment: int) -> tuple[tuple[Address, ...], ...]:
+        new = self.pending.owners_of(segment) if self.pending is not None else None
+        return self._candidates(self.current.owners_of(segment), new)
+
     def read_owners(self, segment: int) -> tuple[Address, ...]:
         """Live members that may serve a read of ``segment``, preferred first."""
-        cur = self.current.owners_of(segment)
-        if self.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL):
-            cand: tuple[Address, ...] = cur
-        else:
-            new = self.pending.owners_of(segment)  # type: ignore[union-attr]
-            # READ_ALL prefers the new owners too, so it is compatible with both of its neighbours.
-            cand = new if self.phase == Phase.READ_NEW_WRITE_ALL else new + tuple(m for m in cur if m not in new)
         ms = self._member_set
-        return tuple(m for m in cand if m in ms)
+        return tuple(m for m in self._segment_candidates(segment)[0] if m in ms)
 
     def write_owners(self, segment: int) -> tuple[Address, ...]:
         """Live members a write of ``segment`` must reach: current owners (primary first), then new ones."""
-        cur = self.current.owners_of(segment)
-        if self.pending is not None:
-            cur = cur + tuple(m for m in self.pending.owners_of(segment) if m not in cur)
         ms = self._member_set
-        return tuple(m for m in cur if m in ms)
+        return tuple(m for m in self._segment_candidates(segment)[1] if m in ms)
 
     def write_primary(self, segment: int) -> Address | None:
         owners = self.write_owners(segment)
@@ -154,10 +164,7 @@ class CacheTopology:
 
     def data_holders(self, segment: int) -> tuple[Address, ...]:
         """Owners guaranteed to hold the segment's data in this phase (live or not)."""
-        cur = self.current.owners_of(segment)
-        if self.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) or self.pending is None:
-            return cur
-        return cur + tuple(m for m in self.pending.owners_of(segment) if m not in cur)
+        return self._segment_candidates(segment)[2]
 
     def segments_to_fetch(self, member: Address) -> frozenset[int]:
         """Segments ``member`` must pull in this rebalance (new owner, not a current one)."""
@@ -174,17 +181,22 @@ class CacheTopology:
         ms = self._member_set
         return any(m not in ms for m in self.data_holders(segment))
 
+    @property
+    def _reads_freely(self) -> bool:
+        """Reads need only a live owner (available, or a mode that serves reads in a partition); otherwise no
+        data holder of the segment may be missing. ALLOW_READS reads like an available topology."""
+        return self.availability == Availability.AVAILABLE or self.mode != PartitionHandling.DENY_READ_WRITES
+
+    @property
+    def _writes_freely(self) -> bool:
+        """As :attr:`_reads_freely`, for writes: only ALLOW_READ_WRITES writes in a partition."""
+        return self.availability == Availability.AVAILABLE or self.mode == PartitionHandling.ALLOW_READ_WRITES
+
     def can_read(self, segment: int) -> bool:
-        if self.availability == Availability.AVAILABLE or self.mode == PartitionHandling.ALLOW_READ_WRITES:
-            return bool(self.read_owners(segment))
-        if self.mode == PartitionHandling.ALLOW_READS:
-            return bool(self.read_owners(segment))
-        return not self.missing_owner(segment)
+        return bool(self.read_owners(segment)) if self._reads_freely else not self.missing_owner(segment)
 
     def can_write(self, segment: int) -> bool:
-        if self.availability == Availability.AVAILABLE or self.mode == PartitionHandling.ALLOW_READ_WRITES:
-            return bool(self.write_owners(segment))
-        return not self.missing_owner(segment)
+        return bool(self.write_owners(segment)) if self._writes_freely else not self.missing_owner(segment)
 
     def routing_table(self, me: Address) -> list[SegmentRoute]:
         """Every segment's answers of :meth:`read_owners`, :meth:`write_owners`, :meth:`can_read` and
@@ -194,15 +206,13 @@ class CacheTopology:
         with a Python address comparison per owner, it cost 1.3-2.5 ms of CPU per topology with 256 segments,
         and a single write during a rebalance crossed several members each busy with it (issue 4). Segments
         with the same owner indexes share one answer, so the work is per distinct owner combination (a few
-        dozen), not per segment. A unit test checks it against the per-segment methods."""
+        dozen), not per segment. The phase rules are the per-segment methods' own (:meth:`_candidates`); a unit
+        test checks that both give the same answers."""
         ms = self._member_set
         cur_ch, new_ch = self.current, self.pending
         cm = cur_ch.members
         nm = new_ch.members if new_ch is not None else ()
-        phase = self.phase
-        # can_read: ALLOW_READS reads like an available topology; can_write: only ALLOW_READ_WRITES writes so.
-        any_read = self.availability == Availability.AVAILABLE or self.mode != PartitionHandling.DENY_READ_WRITES
-        any_write = self.availability == Availability.AVAILABLE or self.mode == PartitionHandling.ALLOW_READ_WRITES
+        any_read, any_write = self._reads_freely, self._writes_freely
         memo: dict[tuple[tuple[int, ...], tuple[int, ...] | None], SegmentRoute] = {}
         out: list[SegmentRoute] = []
         new_owners = new_ch.owners if new_ch is not None else None
@@ -210,18 +220,8 @@ class CacheTopology:
             no = new_owners[s] if new_owners is not None else None
             route = memo.get((co, no))
             if route is None:
-                cur = tuple(cm[i] for i in co)
-                if no is None:
-                    read_cand = write_cand = holders = cur
-                else:
-                    new = tuple(nm[i] for i in no)
-                    write_cand = cur + tuple(m for m in new if m not in cur)
-                    if phase == Phase.READ_OLD_WRITE_ALL:
-                        read_cand, holders = cur, cur
-                    elif phase == Phase.READ_NEW_WRITE_ALL:
-                        read_cand, holders = new, write_cand
-                    else:
-                        read_cand, holders = new + tuple(m for m in cur if m not in new), write_cand
+                new = tuple(nm[i] for i in no) if no is not None else None
+                read_cand, write_cand, holders = self._candidates(tuple(cm[i] for i in co), new)
                 read = tuple(m for m in read_cand if m in ms)
                 write = tuple(m for m in write_cand if m in ms)
                 intact = all(m in ms for m in holders)
