@@ -24,19 +24,10 @@ from . import seedruns
 # chunks waiting behind operations (GridNode.defer_transfer) its schedule changed and it passed; the gap is closed
 # since (the current primary stamps one: TxTable.stamp_committed, test_grid_node_tx.py
 # test_a_version_only_the_dead_originator_knew_is_stamped_by_the_current_primary).
-KNOWN_OPEN: dict[int, str] = {
-    1461: (
-        "grid-replicas-equal (found by a sweep of 0-1999 once sources produce one transfer chunk per step; it "
-        "passes with the earlier schedule). The originator of t15 (10.0.0.4) was cut off into a partition of its "
-        "own after its participants voted YES; the automatic resolver on the other side rolled t15 back (nobody "
-        "had committed it); a rebalance then made 10.0.0.5 an owner of c7's segment, by state transfer, without "
-        "any record of t15. At the merge the originator, which had decided commit, sent its commit: the primary "
-        "10.0.0.3 answered ROLLED_BACK (a 'mixed' outcome), 10.0.0.5 applied it, and the replicas of c7 differ "
-        "for good (14 against 15). The resolver's rollback assumes a vanished originator decided nothing, which a "
-        "partition does not guarantee (two-phase commit's blocking case); a fix needs the rollback decision to "
-        "reach owners that join later (carried with the segment, or the originator asking before it commits)"
-    ),
-}
+# Seed 1461 was listed here (the automatic resolver's rollback of a transaction whose originator was only cut
+# off, and a later owner, by state transfer, applying the originator's late commit): fixed since, see
+# test_grid_tx_regressions.py.
+KNOWN_OPEN: dict[int, str] = {}
 
 
 def run_and_report(seeds: range) -> list[SeedResult]:

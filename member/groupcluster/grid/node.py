@@ -1900,6 +1900,7 @@ class GridNode:
                     "first, or pass the versions other members report"
                 )
         out = self.tx.resolve(tx, commit, now, vs if commit else None)
+        out += self.txc.resolved_here(tx, commit, now)
         if t is not None:
             r = self._routes(t)
             per_dest: dict[Address, list[VersionedWrite]] = {}
@@ -2371,6 +2372,7 @@ class GridNode:
             else:
                 msg = TxRollback(d.tx, d.attempt, t.topology_id, True)
             self._emit(dest, msg)
+        self._tx_out(self.txc.resolved_here(d.tx, d.commit, self._now))
         self.metrics["grid.tx_auto_resolved_commit" if d.commit else "grid.tx_auto_resolved_rollback"] += 1
         log.info("%s: resolved in-doubt transaction %s: %s", self.address, d.tx, "commit" if d.commit else "rollback")
 

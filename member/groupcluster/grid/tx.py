@@ -1465,6 +1465,14 @@ class _CTx:
     acked: dict[Address, int] = field(default_factory=dict)  # completion acks: member -> topology id
     reason: str = ""
     mixed: bool = False
+    # The committed attempt's voters per written key: the owners its prepare went to (each voted YES). A
+    # member that owns a key now without having voted gets the key's write only once one of these applied it
+    # (``confirmed``), never if one was rolled back meanwhile (``refused``; see _send_completion), and is
+    # ``held`` back until then.
+    voters_of: dict[bytes, tuple[Address, ...]] = field(default_factory=dict)
+    confirmed: set[bytes] = field(default_factory=set)
+    refused: set[bytes] = field(default_factory=set)
+    held: set[Address] = field(default_factory=set)
 
 
 class TxCoordinator:
@@ -1593,6 +1601,27 @@ class TxCoordinator:
             self._on_ack(c, src, msg, now, out)  # type: ignore[arg-type]
         return out
 
+    def resolved_here(self, tx: TxId, commit: bool, now: float) -> list[TxOutput]:
+        """This member sent a resolution of ``tx`` (an operator's, or the automatic resolver's) while this
+        originator still completes its own decision. The same decision: nothing changes. The other one
+        overrules ours: stop sending it and report the outcome (mixed when a participant applied ours). The
+        answers to the resolution come back here and cannot be told from answers to our decision, so going on
+        would take them for acknowledgements of it (simulation seed 912: an operator rolled back, on every
+        member, a commit the participants in doubt had ignored; the originator took their acks of the rollback
+        for applied commits and sent the commit on to a new owner)."""
+        c = self._txs.get(tx)
+        if c is None or c.state not in (CoordState.COMMITTING, CoordState.ROLLING_BACK):
+            return []
+        if commit == (c.state == CoordState.COMMITTING):
+            return []
+        out: list[TxOutput] = []
+        if c.state == CoordState.COMMITTING:
+            # Reported as rolled back: no client was told it committed (that waits for every ack).
+            reason = "rolled back by a resolution while committing"
+            out.append(TxOutcome(c.tx, False, reason, c.attempt, bool(c.confirmed)))
+        self._done(c, None, out)
+        return out
+
     def on_topology(self, now: float) -> list[TxOutput]:
         """The router's topology changed: retry what waited for it; send decisions to the new owners."""
         out: list[TxOutput] = []
@@ -1650,7 +1679,11 @@ class TxCoordinator:
                     # now reported a commit nobody had applied when every owner was cut off from the originator
                     # (simulation seed 1171: the participants, in doubt, were then rolled back).
                     c.need_topology = max(c.need_topology, tid + 1)
-                self._maybe_complete(c, out)
+                if c.held:
+                    # voters that left may release members held back for them
+                    self._send_completion(c, now, out, only=c.held)
+                else:
+                    self._maybe_complete(c, out)
         return out
 
     def tick(self, now: float) -> list[TxOutput]:
@@ -1744,12 +1777,14 @@ class TxCoordinator:
         lock_keys: dict[Address, list[bytes]] = {}
         writes: dict[Address, list[Write]] = {}
         c.primary_of = {}
+        c.voters_of = {}
         for key in keys:
             route = owners[key]
             primary = route[0]
             c.primary_of[key] = primary
             lock_keys.setdefault(primary, []).append(key)
             if key in c.writes:
+                c.voters_of[key] = tuple(route)
                 for dest in route:
                     writes.setdefault(dest, []).append((key, c.writes[key]))
         c.state = CoordState.PREPARING
@@ -1816,21 +1851,44 @@ class TxCoordinator:
             out.append(TxOutcome(c.tx, False, reason, c.attempt))
         self._send_completion(c, now, out)
 
-    def _send_completion(self, c: _CTx, now: float, out: list[TxOutput]) -> None:
+    def _send_completion(self, c: _CTx, now: float, out: list[TxOutput], only: Iterable[Address] | None = None) -> None:
         """Send the decision to every member contacted and every current owner of the keys that has not
-        acknowledged it under the current topology (a commit carries each owner's writes)."""
+        acknowledged it under the current topology (a commit carries each owner's writes); ``only``: just to
+        these (members held back before).
+
+        A member that voted on none of the keys (it got its keys by state transfer since the prepare) gets
+        the commit only once their voters answered. Between the prepare and this commit an automatic resolver
+        may have rolled the transaction back (the originator was cut off by a partition, not gone), and such a
+        new owner's copy of a key came from a rolled-back owner: applying the late commit there alone left the
+        key's replicas unequal (simulation seed 1461). So it is held back until a voter of each of its keys
+        answers: applied, and the write goes; rolled back, and it never goes. A key whose voters all left is
+        sent as before: nobody is left to ask. A member that voted on some keys gets all of its keys at once,
+        as before: holding part of its writes back let it release the other keys' locks early, and holding
+        it whole could hold every member back."""
         keys = sorted(c.touched)
         tid, owners = self._router(keys)
         targets = {d for d in c.contacted if self._members is None or d in self._members}
         per_dest: dict[Address, list[VersionedWrite]] = {}
+        held: set[Address] = set()
+        voters = {v for vs in c.voters_of.values() for v in vs}
         for key in keys:
             for dest in owners[key]:
                 targets.add(dest)
                 if c.state == CoordState.COMMITTING and key in c.writes:
+                    if dest not in voters and c.voters_of:
+                        applied = self._applied_by_voter(c, key)
+                        if applied is None:
+                            held.add(dest)
+                            continue
+                        if not applied:
+                            continue  # rolled back where it was voted: the key stays as they have it
                     per_dest.setdefault(dest, []).append((key, c.versions[key], c.writes[key]))
-        c.unanswered.clear()
+        chosen = None if only is None else set(only)
+        if chosen is None:
+            c.unanswered.clear()
+        c.held = held
         for dest in sorted(targets):
-            if c.acked.get(dest, -1) >= tid:
+            if c.acked.get(dest, -1) >= tid or dest in held or (chosen is not None and dest not in chosen):
                 continue
             if c.state == CoordState.COMMITTING:
                 msg: TxMessage = TxCommit(c.tx, c.attempt, tid, tuple(per_dest.get(dest, ())))
@@ -1839,7 +1897,37 @@ class TxCoordinator:
             self._send(c, dest, msg, now, out)
         self._maybe_complete(c, out)
 
+    def _applied_by_voter(self, c: _CTx, key: bytes) -> bool | None:
+        """Whether a voter of ``key`` applied the commit (True), was rolled back instead (False), or has not
+        answered yet (None). True as well when every voter left: nobody is left to ask."""
+        if key in c.refused:
+            return False
+        if key in c.confirmed:
+            return True
+        voters = c.voters_of.get(key, ())
+        if self._members is not None and not any(v in self._members for v in voters):
+            return True
+        return None
+
     def _on_ack(self, c: _CTx, src: Address, ack: TxAck, now: float, out: list[TxOutput]) -> None:
+        if ack.attempt == c.attempt and c.state == CoordState.COMMITTING:
+            # What a voter did with the commit is final whatever topology its answer names (the answers to
+            # a late commit name the participant's newer topology and are otherwise not counted): it decides
+            # whether the owners that did not vote get the keys it voted on (see _send_completion).
+            voted = {k for k, voters in c.voters_of.items() if src in voters}
+            if ack.code == ACK_ROLLED_BACK:
+                news = voted - c.refused
+                c.refused |= voted
+                if news:
+                    c.mixed = True
+                    c.reason = c.reason or f"{src} had rolled it back, not committed"
+            elif ack.code in (ACK_OK, ACK_RETRY):
+                news = voted - c.confirmed
+                c.confirmed |= voted
+            else:
+                news = set()
+            if news and c.held:
+                self._send_completion(c, now, out, only=c.held)
         sent = c.unanswered.get(src)
         if ack.attempt != c.attempt or sent is None:
             return
@@ -1867,7 +1955,7 @@ class TxCoordinator:
         self._maybe_complete(c, out)
 
     def _maybe_complete(self, c: _CTx, out: list[TxOutput]) -> None:
-        if c.unanswered:
+        if c.unanswered or c.held:
             return
         tid, _ = self._router(())
         if c.need_topology > tid:
