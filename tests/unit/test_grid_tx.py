@@ -776,6 +776,16 @@ class StaticRouter:
         return self.topology_id, {k: self.owners_of(k) for k in keys}
 
 
+def committing_k0(router: StaticRouter) -> tuple[TxCoordinator, TxId]:
+    """A coordinator whose transaction wrote k0 and got YES from A (stamping a version) and B: committing."""
+    co = TxCoordinator(O1, router)
+    tx = co.begin(0.0)
+    co.commit(tx, {b"k0": b"x"}, 0.0)
+    co.on_message(A, TxVote(tx, 1, 0, YES, 1, ((b"k0", make_version(1, 1)),)), 1.0)
+    co.on_message(B, TxVote(tx, 1, 0, YES, 1), 1.0)
+    return co, tx
+
+
 class TestCoordinator:
     def test_all_yes_commits_after_every_ack(self) -> None:
         router = StaticRouter([A, B])
@@ -803,11 +813,7 @@ class TestCoordinator:
         # Simulation seed 1171: the originator was cut off from both owners after their YES; completing on the
         # view change reported a commit nobody had applied, and the owners, in doubt, were later rolled back.
         router = StaticRouter([A, B])
-        co = TxCoordinator(O1, router)
-        tx = co.begin(0.0)
-        co.commit(tx, {b"k0": b"x"}, 0.0)
-        co.on_message(A, TxVote(tx, 1, 0, YES, 1, ((b"k0", make_version(1, 1)),)), 1.0)
-        co.on_message(B, TxVote(tx, 1, 0, YES, 1), 1.0)
+        co, tx = committing_k0(router)
         assert co.state_of(tx) == CoordState.COMMITTING
         out = co.on_view([O1], 2.0)
         assert not [o for o in out if isinstance(o, TxOutcome)]  # no answer from any owner: not committed yet
@@ -824,11 +830,7 @@ class TestCoordinator:
         saw the prepare), and A answers the commit with ``voter_answer``. Returns the coordinator, the
         transaction, what the new topology produced and what A's answer produced."""
         router = StaticRouter([A, B])
-        co = TxCoordinator(O1, router)
-        tx = co.begin(0.0)
-        co.commit(tx, {b"k0": b"x"}, 0.0)
-        co.on_message(A, TxVote(tx, 1, 0, YES, 1, ((b"k0", make_version(1, 1)),)), 1.0)
-        co.on_message(B, TxVote(tx, 1, 0, YES, 1), 1.0)
+        co, tx = committing_k0(router)
         assert co.state_of(tx) == CoordState.COMMITTING
         router.members, router.topology_id = [A, C], 2
         on_topology = co.on_topology(2.0)
@@ -861,11 +863,7 @@ class TestCoordinator:
 
     def test_a_new_owner_held_back_is_released_when_every_voter_left(self) -> None:
         router = StaticRouter([A, B])
-        co = TxCoordinator(O1, router)
-        tx = co.begin(0.0)
-        co.commit(tx, {b"k0": b"x"}, 0.0)
-        co.on_message(A, TxVote(tx, 1, 0, YES, 1, ((b"k0", make_version(1, 1)),)), 1.0)
-        co.on_message(B, TxVote(tx, 1, 0, YES, 1), 1.0)
+        co, _ = committing_k0(router)
         router.members, router.topology_id = [C, D], 2
         out = co.on_topology(2.0)
         assert not {o.dest for o in out if isinstance(o, TxSend)} & {C, D}
@@ -878,11 +876,7 @@ class TestCoordinator:
         # had ignored. The answers to those rollbacks reached the originator's coordinator, which took them for
         # acknowledgements of its commit and sent the commit on to a new owner.
         router = StaticRouter([A, B])
-        co = TxCoordinator(O1, router)
-        tx = co.begin(0.0)
-        co.commit(tx, {b"k0": b"x"}, 0.0)
-        co.on_message(A, TxVote(tx, 1, 0, YES, 1, ((b"k0", make_version(1, 1)),)), 1.0)
-        co.on_message(B, TxVote(tx, 1, 0, YES, 1), 1.0)
+        co, tx = committing_k0(router)
         assert co.resolved_here(tx, True, 2.0) == [] and co.state_of(tx) == CoordState.COMMITTING  # the same
         out = co.resolved_here(tx, False, 2.0)
         assert out == [TxOutcome(tx, False, "rolled back by a resolution while committing", 1, False)]
