@@ -1466,9 +1466,9 @@ class _CTx:
     reason: str = ""
     mixed: bool = False
     # The committed attempt's voters per written key: the owners its prepare went to (each voted YES). A
-    # member that owns a key now without having voted gets the key's write only once one of these applied it
-    # (``confirmed``), never if one was rolled back meanwhile (``refused``; see _send_completion), and is
-    # ``held`` back until then.
+    # member that voted on none of the keys but owns some now is ``held`` back until a voter of each of its
+    # keys answered the commit: applied (the key is ``confirmed``, its write goes) or rolled back (``refused``,
+    # its write never goes); see _send_completion.
     voters_of: dict[bytes, tuple[Address, ...]] = field(default_factory=dict)
     confirmed: set[bytes] = field(default_factory=set)
     refused: set[bytes] = field(default_factory=set)
@@ -1604,7 +1604,8 @@ class TxCoordinator:
     def resolved_here(self, tx: TxId, commit: bool, now: float) -> list[TxOutput]:
         """This member sent a resolution of ``tx`` (an operator's, or the automatic resolver's) while this
         originator still completes its own decision. The same decision: nothing changes. The other one
-        overrules ours: stop sending it and report the outcome (mixed when a participant applied ours). The
+        overrules ours and we stop sending it: an overruled commit is reported rolled back (mixed when a voter
+        had applied it); an overruled rollback was reported when it was decided, so nothing more is. The
         answers to the resolution come back here and cannot be told from answers to our decision, so going on
         would take them for acknowledgements of it (simulation seed 912: an operator rolled back, on every
         member, a commit the participants in doubt had ignored; the originator took their acks of the rollback
