@@ -1,7 +1,7 @@
 """Rebalance benchmark: a 4th member joins a 3-member grid holding 1,000,000 entries of 100 B, under writes.
 
     .venv/bin/python bench/grid_rebalance.py [--entries 1000000] [--value-size 100] [--write-rate 200]
-        [--idle-seconds 10] [--grid-set KEY=VALUE ...] [--profile DIR] [--json]
+        [--idle-seconds 10] [--joins 5] [--pause-seconds 3] [--grid-set KEY=VALUE ...] [--profile DIR] [--json]
 
 1. Starts 3 members (``groupcluster local`` machinery, 127.0.0.1, a temporary directory) and loads
    ``--entries`` entries through ``put_many`` (batched).
@@ -10,14 +10,20 @@
 3. After ``--idle-seconds`` of writes on the idle grid, a 4th member starts. The rebalance runs from the
    joiner's first view until every member is back to a balanced ``NO_REBALANCE`` topology: the time the last
    member installed it (``topology_installed_at`` in ``/v1/status``), not the status poll that saw it.
-4. Reported: entries and MB moved (the members' ``rebalance_*_received_total`` counters, summed; key and
-   value bytes), entries/s and MB/s over the rebalance, and the writer's latency p50/p99 on the idle grid
-   against during the rebalance. Targets (issue 4): >= 50 MB/s moved, p99 during <= 3x idle.
+4. ``--joins N`` (default 5) repeats step 3 on the same grid: the 4th member leaves (``groupcluster local
+   scale 3``), the grid settles and frees what it handed off (``--pause-seconds``), and a new 4th member
+   joins. Only the joins are measured. One 1-second move at 200 writes/s gives about 210 writes, so its p99
+   is its 3rd-slowest write, which varied by about 1x idle between runs of the same code; the figures pool
+   the writes of all joins (5 joins: the 11th-slowest of about 1,050) and each join is listed too.
+5. Reported: entries and MB moved per join (the members' ``rebalance_*_received_total`` counters, summed; key
+   and value bytes), entries/s and MB/s over the joins' rebalances, and the writer's latency p50/p99 on the
+   idle grid (before the first join) against during the rebalances. Targets (issue 4): >= 50 MB/s moved,
+   p99 during <= 3x idle.
 
-``--profile DIR`` runs ``py-spy record`` on the joiner and on one source member during the rebalance, writes
-their collapsed stacks there (``joiner-m4.txt``, ``source-m1.txt``: input for flamegraph.pl or speedscope)
-and prints the functions with the most samples. ``--grid-set`` passes a grid parameter to every member (e.g.
-``transfer_batch_bytes=1MiB``) to compare settings.
+``--profile DIR`` runs ``py-spy record`` on the joiner and on one source member during the first join's
+rebalance, writes their collapsed stacks there (``joiner-m4.txt``, ``source-m1.txt``: input for flamegraph.pl
+or speedscope) and prints the functions with the most samples. ``--grid-set`` passes a grid parameter to
+every member (e.g. ``transfer_batch_bytes=1MiB``) to compare settings.
 """
 
 from __future__ import annotations
@@ -33,11 +39,15 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from groupcluster.grid.client import GridClient
 from groupcluster.runtime.local import LocalCluster, ProgressBar
+
+ENTRIES_RECEIVED = "groupcluster_grid_rebalance_entries_received_total"
+BYTES_RECEIVED = "groupcluster_grid_rebalance_bytes_received_total"
 
 
 def metric_sum(urls: list[str], name: str) -> float:
@@ -79,17 +89,90 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))] * 1000 if xs else float("nan")
 
 
+@dataclass
+class JoinRound:
+    """One measured join: wall-clock times (``time.time()``), what moved, and the stages the status showed."""
+
+    joiner: str
+    t_spawn: float
+    t_joined: float
+    t_done: float
+    entries: float
+    nbytes: float
+    stages: list[tuple[float, str]] = field(default_factory=list)
+
+    @property
+    def seconds(self) -> float:
+        return max(1e-9, self.t_done - self.t_joined)
+
+
+def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None) -> JoinRound:
+    """Start a 4th member and wait until the grid is balanced again; ``profile``: py-spy both sides into it."""
+    urls = [m.http for m in cluster.members]
+    before_entries = metric_sum(urls, ENTRIES_RECEIVED)
+    before_bytes = metric_sum(urls, BYTES_RECEIVED)
+    # What `groupcluster local scale 4` does, with the join time observed here.
+    new, t_spawn, t_joined = cluster.spawn_and_wait_joined()
+    spies: list[subprocess.Popen[bytes]] = []
+    if profile:
+        out = Path(profile)
+        out.mkdir(parents=True, exist_ok=True)
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        for role, m in (("joiner", new), ("source", cluster.members[0])):
+            argv = [spy, "record", "-p", str(m.pid), "-o", str(out / f"{role}-{m.name}.txt"), "-f", "raw"]
+            spies.append(subprocess.Popen([*argv, "-r", "100"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+    stages: list[tuple[float, str]] = []
+
+    def watch(fraction: float | None, text: str) -> None:
+        stage = " ".join(text.split(" (")[0].split(" ")[0:3])
+        if not stages or stages[-1][1] != stage:
+            stages.append((time.time(), stage))
+        bar.update(fraction, text)
+
+    try:
+        cluster.wait_settled("the rebalance", 900, watch)
+        t_settled = time.time()
+        bar.finish()
+        # The rebalance ended when the last member installed the final balanced topology; the members report
+        # that time, so the result does not depend on how often the status was polled (every 0.25 s).
+        statuses = cluster.statuses().values()
+        installed = [((st or {}).get("grid") or {}).get("topology_installed_at") for st in statuses]
+        t_done = max((t for t in installed if t), default=t_settled)
+    finally:
+        for s in spies:
+            s.send_signal(2)  # SIGINT: py-spy writes its profile and exits
+        for s in spies:
+            try:
+                s.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                s.kill()
+    all_urls = [m.http for m in cluster.members]
+    return JoinRound(
+        joiner=new.name,
+        t_spawn=t_spawn,
+        t_joined=t_joined,
+        t_done=t_done,
+        entries=metric_sum(all_urls, ENTRIES_RECEIVED) - before_entries,
+        nbytes=metric_sum(all_urls, BYTES_RECEIVED) - before_bytes,
+        stages=stages,
+    )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--entries", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--write-rate", type=float, default=200.0, help="single PUTs per second during the run")
     ap.add_argument("--idle-seconds", type=float, default=10.0)
+    ap.add_argument("--joins", type=int, default=5, help="4th members joining one after another (pooled figures)")
+    ap.add_argument("--pause-seconds", type=float, default=3.0, help="idle time after a leave, before a join")
     ap.add_argument("--grid-set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--profile", metavar="DIR", help="py-spy profiles of the joiner and a source member")
     ap.add_argument("--keep", action="store_true", help="keep the members' directory (logs)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.joins < 1:
+        ap.error("--joins must be at least 1")
 
     work = Path(tempfile.mkdtemp(prefix="grid-rebalance-"))
     cluster = LocalCluster(work)
@@ -97,7 +180,7 @@ def main() -> int:
     stop = mp.Event()
     parent, child = mp.Pipe(duplex=False)
     proc: mp.Process | None = None
-    spies: list[subprocess.Popen[bytes]] = []
+    rounds: list[JoinRound] = []
     try:
         cluster.start(3, grid_params=args.grid_set, progress=bar.update)
         bar.finish()
@@ -113,54 +196,24 @@ def main() -> int:
         load_s = time.monotonic() - t
         bar.finish(f"loaded {args.entries:,} entries of {args.value_size} B in {load_s:.1f}s")
 
+        # The writer talks to the 3 first members only: they stay for the whole run.
         proc = mp.Process(target=writer, args=(urls, args.write_rate, args.value_size, stop, child), daemon=True)
         proc.start()
         time.sleep(args.idle_seconds)
-        before_entries = metric_sum(urls, "groupcluster_grid_rebalance_entries_received_total")
-        before_bytes = metric_sum(urls, "groupcluster_grid_rebalance_bytes_received_total")
-
-        # What `groupcluster local scale 4` does, with the join time observed here.
-        new, t_spawn, t_joined = cluster.spawn_and_wait_joined()
-        if args.profile:
-            out = Path(args.profile)
-            out.mkdir(parents=True, exist_ok=True)
-            spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-            for role, m in (("joiner", new), ("source", cluster.members[0])):
-                argv = [spy, "record", "-p", str(m.pid), "-o", str(out / f"{role}-{m.name}.txt"), "-f", "raw"]
-                spies.append(
-                    subprocess.Popen([*argv, "-r", "100"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-                )
-        stages: list[tuple[float, str]] = []
-
-        def watch(fraction: float | None, text: str) -> None:
-            stage = text.split(" (")[0].split(" ")[0:3]
-            if not stages or stages[-1][1] != " ".join(stage):
-                stages.append((time.time(), " ".join(stage)))
-            bar.update(fraction, text)
-
-        cluster.wait_settled("the rebalance", 900, watch)
-        t_settled = time.time()
-        bar.finish()
-        # The rebalance ended when the last member installed the final balanced topology; the members report
-        # that time, so the result does not depend on how often the status was polled (every 0.25 s).
-        installed = [((st or {}).get("grid") or {}).get("topology_installed_at") for st in cluster.statuses().values()]
-        t_done = max((t for t in installed if t), default=t_settled)
-        for s in spies:
-            s.send_signal(2)  # SIGINT: py-spy writes its profile and exits
-        all_urls = [m.http for m in cluster.members]
-        moved_entries = metric_sum(all_urls, "groupcluster_grid_rebalance_entries_received_total") - before_entries
-        moved_bytes = metric_sum(all_urls, "groupcluster_grid_rebalance_bytes_received_total") - before_bytes
+        for n in range(args.joins):
+            if n:
+                # The newest member leaves (`groupcluster local scale 3`), the grid settles back to 3 members
+                # holding everything, and the old owners free what they handed off before the next join.
+                cluster.scale(3, progress=bar.update)
+                bar.finish()
+                time.sleep(args.pause_seconds)
+            rounds.append(join_once(cluster, bar, args.profile if n == 0 else None))
         time.sleep(2.0)  # some writes after the rebalance too
         stop.set()
         samples: list[tuple[float, float, bool]] = parent.recv()
         proc.join(timeout=30)
     finally:
         stop.set()
-        for s in spies:
-            try:
-                s.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                s.kill()
         cluster.stop(grace=5.0)
         cluster.kill_all()
         if proc is not None and proc.is_alive():
@@ -168,69 +221,111 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    idle = [d for t0, d, ok in samples if ok and t0 < t_spawn]
-    during = [d for t0, d, ok in samples if ok and t_joined <= t0 <= t_done]
-    failed = sum(1 for _, _, ok in samples if not ok)
-    dur = max(1e-9, t_done - t_joined)
-    res = {
+    res = results(args, load_s, rounds, samples)
+    if args.json:
+        print(json.dumps(res, indent=2))
+        return 0
+    print_report(args, res)
+    return 0
+
+
+def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], samples: list[Any]) -> dict[str, Any]:
+    """The figures of a run: pooled over the joins, and per join."""
+    ok = [(t0, d) for t0, d, good in samples if good]
+    idle = [d for t0, d in ok if t0 < rounds[0].t_spawn]
+    per_join = []
+    during: list[float] = []
+    for r in rounds:
+        lat = [d for t0, d in ok if r.t_joined <= t0 <= r.t_done]
+        during += lat
+        # Where the slow writes are: per 0.5 s from the join, writes started, their slowest, and the stage seen.
+        timeline = []
+        for b in range(int(r.seconds / 0.5) + 3):
+            lo = r.t_joined + b * 0.5
+            in_bucket = [d for t0, d in ok if lo <= t0 < lo + 0.5]
+            stage = next((st for ts, st in reversed(r.stages) if ts <= lo + 0.5), "joining")
+            timeline.append(
+                {
+                    "t": round(b * 0.5, 1),
+                    "writes": len(in_bucket),
+                    "max_ms": round(max(in_bucket, default=0) * 1000, 1),
+                    "stage": stage,
+                }
+            )
+        per_join.append(
+            {
+                "joiner": r.joiner,
+                "seconds_from_join": round(r.seconds, 2),
+                "seconds_from_start": round(r.t_done - r.t_spawn, 2),
+                "entries_moved": int(r.entries),
+                "mb_per_s": round(r.nbytes / 1e6 / r.seconds, 2),
+                "writes_during": len(lat),
+                "during_p50_ms": round(pct(lat, 50), 2),
+                "during_p99_ms": round(pct(lat, 99), 2),
+                "p99_ratio": round(pct(lat, 99) / pct(idle, 99), 2) if idle and lat else None,
+                "timeline": timeline,
+            }
+        )
+    seconds = sum(r.seconds for r in rounds)
+    n = len(rounds)
+    res: dict[str, Any] = {
         "entries_loaded": args.entries,
         "value_size": args.value_size,
         "load_seconds": round(load_s, 2),
         "load_entries_per_s": round(args.entries / load_s),
-        "rebalance_seconds_from_join": round(dur, 2),
-        "rebalance_seconds_from_start": round(t_done - t_spawn, 2),
-        "entries_moved": int(moved_entries),
-        "mb_moved": round(moved_bytes / 1e6, 2),
-        "entries_per_s": round(moved_entries / dur),
-        "mb_per_s": round(moved_bytes / 1e6 / dur, 2),
+        "joins": n,
+        # Per join, averaged over the joins.
+        "rebalance_seconds_from_join": round(seconds / n, 2),
+        "rebalance_seconds_from_start": round(sum(r.t_done - r.t_spawn for r in rounds) / n, 2),
+        "entries_moved": int(sum(r.entries for r in rounds) / n),
+        "mb_moved": round(sum(r.nbytes for r in rounds) / n / 1e6, 2),
+        # Over all joins' rebalances together.
+        "entries_per_s": round(sum(r.entries for r in rounds) / seconds),
+        "mb_per_s": round(sum(r.nbytes for r in rounds) / 1e6 / seconds, 2),
         "write_rate": args.write_rate,
         "writes_idle": len(idle),
         "writes_during": len(during),
-        "writes_failed": failed,
+        "writes_failed": sum(1 for _, _, good in samples if not good),
         "idle_p50_ms": round(pct(idle, 50), 2),
         "idle_p99_ms": round(pct(idle, 99), 2),
         "during_p50_ms": round(pct(during, 50), 2),
         "during_p99_ms": round(pct(during, 99), 2),
         "grid_set": args.grid_set,
+        "per_join": per_join,
     }
     res["p99_ratio"] = round(res["during_p99_ms"] / res["idle_p99_ms"], 2) if idle and during else None
-    # Where the slow writes are: per 0.5 s from the join, writes started, their slowest, and the stage seen.
-    timeline = []
-    for b in range(int((t_done - t_joined) / 0.5) + 3):
-        lo = t_joined + b * 0.5
-        lat = [d for t0, d, ok in samples if lo <= t0 < lo + 0.5]
-        stage = next((st for ts, st in reversed(stages) if ts <= lo + 0.5), "joining")
-        timeline.append(
-            {"t": round(b * 0.5, 1), "writes": len(lat), "max_ms": round(max(lat, default=0) * 1000, 1), "stage": stage}
-        )
-    res["timeline"] = timeline
-    if args.json:
-        print(json.dumps(res, indent=2))
-        return 0
+    return res
+
+
+def print_report(args: argparse.Namespace, res: dict[str, Any]) -> None:
     print(
-        f"loaded {args.entries:,} entries of {args.value_size} B into 3 members in {load_s:.1f}s "
+        f"loaded {args.entries:,} entries of {args.value_size} B into 3 members in {res['load_seconds']:.1f}s "
         f"({res['load_entries_per_s']:,} entries/s)"
     )
     print(
-        f"4th member joined: moved {res['entries_moved']:,} entries, {res['mb_moved']:.1f} MB in {dur:.2f}s "
-        f"after its join ({res['rebalance_seconds_from_start']:.2f}s from process start): "
+        f"{res['joins']} joins of a 4th member: {res['entries_moved']:,} entries, {res['mb_moved']:.1f} MB moved "
+        f"per join in {res['rebalance_seconds_from_join']:.2f}s after its join "
+        f"({res['rebalance_seconds_from_start']:.2f}s from process start): "
         f"{res['entries_per_s']:,} entries/s, {res['mb_per_s']:.1f} MB/s (target >= 50 MB/s)"
     )
     print(
         f"single PUTs at {args.write_rate:g}/s: idle p50 {res['idle_p50_ms']:.1f} ms p99 {res['idle_p99_ms']:.1f} ms "
-        f"({len(idle)} writes); during the rebalance p50 {res['during_p50_ms']:.1f} ms "
-        f"p99 {res['during_p99_ms']:.1f} ms ({len(during)} writes); p99 ratio {res['p99_ratio']} (target <= 3); "
-        f"{failed} failed"
+        f"({res['writes_idle']} writes); during the rebalances p50 {res['during_p50_ms']:.1f} ms "
+        f"p99 {res['during_p99_ms']:.1f} ms ({res['writes_during']} writes); p99 ratio {res['p99_ratio']} "
+        f"(target <= 3); {res['writes_failed']} failed"
     )
-    print("writes per 0.5 s from the join (started, slowest), and the rebalance stage then:")
-    for row in timeline:
-        print(f"  +{row['t']:4.1f}s {row['writes']:4d} writes, slowest {row['max_ms']:7.1f} ms   {row['stage']}")
+    for i, j in enumerate(res["per_join"], 1):
+        slow = " ".join(f"{row['max_ms']:.1f}" for row in j["timeline"])
+        print(
+            f"  join {i} ({j['joiner']}): {j['seconds_from_join']:.2f}s, {j['mb_per_s']:.1f} MB/s, "
+            f"p50 {j['during_p50_ms']:.1f} ms p99 {j['during_p99_ms']:.1f} ms ({j['writes_during']} writes), "
+            f"ratio {j['p99_ratio']}; slowest write per 0.5 s from the join: {slow} ms"
+        )
     if args.profile:
         for f in sorted(Path(args.profile).glob("*.txt")):
             print(f"\nprofile {f} (share of busy samples: own time / with callees):")
             for line in top_functions(f):
                 print("  " + line)
-    return 0
 
 
 def top_functions(path: Path, n: int = 15) -> list[str]:
