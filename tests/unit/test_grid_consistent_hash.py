@@ -176,6 +176,52 @@ def test_property_balanced_after_any_sequence_of_joins_and_leaves(
         members, ch = new_members, ch2
 
 
+@settings(max_examples=300 * EXAMPLES_SCALE, deadline=None, derandomize=True, database=None)
+@given(
+    n=st.integers(1, 7),
+    segments=st.sampled_from([1, 7, 16, 64, 256]),
+    owners=st.integers(1, 3),
+    caps=st.lists(st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.0]), min_size=9, max_size=9),
+    swaps=st.lists(st.tuples(st.integers(0, 255), st.integers(0, 8)), max_size=3),
+    asked=st.sampled_from(["same", "join", "leave", "caps"]),
+)
+def test_property_is_balanced_means_balanced_keeps_it(
+    n: int, segments: int, owners: int, caps: list[float], swaps: list[tuple[int, int]], asked: str
+) -> None:
+    """The planner skips balanced() where ``is_balanced`` holds: it must hold exactly where balanced() would
+    keep the owners, for balanced CHs (then it must hold) and perturbed ones, asked about the same members,
+    a joiner, one member fewer, or other capacities."""
+    members = [m(i) for i in range(n)]
+    capmap = {m(i): caps[i % 9] for i in range(100)}
+    if not any(capmap[x] > 0 for x in members):
+        capmap[members[0]] = 1.0
+    ch = balanced(None, members, capmap, segments, owners)
+    assert ch.is_balanced(members, capmap)
+    owner_map = [list(own) for own in ch.owner_map()]
+    for seg, who in swaps:  # move an owner slot to another member, or a primary behind its backup
+        own = owner_map[seg % segments]
+        x = m(who % (n + 1))
+        if x in own:
+            own.reverse()
+        else:
+            own[-1] = x
+    asked_members, asked_caps = members, capmap
+    if asked == "join":
+        asked_members = [*members, m(n)]
+    elif asked == "leave" and n > 1:
+        asked_members = members[1:]
+    elif asked == "caps":
+        asked_caps = {**capmap, members[-1]: 3.0}
+    if not any(asked_caps.get(x, 1.0) > 0 for x in asked_members):
+        return
+    try:
+        perturbed = ConsistentHash.from_owner_map(segments, owners, owner_map, capmap)
+    except ValueError:
+        return  # a member twice in one segment: not a CH
+    kept = balanced(perturbed.owner_map(), asked_members, asked_caps, segments, owners).owner_map()
+    assert perturbed.is_balanced(asked_members, asked_caps) == (kept == perturbed.owner_map())
+
+
 def _swap_slack(ch: ConsistentHash, members: list[Address]) -> int:
     # A member that must gain segments cannot take one it already co-owns; the swap that fixes this moves one
     # more slot per co-owned segment of a departing member (bounded by its ownership).
@@ -207,6 +253,12 @@ def test_wire_round_trip_through_msgpack() -> None:
         (lambda w: w[4].__setitem__(5, []), r"owners\[5\]"),
         (lambda w: w[4].__setitem__(5, [0, 1, 2]), r"owners\[5\]"),
         (lambda w: w[2].__setitem__(1, w[2][0]), "listed twice"),
+        # Owner lists equal to valid ones but not of ints (True == 1, 1.0 == 1), and the first bad segment named
+        # when several are (owner lists are checked once per distinct list).
+        (lambda w: w[4].__setitem__(6, [True, 0] if w[4][6] == [1, 0] else [1.0, 0]), r"owners\[6\].*index"),
+        (lambda w: w[4].__setitem__(9, "x"), r"owners\[9\]"),
+        (lambda w: w[4].__setitem__(9, [[0]]), r"owners\[9\]"),
+        (lambda w: (w[4].__setitem__(8, [9]), w[4].__setitem__(4, [9])), r"owners\[4\]: member index 9"),
     ],
 )
 def test_wire_rejects_bad_fields(mutate, message: str) -> None:  # type: ignore[no-untyped-def]

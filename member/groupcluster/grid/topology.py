@@ -596,8 +596,17 @@ class RebalancePlanner:
         owners = self._owner_candidates()
         if not owners:
             return None
-        target = balanced(t.current.owner_map(), owners, self._caps(), self.num_segments, self.num_owners)
+        caps = self._caps()
         members = self._member_tuple()
+        cur = t.current
+        if cur.is_balanced(owners, caps) and dict(zip(cur.members, cur.capacities, strict=True)) == {
+            m: float(caps.get(m, 1.0)) for m in owners
+        }:
+            # Exactly what balanced() would return (same owners, same members listed with the same capacities):
+            # the common case, after every rebalance, without balanced()'s full pass.
+            target = cur
+        else:
+            target = balanced(t.current.owner_map(), owners, caps, self.num_segments, self.num_owners)
         if target.owner_map() == t.current.owner_map():
             listed = dict(zip(target.members, target.capacities, strict=True))
             if set(members) != set(t.members) or listed != dict(
