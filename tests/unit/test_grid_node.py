@@ -30,6 +30,7 @@ from groupcluster.grid.messages import (
     PUT,
     RETRY,
     Backup,
+    BackupAck,
     BackupAckBatch,
     BackupBatch,
     Command,
@@ -658,6 +659,83 @@ def test_write_cut_off_by_a_degraded_topology_is_redriven_once_available() -> No
     sent = [m for o in node.take_outbox() if o.dest == z for m in unbatched(decode_payload(o.payload))]
     redriven = [m for m in sent if isinstance(m, Backup)]
     assert [(b.key, b.version, b.value) for b in redriven] == [(b"k", version, b"v")]
+
+
+def _phase_topology(tid: int, phase: Phase, cur: tuple[Address, ...], new: tuple[Address, ...] | None) -> CacheTopology:
+    """A one-segment topology: ``cur`` owns it, ``new`` will (None: no rebalance)."""
+    members = tuple(dict.fromkeys((*cur, *(new or ()))))
+    caps = {m: 1.0 for m in members}
+    cur_ch = ConsistentHash.from_owner_map(1, 2, [cur], caps)
+    new_ch = ConsistentHash.from_owner_map(1, 2, [new], caps) if new is not None else None
+    return CacheTopology(tid, 1, phase, cur_ch, new_ch, members, Availability.AVAILABLE, cur, PartitionHandling.ALLOW_READS)
+
+
+def _sent(node: GridNode, dest: Address) -> list[object]:
+    return [m for o in node.take_outbox() if o.dest == dest for m in unbatched(decode_payload(o.payload))]
+
+
+def test_a_write_keeps_its_round_across_phase_changes_that_keep_its_owners() -> None:
+    # Issue 4: the three phase changes that end a rebalance keep every segment's write owners (write all), yet
+    # each re-drove every write in flight (a second round trip, behind members busy installing): the slowest
+    # writes of a rebalance. Now the round goes on; a change of owners still re-drives.
+    x, y, z = member(1), member(2), member(3)
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 1, "num_owners": 2}))
+    node.on_view((x, y, z), 0.0)
+
+    def install(t: CacheTopology, now: float) -> None:
+        node.on_messages([(x, encode_payload([Topology(t)]))], now)
+
+    install(_phase_topology(5, Phase.READ_OLD_WRITE_ALL, (x, y), (x, z)), 0.1)
+    node.take_outbox()
+    op = node.put(b"k", b"v", 0.2)
+    backups = {o.dest: m for o in node.take_outbox() for m in unbatched(decode_payload(o.payload))}
+    assert {d for d, m in backups.items() if isinstance(m, Backup) and m.topology_id == 5} == {y, z}
+    wid = backups[y].write_id  # type: ignore[union-attr]
+    install(_phase_topology(6, Phase.READ_ALL_WRITE_ALL, (x, y), (x, z)), 0.3)
+    install(_phase_topology(7, Phase.READ_NEW_WRITE_ALL, (x, y), (x, z)), 0.35)
+    assert not [m for m in _sent(node, y) + _sent(node, z) if isinstance(m, Backup)]  # nothing re-sent
+    assert node.metrics["grid.writes_kept_across_topologies"] == 2 and node.metrics["grid.writes_redriven"] == 0
+    for b in (y, z):  # the backups answer the round of topology 5, under topology 7
+        node.on_messages([(b, encode_payload([BackupAck(wid, OK, 5)]))], 0.4)
+    assert [(r.op_id, r.ok) for r in node.take_results()] == [(op, True)]
+    # The balanced topology drops y: a write in flight then goes to the new owners again.
+    op2 = node.put(b"k2", b"v2", 0.5)
+    node.take_outbox()
+    install(_phase_topology(8, Phase.NO_REBALANCE, (x, z), None), 0.6)
+    assert [m.topology_id for m in _sent(node, z) if isinstance(m, Backup)] == [8]  # type: ignore[attr-defined]
+    assert node.metrics["grid.writes_redriven"] == 1
+    assert op2 not in {r.op_id for r in node.take_results()}  # it waits for z under topology 8
+
+
+def test_a_backup_applies_an_earlier_round_only_while_its_owners_and_view_are_unchanged() -> None:
+    x, y, z = member(1), member(2), member(3)
+    node = GridNode(y, GridConfig.from_dict({"num_segments": 1, "num_owners": 2}))
+    node.on_view((x, y, z), 0.0)
+
+    def install(t: CacheTopology, now: float) -> None:
+        node.on_messages([(x, encode_payload([Topology(t)]))], now)
+
+    def backup(tid: int, key: bytes, version: int, now: float) -> list[tuple[int, int]]:
+        node.on_messages([(x, encode_payload([Backup(1, tid, version, key, b"v")]))], now)
+        return [(a.code, a.topology_id) for a in _sent(node, x) if isinstance(a, BackupAck)]  # type: ignore[attr-defined]
+
+    install(_phase_topology(5, Phase.READ_OLD_WRITE_ALL, (x, y), (x, z)), 0.1)
+    install(_phase_topology(6, Phase.READ_ALL_WRITE_ALL, (x, y), (x, z)), 0.2)
+    node.take_outbox()
+    version = (5 << 40) | 1
+    assert backup(5, b"a", version, 0.3) == [(OK, 5)]  # same owners in 5 and 6: applied, answered as of 5
+    assert node.store.value(0, b"a") == b"v" and node.metrics["grid.backups_kept_across_topologies"] == 1  # type: ignore[union-attr]
+    assert backup(4, b"b", version, 0.31) == [(RETRY, 6)]  # a topology this member never installed
+    node.on_view((x, y, z), 0.4)  # a view change: nothing spans it
+    install(_phase_topology(7, Phase.READ_NEW_WRITE_ALL, (x, y), (x, z)), 0.5)
+    node.take_outbox()
+    assert backup(6, b"c", version, 0.6) == [(RETRY, 7)]
+    assert node.store.value(0, b"c") is None  # type: ignore[union-attr]
+    # Owners that differ (a joiner's first topology adds z; the balanced one drops y) refuse as before.
+    install(_phase_topology(8, Phase.NO_REBALANCE, (x, y), None), 0.7)
+    install(_phase_topology(9, Phase.READ_OLD_WRITE_ALL, (x, y), (y, z)), 0.8)
+    node.take_outbox()
+    assert backup(8, b"d", version, 0.9) == [(RETRY, 9)]
 
 
 def _tombstones(net: FakeNet) -> dict[Address, int]:

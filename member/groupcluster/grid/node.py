@@ -133,6 +133,9 @@ MAX_PAYLOAD_SPLIT = 1024 * 1024  # a payload is cut near this size (the transpor
 # (~1.2 s for a member's ~250,000 entries and feed-log entries) and operations find the CPUs free.
 FREE_PER_STEP = 1024
 FREE_INTERVAL = 0.005
+# Topologies whose routes a member keeps for writes that span a topology change (GridNode._same_write_owners):
+# a rebalance installs four in a row, and a write in flight spans at most a few.
+_RECENT_TOPOLOGIES = 8
 # Transfer chunks applied or produced per step while operations may be waiting (see GridNode.defer_transfer).
 DEFERRED_CHUNKS_PER_STEP = 1
 XFER_OVERHEAD = 64  # bytes a chunk's message costs beyond its packed entries (pacing; approximate)
@@ -494,6 +497,10 @@ class GridNode:
         self._merge_others: set[Address] = set()
         self._early_statuses: dict[Address, MemberStatus] = {}
         self._routes_cache: _Routes | None = None
+        # Routes of the topologies installed since the last view change (available ones only, the last few):
+        # a write of a segment whose write owners a later one left unchanged stays in its round (see
+        # _same_write_owners). Cleared by every view change, so the rule never spans one (merges included).
+        self._recent_routes: dict[int, _Routes] = {}
         self._to_fetch_cache: tuple[CacheTopology, frozenset[int]] | None = None
         # Resend and retry-backoff times of operations, as set (stale entries are skipped): runs
         # ``[time, seq, first op id, last op id]`` of operations sharing one time. The operations of a batch
@@ -625,6 +632,7 @@ class GridNode:
             raise ValueError("on_view: a view has at least one member")
         old_view = set(self.view)
         self.view = tuple(members)
+        self._recent_routes = {}
         t = self.topology
         if t is not None:
             owners = set(owner_set(t.current)) | (set(owner_set(t.pending)) if t.pending is not None else set())
@@ -1181,9 +1189,20 @@ class GridNode:
         for s in keep:
             store.add_segment(s)
         self._tx_install(old, t, dropped_segments)
-        # Writes we applied under another topology: push them to this topology's write owners.
+        # Writes we applied under another topology: push them to this topology's write owners, unless the
+        # segment's write owners are the ones the write went to (then its round goes on: see _same_write_owners).
+        recent = self._recent_routes
+        if t.availability == Availability.AVAILABLE and not merged_topology:
+            recent[t.topology_id] = self._routes(t)
+            while len(recent) > _RECENT_TOPOLOGIES:
+                del recent[min(recent)]
+        else:
+            recent.clear()
         for wid, pw in list(self._writes.items()):
             if pw.topology_id != t.topology_id:
+                if self._same_write_owners(pw.topology_id, t, segment_of(pw.key, t.num_segments)):
+                    self.metrics["grid.writes_kept_across_topologies"] += 1
+                    continue
                 self._redrive(wid, pw)
         if merged:
             self._push_entries(merged, merge=True)
@@ -1352,6 +1371,21 @@ class GridNode:
         if r is None or r.topology is not t:
             r = self._routes_cache = _Routes(t, self.address)
         return r
+
+    def _same_write_owners(self, tid: int, t: CacheTopology, seg: int) -> bool:
+        """Whether a write of ``seg`` sent under our earlier topology ``tid`` went to exactly ``t``'s write
+        owners (the same members, primary first), with no view change between the two.
+
+        Then the topology change says nothing new about that write: the backups under ``t`` apply a Backup
+        of ``tid`` and acknowledge it as of ``tid``, and the primary keeps waiting for that round instead of
+        re-driving it. The three phase changes that end a rebalance (read old, read all, read new: write all
+        in each) keep every segment's write owners, and each re-drove every write in flight: a second round
+        trip behind members busy installing the next topology, the slowest writes of a rebalance (issue 4).
+        Any other change of the segment's owners (a joiner's first topology, the balanced one that drops old
+        owners, a member gone) re-drives as before; so does a write whose topology we did not install since
+        the last view change."""
+        old = self._recent_routes.get(tid)
+        return old is not None and old.write[seg] == self._routes(t).write[seg]
 
     # ==== operations (originator side) =====================================================================
     def _start_op(self, kind: int, key: bytes, value: bytes | None, now: float) -> int:
@@ -1710,13 +1744,18 @@ class GridNode:
             self._hold(b.topology_id, src, b)
             return
         seg = segment_of(b.key, t.num_segments)
-        if b.topology_id < t.topology_id or not self._routes(t).i_write[seg]:
+        if not self._routes(t).i_write[seg] or (
+            b.topology_id < t.topology_id and not self._same_write_owners(b.topology_id, t, seg)
+        ):
             self._emit_ack(src, b.write_id, RETRY, t.topology_id)
             return
         applied = self.store.write(seg, b.key, b.version, b.value, now=self._now)  # type: ignore[union-attr]
         if applied and self._written is not None:
             self._note_written(b.key, b.version, b.value)
-        self._emit_ack(src, b.write_id, OK, t.topology_id)
+        # Named as the Backup's own round: the primary matches it to the round it waits for.
+        self._emit_ack(src, b.write_id, OK, b.topology_id)
+        if b.topology_id < t.topology_id:
+            self.metrics["grid.backups_kept_across_topologies"] += 1
         self._note_stamped(src, {seg: b.version})
 
     def _note_stamped(self, src: Address, lows: dict[int, int]) -> None:
