@@ -667,7 +667,9 @@ def _phase_topology(tid: int, phase: Phase, cur: tuple[Address, ...], new: tuple
     caps = {m: 1.0 for m in members}
     cur_ch = ConsistentHash.from_owner_map(1, 2, [cur], caps)
     new_ch = ConsistentHash.from_owner_map(1, 2, [new], caps) if new is not None else None
-    return CacheTopology(tid, 1, phase, cur_ch, new_ch, members, Availability.AVAILABLE, cur, PartitionHandling.ALLOW_READS)
+    return CacheTopology(
+        tid, 1, phase, cur_ch, new_ch, members, Availability.AVAILABLE, cur, PartitionHandling.ALLOW_READS
+    )
 
 
 def _sent(node: GridNode, dest: Address) -> list[object]:
