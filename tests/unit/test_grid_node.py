@@ -676,37 +676,55 @@ def _sent(node: GridNode, dest: Address) -> list[object]:
     return [m for o in node.take_outbox() if o.dest == dest for m in unbatched(decode_payload(o.payload))]
 
 
-def test_a_write_keeps_its_round_across_phase_changes_that_keep_its_owners() -> None:
-    # Issue 4: the three phase changes that end a rebalance keep every segment's write owners (write all), yet
-    # each re-drove every write in flight (a second round trip, behind members busy installing): the slowest
-    # writes of a rebalance. Now the round goes on; a change of owners still re-drives.
-    x, y, z = member(1), member(2), member(3)
+def test_a_write_keeps_its_round_across_phase_changes_that_add_no_owner() -> None:
+    # Issue 4: the phase changes that end a rebalance keep every segment's write owners (write all) or drop the
+    # old ones, yet each re-drove every write in flight (a second round trip, behind members busy installing):
+    # the slowest writes of a rebalance. Now the round goes on; a topology that adds an owner still re-drives.
+    x, y, z, w = member(1), member(2), member(3), member(4)
     node = GridNode(x, GridConfig.from_dict({"num_segments": 1, "num_owners": 2}))
-    node.on_view((x, y, z), 0.0)
+    node.on_view((x, y, z, w), 0.0)
 
     def install(t: CacheTopology, now: float) -> None:
         node.on_messages([(x, encode_payload([Topology(t)]))], now)
 
+    def put(key: bytes, now: float) -> tuple[int, int, dict[Address, int]]:
+        op = node.put(key, b"v", now)
+        sent = [(o.dest, m) for o in node.take_outbox() for m in unbatched(decode_payload(o.payload))]
+        backups = {d: m for d, m in sent if isinstance(m, Backup)}
+        return op, next(iter(backups.values())).write_id, {d: b.topology_id for d, b in backups.items()}
+
+    def ack(src: Address, wid: int, code: int, tid: int, now: float) -> None:
+        node.on_messages([(src, encode_payload([BackupAck(wid, code, tid)]))], now)
+
     install(_phase_topology(5, Phase.READ_OLD_WRITE_ALL, (x, y), (x, z)), 0.1)
     node.take_outbox()
-    op = node.put(b"k", b"v", 0.2)
-    backups = {o.dest: m for o in node.take_outbox() for m in unbatched(decode_payload(o.payload))}
-    assert {d for d, m in backups.items() if isinstance(m, Backup) and m.topology_id == 5} == {y, z}
-    wid = backups[y].write_id  # type: ignore[union-attr]
+    op, wid, rounds = put(b"k", 0.2)
+    assert rounds == {y: 5, z: 5}
     install(_phase_topology(6, Phase.READ_ALL_WRITE_ALL, (x, y), (x, z)), 0.3)
     install(_phase_topology(7, Phase.READ_NEW_WRITE_ALL, (x, y), (x, z)), 0.35)
     assert not [m for m in _sent(node, y) + _sent(node, z) if isinstance(m, Backup)]  # nothing re-sent
     assert node.metrics["grid.writes_kept_across_topologies"] == 2 and node.metrics["grid.writes_redriven"] == 0
     for b in (y, z):  # the backups answer the round of topology 5, under topology 7
-        node.on_messages([(b, encode_payload([BackupAck(wid, OK, 5)]))], 0.4)
+        ack(b, wid, OK, 5, 0.4)
     assert [(r.op_id, r.ok) for r in node.take_results()] == [(op, True)]
-    # The balanced topology drops y: a write in flight then goes to the new owners again.
-    op2 = node.put(b"k2", b"v2", 0.5)
-    node.take_outbox()
+    # The balanced topology drops y: a write in flight waits for z alone, and y's refusal changes nothing.
+    op, wid, rounds = put(b"k2", 0.5)
+    assert rounds == {y: 7, z: 7}
     install(_phase_topology(8, Phase.NO_REBALANCE, (x, z), None), 0.6)
-    assert [m.topology_id for m in _sent(node, z) if isinstance(m, Backup)] == [8]  # type: ignore[attr-defined]
-    assert node.metrics["grid.writes_redriven"] == 1
-    assert op2 not in {r.op_id for r in node.take_results()}  # it waits for z under topology 8
+    ack(y, wid, RETRY, 8, 0.65)
+    assert not [m for m in _sent(node, z) if isinstance(m, Backup)] and node.take_results() == []
+    ack(z, wid, OK, 7, 0.7)
+    assert [(r.op_id, r.ok) for r in node.take_results()] == [(op, True)]
+    assert node.metrics["grid.writes_kept_across_topologies"] == 3 and node.metrics["grid.writes_redriven"] == 0
+    # A new rebalance adds w: a write in flight goes to the write owners of the new topology again.
+    op, wid, rounds = put(b"k3", 0.8)
+    assert rounds == {z: 8}
+    install(_phase_topology(9, Phase.READ_OLD_WRITE_ALL, (x, z), (x, w)), 0.9)
+    sent = {
+        o.dest: m for o in node.take_outbox() for m in unbatched(decode_payload(o.payload)) if isinstance(m, Backup)
+    }
+    assert {d: b.topology_id for d, b in sent.items()} == {z: 9, w: 9}
+    assert node.metrics["grid.writes_redriven"] == 1 and node.take_results() == []
 
 
 def test_a_backup_applies_an_earlier_round_only_while_its_owners_and_view_are_unchanged() -> None:
@@ -738,6 +756,28 @@ def test_a_backup_applies_an_earlier_round_only_while_its_owners_and_view_are_un
     install(_phase_topology(9, Phase.READ_OLD_WRITE_ALL, (x, y), (y, z)), 0.8)
     node.take_outbox()
     assert backup(8, b"d", version, 0.9) == [(RETRY, 9)]
+
+
+def test_a_backup_that_stays_an_owner_applies_a_round_of_the_phase_before_the_balanced_topology() -> None:
+    x, y, z = member(1), member(2), member(3)
+    node = GridNode(z, GridConfig.from_dict({"num_segments": 1, "num_owners": 2}))
+    node.on_view((x, y, z), 0.0)
+    for tid, t in (
+        (5, _phase_topology(5, Phase.READ_OLD_WRITE_ALL, (x, y), (x, z))),
+        (6, _phase_topology(6, Phase.READ_NEW_WRITE_ALL, (x, y), (x, z))),
+        (7, _phase_topology(7, Phase.NO_REBALANCE, (x, z), None)),
+    ):
+        node.on_messages([(x, encode_payload([Topology(t)]))], tid / 10)
+    node.take_outbox()
+    node.on_messages([(x, encode_payload([Backup(1, 6, (6 << 40) | 1, b"a", b"v")]))], 1.0)
+    acks = [(a.code, a.topology_id) for a in _sent(node, x) if isinstance(a, BackupAck)]  # type: ignore[attr-defined]
+    assert acks == [(OK, 6)] and node.store.value(0, b"a") == b"v"  # type: ignore[union-attr]
+    # A topology that makes z the primary: a round of the primary of the topology before is refused.
+    node.on_messages([(x, encode_payload([Topology(_phase_topology(8, Phase.NO_REBALANCE, (z, x), None))]))], 1.1)
+    node.take_outbox()
+    node.on_messages([(x, encode_payload([Backup(2, 7, (7 << 40) | 1, b"b", b"v")]))], 1.2)
+    acks = [(a.code, a.topology_id) for a in _sent(node, x) if isinstance(a, BackupAck)]  # type: ignore[attr-defined]
+    assert acks == [(RETRY, 8)]
 
 
 def _tombstones(net: FakeNet) -> dict[Address, int]:

@@ -133,7 +133,7 @@ MAX_PAYLOAD_SPLIT = 1024 * 1024  # a payload is cut near this size (the transpor
 # (~1.2 s for a member's ~250,000 entries and feed-log entries) and operations find the CPUs free.
 FREE_PER_STEP = 1024
 FREE_INTERVAL = 0.005
-# Topologies whose routes a member keeps for writes that span a topology change (GridNode._same_write_owners):
+# Topologies whose routes a member keeps for writes that span a topology change (GridNode._kept_owners):
 # a rebalance installs four in a row, and a write in flight spans at most a few.
 _RECENT_TOPOLOGIES = 8
 # Transfer chunks applied or produced per step while operations may be waiting (see GridNode.defer_transfer).
@@ -499,7 +499,7 @@ class GridNode:
         self._routes_cache: _Routes | None = None
         # Routes of the topologies installed since the last view change (available ones only, the last few):
         # a write of a segment whose write owners a later one left unchanged stays in its round (see
-        # _same_write_owners). Cleared by every view change, so the rule never spans one (merges included).
+        # _kept_owners). Cleared by every view change, so the rule never spans one (merges included).
         self._recent_routes: dict[int, _Routes] = {}
         self._to_fetch_cache: tuple[CacheTopology, frozenset[int]] | None = None
         # Resend and retry-backoff times of operations, as set (stale entries are skipped): runs
@@ -1189,8 +1189,8 @@ class GridNode:
         for s in keep:
             store.add_segment(s)
         self._tx_install(old, t, dropped_segments)
-        # Writes we applied under another topology: push them to this topology's write owners, unless the
-        # segment's write owners are the ones the write went to (then its round goes on: see _same_write_owners).
+        # Writes we applied under another topology: push them to this topology's write owners, unless the write
+        # went to all of them already (then its round goes on, for them only: see _kept_owners).
         recent = self._recent_routes
         if t.availability == Availability.AVAILABLE and not merged_topology:
             recent[t.topology_id] = self._routes(t)
@@ -1200,10 +1200,14 @@ class GridNode:
             recent.clear()
         for wid, pw in list(self._writes.items()):
             if pw.topology_id != t.topology_id:
-                if self._same_write_owners(pw.topology_id, t, segment_of(pw.key, t.num_segments)):
-                    self.metrics["grid.writes_kept_across_topologies"] += 1
+                owners = self._kept_owners(pw.topology_id, t, segment_of(pw.key, t.num_segments))
+                if owners is None:
+                    self._redrive(wid, pw)
                     continue
-                self._redrive(wid, pw)
+                self.metrics["grid.writes_kept_across_topologies"] += 1
+                pw.awaiting.intersection_update(owners)  # an owner that left the segment is not waited for
+                if not pw.awaiting:
+                    self._write_done(wid, pw)
         if merged:
             self._push_entries(merged, merge=True)
         if old is None and (self._restored is not None or self._topology_floor):
@@ -1372,20 +1376,36 @@ class GridNode:
             r = self._routes_cache = _Routes(t, self.address)
         return r
 
-    def _same_write_owners(self, tid: int, t: CacheTopology, seg: int) -> bool:
-        """Whether a write of ``seg`` sent under our earlier topology ``tid`` went to exactly ``t``'s write
-        owners (the same members, primary first), with no view change between the two.
+    def _kept_owners(self, tid: int, t: CacheTopology, seg: int) -> tuple[Address, ...] | None:
+        """``t``'s write owners of ``seg`` if a write sent under our earlier topology ``tid`` reached all of
+        them: ``t`` has the same primary and no owner that ``tid`` lacked, and no view change came between.
+        None otherwise.
 
-        Then the topology change says nothing new about that write: the backups under ``t`` apply a Backup
-        of ``tid`` and acknowledge it as of ``tid``, and the primary keeps waiting for that round instead of
-        re-driving it. The three phase changes that end a rebalance (read old, read all, read new: write all
-        in each) keep every segment's write owners, and each re-drove every write in flight: a second round
-        trip behind members busy installing the next topology, the slowest writes of a rebalance (issue 4).
-        Any other change of the segment's owners (a joiner's first topology, the balanced one that drops old
-        owners, a member gone) re-drives as before; so does a write whose topology we did not install since
-        the last view change."""
+        Then the topology change says nothing new about that write: a backup still an owner under ``t``
+        applies a Backup of ``tid`` and acknowledges it as of ``tid``, and the primary keeps waiting for that
+        round (for ``t``'s owners only) instead of re-driving it. No new owner appeared, so no state-transfer
+        snapshot can miss the write. The phase changes that end a rebalance keep the write owners (read old,
+        read all, read new: write all in each) or drop the old ones (the balanced topology), and each re-drove
+        every write in flight: a second round trip behind members busy installing the next topology, the
+        slowest writes of a rebalance (issue 4). A topology that adds an owner (a joiner's first) or changes
+        the primary re-drives as before; so does a write whose topology we did not install since the last view
+        change."""
         old = self._recent_routes.get(tid)
-        return old is not None and old.write[seg] == self._routes(t).write[seg]
+        if old is None:
+            return None
+        before, now = old.write[seg], self._routes(t).write[seg]
+        if not now or not before or now[0] != before[0]:
+            return None
+        if now == before or set(now) <= set(before):
+            return now
+        return None
+
+    def _write_done(self, wid: int, pw: _PendingWrite) -> None:
+        """Every write owner has write ``wid``: forget it and answer its originator."""
+        del self._writes[wid]
+        if self._restore_wids:
+            self._restore_done(wid)
+        self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
 
     # ==== operations (originator side) =====================================================================
     def _start_op(self, kind: int, key: bytes, value: bytes | None, now: float) -> int:
@@ -1679,10 +1699,7 @@ class GridNode:
         pw.awaiting = {m for m in owners if m != self.address}
         self.metrics["grid.writes_redriven"] += 1
         if not pw.awaiting:
-            del self._writes[wid]
-            if self._restore_wids:
-                self._restore_done(wid)
-            self._respond(pw.origin, pw.op_id, pw.attempt, OK, t.topology_id)
+            self._write_done(wid, pw)
             return
         for b in sorted(pw.awaiting):  # sorted: address hashes (so set order) differ between processes
             self._emit_backup(b, wid, t.topology_id, pw.version, pw.key, pw.value)
@@ -1745,7 +1762,7 @@ class GridNode:
             return
         seg = segment_of(b.key, t.num_segments)
         if not self._routes(t).i_write[seg] or (
-            b.topology_id < t.topology_id and not self._same_write_owners(b.topology_id, t, seg)
+            b.topology_id < t.topology_id and self._kept_owners(b.topology_id, t, seg) is None
         ):
             self._emit_ack(src, b.write_id, RETRY, t.topology_id)
             return
@@ -1783,15 +1800,14 @@ class GridNode:
         if pw is None:
             return
         if code == OK:
-            # A backup applies only under the Backup's own topology, so the id names the round it answers.
+            # A backup acknowledges as of the Backup's own topology, so the id names the round it answers.
             if tid == pw.topology_id:
                 pw.awaiting.discard(src)
                 if not pw.awaiting:
-                    del self._writes[wid]
-                    if self._restore_wids:
-                        self._restore_done(wid)
-                    self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
+                    self._write_done(wid, pw)
             return
+        if src not in pw.awaiting:
+            return  # it has this round already, or is no longer an owner (see _kept_owners): nothing to redo
         if tid > pw.topology_id:
             # The backup moved on: re-send under its topology once we have it (at once if we do).
             pw.topology_id = 0
