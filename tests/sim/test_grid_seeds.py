@@ -18,7 +18,16 @@ from . import seedruns
 # diagnosed and fixed: test_grid_regressions.py); 553, open until then (grids that never met), passes since
 # versions carry the write's time and the merge of grids that never met re-stamps by it (docs/grid.md), and 1440
 # (a member's status after the recovery timeout) since such members stay owners.
-KNOWN_OPEN: dict[int, str] = {}
+KNOWN_OPEN: dict[int, str] = {
+    # Found by the first sweep past seed 1999 (stop 20, seeds 2000-4999; 0-1999 pass). 2801, 4872 and 4884 fail
+    # the same way with the code from before that stop's changes (6732d3a): they are older than it.
+    2801: "grid-lost-write (16): final reads find acknowledged keys absent; faults jitter, clog, pause, leave",
+    3413: "grid-lost-write, grid-fresh-reads (12): member 1 asked to leave with member 5 the only other one, so 5 "
+    "became the only owner of segment 10; then both were leaving (both own it again, 1 fetching it) and 5 vanished "
+    "before 1 had fetched. Passes with 6732d3a only because its schedule differs (3,036 events against 3,617)",
+    4872: "grid-lost-write (13): faults jitter, clog, partition, asymmetric, leave, late-join",
+    4884: "grid-lost-write (1): a member alone in a partition acknowledged a write; after the merges it is gone",
+}
 # 983 (members started apart; a restart gave the second group its third member, and both groups started grids) left
 # this list when transfer chunks began to wait behind operations (GridNode.defer_transfer): its schedule changed and
 # it passed before its cause was fixed; the cause (grids that never met) is fixed with 553's.
@@ -47,3 +56,9 @@ def test_grid_seed_runs_twice_identically() -> None:
 @pytest.mark.slow
 def test_800_more_grid_seeds() -> None:
     run_and_report(range(200, 1000))
+
+
+@pytest.mark.slow
+def test_known_open_grid_seeds_still_fail() -> None:
+    # The seeds past 1999 are not run by the sweeps above: this keeps their entries honest.
+    run_and_report(sorted(KNOWN_OPEN))
