@@ -21,7 +21,8 @@ from . import seedruns
 KNOWN_OPEN: dict[int, str] = {
     # Found by the first sweep past seed 1999 (stop 20, seeds 2000-4999; 0-1999 pass). 2801, 4872 and 4884 fail
     # the same way with the code from before that stop's changes (6732d3a): they are older than it.
-    2801: "grid-lost-write (16): final reads find acknowledged keys absent; faults jitter, clog, pause, leave",
+    2801: "grid-lost-write (16): 2#5 was the only holder of segment 5 in topology 28 (3#4 was leaving) and left "
+    "the view at t=11.25, before the new owners 1#7 and 4#8 had fetched it; faults jitter, clog, pause, leave",
     3413: "grid-lost-write, grid-fresh-reads (12): members 1 and 5 were the last two and both asked to leave. 5, the "
     "only owner of segment 10 in topology 20 (1 was leaving first), found on installing it that nobody could take its "
     "segments (GridNode._no_taker) and left with the only copy, 4 ms before the view that brought two new members "
