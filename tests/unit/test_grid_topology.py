@@ -483,6 +483,27 @@ def test_ch_lists_a_member_with_capacity_even_when_nothing_moves_to_it() -> None
     assert t.current.capacity_of(b) == 1.0
 
 
+def test_ch_lists_client_only_members_with_capacity_zero() -> None:
+    # A leaving member leaves at once with the only copy of its segments only when every other member of its
+    # view is listed in the CH with capacity 0 (GridNode._no_taker): a member the CH does not list may have
+    # joined after it was built, or be leaving and take segments again (seeds 2801, 3413). So client-only
+    # members are listed, in the first CH and in every CH after, though they own nothing.
+    a, c, d = m(0), m(1), m(2)
+    p = RebalancePlanner([a, c], num_segments=SEGS, num_owners=2)
+    p.on_statuses({a: MemberStatus(1.0, False, None), c: MemberStatus(0.0, False, None)}, 0.0)
+    t = p.topology
+    assert t is not None and owner_set(t.current) == (a,) and t.current.capacity_of(c) == 0.0
+    p.on_view([a, c, d], 1.0)
+    out = p.on_statuses({d: MemberStatus(1.0, False, None)}, 1.0)
+    history = [topo for _, topo in out] + confirm_all(p)
+    assert history[0].phase == Phase.READ_OLD_WRITE_ALL
+    for t in history:
+        assert t.current.capacity_of(c) == 0.0 and c not in owner_set(t.current)
+        assert t.pending is None or t.pending.capacity_of(c) == 0.0
+    final = p.topology
+    assert final is not None and final.phase == Phase.NO_REBALANCE and set(owner_set(final.current)) == {a, d}
+
+
 @settings(max_examples=150 * EXAMPLES_SCALE, derandomize=True, database=None, deadline=None)
 @given(
     st.data(),

@@ -1345,13 +1345,20 @@ class GridNode:
             self.ready_to_leave = True
 
     def _no_taker(self, t: CacheTopology) -> bool:
-        """Whether no other member could take our segments: we are alone, or every other member owns nothing
-        by its capacity (0) or is leaving too.
+        """Whether no other member could take our segments: we are alone in our view, or every other member
+        of it owns nothing by its capacity (0: a client-only member).
 
-        Only on an available, balanced topology: its current CH lists every member that could own segments,
-        with its capacity (the planner sees to it), so a member it does not list has capacity 0 or is leaving.
-        A degraded topology says nothing of the kind: we may just be cut off from the others, who would take
-        our segments once the partition heals, so we wait for that (or the leave timeout).
+        Only a member the CH lists with capacity 0 is known to own nothing (the planner lists every such cache
+        member: RebalancePlanner._with_clients). Any other member of our view could take our segments, listed or
+        not: one the CH does not list may have joined after the CH was built (the topology that ends a
+        rebalance carries the CH planned at its start: seed 2801), and a member that is leaving takes segments
+        again once every member with capacity is leaving, ourselves included (RebalancePlanner._owner_candidates),
+        which a CH built before the coordinator knew of our leave cannot show (seed 3413). Both seeds left with
+        the only copy on such a CH, a step before the coordinator's next topology handed the segments on.
+        Capacities never change after a join, so this answer cannot go stale the way leave flags do.
+
+        Only on an available, balanced topology: a degraded one may mean we are just cut off from the others,
+        who would take our segments once the partition heals, so we wait for that (or the leave timeout).
         """
         if t.phase != Phase.NO_REBALANCE or t.availability != Availability.AVAILABLE:
             return False
@@ -1361,7 +1368,7 @@ class GridNode:
         if any(m not in t.members for m in others):
             return False  # a member the topology does not know yet (joining): its capacity is unknown
         caps = dict(zip(t.current.members, t.current.capacities, strict=True))
-        return all(caps.get(m, 0.0) == 0 for m in others)
+        return all(caps.get(m, -1.0) == 0 for m in others)
 
     def _to_fetch(self, t: CacheTopology) -> frozenset[int]:
         """Our segments to pull in ``t`` (asked after every transfer chunk: cached per topology)."""

@@ -536,7 +536,7 @@ class RebalancePlanner:
             owners = self._owner_candidates()
             if not owners or not self.may_start_grid or len(live) < self.initial_size:
                 return []
-            ch = balanced(None, owners, self._caps(), self.num_segments, self.num_owners)
+            ch = self._with_clients(balanced(None, owners, self._caps(), self.num_segments, self.num_owners))
             self.grid_id = new_grid_id(self.view[0], self.now)
             return [(None, self._set(self._new(0, Phase.NO_REBALANCE, ch, None, stable=owner_set(ch))))]
         out: list[Output] = []
@@ -599,22 +599,24 @@ class RebalancePlanner:
         caps = self._caps()
         members = self._member_tuple()
         cur = t.current
-        if cur.is_balanced(owners, caps) and dict(zip(cur.members, cur.capacities, strict=True)) == {
-            m: float(caps.get(m, 1.0)) for m in owners
-        }:
+        want = {m: float(caps.get(m, 1.0)) for m in owners} | dict.fromkeys(self._clients(), 0.0)
+        if cur.is_balanced(owners, caps) and dict(zip(cur.members, cur.capacities, strict=True)) == want:
             # Exactly what balanced() would return (same owners, same members listed with the same capacities):
             # the common case, after every rebalance, without balanced()'s full pass.
             target = cur
         else:
-            target = balanced(t.current.owner_map(), owners, caps, self.num_segments, self.num_owners)
+            target = self._with_clients(
+                balanced(t.current.owner_map(), owners, caps, self.num_segments, self.num_owners)
+            )
         if target.owner_map() == t.current.owner_map():
             listed = dict(zip(target.members, target.capacities, strict=True))
             if set(members) != set(t.members) or listed != dict(
                 zip(t.current.members, t.current.capacities, strict=True)
             ):
                 # Nothing moves, but the CH lists every member that could own segments (with its capacity),
-                # even one whose share rounds down to none: a leaving member reads "nobody could take my
-                # segments" from the CH (GridNode._no_taker), so none that could may be missing from it.
+                # even one whose share rounds down to none, and every client-only member (capacity 0): a
+                # leaving member takes a member listed with capacity 0 for one that cannot take its segments
+                # (GridNode._no_taker), so the CH must say so as soon as we know.
                 return self._set(self._bump(t, members=members, current=target))
             return None
         self.rebalances_started += 1
@@ -655,6 +657,20 @@ class RebalancePlanner:
         c = ConsistentHash.from_owner_map(self.num_segments, self.num_owners, cur, caps)
         p = ConsistentHash.from_owner_map(self.num_segments, self.num_owners, pend, caps) if pend is not None else None
         return c, p
+
+    def _clients(self) -> list[Address]:
+        """Cache members with capacity 0 (client-only: they never own segments)."""
+        return [m for m, i in self.members.items() if i.capacity == 0]
+
+    def _with_clients(self, ch: ConsistentHash) -> ConsistentHash:
+        """``ch`` (from :func:`balanced`, which lists the owner candidates only) also listing every client-only
+        member with capacity 0: a leaving member may leave with the only copy of its segments when everyone
+        else in its view is one, and a member the CH does not list could still take them (GridNode._no_taker)."""
+        extra = [m for m in self._clients() if m not in ch.members]
+        if not extra:
+            return ch
+        caps = dict(zip(ch.members, ch.capacities, strict=True)) | dict.fromkeys(extra, 0.0)
+        return ConsistentHash.from_owner_map(ch.num_segments, ch.num_owners, ch.owner_map(), caps)
 
     def _owner_candidates(self) -> list[Address]:
         staying = [m for m, i in self.members.items() if i.capacity > 0 and not i.leaving]
