@@ -107,6 +107,18 @@ LATE_STATUS = (
     "took acknowledged writes and crashed (now: a view member that holds segments of the recovered topology "
     "stays an owner when its status is late)"
 )
+JOINED_DURING_HANDOFF = (
+    "the last two members holding data were both leaving, one handing its segments to the other, when two members "
+    "joined; the topology ending that rebalance listed only the owners it settled on (the joiners were left to the "
+    "next one), and the last owner read from it that nobody could take its segments and left with the only copy "
+    "(now: that topology lists every member that could own segments, with its capacity)"
+)
+MERGE_PUSH_CUT_OFF = (
+    "allow_read_writes: a member cut off alone took writes, merged back, was asked to leave and was cut off alone "
+    "again before its merge push reached anyone; its own grid took the push and, nobody in its view able to take "
+    "its segments, it left with the only copy (now: members that leave our view while our merge push is "
+    "unfinished count as owners that vanished without a handoff)"
+)
 
 # (seed, scenario, what the seed found)
 REGRESSIONS: list[tuple[int, Scenario, str]] = [
@@ -140,6 +152,9 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (553, GRID, NEVER_MET),
     (983, GRID, NEVER_MET),
     (1440, GRID, LATE_STATUS),
+    (4872, GRID, JOINED_DURING_HANDOFF),
+    (2801, GRID, JOINED_DURING_HANDOFF),
+    (4884, GRID, MERGE_PUSH_CUT_OFF),
 ]
 
 

@@ -19,17 +19,13 @@ from . import seedruns
 # versions carry the write's time and the merge of grids that never met re-stamps by it (docs/grid.md), and 1440
 # (a member's status after the recovery timeout) since such members stay owners.
 KNOWN_OPEN: dict[int, str] = {
-    # Found by the first sweep past seed 1999 (stop 20, seeds 2000-4999; 0-1999 pass). 2801, 4872 and 4884 fail
-    # the same way with the code from before that stop's changes (6732d3a): they are older than it.
-    2801: "grid-lost-write (16): 2#5 was the only holder of segment 5 in topology 28 (3#4 was leaving) and left "
-    "the view at t=11.25, before the new owners 1#7 and 4#8 had fetched it; faults jitter, clog, pause, leave",
+    # Found by the first sweep past seed 1999 (stop 20, seeds 2000-4999; 0-1999 pass), with 2801, 4872 and 4884
+    # (fixed: test_grid_regressions.py).
     3413: "grid-lost-write, grid-fresh-reads (12): members 1 and 5 were the last two and both asked to leave. 5, the "
     "only owner of segment 10 in topology 20 (1 was leaving first), found on installing it that nobody could take its "
     "segments (GridNode._no_taker) and left with the only copy, 4 ms before the view that brought two new members "
     "and after the coordinator had made 1 an owner again (topology 21). Passes with 6732d3a only because its "
     "schedule differs (3,036 events against 3,617)",
-    4872: "grid-lost-write (13): faults jitter, clog, partition, asymmetric, leave, late-join",
-    4884: "grid-lost-write (1): a member alone in a partition acknowledged a write; after the merges it is gone",
 }
 # 983 (members started apart; a restart gave the second group its third member, and both groups started grids) left
 # this list when transfer chunks began to wait behind operations (GridNode.defer_transfer): its schedule changed and
