@@ -965,6 +965,85 @@ def test_member_cut_off_alone_does_not_leave_with_the_only_copy() -> None:
     assert store is not None and (b"k", b"only-on-a") in {(k, v) for _s, k, _ver, v in store.items()}
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_last_owners_leaving_wait_for_members_that_joined_during_the_handoff(seed: int) -> None:
+    # Simulation seeds 2801, 4872: both members holding data were leaving, one handing its segments to the other, and
+    # two members joined during that rebalance. The topology ending it lists the owners that rebalance settled
+    # on; the joiners are taken in by the next one, broadcast right behind it. The last owner installed the
+    # first, read from it that nobody could take its segments (GridNode._no_taker), and left with the only
+    # copy. The planner lists the joiners in that topology now. (Which of the two leaves first depends on the
+    # delays: the seeds cover both orders.)
+    net = FakeNet(random.Random(seed))
+    a, b = net.add(2)
+    net.run_until(2.0)
+    assert net.stable()
+    w = net.nodes[a].put(b"k", b"v", net.now)
+    net.collect(a)
+    net.run_until(2.5)
+    assert {r.op_id: r.ok for r in net.results[a]}[w]
+    net.nodes[b].leave(net.now)
+    net.collect(b)
+    net.run_until(net.now + 0.003)
+    net.nodes[a].leave(net.now)
+    net.collect(a)
+    c, d = net.add(2)
+    left: dict[Address, int] = {}
+    while net.now < 10.0 and len(net.view) > 2:
+        net.run_until(net.now + 0.001)
+        for x in net.view:
+            if net.nodes[x].ready_to_leave:
+                left[x] = net.nodes[x].metrics["grid.left_without_taker"]
+        net.remove_left()
+    assert net.view == [c, d] and left == {a: 0, b: 0}
+    net.run_until(net.now + 2.0)
+    assert net.stable()
+    for x in (c, d):
+        store = net.nodes[x].store
+        assert store is not None and [(k, v) for _s, k, _ver, v in store.items()] == [(b"k", b"v")]
+
+
+def test_member_cut_off_again_before_its_merge_push_arrived_does_not_leave_with_the_only_copy() -> None:
+    # Simulation seed 4884 (allow_read_writes): a member cut off alone took a write (the only copy), merged
+    # back, was asked to leave, and was cut off alone again before its merge push reached anyone. Its own grid
+    # (only itself) took the push, and since nobody in its view could take its segments it left with them: the
+    # members it had just merged with were not owners of its topology, so they did not count as vanished
+    # owners (seed 591's rule). Whoever leaves our view while our merge push is unfinished counts now.
+    cfg = GridConfig.from_dict({"num_segments": 8, "partition_handling": "allow_read_writes", "recovery_timeout": "1s"})
+    net = FakeNet(random.Random(14), cfg)
+    a, b = net.add(2)
+    net.run_until(2.0)
+    assert net.stable()
+    net.view = [a]  # a partition: b is alive but a no longer sees it
+    net.nodes[a].on_view((a,), net.now)
+    net.collect(a)
+    net.run_until(4.0)
+    w = net.nodes[a].put(b"k", b"only-on-a", net.now)
+    net.collect(a)
+    net.run_until(5.0)
+    assert {x.op_id: x for x in net.results[a]}[w].ok
+    node = net.nodes[a]
+    node.on_view((a, b), net.now, merge=True)  # the partition heals for a moment...
+    assert node.merging
+    node.leave(net.now)
+    node.take_outbox()  # ...but nothing a sends reaches b
+    node.on_view((a,), net.now)  # cut off alone again
+    net.collect(a)
+    net.run_until(8.0)
+    assert not node.merging  # its own grid took the push
+    assert not node.ready_to_leave
+    assert node.metrics["grid.left_without_taker"] == 0
+    # The partition heals for good: the push reaches b's side, b takes the segments, then a is ready.
+    net.view = [a, b]
+    for x in (a, b):
+        net.nodes[x].on_view((a, b), net.now, merge=True)
+    for x in (a, b):
+        net.collect(x)
+    net.run_until(18.0)
+    assert node.ready_to_leave
+    store = net.nodes[b].store
+    assert store is not None and (b"k", b"only-on-a") in {(k, v) for _s, k, _ver, v in store.items()}
+
+
 def test_member_that_joined_a_group_never_starts_an_empty_grid_alone() -> None:
     # Seed 590: a joiner that never received the grid's topology was cut off and, coordinator of its own view,
     # started an empty grid whose reads answered "absent" for keys the grid held.

@@ -504,6 +504,27 @@ def test_ch_lists_client_only_members_with_capacity_zero() -> None:
     assert final is not None and final.phase == Phase.NO_REBALANCE and set(owner_set(final.current)) == {a, d}
 
 
+def test_topology_ending_a_rebalance_lists_the_members_that_joined_during_it() -> None:
+    # Simulation seeds 2801, 4872: the topology that ends a rebalance takes the pending CH, made when the rebalance
+    # started; members that joined meanwhile are taken in by the next rebalance, broadcast right behind it. The
+    # last owner, leaving, read from the first that nobody could take its segments (GridNode._no_taker) and
+    # left with the only copy. Both topologies must list the joiners with their capacity.
+    a, b, c, d = m(0), m(1), m(2), m(3)
+    p = joined(2)
+    b_status = MemberStatus(1.0, True, p.topology)
+    (_, started), *_ = p.on_statuses({b: b_status}, 1.0)  # b leaves: its segments move to a
+    assert started.phase == Phase.READ_OLD_WRITE_ALL and owner_set(started.pending) == (a,)
+    p.on_statuses({a: MemberStatus(1.0, True, started)}, 1.1)  # a is leaving too: nobody else can own yet
+    p.on_view([a, b, c, d], 1.2)
+    out = p.on_statuses({c: MemberStatus(1.0, False, None), d: MemberStatus(2.0, False, None)}, 1.2)
+    assert all(dest in (c, d) for dest, _ in out)  # mid-rebalance: the joiners just get the topology
+    done, nxt = confirm_all(p)[2:4]
+    assert done.phase == Phase.NO_REBALANCE and owner_set(done.current) == (a,)
+    assert {x: done.current.capacity_of(x) for x in (c, d)} == {c: 1.0, d: 2.0}
+    assert nxt.phase == Phase.READ_OLD_WRITE_ALL and set(owner_set(nxt.pending)) == {c, d}
+    assert nxt.current == done.current
+
+
 @settings(max_examples=150 * EXAMPLES_SCALE, derandomize=True, database=None, deadline=None)
 @given(
     st.data(),

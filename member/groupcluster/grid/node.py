@@ -637,6 +637,12 @@ class GridNode:
         if t is not None:
             owners = set(owner_set(t.current)) | (set(owner_set(t.pending)) if t.pending is not None else set())
             self._vanished_owners |= {m for m in old_view - set(members) if m in owners and m != self.address}
+            if self.merging:
+                # Our entries have not all reached the merged group: whoever left our view meanwhile may be
+                # behind a partition, without them, and would take our segments once it is back, though our
+                # topology does not name it (seed 4884: a member cut off alone in allow_read_writes took writes,
+                # merged, was cut off again before its push arrived, and left with the only copy).
+                self._vanished_owners |= old_view - set(members) - {self.address}
         self._vanished_owners -= set(members)
         for gone in sorted(old_view - set(members)):
             self._repair_after(gone)

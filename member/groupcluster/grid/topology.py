@@ -585,7 +585,13 @@ class RebalancePlanner:
             return [(None, self._set(self._bump(t, phase=Phase.READ_ALL_WRITE_ALL)))]
         if t.phase == Phase.READ_ALL_WRITE_ALL:
             return [(None, self._set(self._bump(t, phase=Phase.READ_NEW_WRITE_ALL)))]
-        done = self._set(self._new(t.rebalance_id, Phase.NO_REBALANCE, t.pending, None, stable=owner_set(t.pending)))
+        # The pending CH lists the owner candidates of the rebalance's start; members that joined since are taken
+        # in by the next rebalance, but must be listed already: every member installs this topology before the
+        # next one, and a leaving member reads "nobody could take my segments" from its CH (GridNode._no_taker).
+        # Seeds 2801, 4872: the last owner, leaving, read that from such a topology and left with the only copy of its
+        # segments, one step before the rebalance that would have moved them to the two joiners.
+        cur = self._listing_candidates(t.pending)
+        done = self._set(self._new(t.rebalance_id, Phase.NO_REBALANCE, cur, None, stable=owner_set(cur)))
         out: list[Output] = [(None, done)]
         nxt = self._start_rebalance(done)
         if nxt is not None:
@@ -678,6 +684,16 @@ class RebalancePlanner:
             return staying
         # Everyone with capacity is leaving: someone must keep the data, so nobody is released.
         return [m for m, i in self.members.items() if i.capacity > 0]
+
+    def _listing_candidates(self, ch: ConsistentHash) -> ConsistentHash:
+        """``ch`` with the owner candidates it does not list appended, with their capacities and no segments."""
+        missing = tuple(m for m in self._owner_candidates() if m not in ch.members)
+        if not missing:
+            return ch
+        caps = self._caps()
+        return replace(
+            ch, members=ch.members + missing, capacities=ch.capacities + tuple(float(caps[m]) for m in missing)
+        )
 
     def _caps(self) -> dict[Address, float]:
         return {m: i.capacity for m, i in self.members.items()}
