@@ -106,6 +106,12 @@ class JoinRound:
         return max(1e-9, self.t_done - self.t_joined)
 
 
+def py_spy() -> str:
+    """The py-spy executable (on PATH or beside this Python), or ``""`` when neither has it."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return spy if os.access(spy, os.X_OK) else ""
+
+
 def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None) -> JoinRound:
     """Start a 4th member and wait until the grid is balanced again; ``profile``: py-spy both sides into it."""
     urls = [m.http for m in cluster.members]
@@ -117,7 +123,7 @@ def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None) -> J
     if profile:
         out = Path(profile)
         out.mkdir(parents=True, exist_ok=True)
-        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        spy = py_spy()
         for role, m in (("joiner", new), ("source", cluster.members[0])):
             argv = [spy, "record", "-p", str(m.pid), "-o", str(out / f"{role}-{m.name}.txt"), "-f", "raw"]
             spies.append(subprocess.Popen([*argv, "-r", "100"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
@@ -173,6 +179,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.joins < 1:
         ap.error("--joins must be at least 1")
+    if args.profile and not py_spy():
+        # Checked before the grid is loaded (half a minute), not when the first join wants it.
+        ap.error("--profile needs py-spy, which is in the bench extra: .venv/bin/pip install -e '.[bench]'")
 
     work = Path(tempfile.mkdtemp(prefix="grid-rebalance-"))
     cluster = LocalCluster(work)
