@@ -20,10 +20,10 @@
    idle grid (before the first join) against during the rebalances. Targets (issue 4): >= 50 MB/s moved,
    p99 during <= 3x idle.
 
-``--profile DIR`` runs ``py-spy record`` on the joiner and on one source member during the first join's
-rebalance, writes their collapsed stacks there (``joiner-m4.txt``, ``source-m1.txt``: input for flamegraph.pl
-or speedscope) and prints the functions with the most samples. ``--grid-set`` passes a grid parameter to
-every member (e.g. ``transfer_batch_bytes=1MiB``) to compare settings.
+``--profile DIR`` (py-spy, from the ``bench`` extra) runs ``py-spy record`` on the joiner and on one source
+member during the first join's rebalance, writes their collapsed stacks there (``joiner-m4.txt``,
+``source-m1.txt``: input for flamegraph.pl or speedscope) and prints the functions with the most samples.
+``--grid-set`` passes a grid parameter to every member (e.g. ``transfer_batch_bytes=1MiB``) to compare settings.
 """
 
 from __future__ import annotations

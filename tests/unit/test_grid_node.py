@@ -932,12 +932,11 @@ def test_a_batch_sees_its_own_earlier_writes_in_order() -> None:
     assert [got[i] for i in ids] == [b"two", b"two"]
 
 
-def test_member_cut_off_alone_does_not_leave_with_the_only_copy() -> None:
-    # Seed 591 (allow_read_writes): a member cut off alone took a write (the only copy), was asked to leave and
-    # left at once because nobody in its view could take its segments. The owners it lost without a handoff
-    # may be alive behind the partition: it now waits for them (or the leave timeout).
+def cut_off_alone_with_a_write(seed: int) -> tuple[FakeNet, Address, Address]:
+    """Two members of an allow_read_writes grid; ``a`` is cut off alone and acknowledges a write of k (the only
+    copy); ``b`` is alive behind the partition."""
     cfg = GridConfig.from_dict({"num_segments": 8, "partition_handling": "allow_read_writes", "recovery_timeout": "1s"})
-    net = FakeNet(random.Random(11), cfg)
+    net = FakeNet(random.Random(seed), cfg)
     a, b = net.add(2)
     net.run_until(2.0)
     assert net.stable()
@@ -949,20 +948,33 @@ def test_member_cut_off_alone_does_not_leave_with_the_only_copy() -> None:
     net.collect(a)
     net.run_until(5.0)
     assert {x.op_id: x for x in net.results[a]}[w].ok
-    net.nodes[a].leave(net.now)
-    net.collect(a)
-    assert not net.nodes[a].ready_to_leave
-    assert net.nodes[a].metrics["grid.left_without_taker"] == 0
-    # The partition heals: b is back in a merge view and takes the segments; then a is ready.
+    return net, a, b
+
+
+def heal_and_check_handoff(net: FakeNet, a: Address, b: Address, until: float) -> None:
+    """Both back in one merge view: by ``until`` ``a`` (asked to leave) is ready and ``b`` holds a's write."""
     net.view = [a, b]
     for x in (a, b):
         net.nodes[x].on_view((a, b), net.now, merge=True)
     for x in (a, b):
         net.collect(x)
-    net.run_until(15.0)
+    net.run_until(until)
     assert net.nodes[a].ready_to_leave
     store = net.nodes[b].store
     assert store is not None and (b"k", b"only-on-a") in {(k, v) for _s, k, _ver, v in store.items()}
+
+
+def test_member_cut_off_alone_does_not_leave_with_the_only_copy() -> None:
+    # Seed 591 (allow_read_writes): a member cut off alone took a write (the only copy), was asked to leave and
+    # left at once because nobody in its view could take its segments. The owners it lost without a handoff
+    # may be alive behind the partition: it now waits for them (or the leave timeout).
+    net, a, b = cut_off_alone_with_a_write(11)
+    net.nodes[a].leave(net.now)
+    net.collect(a)
+    assert not net.nodes[a].ready_to_leave
+    assert net.nodes[a].metrics["grid.left_without_taker"] == 0
+    # The partition heals: b is back in a merge view and takes the segments; then a is ready.
+    heal_and_check_handoff(net, a, b, 15.0)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -1008,19 +1020,7 @@ def test_member_cut_off_again_before_its_merge_push_arrived_does_not_leave_with_
     # (only itself) took the push, and since nobody in its view could take its segments it left with them: the
     # members it had just merged with were not owners of its topology, so they did not count as vanished
     # owners (seed 591's rule). Whoever leaves our view while our merge push is unfinished counts now.
-    cfg = GridConfig.from_dict({"num_segments": 8, "partition_handling": "allow_read_writes", "recovery_timeout": "1s"})
-    net = FakeNet(random.Random(14), cfg)
-    a, b = net.add(2)
-    net.run_until(2.0)
-    assert net.stable()
-    net.view = [a]  # a partition: b is alive but a no longer sees it
-    net.nodes[a].on_view((a,), net.now)
-    net.collect(a)
-    net.run_until(4.0)
-    w = net.nodes[a].put(b"k", b"only-on-a", net.now)
-    net.collect(a)
-    net.run_until(5.0)
-    assert {x.op_id: x for x in net.results[a]}[w].ok
+    net, a, b = cut_off_alone_with_a_write(14)
     node = net.nodes[a]
     node.on_view((a, b), net.now, merge=True)  # the partition heals for a moment...
     assert node.merging
@@ -1033,15 +1033,7 @@ def test_member_cut_off_again_before_its_merge_push_arrived_does_not_leave_with_
     assert not node.ready_to_leave
     assert node.metrics["grid.left_without_taker"] == 0
     # The partition heals for good: the push reaches b's side, b takes the segments, then a is ready.
-    net.view = [a, b]
-    for x in (a, b):
-        net.nodes[x].on_view((a, b), net.now, merge=True)
-    for x in (a, b):
-        net.collect(x)
-    net.run_until(18.0)
-    assert node.ready_to_leave
-    store = net.nodes[b].store
-    assert store is not None and (b"k", b"only-on-a") in {(k, v) for _s, k, _ver, v in store.items()}
+    heal_and_check_handoff(net, a, b, 18.0)
 
 
 def test_member_that_joined_a_group_never_starts_an_empty_grid_alone() -> None:

@@ -590,7 +590,7 @@ class RebalancePlanner:
         # next one, and a leaving member reads "nobody could take my segments" from its CH (GridNode._no_taker).
         # Seeds 2801, 4872: the last owner, leaving, read that from such a topology and left with the only copy of its
         # segments, one step before the rebalance that would have moved them to the two joiners.
-        cur = self._listing_candidates(t.pending)
+        cur = self._listing(t.pending, self._owner_candidates())
         done = self._set(self._new(t.rebalance_id, Phase.NO_REBALANCE, cur, None, stable=owner_set(cur)))
         out: list[Output] = [(None, done)]
         nxt = self._start_rebalance(done)
@@ -672,11 +672,7 @@ class RebalancePlanner:
         """``ch`` (from :func:`balanced`, which lists the owner candidates only) also listing every client-only
         member with capacity 0: a leaving member may leave with the only copy of its segments when everyone
         else in its view is one, and a member the CH does not list could still take them (GridNode._no_taker)."""
-        extra = [m for m in self._clients() if m not in ch.members]
-        if not extra:
-            return ch
-        caps = dict(zip(ch.members, ch.capacities, strict=True)) | dict.fromkeys(extra, 0.0)
-        return ConsistentHash.from_owner_map(ch.num_segments, ch.num_owners, ch.owner_map(), caps)
+        return self._listing(ch, self._clients())
 
     def _owner_candidates(self) -> list[Address]:
         staying = [m for m, i in self.members.items() if i.capacity > 0 and not i.leaving]
@@ -685,9 +681,9 @@ class RebalancePlanner:
         # Everyone with capacity is leaving: someone must keep the data, so nobody is released.
         return [m for m, i in self.members.items() if i.capacity > 0]
 
-    def _listing_candidates(self, ch: ConsistentHash) -> ConsistentHash:
-        """``ch`` with the owner candidates it does not list appended, with their capacities and no segments."""
-        missing = tuple(m for m in self._owner_candidates() if m not in ch.members)
+    def _listing(self, ch: ConsistentHash, members: list[Address]) -> ConsistentHash:
+        """``ch`` with those of ``members`` it does not list appended, with their capacities and no segments."""
+        missing = tuple(m for m in members if m not in ch.members)
         if not missing:
             return ch
         caps = self._caps()
