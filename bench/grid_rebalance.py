@@ -19,6 +19,11 @@
    and value bytes), entries/s and MB/s over the joins' rebalances, and the writer's latency p50/p99 on the
    idle grid (before the first join) against during the rebalances. Targets (issue 4): >= 50 MB/s moved,
    p99 during <= 3x idle.
+6. Also reported: the CPU time spent from each join to the end of its rebalance, per MB moved: the joiner's,
+   the three old members' together, the writer's, and the whole machine's (``/proc/stat``: every process and
+   the kernel's network work), with the share of the machine's cores that was busy. Write latency during a
+   move follows how busy the machine is, so this says what a change saved where, apart from the noise of the
+   p99 of ~200 writes.
 
 ``--profile DIR`` (py-spy, from the ``bench`` extra) runs ``py-spy record`` on the joiner and on one source
 member during the first join's rebalance, writes their collapsed stacks there (``joiner-m4.txt``,
@@ -100,10 +105,35 @@ class JoinRound:
     entries: float
     nbytes: float
     stages: list[tuple[float, str]] = field(default_factory=list)
+    # CPU seconds used from the join to the end of the rebalance: the joiner, the old members together, the
+    # writer process, and the whole machine (busy and available, all cores; includes the kernel's network work).
+    cpu_joiner: float = 0.0
+    cpu_old: float = 0.0
+    cpu_writer: float = 0.0
+    cpu_machine: tuple[float, float] = (0.0, 0.0)
 
     @property
     def seconds(self) -> float:
         return max(1e-9, self.t_done - self.t_joined)
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process used so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15 of proc(5))
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot, all cores (``/proc/stat``)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks) - idle) / _TICK, sum(ticks) / _TICK
 
 
 def py_spy() -> str:
@@ -112,13 +142,15 @@ def py_spy() -> str:
     return spy if os.access(spy, os.X_OK) else ""
 
 
-def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None) -> JoinRound:
+def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None, writer_pid: int) -> JoinRound:
     """Start a 4th member and wait until the grid is balanced again; ``profile``: py-spy both sides into it."""
+    old = [m.pid for m in cluster.members]
     urls = [m.http for m in cluster.members]
     before_entries = metric_sum(urls, ENTRIES_RECEIVED)
     before_bytes = metric_sum(urls, BYTES_RECEIVED)
     # What `groupcluster local scale 4` does, with the join time observed here.
     new, t_spawn, t_joined = cluster.spawn_and_wait_joined()
+    cpu0 = (cpu_seconds(new.pid), sum(map(cpu_seconds, old)), cpu_seconds(writer_pid), machine_busy())
     spies: list[subprocess.Popen[bytes]] = []
     if profile:
         out = Path(profile)
@@ -138,6 +170,7 @@ def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None) -> J
     try:
         cluster.wait_settled("the rebalance", 900, watch)
         t_settled = time.time()
+        cpu1 = (cpu_seconds(new.pid), sum(map(cpu_seconds, old)), cpu_seconds(writer_pid), machine_busy())
         bar.finish()
         # The rebalance ended when the last member installed the final balanced topology; the members report
         # that time, so the result does not depend on how often the status was polled (every 0.25 s).
@@ -161,6 +194,10 @@ def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None) -> J
         entries=metric_sum(all_urls, ENTRIES_RECEIVED) - before_entries,
         nbytes=metric_sum(all_urls, BYTES_RECEIVED) - before_bytes,
         stages=stages,
+        cpu_joiner=cpu1[0] - cpu0[0],
+        cpu_old=cpu1[1] - cpu0[1],
+        cpu_writer=cpu1[2] - cpu0[2],
+        cpu_machine=(cpu1[3][0] - cpu0[3][0], cpu1[3][1] - cpu0[3][1]),
     )
 
 
@@ -216,7 +253,7 @@ def main() -> int:
                 cluster.scale(3, progress=bar.update)
                 bar.finish()
                 time.sleep(args.pause_seconds)
-            rounds.append(join_once(cluster, bar, args.profile if n == 0 else None))
+            rounds.append(join_once(cluster, bar, args.profile if n == 0 else None, proc.pid or 0))
         time.sleep(2.0)  # some writes after the rebalance too
         stop.set()
         samples: list[tuple[float, float, bool]] = parent.recv()
@@ -272,6 +309,8 @@ def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], sa
                 "during_p50_ms": round(pct(lat, 50), 2),
                 "during_p99_ms": round(pct(lat, 99), 2),
                 "p99_ratio": round(pct(lat, 99) / pct(idle, 99), 2) if idle and lat else None,
+                "cpu_ms_per_mb": cpu_per_mb([r]),
+                "machine_busy": round(r.cpu_machine[0] / max(1e-9, r.cpu_machine[1]), 2),
                 "timeline": timeline,
             }
         )
@@ -299,11 +338,27 @@ def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], sa
         "idle_p99_ms": round(pct(idle, 99), 2),
         "during_p50_ms": round(pct(during, 50), 2),
         "during_p99_ms": round(pct(during, 99), 2),
+        "cpu_ms_per_mb": cpu_per_mb(rounds),
+        "machine_busy": round(
+            sum(r.cpu_machine[0] for r in rounds) / max(1e-9, sum(r.cpu_machine[1] for r in rounds)),
+            2,
+        ),
         "grid_set": args.grid_set,
         "per_join": per_join,
     }
     res["p99_ratio"] = round(res["during_p99_ms"] / res["idle_p99_ms"], 2) if idle and during else None
     return res
+
+
+def cpu_per_mb(rounds: list[JoinRound]) -> dict[str, float]:
+    """CPU milliseconds per MB moved, by who spent them, over ``rounds``."""
+    mb = max(1e-9, sum(r.nbytes for r in rounds) / 1e6)
+    return {
+        "joiner": round(sum(r.cpu_joiner for r in rounds) * 1000 / mb, 1),
+        "old_members": round(sum(r.cpu_old for r in rounds) * 1000 / mb, 1),
+        "writer": round(sum(r.cpu_writer for r in rounds) * 1000 / mb, 1),
+        "machine": round(sum(r.cpu_machine[0] for r in rounds) * 1000 / mb, 1),
+    }
 
 
 def print_report(args: argparse.Namespace, res: dict[str, Any]) -> None:
@@ -323,12 +378,19 @@ def print_report(args: argparse.Namespace, res: dict[str, Any]) -> None:
         f"p99 {res['during_p99_ms']:.1f} ms ({res['writes_during']} writes); p99 ratio {res['p99_ratio']} "
         f"(target <= 3); {res['writes_failed']} failed"
     )
+    cpu = res["cpu_ms_per_mb"]
+    print(
+        f"CPU per MB moved: joiner {cpu['joiner']:.1f} ms, the 3 old members {cpu['old_members']:.1f} ms, "
+        f"writer {cpu['writer']:.1f} ms; whole machine {cpu['machine']:.1f} ms "
+        f"({res['machine_busy']:.0%} of its {os.cpu_count()} cores busy during the moves)"
+    )
     for i, j in enumerate(res["per_join"], 1):
         slow = " ".join(f"{row['max_ms']:.1f}" for row in j["timeline"])
         print(
             f"  join {i} ({j['joiner']}): {j['seconds_from_join']:.2f}s, {j['mb_per_s']:.1f} MB/s, "
             f"p50 {j['during_p50_ms']:.1f} ms p99 {j['during_p99_ms']:.1f} ms ({j['writes_during']} writes), "
-            f"ratio {j['p99_ratio']}; slowest write per 0.5 s from the join: {slow} ms"
+            f"ratio {j['p99_ratio']}, machine {j['machine_busy']:.0%} busy; slowest write per 0.5 s from the join: "
+            f"{slow} ms"
         )
     if args.profile:
         for f in sorted(Path(args.profile).glob("*.txt")):
