@@ -1,7 +1,8 @@
 """Rebalance benchmark: a 4th member joins a 3-member grid holding 1,000,000 entries of 100 B, under writes.
 
     .venv/bin/python bench/grid_rebalance.py [--entries 1000000] [--value-size 100] [--write-rate 200]
-        [--idle-seconds 10] [--joins 5] [--pause-seconds 3] [--grid-set KEY=VALUE ...] [--profile DIR] [--json]
+        [--idle-seconds 10] [--joins 5] [--pause-seconds 3] [--grid-set KEY=VALUE ...] [--member-args ARGS]
+        [--profile DIR] [--json]
 
 1. Starts 3 members (``groupcluster local`` machinery, 127.0.0.1, a temporary directory) and loads
    ``--entries`` entries through ``put_many`` (batched).
@@ -28,7 +29,8 @@
 ``--profile DIR`` (py-spy, from the ``bench`` extra) runs ``py-spy record`` on the joiner and on one source
 member during the first join's rebalance, writes their collapsed stacks there (``joiner-m4.txt``,
 ``source-m1.txt``: input for flamegraph.pl or speedscope) and prints the functions with the most samples.
-``--grid-set`` passes a grid parameter to every member (e.g. ``transfer_batch_bytes=1MiB``) to compare settings.
+``--grid-set`` passes a grid parameter to every member (e.g. ``transfer_batch_bytes=1MiB``) to compare settings;
+``--member-args`` passes more member arguments (e.g. ``'--transport tcp --set frag.frag_size=1MiB'``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -210,6 +213,12 @@ def main() -> int:
     ap.add_argument("--joins", type=int, default=5, help="4th members joining one after another (pooled figures)")
     ap.add_argument("--pause-seconds", type=float, default=3.0, help="idle time after a leave, before a join")
     ap.add_argument("--grid-set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--member-args",
+        default="",
+        metavar="ARGS",
+        help="more arguments for every member, one string (e.g. '--transport tcp --set frag.frag_size=1MiB')",
+    )
     ap.add_argument("--profile", metavar="DIR", help="py-spy profiles of the joiner and a source member")
     ap.add_argument("--keep", action="store_true", help="keep the members' directory (logs)")
     ap.add_argument("--json", action="store_true")
@@ -222,6 +231,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="grid-rebalance-"))
     cluster = LocalCluster(work)
+    cluster.member_args = shlex.split(args.member_args)
     bar = ProgressBar(sys.stderr)
     stop = mp.Event()
     parent, child = mp.Pipe(duplex=False)
@@ -255,6 +265,7 @@ def main() -> int:
                 time.sleep(args.pause_seconds)
             rounds.append(join_once(cluster, bar, args.profile if n == 0 else None, proc.pid or 0))
         time.sleep(2.0)  # some writes after the rebalance too
+        transports = member_transports(cluster)
         stop.set()
         samples: list[tuple[float, float, bool]] = parent.recv()
         proc.join(timeout=30)
@@ -268,11 +279,23 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     res = results(args, load_s, rounds, samples)
+    res["transports"] = transports
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     print_report(args, res)
     return 0
+
+
+def member_transports(cluster: LocalCluster) -> list[str]:
+    """The transports the members report in their status files (what ``--member-args`` may have changed)."""
+    seen: set[str] = set()
+    for m in cluster.members:
+        try:
+            seen.add(str(json.loads((cluster.dir / f"{m.name}.status.json").read_text()).get("transport")))
+        except (OSError, ValueError):
+            seen.add("unknown")
+    return sorted(seen)
 
 
 def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], samples: list[Any]) -> dict[str, Any]:
@@ -344,6 +367,7 @@ def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], sa
             2,
         ),
         "grid_set": args.grid_set,
+        "member_args": shlex.split(args.member_args),
         "per_join": per_join,
     }
     res["p99_ratio"] = round(res["during_p99_ms"] / res["idle_p99_ms"], 2) if idle and during else None
@@ -362,6 +386,10 @@ def cpu_per_mb(rounds: list[JoinRound]) -> dict[str, float]:
 
 
 def print_report(args: argparse.Namespace, res: dict[str, Any]) -> None:
+    settings = [f"transport {'/'.join(res['transports'])}", *res["grid_set"]]
+    if res["member_args"]:
+        settings.append(f"member arguments {' '.join(res['member_args'])}")
+    print("members: " + ", ".join(settings))
     print(
         f"loaded {args.entries:,} entries of {args.value_size} B into 3 members in {res['load_seconds']:.1f}s "
         f"({res['load_entries_per_s']:,} entries/s)"

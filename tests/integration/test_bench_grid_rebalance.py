@@ -1,5 +1,6 @@
 """``bench/grid_rebalance.py`` end to end with a small grid: it moves entries and reports its figures, the CPU
-accounting per MB moved included (what the issue 4 speed work is judged by)."""
+accounting per MB moved included (what the issue 4 speed work is judged by), with members on TCP through
+``--member-args``."""
 
 from __future__ import annotations
 
@@ -23,11 +24,15 @@ def test_rebalance_bench_moves_entries_and_reports_cpu() -> None:
         "1",
         "--write-rate",
         "50",
+        "--member-args",
+        "--transport tcp",
         "--json",
     ]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(r.stdout)
+    # --member-args reached every member: they all report the TCP transport (UDP is the default).
+    assert res["member_args"] == ["--transport", "tcp"] and res["transports"] == ["tcp"], res
     # A 4th member takes about a quarter of both copies of each entry: about half of the entries move to it.
     assert 5000 < res["entries_moved"] < 20000, res
     assert res["mb_per_s"] > 0 and res["writes_failed"] == 0, res

@@ -284,6 +284,10 @@ class LocalCluster:
         # ... and take faults-layer settings from ``mN.faults.json`` (``--faults-control``: how chaos cuts one
         # off the network).
         self.faults_control = False
+        # Extra arguments for every member this object starts, after the ones above (benchmarks compare
+        # transports and stack settings this way, e.g. ``--transport tcp --set frag.frag_size=1MiB``); not kept
+        # in cluster.json either, so a later ``groupcluster local scale`` starts members without them.
+        self.member_args: list[str] = []
 
     # -- state -----------------------------------------------------------------------------------------------
     @property
@@ -398,6 +402,7 @@ class LocalCluster:
             argv += ["--record", str(self.history_path(name))]
         if self.faults_control:
             argv += ["--faults-control", str(self.faults_control_path(name))]
+        argv += self.member_args
         with open(log, "wb") as out:
             # A session of its own: the member outlives this command and a Ctrl-C in its terminal.
             proc = subprocess.Popen(
