@@ -22,9 +22,10 @@
    p99 during <= 3x idle.
 6. Also reported: the CPU time spent from each join to the end of its rebalance, per MB moved: the joiner's,
    the three old members' together, the writer's, and the whole machine's (``/proc/stat``: every process and
-   the kernel's network work), with the share of the machine's cores that was busy. Write latency during a
-   move follows how busy the machine is, so this says what a change saved where, apart from the noise of the
-   p99 of ~200 writes.
+   the kernel's network work), with the share of the machine's cores that was busy and the share its host
+   stole (a virtual machine's cores running someone else's work: a run with much of it is not comparable).
+   Write latency during a move follows how busy the machine is, so this says what a change saved where, apart
+   from the noise of the p99 of ~200 writes.
 
 ``--profile DIR`` (py-spy, from the ``bench`` extra) runs ``py-spy record`` on the joiner and on one source
 member during the first join's rebalance, writes their collapsed stacks there (``joiner-m4.txt``,
@@ -113,7 +114,7 @@ class JoinRound:
     cpu_joiner: float = 0.0
     cpu_old: float = 0.0
     cpu_writer: float = 0.0
-    cpu_machine: tuple[float, float] = (0.0, 0.0)
+    cpu_machine: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
     def seconds(self) -> float:
@@ -132,11 +133,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15 of proc(5))
 
 
-def machine_busy() -> tuple[float, float]:
-    """(busy, total) CPU seconds of the whole machine since boot, all cores (``/proc/stat``)."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle, iowait
-    return (sum(ticks) - idle) / _TICK, sum(ticks) / _TICK
+def machine_busy() -> tuple[float, float, float]:
+    """(busy, total, stolen) CPU seconds of the whole machine since boot, all cores (``/proc/stat``).
+
+    Stolen time is when a virtual machine's cores wanted to run but its host ran something else: it is not
+    ours, so it is not busy time, but a run with much of it was slowed by its neighbours."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    busy = user + nice + system + irq + softirq  # guest time is counted in user already
+    return busy / _TICK, (busy + idle + iowait + steal) / _TICK, steal / _TICK
 
 
 def py_spy() -> str:
@@ -200,7 +206,7 @@ def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None, writ
         cpu_joiner=cpu1[0] - cpu0[0],
         cpu_old=cpu1[1] - cpu0[1],
         cpu_writer=cpu1[2] - cpu0[2],
-        cpu_machine=(cpu1[3][0] - cpu0[3][0], cpu1[3][1] - cpu0[3][1]),
+        cpu_machine=(cpu1[3][0] - cpu0[3][0], cpu1[3][1] - cpu0[3][1], cpu1[3][2] - cpu0[3][2]),
     )
 
 
@@ -334,6 +340,7 @@ def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], sa
                 "p99_ratio": round(pct(lat, 99) / pct(idle, 99), 2) if idle and lat else None,
                 "cpu_ms_per_mb": cpu_per_mb([r]),
                 "machine_busy": round(r.cpu_machine[0] / max(1e-9, r.cpu_machine[1]), 2),
+                "machine_stolen": round(r.cpu_machine[2] / max(1e-9, r.cpu_machine[1]), 2),
                 "timeline": timeline,
             }
         )
@@ -364,6 +371,10 @@ def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], sa
         "cpu_ms_per_mb": cpu_per_mb(rounds),
         "machine_busy": round(
             sum(r.cpu_machine[0] for r in rounds) / max(1e-9, sum(r.cpu_machine[1] for r in rounds)),
+            2,
+        ),
+        "machine_stolen": round(
+            sum(r.cpu_machine[2] for r in rounds) / max(1e-9, sum(r.cpu_machine[1] for r in rounds)),
             2,
         ),
         "grid_set": args.grid_set,
@@ -410,14 +421,16 @@ def print_report(args: argparse.Namespace, res: dict[str, Any]) -> None:
     print(
         f"CPU per MB moved: joiner {cpu['joiner']:.1f} ms, the 3 old members {cpu['old_members']:.1f} ms, "
         f"writer {cpu['writer']:.1f} ms; whole machine {cpu['machine']:.1f} ms "
-        f"({res['machine_busy']:.0%} of its {os.cpu_count()} cores busy during the moves)"
+        f"({res['machine_busy']:.0%} of its {os.cpu_count()} cores busy during the moves, "
+        f"{res['machine_stolen']:.0%} stolen by the host)"
     )
     for i, j in enumerate(res["per_join"], 1):
         slow = " ".join(f"{row['max_ms']:.1f}" for row in j["timeline"])
         print(
             f"  join {i} ({j['joiner']}): {j['seconds_from_join']:.2f}s, {j['mb_per_s']:.1f} MB/s, "
             f"p50 {j['during_p50_ms']:.1f} ms p99 {j['during_p99_ms']:.1f} ms ({j['writes_during']} writes), "
-            f"ratio {j['p99_ratio']}, machine {j['machine_busy']:.0%} busy; slowest write per 0.5 s from the join: "
+            f"ratio {j['p99_ratio']}, machine {j['machine_busy']:.0%} busy, {j['machine_stolen']:.0%} stolen; "
+            "slowest write per 0.5 s from the join: "
             f"{slow} ms"
         )
     if args.profile:
