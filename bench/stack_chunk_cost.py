@@ -9,7 +9,7 @@ handed to its receiver at once. The figure is the process CPU time per round and
 together: what the stack path of a chunk costs without the event loop, the sockets and the grid's data work.
 ``--profile`` prints the hottest functions of a second pass.
 
-On stop 22's machine a 112 KB round took 0.52 ms (4.6 ms per MB), a small part of the 39-58 ms of CPU per MB
+On stop 22's machine a 112 KB round took 0.31-0.52 ms (2.7-4.6 ms per MB), a small part of the 39-58 ms of CPU per MB
 that ``bench/grid_rebalance.py`` measures for a whole move (docs/grid.md, stop 22).
 """
 
