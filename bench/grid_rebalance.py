@@ -109,8 +109,9 @@ class JoinRound:
     entries: float
     nbytes: float
     stages: list[tuple[float, str]] = field(default_factory=list)
-    # CPU seconds used from the join to the end of the rebalance: the joiner, the old members together, the
-    # writer process, and the whole machine (busy and available, all cores; includes the kernel's network work).
+    # CPU seconds used from the join until the status poll saw the grid settled (at most 0.25 s after the
+    # rebalance ended): the joiner, the old members together, the writer process, and the whole machine (busy,
+    # available and stolen by the host, all cores; busy includes the kernel's network work).
     cpu_joiner: float = 0.0
     cpu_old: float = 0.0
     cpu_writer: float = 0.0
@@ -133,7 +134,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15 of proc(5))
 
 
-def machine_busy() -> tuple[float, float, float]:
+def machine_cpu() -> tuple[float, float, float]:
     """(busy, total, stolen) CPU seconds of the whole machine since boot, all cores (``/proc/stat``).
 
     Stolen time is when a virtual machine's cores wanted to run but its host ran something else: it is not
@@ -143,6 +144,11 @@ def machine_busy() -> tuple[float, float, float]:
     )
     busy = user + nice + system + irq + softirq  # guest time is counted in user already
     return busy / _TICK, (busy + idle + iowait + steal) / _TICK, steal / _TICK
+
+
+def cpu_sample(joiner: int, old: list[int], writer: int) -> tuple[float, ...]:
+    """CPU seconds so far: the joiner, the old members together, the writer, then :func:`machine_cpu`'s three."""
+    return (cpu_seconds(joiner), sum(map(cpu_seconds, old)), cpu_seconds(writer), *machine_cpu())
 
 
 def py_spy() -> str:
@@ -159,7 +165,7 @@ def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None, writ
     before_bytes = metric_sum(urls, BYTES_RECEIVED)
     # What `groupcluster local scale 4` does, with the join time observed here.
     new, t_spawn, t_joined = cluster.spawn_and_wait_joined()
-    cpu0 = (cpu_seconds(new.pid), sum(map(cpu_seconds, old)), cpu_seconds(writer_pid), machine_busy())
+    cpu0 = cpu_sample(new.pid, old, writer_pid)
     spies: list[subprocess.Popen[bytes]] = []
     if profile:
         out = Path(profile)
@@ -179,7 +185,7 @@ def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None, writ
     try:
         cluster.wait_settled("the rebalance", 900, watch)
         t_settled = time.time()
-        cpu1 = (cpu_seconds(new.pid), sum(map(cpu_seconds, old)), cpu_seconds(writer_pid), machine_busy())
+        cpu1 = cpu_sample(new.pid, old, writer_pid)
         bar.finish()
         # The rebalance ended when the last member installed the final balanced topology; the members report
         # that time, so the result does not depend on how often the status was polled (every 0.25 s).
@@ -195,6 +201,7 @@ def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None, writ
             except subprocess.TimeoutExpired:
                 s.kill()
     all_urls = [m.http for m in cluster.members]
+    joiner_s, old_s, writer_s, *machine = (b - a for a, b in zip(cpu0, cpu1, strict=True))
     return JoinRound(
         joiner=new.name,
         t_spawn=t_spawn,
@@ -203,10 +210,10 @@ def join_once(cluster: LocalCluster, bar: ProgressBar, profile: str | None, writ
         entries=metric_sum(all_urls, ENTRIES_RECEIVED) - before_entries,
         nbytes=metric_sum(all_urls, BYTES_RECEIVED) - before_bytes,
         stages=stages,
-        cpu_joiner=cpu1[0] - cpu0[0],
-        cpu_old=cpu1[1] - cpu0[1],
-        cpu_writer=cpu1[2] - cpu0[2],
-        cpu_machine=(cpu1[3][0] - cpu0[3][0], cpu1[3][1] - cpu0[3][1], cpu1[3][2] - cpu0[3][2]),
+        cpu_joiner=joiner_s,
+        cpu_old=old_s,
+        cpu_writer=writer_s,
+        cpu_machine=(machine[0], machine[1], machine[2]),
     )
 
 
@@ -339,8 +346,7 @@ def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], sa
                 "during_p99_ms": round(pct(lat, 99), 2),
                 "p99_ratio": round(pct(lat, 99) / pct(idle, 99), 2) if idle and lat else None,
                 "cpu_ms_per_mb": cpu_per_mb([r]),
-                "machine_busy": round(r.cpu_machine[0] / max(1e-9, r.cpu_machine[1]), 2),
-                "machine_stolen": round(r.cpu_machine[2] / max(1e-9, r.cpu_machine[1]), 2),
+                **machine_shares([r]),
                 "timeline": timeline,
             }
         )
@@ -369,14 +375,7 @@ def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], sa
         "during_p50_ms": round(pct(during, 50), 2),
         "during_p99_ms": round(pct(during, 99), 2),
         "cpu_ms_per_mb": cpu_per_mb(rounds),
-        "machine_busy": round(
-            sum(r.cpu_machine[0] for r in rounds) / max(1e-9, sum(r.cpu_machine[1] for r in rounds)),
-            2,
-        ),
-        "machine_stolen": round(
-            sum(r.cpu_machine[2] for r in rounds) / max(1e-9, sum(r.cpu_machine[1] for r in rounds)),
-            2,
-        ),
+        **machine_shares(rounds),
         "grid_set": args.grid_set,
         "member_args": shlex.split(args.member_args),
         "per_join": per_join,
@@ -393,6 +392,15 @@ def cpu_per_mb(rounds: list[JoinRound]) -> dict[str, float]:
         "old_members": round(sum(r.cpu_old for r in rounds) * 1000 / mb, 1),
         "writer": round(sum(r.cpu_writer for r in rounds) * 1000 / mb, 1),
         "machine": round(sum(r.cpu_machine[0] for r in rounds) * 1000 / mb, 1),
+    }
+
+
+def machine_shares(rounds: list[JoinRound]) -> dict[str, float]:
+    """The shares of the machine's cores busy and stolen by the host during ``rounds``."""
+    available = max(1e-9, sum(r.cpu_machine[1] for r in rounds))
+    return {
+        "machine_busy": round(sum(r.cpu_machine[0] for r in rounds) / available, 2),
+        "machine_stolen": round(sum(r.cpu_machine[2] for r in rounds) / available, 2),
     }
 
 

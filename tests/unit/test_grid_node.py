@@ -570,6 +570,21 @@ def _step_until(net: FakeNet, cond: Callable[[], bool], limit: float = 2.0) -> N
         net.run_until(net.now + 0.0001)
 
 
+def _two_members_with_keys(seed: int, writer: int) -> tuple[FakeNet, tuple[Address, Address], list[bytes]]:
+    """Two members, and 100 keys written through the ``writer``-th of them (all acknowledged)."""
+    net = FakeNet(random.Random(seed))
+    a, b = net.add(2)
+    net.run_until(2.0)
+    src = (a, b)[writer]
+    keys = [f"key{i}".encode() for i in range(100)]
+    for k in keys:
+        net.nodes[src].put(k, b"x", net.now)
+    net.collect(src)
+    net.run_until(3.0)
+    assert all(r.ok for r in net.results[src])
+    return net, (a, b), keys
+
+
 def _hand_off_to_joiners(net: FakeNet, leavers: tuple[Address, ...], keys: list[bytes]) -> None:
     """Two members join; run until every leaver left (each only once ready, none without a taker), then check
     that the joiners, the only members left, hold every key."""
@@ -598,15 +613,7 @@ def test_holder_that_leaves_waits_for_members_that_joined_during_its_last_rebala
     # planned when the rebalance started: it lists a alone. a read "nobody could take my segments" from it and
     # left with the only copy, a step before the next topology handed everything to the joiners. Now a member
     # the CH does not list counts as a possible taker, and a hands off first.
-    net = FakeNet(random.Random(12))
-    a, b = net.add(2)
-    net.run_until(2.0)
-    keys = [f"key{i}".encode() for i in range(100)]
-    for k in keys:
-        net.nodes[a].put(k, b"x", net.now)
-    net.collect(a)
-    net.run_until(3.0)
-    assert all(r.ok for r in net.results[a])
+    net, (a, b), keys = _two_members_with_keys(12, writer=0)
     net.nodes[b].leave(net.now)
     net.collect(b)
     _step_until(net, lambda: net.nodes[a].topology.phase != Phase.NO_REBALANCE)  # type: ignore[union-attr]
@@ -621,15 +628,7 @@ def test_holder_that_leaves_after_its_peer_waits_while_the_peer_could_take_its_s
     # found that nobody could take its segments and left with the only copy. The coordinator, told that both
     # were leaving, had just made a an owner again, and two members joined 4 ms later. Now b waits while a,
     # a member with capacity, is in its view; the joiners then take the data from both.
-    net = FakeNet(random.Random(13))
-    a, b = net.add(2)
-    net.run_until(2.0)
-    keys = [f"key{i}".encode() for i in range(100)]
-    for k in keys:
-        net.nodes[b].put(k, b"x", net.now)
-    net.collect(b)
-    net.run_until(3.0)
-    assert all(r.ok for r in net.results[b])
+    net, (a, b), keys = _two_members_with_keys(13, writer=1)
     net.nodes[a].leave(net.now)
     net.collect(a)
     _step_until(net, lambda: net.nodes[b].topology.phase == Phase.READ_NEW_WRITE_ALL)  # type: ignore[union-attr]
