@@ -21,9 +21,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import signal
+import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -760,3 +763,121 @@ def test_change_feed_across_a_join_misses_no_write_and_repeats_none(members: Mem
             f"feed {values[-8:]}\nacked {ops[-8:]}"
         )
     client.close()
+
+
+# ==== client deadlines (docs/grid.md, "Client deadlines") ==================================================
+@pytest.mark.parametrize("value", ["soon", "", "nan", "inf", "-5", "0", "1e400"])
+def test_a_malformed_deadline_header_is_a_400_naming_it(one_member: str, value: str) -> None:
+    code, data = http("PUT", one_member + "/v1/kv/dl-bad", b"v", headers={"X-Grid-Deadline": value})
+    assert code == 400, data
+    assert "X-Grid-Deadline: expected a Unix time in seconds" in json.loads(data)["error"]
+    assert http("GET", one_member + "/v1/kv/dl-bad")[0] == 404  # nothing was written
+
+
+def test_a_request_read_after_its_deadline_is_refused_and_runs_nothing(one_member: str) -> None:
+    status, body = http("PUT", one_member + "/v1/kv/dl-key", b"before")
+    assert status == 200, body
+    past = {"X-Grid-Deadline": f"{time.time() - 0.5:.3f}"}
+    batch = _mp({"ops": [["put", b"dl-key", b"late"]]})
+    for method, path, data, headers in [
+        ("PUT", "/v1/kv/dl-key", b"late", past),
+        ("DELETE", "/v1/kv/dl-key", None, past),
+        ("POST", "/v1/batch", batch, {**past, "Content-Type": "application/msgpack"}),
+    ]:
+        code, answer = http(method, one_member + path, data, headers=headers)
+        doc = json.loads(answer)
+        assert code == 504 and doc["reason"] == "deadline", doc
+        assert "deadline passed" in doc["error"] and "nothing was done" in doc["error"]
+    assert http("GET", one_member + "/v1/kv/dl-key")[1] == b"before"
+    # A deadline ahead: served as usual.
+    ahead = {"X-Grid-Deadline": f"{time.time() + 30:.3f}"}
+    assert http("PUT", one_member + "/v1/kv/dl-key", b"after", headers=ahead)[0] == 200
+    assert http("GET", one_member + "/v1/kv/dl-key", headers=ahead)[1] == b"after"
+    metrics = http("GET", one_member + "/metrics")[1].decode()
+    assert _metric(metrics, 'groupcluster_http_requests_total{kind="deadline_expired"}') >= 3
+
+
+def test_the_clients_send_a_deadline_with_every_request(one_member: str) -> None:
+    # A deadline a microsecond after the attempt starts has passed when the member reads it: every attempt is
+    # refused, which only happens if the header was sent.
+    late = GridClient([one_member], request_timeout=1.0, clock_skew=1.0 - 1e-6, retries=1, backoff=0.01)
+    with late as c, pytest.raises(GridUnavailableError, match="deadline passed"):
+        c.put(b"dl-client", b"v")
+
+    async def main() -> None:
+        async with AsyncGridClient([one_member], request_timeout=1.0, clock_skew=1.0 - 1e-6, retries=1) as c:
+            with pytest.raises(GridUnavailableError, match="deadline passed"):
+                await c.get(b"dl-client")
+
+    asyncio.run(main())
+    assert http("GET", one_member + "/v1/kv/dl-client")[0] == 404
+    with pytest.raises(ValueError, match="clock_skew: expected 0 to below request_timeout"):
+        GridClient([one_member], request_timeout=1.0, clock_skew=1.0)
+
+
+def _raw_put(url: str, key: str, value: bytes, headers: dict[str, str]) -> socket.socket:
+    """Send a PUT on a fresh connection and return the socket unread: its client has stopped waiting."""
+    u = urllib.parse.urlsplit(url)
+    sock = socket.create_connection((u.hostname, u.port), timeout=5.0)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sock.sendall(
+        f"PUT /v1/kv/{key} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Length: {len(value)}\r\n{head}\r\n".encode() + value
+    )
+    return sock
+
+
+def test_a_write_read_by_a_paused_member_after_its_deadline_cannot_land_over_a_later_one(members: Members) -> None:
+    """The hazard the deadline closes: a PUT waits in the socket of a paused member (SIGSTOP) while its client
+    gives up and writes a newer value through another member. When the member resumes it reads the PUT. Without
+    a deadline the old PUT lands over the newer value (the control key shows the hazard is real here); with one
+    the member refuses it (504) and the newer value stays, on every member."""
+    from groupcluster.grid.consistent_hash import segment_of
+
+    grid = Grid(members, 3)
+    names = ["m0", "m1", "m2"]
+    for i in range(3):
+        grid.start(i)
+    wait_until("3 members settled", lambda: grid.settled(names), 90, members)
+    paused = grid.procs["m2"]
+    purl = grid.urls["m2"]
+    n_seg = int(grid.status("m2")["routing"]["num_segments"])  # type: ignore[index]
+    # Keys m2 does not own (it answers 409 for their segment's scan), so writes through the others never wait
+    # for m2 while it is paused: it stays in the view (the pause is well under the failure detector's timeout).
+    keys = [
+        k
+        for k in (f"dl-{i}" for i in range(200))
+        if http("GET", f"{purl}/v1/segments/{segment_of(k.encode(), n_seg)}?limit=1")[0] == 409
+    ][:2]
+    assert len(keys) == 2
+    guarded, control = keys
+    others = [grid.urls["m0"], grid.urls["m1"]]
+    socks: list[socket.socket] = []
+    with GridClient(others) as c:
+        for k in keys:
+            c.put(k.encode(), b"first")
+        paused.popen.send_signal(signal.SIGSTOP)
+        try:
+            socks.append(_raw_put(purl, guarded, b"stale", {"X-Grid-Deadline": f"{time.time() + 0.3:.3f}"}))
+            socks.append(_raw_put(purl, control, b"stale", {}))
+            time.sleep(0.5)  # both clients gave up; the deadline passed
+            for k in keys:
+                c.put(k.encode(), b"newer")  # acknowledged while m2 is paused
+        finally:
+            paused.popen.send_signal(signal.SIGCONT)
+        try:
+            answers = []
+            for s in socks:
+                s.settimeout(20.0)
+                answers.append(s.recv(65536).decode(errors="replace"))
+        finally:
+            for s in socks:
+                s.close()
+        assert answers[0].startswith("HTTP/1.1 504") and '"reason": "deadline"' in answers[0], answers[0]
+        assert answers[1].startswith("HTTP/1.1 200"), answers[1]
+        # The control PUT (no deadline) ran on resume and overwrote the acknowledged newer value.
+        assert c.get(control.encode()) == b"stale"
+    for url in grid.urls.values():
+        with GridClient([url], route=False) as one:
+            assert one.get(guarded.encode()) == b"newer", url
+    metrics = http("GET", purl + "/metrics")[1].decode()
+    assert _metric(metrics, 'groupcluster_http_requests_total{kind="deadline_expired"}') == 1

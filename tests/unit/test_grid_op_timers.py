@@ -4,12 +4,25 @@ A batch's operations are sent in one step with consecutive ids and share one res
 one timer entry for all of them (``GridNode._op_timers``). These tests check that an operation in such a run
 is still resent on time, and only it, whichever of its neighbours were answered, and that a finished run
 leaves no timer behind. Two real nodes; the answers are delivered (or withheld) by hand.
+
+Client deadlines (the tests from ``test_an_operation_whose_deadline_passed``): an operation sends no attempt at
+or after its client's deadline, since a client that gave up may have retried on another member, and the first
+member must not land the write after that (docs/grid.md, "Client deadlines").
 """
 
 from __future__ import annotations
 
 from groupcluster.core.address import Address
-from groupcluster.grid.messages import OK, PUT, Command, CommandBatch, ResponseBatch, decode_payload, encode_payload
+from groupcluster.grid.messages import (
+    OK,
+    PUT,
+    RETRY,
+    Command,
+    CommandBatch,
+    ResponseBatch,
+    decode_payload,
+    encode_payload,
+)
 from groupcluster.grid.node import GridConfig, GridNode
 
 CONFIG = GridConfig.from_dict({"num_segments": 16, "num_owners": 1, "attempt_timeout": "1s", "op_timeout": "60s"})
@@ -110,3 +123,101 @@ def test_a_run_whose_front_is_still_waiting_keeps_its_time_when_later_ones_finis
     assert a.next_deadline() == 3.5
     answer(a, cmd2, [0, 1], 2.7)
     assert len(a.take_results()) == 6 and a.next_deadline() is None
+
+
+# ==== client deadlines ===================================================================================
+def results(node: GridNode) -> dict[int, tuple[bool, str]]:
+    return {r.op_id: (r.ok, r.error) for r in node.take_results()}
+
+
+def test_an_operation_whose_deadline_passed_before_it_started_sends_nothing() -> None:
+    a, b = two_nodes()
+    (key,) = keys_owned_by(a, b.address, 1)
+    op = a.put(key, b"late", 5.0, deadline=4.9)
+    assert commands(a) == []
+    ok, error = results(a)[op]
+    assert not ok and error.startswith("timed out") and "before any attempt was sent" in error
+    assert a.metrics["grid.ops_deadline_expired"] == 1
+    assert a.pending_ops == 0
+
+
+def test_a_batch_past_its_deadline_sends_nothing_and_fails_every_operation() -> None:
+    a, b = two_nodes()
+    keys = keys_owned_by(a, b.address, 3)
+    ids = a.start_batch([(PUT, k, b"v") for k in keys], 5.0, deadline=5.0)
+    assert commands(a) == []
+    got = results(a)
+    assert sorted(got) == ids and not any(ok for ok, _ in got.values())
+
+
+def test_an_unanswered_operation_is_not_resent_after_its_deadline() -> None:
+    a, b = two_nodes()
+    (key,) = keys_owned_by(a, b.address, 1)
+    op = a.put(key, b"v", 1.0, deadline=2.5)  # attempt_timeout is 1 s: resends due at 2.0 and 3.0
+    assert len(commands(a)) == 1
+    assert a.next_deadline() == 2.0
+    a.tick(2.0)
+    assert [c.attempts[0] for c in commands(a)] == [2]  # before the deadline: resent
+    assert a.next_deadline() == 2.5  # the deadline, not the next resend
+    a.tick(2.5)
+    assert commands(a) == []
+    ok, error = results(a)[op]
+    assert not ok and error == "timed out: the request's deadline passed after 2 attempts"
+    # Nothing of it is left to time: the node's next step is not for this operation.
+    assert a.pending_ops == 0
+    nd = a.next_deadline()
+    assert nd is None or nd > 3.0
+
+
+def test_a_retry_answer_arriving_after_the_deadline_sends_no_new_attempt() -> None:
+    # The owner asks for a retry (RETRY, e.g. it moved to another topology) after the client's deadline, before
+    # the node's timer for the deadline ran: no new attempt, and the operation fails at the next step.
+    a, b = two_nodes()
+    (key,) = keys_owned_by(a, b.address, 1)
+    op = a.put(key, b"v", 1.0, deadline=1.5)
+    (cmd,) = commands(a)
+    rsp = ResponseBatch()
+    rsp.add(cmd.op_ids[0], cmd.attempts[0], RETRY, cmd.topology_id, None, "")
+    a.on_messages([(b.address, encode_payload(list(rsp.responses())))], 1.6)
+    assert a.next_deadline() == 1.5
+    a.tick(1.6)
+    assert commands(a) == []
+    ok, error = results(a)[op]
+    assert not ok and error.endswith("after 1 attempts")
+
+
+def test_operations_answered_before_their_deadline_succeed_and_their_deadline_entry_is_dropped() -> None:
+    a, b = two_nodes()
+    keys = keys_owned_by(a, b.address, 2)
+    ids = a.start_batch([(PUT, k, b"v") for k in keys], 1.0, deadline=9.0)
+    (cmd,) = commands(a)
+    answer(a, cmd, [0, 1], 1.2)
+    assert results(a) == {i: (True, "") for i in ids}
+    a.tick(9.0)  # the batch's deadline entry comes due with nothing left: no effect
+    assert results(a) == {} and a.metrics["grid.ops_deadline_expired"] == 0
+    assert a.next_deadline() is None or a.next_deadline() > 9.0  # type: ignore[operator]
+
+
+def test_deadlines_out_of_start_order_each_expire_at_their_own_time() -> None:
+    a, b = two_nodes()
+    k1, k2 = keys_owned_by(a, b.address, 2)
+    late = a.put(k1, b"1", 1.0, deadline=1.8)
+    early = a.put(k2, b"2", 1.1, deadline=1.3)  # started later, due earlier
+    commands(a)
+    assert a.next_deadline() == 1.3
+    a.tick(1.3)
+    assert set(results(a)) == {early}
+    assert a.next_deadline() == 1.8
+    a.tick(1.8)
+    assert set(results(a)) == {late}
+
+
+def test_without_a_deadline_an_operation_keeps_the_grid_timeout() -> None:
+    a, b = two_nodes()
+    (key,) = keys_owned_by(a, b.address, 1)
+    a.put(key, b"v", 1.0)
+    commands(a)
+    for t in (2.0, 3.0, 4.0):
+        a.tick(t)
+        assert len(commands(a)) == 1  # resent every attempt_timeout
+    assert results(a) == {}

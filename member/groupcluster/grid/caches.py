@@ -26,6 +26,7 @@ import asyncio
 import logging
 import os
 import re
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -41,7 +42,7 @@ from .consistent_hash import MAX_OWNERS
 from .invalidation import InvalidationConfig, InvalidationNode
 from .messages import DELETE, GET, PUT
 from .node import GridConfig, OpResult
-from .runtime import TAG_GRID, TAG_INFO, GridRuntime, GridUnavailable, NodeTimer, error_for
+from .runtime import TAG_GRID, TAG_INFO, GridRuntime, GridTimeout, GridUnavailable, NodeTimer, error_for
 
 if TYPE_CHECKING:
     from ..runtime.channel import Channel
@@ -166,6 +167,13 @@ def parse_cache_specs(texts: Iterable[str]) -> list[CacheSpec]:
     return specs
 
 
+_EXPIRED = "timed out: the request's deadline passed before the operation started"
+
+
+def _expired(deadline: float | None) -> bool:
+    return deadline is not None and time.time() >= deadline
+
+
 class InvalidationRuntime(NodeTimer):
     """Drives one :class:`~.invalidation.InvalidationNode` from the channel and the event loop (the same
     operations as :class:`~.runtime.GridRuntime` that the HTTP API uses)."""
@@ -221,30 +229,38 @@ class InvalidationRuntime(NodeTimer):
             raise GridUnavailable("this member has not joined the group yet")
         return self.node
 
-    async def get_versioned(self, key: bytes) -> tuple[bytes | None, int]:
+    async def get_versioned(self, key: bytes, deadline: float | None = None) -> tuple[bytes | None, int]:
         node = self._require_node()
+        if _expired(deadline):
+            raise GridTimeout(_EXPIRED)
         value = node.get(key)
         self.counters["ops_get"] += 1
         return value, node.version_of(key)
 
-    async def get(self, key: bytes) -> bytes | None:
-        return (await self.get_versioned(key))[0]
+    async def get(self, key: bytes, deadline: float | None = None) -> bytes | None:
+        return (await self.get_versioned(key, deadline))[0]
 
-    async def put(self, key: bytes, value: bytes) -> OpResult:
-        return (await self._write([(PUT, key, value)]))[0]
+    async def put(self, key: bytes, value: bytes, deadline: float | None = None) -> OpResult:
+        return (await self._write([(PUT, key, value)], deadline))[0]
 
-    async def delete(self, key: bytes) -> OpResult:
-        return (await self._write([(DELETE, key, None)]))[0]
+    async def delete(self, key: bytes, deadline: float | None = None) -> OpResult:
+        return (await self._write([(DELETE, key, None)], deadline))[0]
 
-    async def _write(self, ops: Sequence[tuple[int, bytes, bytes | None]]) -> list[OpResult]:
-        results = await self.run_batch(ops)
+    async def _write(self, ops: Sequence[tuple[int, bytes, bytes | None]], deadline: float | None) -> list[OpResult]:
+        results = await self.run_batch(ops, deadline)
         for res in results:
             if not res.ok:
                 raise error_for(res)
         return results
 
-    async def run_batch(self, ops: Sequence[tuple[int, bytes, bytes | None]]) -> list[OpResult]:
+    async def run_batch(
+        self, ops: Sequence[tuple[int, bytes, bytes | None]], deadline: float | None = None
+    ) -> list[OpResult]:
+        """``deadline`` (Unix time) is checked once, before anything starts: a write here is applied to the local
+        copy in the step that starts it, so one that started in time cannot land later."""
         node = self._require_node()
+        if _expired(deadline):
+            return [OpResult(-1, k, key, False, error=_EXPIRED, attempts=0, reason="timeout") for k, key, _ in ops]
         ids = node.start_batch(ops, self._loop.time())
         futs = []
         for op in ids:

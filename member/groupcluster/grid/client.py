@@ -25,11 +25,13 @@ known URL) it uses any member it knows.
 
 Up to ``retries`` retries with exponential backoff (``backoff`` doubling up to 1 s), within ``timeout``
 seconds overall. A retried PUT or DELETE may be applied twice. That is harmless only while the first attempt's
-operation is over when the retry starts: keep ``request_timeout`` above the members' ``op_timeout`` plus
-``attempt_timeout`` (the defaults do: 35 s against 30 s + 3 s). With a shorter request timeout, the first
-attempt can still take effect after the retry and after later writes of the same key (the member keeps its
-operation until ``op_timeout``). A ``4xx`` is never retried and raises :class:`GridRequestError` with the
-server's message.
+operation is over when the retry starts, so every request carries a **deadline** (header ``X-Grid-Deadline``,
+a Unix time): ``request_timeout`` less ``clock_skew`` after the attempt began. A member refuses a request it
+reads after the deadline (a paused member, a long queue), and an operation it started before sends no attempt
+to the key's owners after it (docs/grid.md, "Client deadlines"). The client gives up on an attempt only after
+``request_timeout``, so with the members' clocks within ``clock_skew`` of the client's, the first attempt's
+operation is over when the retry starts. A ``4xx`` is never retried and raises :class:`GridRequestError` with
+the server's message.
 
 **Batches.** ``put_many``/``get_many``/``delete_many`` split the keys by the member that owns them (write
 primary, read owner), send one ``POST /v1/batch`` (msgpack) per owner and chunk of ``batch_size`` keys,
@@ -99,6 +101,8 @@ BATCH_KEY_LIMIT = 64 * 1024  # the grid's key limit; batch keys travel in the bo
 VALUE_LIMIT = 4 * 1024 * 1024
 MSGPACK = "application/msgpack"
 VERSION_HEADER = "X-Grid-Version"
+DEADLINE_HEADER = "X-Grid-Deadline"  # see the module docstring, "Retries"
+DEFAULT_CLOCK_SKEW = 1.0  # seconds the members' clocks may differ from the client's (the deadline's margin)
 # A commit goes on a fresh connection when the kept-alive one idled this long: the server may have closed it,
 # and a commit is never re-sent on its own (see GridClient._tx_post).
 IDLE_REFRESH_SECONDS = 10.0
@@ -559,6 +563,18 @@ class _CacheRoute(_Router):
         return super().target(key, write)
 
 
+def _check_deadline_margin(request_timeout: float, clock_skew: float) -> None:
+    if not request_timeout > 0:
+        raise ValueError(f"request_timeout: expected seconds above 0, got {request_timeout}")
+    if not 0 <= clock_skew < request_timeout:
+        raise ValueError(f"clock_skew: expected 0 to below request_timeout ({request_timeout} s), got {clock_skew}")
+
+
+def _deadline(request_timeout: float, clock_skew: float) -> str:
+    """The ``X-Grid-Deadline`` value of an attempt starting now."""
+    return f"{time.time() + request_timeout - clock_skew:.3f}"
+
+
 def _check_batching(batch_size: int, parallel: int) -> None:
     if not 1 <= batch_size <= 10_000:
         raise ValueError(f"batch_size: expected 1 to 10000, got {batch_size}")
@@ -582,10 +598,13 @@ class GridClient:
         batch_size: int = DEFAULT_BATCH_SIZE,
         parallel: int = 8,
         token: str | None = None,
+        clock_skew: float = DEFAULT_CLOCK_SKEW,
     ) -> None:
         _check_batching(batch_size, parallel)
+        _check_deadline_margin(request_timeout, clock_skew)
         self._r = _Router(endpoints, retries, backoff, timeout, avoid_seconds)
         self.request_timeout = request_timeout
+        self.clock_skew = clock_skew
         # Sent as a bearer token with every request: members started with --kv-token-file require it.
         self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self.route = route
@@ -833,8 +852,7 @@ class GridClient:
                 self._all_conns.append(conn)
         if headers is None:
             headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
-        if self._auth:
-            headers = {**headers, **self._auth}
+        headers = {**headers, **self._auth, DEADLINE_HEADER: _deadline(self.request_timeout, self.clock_skew)}
         try:
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
@@ -983,10 +1001,14 @@ class AsyncGridClient:
         batch_size: int = DEFAULT_BATCH_SIZE,
         parallel: int = 8,
         token: str | None = None,
+        clock_skew: float = DEFAULT_CLOCK_SKEW,
     ) -> None:
         import aiohttp
 
         _check_batching(batch_size, parallel)
+        _check_deadline_margin(request_timeout, clock_skew)
+        self.request_timeout = request_timeout
+        self.clock_skew = clock_skew
         self._aiohttp = aiohttp
         self._r = _Router(endpoints, retries, backoff, timeout, avoid_seconds)
         self.route = route
@@ -1213,8 +1235,9 @@ class AsyncGridClient:
     async def _request(
         self, ep: str, method: str, path: str, body: bytes | None, headers: dict[str, str] | None = None
     ) -> _Reply:
-        if headers is None and body is not None:
-            headers = {"Content-Type": "application/octet-stream"}
+        if headers is None:
+            headers = {"Content-Type": "application/octet-stream"} if body is not None else {}
+        headers = {**headers, DEADLINE_HEADER: _deadline(self.request_timeout, self.clock_skew)}
         async with self._session.request(method, ep + path, data=body, headers=headers) as resp:
             return _Reply(resp.status, await resp.read(), _version_header(resp.headers.get(VERSION_HEADER)))
 

@@ -34,6 +34,12 @@ absent key or an unknown path, 405 for a wrong method, 413 for a value too large
 the grid refuses for now (degraded partition, not joined yet, member leaving; ``Retry-After`` says when to
 try again, on any member), 504 when an operation timed out.
 
+**Deadlines.** A request may carry ``X-Grid-Deadline``, the client's deadline for this attempt as a Unix time
+in seconds (the clients send one with every request). A request read after it is answered 504 with ``reason``
+``deadline`` and nothing done; an operation started before it sends no attempt after it and fails 504 then.
+A malformed value is a 400. So a client that retries elsewhere after its deadline cannot see the first
+attempt land after the retry (docs/grid.md, "Client deadlines").
+
 **Batches** (``POST /v1/batch``): the body is ``{"ops": [[op, key, value?], ...]}`` with op ``"get"``,
 ``"put"`` or ``"delete"``, in msgpack (``Content-Type: application/msgpack``; keys and values are bytes) or
 JSON (``application/json``; keys and values are base64 strings). At most :data:`MAX_BATCH_OPS` operations
@@ -79,6 +85,7 @@ import base64
 import binascii
 import hmac
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -133,6 +140,10 @@ MAX_TX_KEYS = 4096
 MAX_VERSION = (1 << 63) - 1
 TX_MODES = ("optimistic", "pessimistic")
 VERSION_HEADER = "X-Grid-Version"
+# The client's deadline for this attempt, a Unix time in seconds ("1764170000.250"): the member refuses to start
+# the request after it, and operations started before it send no attempt after it (docs/grid.md, "Client
+# deadlines"). The clients send it with every request.
+DEADLINE_HEADER = "X-Grid-Deadline"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -216,6 +227,47 @@ def _admin_path(path: str) -> bool:
     return path.startswith("/v1/tx/") and path.endswith(("/resolve", "/report"))
 
 
+def parse_deadline(raw: str) -> float:
+    """The value of an ``X-Grid-Deadline`` header as a Unix time; ValueError says what is wrong with it."""
+    try:
+        deadline = float(raw)
+    except ValueError:
+        deadline = math.nan
+    if not math.isfinite(deadline) or deadline <= 0:
+        shown = raw if len(raw) <= 40 else raw[:40] + "..."
+        raise ValueError(f"{DEADLINE_HEADER}: expected a Unix time in seconds (e.g. 1764170000.25), got {shown!r}")
+    return deadline
+
+
+def _deadline_middleware(ctx: MemberContext) -> Any:
+    @web.middleware
+    async def check_deadline(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Refuse a request whose client deadline passed before this member read it: the client has given up on
+        it and may have retried elsewhere, so running it now could land a write over a later one (a member that
+        was paused, or a request that waited long in a queue). Counted as ``deadline_expired``. Stores the
+        deadline for the handlers as ``request["deadline"]``."""
+        raw = request.headers.get(DEADLINE_HEADER)
+        if raw is None:
+            return await handler(request)
+        try:
+            deadline = parse_deadline(raw)
+        except ValueError as exc:
+            return json_error(400, str(exc))
+        now = time.time()
+        if now >= deadline:
+            ctx.http_requests["deadline_expired"] = ctx.http_requests.get("deadline_expired", 0) + 1
+            return json_error(
+                504,
+                f"{DEADLINE_HEADER}: the request's deadline passed {now - deadline:.3f} s before this member read "
+                f"it (its clock reads {now:.3f}); nothing was done",
+                reason="deadline",
+            )
+        request["deadline"] = deadline
+        return await handler(request)
+
+    return check_deadline
+
+
 def _token_middleware(ctx: MemberContext) -> Any:
     @web.middleware
     async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -242,7 +294,8 @@ def _token_middleware(ctx: MemberContext) -> Any:
 
 def build_app(ctx: MemberContext) -> web.Application:
     # The largest body any route takes (a batch); the key/value route checks its own, smaller limit first.
-    app = web.Application(middlewares=[_errors_as_json, _token_middleware(ctx)], client_max_size=MAX_BATCH_BYTES + 1024)
+    middlewares = [_errors_as_json, _token_middleware(ctx), _deadline_middleware(ctx)]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BATCH_BYTES + 1024)
     api = _Api(ctx)
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/readyz", api.readyz)
@@ -858,7 +911,7 @@ class _Api:
                 return json_error(413, f"value: {len(value)} bytes exceed the limit of {MAX_VALUE_BYTES}")
         try:
             if request.method == "GET":
-                found, version = await grid.get_versioned(key)
+                found, version = await grid.get_versioned(key, request.get("deadline"))
                 # The version lets a client read optimistically: a transaction passes it back as its read.
                 headers = {VERSION_HEADER: str(version)}
                 if found is None:
@@ -867,9 +920,9 @@ class _Api:
                     return resp
                 return web.Response(body=found, content_type="application/octet-stream", headers=headers)
             if request.method == "PUT":
-                res = await grid.put(key, value)  # type: ignore[arg-type]
+                res = await grid.put(key, value, request.get("deadline"))  # type: ignore[arg-type]
             else:
-                res = await grid.delete(key)
+                res = await grid.delete(key, request.get("deadline"))
             return web.json_response({"ok": True, "attempts": res.attempts})
         except GridUnavailable as exc:
             return json_error(503, str(exc), reason=str(exc))
@@ -894,7 +947,7 @@ class _Api:
         except BadBatch as exc:
             return json_error(400, str(exc))
         try:
-            results = await grid.run_batch(ops)
+            results = await grid.run_batch(ops, request.get("deadline"))
         except GridUnavailable as exc:
             return json_error(503, str(exc), reason=str(exc))
         except (ValueError, TypeError) as exc:
@@ -1407,7 +1460,7 @@ def render_metrics(ctx: MemberContext) -> str:
         lines,
         "groupcluster_http_requests_total",
         "counter",
-        "key/value and leave requests served",
+        "key/value and leave requests served (deadline_expired: refused, read after the client's deadline)",
         [(f'{{kind="{k}"}}', v) for k, v in sorted(ctx.http_requests.items())],
     )
     return "\n".join(lines) + "\n"

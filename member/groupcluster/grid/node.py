@@ -321,9 +321,14 @@ class OpResult:
     tx: TxId | None = None  # the transaction of a TX_*_OP result
 
 
+_NO_CUTOFF = float("inf")
+_CUTOFF_ERROR = "timed out: the request's deadline passed"
+
+
 class _Op:
     __slots__ = (
         "attempt",
+        "cutoff",
         "deadline",
         "key",
         "kind",
@@ -351,6 +356,8 @@ class _Op:
         self.value = value
         self.seg = 0  # segment_of(key, nseg), computed for the first topology that routes the operation
         self.nseg = 0
+        # The client's deadline (node time; inf: none): no attempt is sent at or after it (see _send_op).
+        self.cutoff = _NO_CUTOFF
 
 
 class _PendingWrite:
@@ -510,6 +517,9 @@ class GridNode:
         self._op_timers: list[list[Any]] = []
         self._timer_seq = 0
         self._timer_run: list[Any] | None = None  # the run last pushed by _send_op, which the next may extend
+        # Client deadlines of operations started with one, as ``(deadline, first op id, last op id)``: a batch
+        # shares one entry. Entries of operations that finished earlier are skipped when due.
+        self._cutoffs: list[tuple[float, int, int]] = []
         self._loop: deque[tuple[Address, GridMessage]] = deque()
         # Transfer work waits behind operations. With ``defer_transfer``, :meth:`on_messages` handles client
         # operations, backups and their answers at once and holds back transfer chunks (XFER_DATA, applied
@@ -753,6 +763,13 @@ class GridNode:
             _, _, src, msg = self._queued.popleft()
             self._reject_held(src, msg)
         ops = self._ops
+        cutoffs = self._cutoffs
+        while cutoffs and cutoffs[0][0] <= now:
+            _, first, last = heapq.heappop(cutoffs)
+            for op_id in range(first, last + 1):
+                op = ops.get(op_id)
+                if op is not None:
+                    self._expire(op)
         due: set[int] = set()
         for op in ops.values():  # start order, which is deadline order (see next_deadline)
             if op.deadline > now:
@@ -807,6 +824,8 @@ class GridNode:
         tx_next = self._tx_next_deadline()
         if tx_next is not None:
             times.append(tx_next)
+        if self._cutoffs:
+            times.append(self._cutoffs[0][0])
         ops = self._ops
         if ops:
             # Deadlines are start time + op_timeout and operations stay in start order, so the first is the
@@ -849,25 +868,30 @@ class GridNode:
         return None if self.merging else oldest + grace
 
     # -- client operations ----------------------------------------------------------------------------------
-    def get(self, key: bytes, now: float) -> int:
-        return self._start_op(GET, key, None, now)
+    # Each takes the client's ``deadline`` (node time; None: none), after which the operation sends no attempt
+    # and ends as timed out (see docs/grid.md, "Client deadlines"). The grid's own ``op_timeout`` still applies.
+    def get(self, key: bytes, now: float, deadline: float | None = None) -> int:
+        return self._start_op(GET, key, None, now, deadline)
 
-    def put(self, key: bytes, value: bytes, now: float) -> int:
+    def put(self, key: bytes, value: bytes, now: float, deadline: float | None = None) -> int:
         if type(value) is not bytes:
             raise TypeError(f"value: expected bytes, got {type(value).__name__}")
         if len(value) > self.limits.max_value_bytes:
             raise ValueError(f"value: {len(value)} bytes exceed the limit of {self.limits.max_value_bytes}")
-        return self._start_op(PUT, key, value, now)
+        return self._start_op(PUT, key, value, now, deadline)
 
-    def delete(self, key: bytes, now: float) -> int:
-        return self._start_op(DELETE, key, None, now)
+    def delete(self, key: bytes, now: float, deadline: float | None = None) -> int:
+        return self._start_op(DELETE, key, None, now, deadline)
 
-    def start_batch(self, ops: Sequence[tuple[int, bytes, bytes | None]], now: float) -> list[int]:
+    def start_batch(
+        self, ops: Sequence[tuple[int, bytes, bytes | None]], now: float, deadline: float | None = None
+    ) -> list[int]:
         """Start ``(kind, key, value)`` operations in one step; their op ids, in order.
 
         Like :meth:`get`/:meth:`put`/:meth:`delete` one after the other, except that the step ends (and
         payloads are encoded) once, after the last: the commands for one owner leave as one
-        :class:`~.messages.CommandBatch`. Every operation is checked before any starts."""
+        :class:`~.messages.CommandBatch`. Every operation is checked before any starts. ``deadline`` applies
+        to every operation of the batch."""
         lim = self.limits
         for i, (kind, key, value) in enumerate(ops):
             if type(key) is not bytes:
@@ -882,18 +906,27 @@ class GridNode:
             elif kind not in (GET, DELETE):
                 raise ValueError(f"ops[{i}]: unknown operation kind {kind!r}")
         self._now = now
-        deadline = now + self.config.op_timeout
+        cutoff = deadline
+        op_deadline = now + self.config.op_timeout
         ids = []
         start = self._next_op
         self._next_op += len(ops)
         t = self.topology
         nseg = t.num_segments if t is not None else 0
         segs = segments_of([o[1] for o in ops], nseg) if nseg else [0] * len(ops)
+        expired = cutoff is not None and cutoff <= now
+        if cutoff is not None and not expired and ops:
+            heapq.heappush(self._cutoffs, (cutoff, start, start + len(ops) - 1))
         for op_id, (kind, key, value), seg in zip(range(start, start + len(ops)), ops, segs, strict=True):
-            op = _Op(op_id, kind, key, value if kind == PUT else None, deadline)
+            op = _Op(op_id, kind, key, value if kind == PUT else None, op_deadline)
             op.seg, op.nseg = seg, nseg
             self._ops[op_id] = op
-            self._try_send(op)
+            if expired:
+                self._expire(op)
+            else:
+                if cutoff is not None:
+                    op.cutoff = cutoff
+                self._try_send(op)
             ids.append(op_id)
         self._flush()
         return ids
@@ -1421,7 +1454,7 @@ class GridNode:
         self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
 
     # ==== operations (originator side) =====================================================================
-    def _start_op(self, kind: int, key: bytes, value: bytes | None, now: float) -> int:
+    def _start_op(self, kind: int, key: bytes, value: bytes | None, now: float, cutoff: float | None) -> int:
         if type(key) is not bytes:
             raise TypeError(f"key: expected bytes, got {type(key).__name__}")
         if len(key) > self.limits.max_key_bytes:
@@ -1431,9 +1464,23 @@ class GridNode:
         self._next_op += 1
         op = _Op(op_id, kind, key, value, now + self.config.op_timeout)
         self._ops[op_id] = op
+        if cutoff is not None:
+            if cutoff <= now:
+                self._expire(op)
+                self._flush()
+                return op_id
+            op.cutoff = cutoff
+            heapq.heappush(self._cutoffs, (cutoff, op_id, op_id))
         self._try_send(op)
         self._flush()
         return op_id
+
+    def _expire(self, op: _Op) -> None:
+        """End an operation whose client deadline passed: the client has given up on it and may be retrying
+        elsewhere, so no further attempt may land after that retry."""
+        self.metrics["grid.ops_deadline_expired"] += 1
+        suffix = f" after {op.attempt} attempts" if op.attempt else " before any attempt was sent"
+        self._finish(op, False, error=_CUTOFF_ERROR + suffix)
 
     def _try_send(self, op: _Op) -> None:
         t = self.topology
@@ -1443,6 +1490,9 @@ class GridNode:
         self._send_op(op)
 
     def _send_op(self, op: _Op) -> None:
+        if self._now >= op.cutoff:
+            self._expire(op)
+            return
         t = self.topology
         if t is None:
             op.not_before = (1, 0.0)

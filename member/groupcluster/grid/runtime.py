@@ -717,32 +717,40 @@ class GridRuntime(NodeTimer):
         self._pump()
 
     # ==== client operations ==================================================================================
-    async def get(self, key: bytes) -> bytes | None:
+    # ``deadline``: the client's deadline as a Unix time (the X-Grid-Deadline header), or None. After it the
+    # operation sends no further attempt and fails with GridTimeout (docs/grid.md, "Client deadlines").
+    async def get(self, key: bytes, deadline: float | None = None) -> bytes | None:
         """The value of ``key`` (None: absent). Raises :class:`GridError` subclasses."""
-        res = await self._run(GET, key, None)
+        res = await self._run(GET, key, None, deadline)
         return res.value
 
-    async def put(self, key: bytes, value: bytes) -> OpResult:
-        return await self._run(PUT, key, value)
+    async def put(self, key: bytes, value: bytes, deadline: float | None = None) -> OpResult:
+        return await self._run(PUT, key, value, deadline)
 
-    async def delete(self, key: bytes) -> OpResult:
-        return await self._run(DELETE, key, None)
+    async def delete(self, key: bytes, deadline: float | None = None) -> OpResult:
+        return await self._run(DELETE, key, None, deadline)
 
-    async def _run(self, kind: int, key: bytes, value: bytes | None) -> OpResult:
+    def _node_time(self, now: float, deadline: float | None) -> float | None:
+        """A Unix-time deadline on the node's clock (the event loop's), read against the wall clock now (not a
+        stored offset: the wall clock may have been stepped since)."""
+        return None if deadline is None else now + (deadline - time.time())
+
+    async def _run(self, kind: int, key: bytes, value: bytes | None, deadline: float | None = None) -> OpResult:
         node = self._require_node()
         if node.leaving:
             raise GridUnavailable("this member is leaving the grid; use another member")
         now = self._loop.time()
+        cutoff = self._node_time(now, deadline)
         if kind == GET:
             if self._parent is not None and node.reads_locally(key):
                 # Named caches count reads answered from our own copy (no hop: what replicated mode is for); the
                 # default cache skips the extra key hash on its hot path.
                 self.counters["ops_get_local"] += 1
-            op = node.get(key, now)
+            op = node.get(key, now, cutoff)
         elif kind == PUT:
-            op = node.put(key, value, now)  # type: ignore[arg-type]
+            op = node.put(key, value, now, cutoff)  # type: ignore[arg-type]
         else:
-            op = node.delete(key, now)
+            op = node.delete(key, now, cutoff)
         fut: asyncio.Future[OpResult] = self._loop.create_future()
         self._waiting[op] = fut
         self._pump()
@@ -755,7 +763,9 @@ class GridRuntime(NodeTimer):
             self.counters["ops_retried"] += 1
         return res
 
-    async def run_batch(self, ops: Sequence[tuple[int, bytes, bytes | None]]) -> list[OpResult]:
+    async def run_batch(
+        self, ops: Sequence[tuple[int, bytes, bytes | None]], deadline: float | None = None
+    ) -> list[OpResult]:
         """Run ``(kind, key, value)`` operations together; one :class:`OpResult` each, in order, failures included.
 
         All start in one step of the node. The whole batch is refused (:class:`GridUnavailable`) only when
@@ -766,7 +776,8 @@ class GridRuntime(NodeTimer):
         node = self._require_node()
         if node.leaving:
             raise GridUnavailable("this member is leaving the grid; use another member")
-        ids = node.start_batch(ops, self._loop.time())
+        now = self._loop.time()
+        ids = node.start_batch(ops, now, self._node_time(now, deadline))
         if not ids:
             return []
         fut: asyncio.Future[list[OpResult]] = self._loop.create_future()
@@ -811,10 +822,10 @@ class GridRuntime(NodeTimer):
         return out
 
     # ==== transactions ========================================================================================
-    async def get_versioned(self, key: bytes) -> tuple[bytes | None, int]:
+    async def get_versioned(self, key: bytes, deadline: float | None = None) -> tuple[bytes | None, int]:
         """``(value, version)`` of ``key``: value None and version 0 when absent. The version is what an
         optimistic transaction passes as its read of the key."""
-        res = await self._run(GET, key, None)
+        res = await self._run(GET, key, None, deadline)
         return res.value, res.version
 
     @property
