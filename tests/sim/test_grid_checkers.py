@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from groupcluster.sim.checkers import HistoryFormatError
 from groupcluster.sim.grid_checkers import check_grid_fresh_reads, check_grid_lost_writes, check_grid_replicas, parse
 from groupcluster.sim.history import History, HistoryEvent
 
@@ -23,8 +25,10 @@ def op(
     ok: bool = True,
     read: str | None = None,
     member: str = "a",
+    deadline: float | None = None,
 ) -> list[HistoryEvent]:
-    out = [ev(t0, member, "grid_start", id=i, op=kind, key=key, value=value if kind == "put" else None)]
+    extra = {} if deadline is None else {"deadline": deadline}
+    out = [ev(t0, member, "grid_start", id=i, op=kind, key=key, value=value if kind == "put" else None, **extra)]
     if t1 is not None:
         out.append(ev(t1, member, "grid_end", id=i, ok=ok, value=read, error=None if ok else "timed out"))
     return out
@@ -69,6 +73,34 @@ def test_unacknowledged_write_may_or_may_not_show() -> None:
         op(9.4, 9.5, "6", "get", "k", None, read="v3"),
     )
     assert check_grid_fresh_reads(h) == []
+
+
+def test_a_failed_write_with_a_deadline_took_effect_before_it_or_never() -> None:
+    def reads_after(deadline: float | None, read: str) -> History:
+        return hist(
+            op(1.0, 2.0, "1", "put", "k", "v1"),
+            op(3.0, 8.0, "2", "put", "k", "late", ok=False, deadline=deadline),
+            op(5.0, 5.5, "3", "put", "k", "v3"),  # acknowledged, started after the deadline 4.0
+            op(9.0, 9.1, "4", "get", "k", None, read=read),
+        )
+
+    # Without a deadline the failed write may land any time, even after v3: reading it is allowed.
+    assert check_grid_fresh_reads(reads_after(None, "late")) == []
+    # With one (4.0) it happened before 4.0 or never, and v3 followed it: reading it now is a late landing.
+    out = check_grid_fresh_reads(reads_after(4.0, "late"))
+    assert len(out) == 1 and "read #4" in out[0].detail and "'late'" in out[0].detail
+    assert check_grid_fresh_reads(reads_after(4.0, "v3")) == []
+    # A read that overlaps the deadline window may still see it (it may have happened).
+    h = hist(
+        op(3.0, 8.0, "2", "put", "k", "late", ok=False, deadline=4.0),
+        op(3.5, 3.6, "3", "get", "k", None, read="late"),
+    )
+    assert check_grid_fresh_reads(h) == []
+
+
+def test_a_deadline_before_the_start_is_a_bad_history() -> None:
+    with pytest.raises(HistoryFormatError, match="deadline must be a time at or after the start"):
+        parse(hist(op(3.0, 4.0, "1", "put", "k", "v", deadline=2.0)))
 
 
 def test_lost_write_after_convergence_and_acknowledged_delete() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import random
+import struct
 
 import msgpack
 import pytest
@@ -145,11 +147,17 @@ def le64(*versions: int) -> bytes:
         (msgpack.packb([1, []]), "unsupported grid format 1"),
         (msgpack.packb({"a": 1}), "grid"),
         (raw([99]), "unknown grid message type"),
-        (raw([4, 1, 1, 1, 1, b"k", None]), "a PUT carries a value"),
-        (raw([4, 1, 1, 1, 0, b"k", b"v"]), "a PUT carries a value"),
-        (raw([4, 1, 1, 1, 7, b"k", None]), r"messages\[0\]\.kind"),
-        (raw([4, -1, 1, 1, 0, b"k", None]), r"messages\[0\]\.op_id"),
-        (raw([4, 1, 1, 1, 0, "text", None]), r"messages\[0\]\.key"),
+        (raw([4, 1, 1, 1, 1, b"k", None, 0.0]), "a PUT carries a value"),
+        (raw([4, 1, 1, 1, 0, b"k", b"v", 0.0]), "a PUT carries a value"),
+        (raw([4, 1, 1, 1, 7, b"k", None, 0.0]), r"messages\[0\]\.kind"),
+        (raw([4, -1, 1, 1, 0, b"k", None, 0.0]), r"messages\[0\]\.op_id"),
+        (raw([4, 1, 1, 1, 0, "text", None, 0.0]), r"messages\[0\]\.key"),
+        (raw([4, 1, 1, 1, 0, b"k", None]), r"messages\[0\]: expected 8 items, got 7"),
+        (raw([4, 1, 1, 1, 0, b"k", None, "soon"]), r"messages\[0\]\.deadline: expected a Unix time as a float"),
+        (raw([4, 1, 1, 1, 0, b"k", None, 5]), r"messages\[0\]\.deadline: .*got 5$"),
+        (raw([4, 1, 1, 1, 0, b"k", None, -1.0]), r"messages\[0\]\.deadline: .*got -1\.0"),
+        (raw([4, 1, 1, 1, 0, b"k", None, math.nan]), r"messages\[0\]\.deadline: .*got nan"),
+        (raw([4, 1, 1, 1, 0, b"k", None, math.inf]), r"messages\[0\]\.deadline: .*got inf"),
         (raw([5, 1, 1, 9, 1, None, "", 0]), r"messages\[0\]\.code"),
         (raw([5, 1, 1, 0, 1, b"v", "", -1]), r"messages\[0\]\.version"),
         (raw([5, 1, 1, 0, 1, b"v", ""]), r"messages\[0\]: expected 8 items"),
@@ -293,11 +301,12 @@ def test_fast_decoder_accepts_only_what_the_validating_decoder_accepts() -> None
         st.booleans(),
         st.binary(max_size=3),
         st.text(max_size=3),
-        st.floats(allow_nan=False, max_value=9, min_value=-1),
+        st.floats(max_value=9, min_value=-1),
+        st.sampled_from([math.nan, math.inf, 1764170000.25]),
     )
 
     @settings(max_examples=1500, deadline=None, derandomize=True, database=None)
-    @given(st.sampled_from([4, 5, 6, 7, 10, 4.0]), st.lists(field, min_size=1, max_size=6))
+    @given(st.sampled_from([4, 5, 6, 7, 10, 4.0]), st.lists(field, min_size=1, max_size=7))
     def check(kind: object, fields: list[object]) -> None:
         raw = [kind, *fields]
         fast = _decode_fast(raw, DEFAULT_LIMITS)
@@ -315,7 +324,7 @@ def test_fast_decoder_accepts_only_what_the_validating_decoder_accepts() -> None
 def _batches() -> list[object]:
     c = CommandBatch(3)
     c.add(1, 1, PUT, b"k", b"v")
-    c.add(2, 4, GET, b"k2", None)
+    c.add(2, 4, GET, b"k2", None, 1764170000.25)
     c.add(2**63 - 1, 1, DELETE, b"k", None)
     c.add(4, 1, PUT, b"e", b"")
     r = ResponseBatch()
@@ -340,7 +349,7 @@ def test_batches_round_trip_and_expand_to_the_single_messages() -> None:
     assert decode_payload(encode_payload([one])) == [Command(1, 1, 3, DELETE, b"k", None)]
     assert unbatched(decode_payload(encode_payload(msgs[:4]))) == [  # type: ignore[arg-type]
         Command(1, 1, 3, PUT, b"k", b"v"),
-        Command(2, 4, 3, GET, b"k2", None),
+        Command(2, 4, 3, GET, b"k2", None, 1764170000.25),
         Command(2**63 - 1, 1, 3, DELETE, b"k", None),
         Command(4, 1, 3, PUT, b"e", b""),
         Response(1, 1, OK, 3, b"v", ""),
@@ -360,20 +369,36 @@ def rsp_batch(*fields: object, versions: object = None) -> bytes:
 
 
 def cmd_batch(
-    ids: object = None, attempts: object = None, kinds: object = b"\x01\x00", keys: object = None, puts: object = None
+    ids: object = None,
+    attempts: object = None,
+    kinds: object = b"\x01\x00",
+    keys: object = None,
+    puts: object = None,
+    deadlines: object = None,
 ) -> bytes:
     """A CMD_BATCH of a PUT of a and a GET of b, with one field replaced (possibly wrong)."""
     ids = le64(1, 2) if ids is None else ids
     attempts = le64(1, 1) if attempts is None else attempts
-    return raw([13, 3, ids, attempts, kinds, [b"a", b"b"] if keys is None else keys, [b"v"] if puts is None else puts])
+    keys = [b"a", b"b"] if keys is None else keys
+    return raw([13, 3, ids, attempts, kinds, keys, [b"v"] if puts is None else puts, deadlines])
+
+
+def f64(*values: float) -> bytes:
+    return struct.pack(f"<{len(values)}d", *values)
 
 
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
         (cmd_batch(), ""),  # the well-formed base case the others break
-        (raw([13, 3, le64(1), le64(1), b"\x00"]), r"messages\[0\]: expected 7 items"),
-        (raw([13, -3, le64(1), le64(1), b"\x00", [b"a"], []]), r"messages\[0\]\.topology_id"),
+        (raw([13, 3, le64(1), le64(1), b"\x00"]), r"messages\[0\]: expected 8 items"),
+        (raw([13, 3, le64(1), le64(1), b"\x00", [b"a"], []]), r"messages\[0\]: expected 8 items, got 7"),
+        (raw([13, -3, le64(1), le64(1), b"\x00", [b"a"], [], None]), r"messages\[0\]\.topology_id"),
+        (cmd_batch(deadlines=f64(1.0)), r"messages\[0\]\.deadlines: expected nil or 16 bytes \(8 per operation\)"),
+        (cmd_batch(deadlines=[1.0, 2.0]), r"messages\[0\]\.deadlines: expected nil or 16 bytes .*got list"),
+        (cmd_batch(deadlines=f64(1.0, math.nan)), r"messages\[0\]\.deadlines\[1\]: expected a Unix time"),
+        (cmd_batch(deadlines=f64(-1.0, 2.0)), r"messages\[0\]\.deadlines\[0\]: expected a Unix time"),
+        (cmd_batch(deadlines=f64(math.inf, 2.0)), r"messages\[0\]\.deadlines\[0\]: .*got inf"),
         (cmd_batch(ids=le64(1)), r"messages\[0\]\.op_ids: expected 16 bytes \(8 per entry\), got 8 bytes"),
         (cmd_batch(ids=[1, 2]), r"messages\[0\]\.op_ids: expected 16 bytes \(8 per entry\), got list"),
         (cmd_batch(attempts=le64(1, 2**63)), r"messages\[0\]\.attempts\[1\]: above the limit"),

@@ -67,7 +67,7 @@ def commands(node: GridNode) -> list[CommandBatch]:
         for m in decode_payload(payload.payload):
             if type(m) is Command:
                 b = CommandBatch(m.topology_id)
-                b.add(m.op_id, m.attempt, m.kind, m.key, m.value)
+                b.add(m.op_id, m.attempt, m.kind, m.key, m.value, m.deadline)
                 m = b
             if type(m) is CommandBatch:
                 out.append(m)
@@ -221,3 +221,46 @@ def test_without_a_deadline_an_operation_keeps_the_grid_timeout() -> None:
         a.tick(t)
         assert len(commands(a)) == 1  # resent every attempt_timeout
     assert results(a) == {}
+
+
+def deliver(src: GridNode, dst: GridNode, now: float) -> None:
+    """Everything ``src`` has sent to ``dst`` (or to all), handed over at ``now``."""
+    for out in src.take_outbox():
+        if out.dest in (None, dst.address):
+            dst.on_messages([(src.address, out.payload)], now)
+
+
+def test_the_primary_does_not_apply_a_write_that_reaches_it_after_the_deadline() -> None:
+    # The command left in time but reached the owner late (the owner was paused, or the network slow): the
+    # owner refuses it, so it cannot land over what the client wrote after giving up.
+    a, b = two_nodes()
+    k_late, k_ok = keys_owned_by(a, b.address, 2)
+    late = a.put(k_late, b"late", 1.0, deadline=1.5)
+    ok = a.put(k_ok, b"in time", 1.0, deadline=9.0)
+    deliver(a, b, 1.6)  # B's clock is past the first deadline when it reads the commands
+    assert b.store is not None and b.store.get(b.topology.segment_of(k_late), k_late) is None  # type: ignore[union-attr]
+    assert b.store.get(b.topology.segment_of(k_ok), k_ok)[1] == b"in time"  # type: ignore[union-attr,index]
+    assert b.metrics["grid.writes_refused_deadline"] == 1
+    deliver(b, a, 1.6)
+    got = results(a)
+    assert got[ok] == (True, "")
+    assert got[late] == (
+        False,
+        "timed out: the request's deadline passed before the key's primary owner could apply it",
+    )
+
+
+def test_the_deadline_travels_as_the_originators_wall_clock_time() -> None:
+    # Each member's clock (its event loop's) has its own origin: the deadline crosses as a Unix time.
+    a, b = two_nodes()
+    a.wall_offset, b.wall_offset = 1000.0, 990.0  # B's loop clock reads 10 s more than A's for the same instant
+    (key,) = keys_owned_by(a, b.address, 1)
+    a.put(key, b"v", 1.0, deadline=1.5)  # Unix time 1001.5
+    (cmd,) = commands(a)
+    assert list(cmd.deadlines) == [1001.5]
+    a.put(key, b"v2", 1.0, deadline=1.5)
+    deliver(a, b, 11.4)  # Unix time 1001.4 on B: still in time
+    assert b.metrics["grid.writes_refused_deadline"] == 0
+    a.put(key, b"v3", 1.0, deadline=1.5)
+    deliver(a, b, 11.5)  # Unix time 1001.5: too late
+    assert b.metrics["grid.writes_refused_deadline"] == 1

@@ -11,6 +11,7 @@ the payload and counts it.
 
 from __future__ import annotations
 
+import math
 import sys
 from array import array
 from collections.abc import Iterable, Iterator
@@ -50,7 +51,9 @@ from .tx_messages import (
 # 5: topologies carry the grid's id and the re-stamp topology of the last merge of grids that never met
 #    (CacheTopology.grid_id, restamp), so the members of a merged group order those grids' writes by time.
 #    Also TX_REPORT_REQ and TX_REPORT (types 28-29): the automatic resolution of in-doubt transactions.
-GRID_FORMAT_VERSION = 5
+# 6: operations carry their client's deadline (CMD gains a field, CMD_BATCH a column; docs/grid.md, "Client
+#    deadlines"), so an owner does not apply a write its client has given up on.
+GRID_FORMAT_VERSION = 6
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12
@@ -103,6 +106,8 @@ class Command:
     kind: int
     key: bytes
     value: bytes | None
+    # The client's deadline as a Unix time, 0.0 for none: a write owner does not apply the command after it.
+    deadline: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,12 +393,13 @@ def _col(v: Any) -> Any:
 class CommandBatch(_Batch):
     """Client operations for one owner, all tagged with the originator's topology ``topology_id``.
 
-    Wire: ``[CMD_BATCH, topology_id, op_ids, attempts, kinds, keys, put_values]``: op ids and attempts as
-    uint64 columns, kinds one byte each, keys a list of bin, and the values of the PUTs only, in order (GET
-    and DELETE carry none, so a value cannot be on the wrong operation).
+    Wire: ``[CMD_BATCH, topology_id, op_ids, attempts, kinds, keys, put_values, deadlines]``: op ids and
+    attempts as uint64 columns, kinds one byte each, keys a list of bin, the values of the PUTs only, in order
+    (GET and DELETE carry none, so a value cannot be on the wrong operation), and the clients' deadlines as a
+    little-endian float64 column (0.0: none), or nil when no operation has one.
     """
 
-    __slots__ = ("attempts", "keys", "kinds", "op_ids", "topology_id", "values")
+    __slots__ = ("attempts", "deadlines", "keys", "kinds", "op_ids", "topology_id", "values")
 
     def __init__(self, topology_id: int) -> None:
         self.topology_id = topology_id
@@ -402,14 +408,16 @@ class CommandBatch(_Batch):
         self.kinds: bytearray | bytes = bytearray()
         self.keys: list[bytes] = []
         self.values: list[bytes | None] = []
+        self.deadlines: list[float] | array = []
         self.nbytes = 0
 
-    def add(self, op_id: int, attempt: int, kind: int, key: bytes, value: bytes | None) -> None:
+    def add(self, op_id: int, attempt: int, kind: int, key: bytes, value: bytes | None, deadline: float = 0.0) -> None:
         self.op_ids.append(op_id)
         self.attempts.append(attempt)
         self.kinds.append(kind)  # type: ignore[union-attr]
         self.keys.append(key)
         self.values.append(value)
+        self.deadlines.append(deadline)
         self.nbytes += len(key) + (len(value) if value is not None else 0)
 
     def __len__(self) -> int:
@@ -421,18 +429,20 @@ class CommandBatch(_Batch):
     def commands(self) -> list[Command]:
         tid = self.topology_id
         return [
-            Command(o, a, tid, k, key, v if k == PUT else None)
-            for o, a, k, key, v in zip(self.op_ids, self.attempts, self.kinds, self.keys, self.values, strict=True)
+            Command(o, a, tid, k, key, v if k == PUT else None, d)
+            for o, a, k, key, v, d in zip(
+                self.op_ids, self.attempts, self.kinds, self.keys, self.values, self.deadlines, strict=True
+            )
         ]
 
     def to_wire(self) -> list[Any]:
         puts = [v for v in self.values if v is not None]
         return [CMD_BATCH, self.topology_id, _versions_blob(self.op_ids), _versions_blob(self.attempts),
-                bytes(self.kinds), self.keys, puts]  # fmt: skip
+                bytes(self.kinds), self.keys, puts, _deadlines_blob(self.deadlines)]  # fmt: skip
 
     @classmethod
     def from_wire(cls, raw: list[Any], f: str, lim: GridLimits) -> CommandBatch:
-        as_list(raw, f, 7, exact=7)
+        as_list(raw, f, 8, exact=8)
         tid = as_int(raw[1], f"{f}.topology_id")
         keys = as_list(raw[5], f"{f}.keys", lim.max_batch_entries)
         n = len(keys)
@@ -446,7 +456,37 @@ class CommandBatch(_Batch):
         it = iter(puts)
         b.keys = keys
         b.values = [next(it) if k == PUT else None for k in kinds]
+        b.deadlines = _deadlines(raw[7], f"{f}.deadlines", n)
         return b
+
+
+def _deadlines_blob(deadlines: list[float] | array) -> bytes | None:
+    """A deadline column as little-endian float64s, or None when every entry is 0.0 (no deadline)."""
+    if not any(deadlines):
+        return None
+    arr = array("d", deadlines)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _deadlines(raw: Any, f: str, n: int) -> list[float] | array:
+    """A deadline column from the wire (see :func:`_deadlines_blob`): nil, or 8 bytes per operation, each a
+    finite non-negative float64."""
+    if raw is None:
+        return [0.0] * n
+    if type(raw) is not bytes or len(raw) != 8 * n:
+        got = f"{len(raw)} bytes" if type(raw) is bytes else type(raw).__name__
+        raise WireError(f"{f}: expected nil or {8 * n} bytes (8 per operation), got {got}")
+    arr = array("d")
+    arr.frombytes(raw)
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    # One pass in C: a NaN or an infinity makes the sum non-finite, a negative entry the minimum negative.
+    if n and (not math.isfinite(sum(arr)) or min(arr) < 0):
+        i = next(i for i, d in enumerate(arr) if not (math.isfinite(d) and d >= 0))
+        raise WireError(f"{f}[{i}]: expected a Unix time (finite, not negative), got {arr[i]}")
+    return arr
 
 
 class ResponseBatch(_Batch):
@@ -684,7 +724,7 @@ def _wire(msg: GridMessage) -> list[Any]:
             return _wire(unbatched([msg])[0])
         return msg.to_wire()  # type: ignore[union-attr]
     if t is Command:
-        return [CMD, msg.op_id, msg.attempt, msg.topology_id, msg.kind, msg.key, msg.value]  # type: ignore[union-attr]
+        return [CMD, msg.op_id, msg.attempt, msg.topology_id, msg.kind, msg.key, msg.value, msg.deadline]  # type: ignore[union-attr]
     if t is Response:
         return [RSP, msg.op_id, msg.attempt, msg.code, msg.topology_id, msg.value, msg.error, msg.version]  # type: ignore[union-attr]
     if t is Backup:
@@ -765,8 +805,6 @@ def _decode_fast(raw: Any, lim: GridLimits) -> GridMessage | None:
             and _uint(h)
         ):
             return Response(a, b, c, d, e, g, h)
-    elif n == 7:
-        kind, a, b, c, d, e, g = raw
         if kind == CMD and (
             _uint(a)
             and _uint(b)
@@ -776,8 +814,10 @@ def _decode_fast(raw: Any, lim: GridLimits) -> GridMessage | None:
             and type(e) is bytes
             and len(e) <= lim.max_key_bytes
             and (g is None if d != PUT else (type(g) is bytes and len(g) <= lim.max_value_bytes))
+            and type(h) is float
+            and 0.0 <= h < math.inf
         ):
-            return Command(a, b, c, d, e, g)
+            return Command(a, b, c, d, e, g, h)
     elif n == 6:
         kind, a, b, c, d, e = raw
         if kind == BACKUP and (
@@ -805,11 +845,15 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
         raise WireError(f"{f}: expected a non-empty list")
     kind = raw[0]
     if kind == CMD:
-        as_list(raw, f, 7, exact=7)
+        as_list(raw, f, 8, exact=8)
         op = as_int(raw[4], f"{f}.kind", 0, 2)
         value = _opt_bytes(raw[6], f"{f}.value", lim.max_value_bytes)
         if (op == PUT) != (value is not None):
             raise WireError(f"{f}.value: a PUT carries a value, GET and DELETE do not")
+        deadline = raw[7]
+        if type(deadline) is not float or not 0.0 <= deadline < math.inf:
+            shown = deadline if type(deadline) in (int, float) else type(deadline).__name__
+            raise WireError(f"{f}.deadline: expected a Unix time as a float (0.0: none), got {shown}")
         return Command(
             as_int(raw[1], f"{f}.op_id"),
             as_int(raw[2], f"{f}.attempt"),
@@ -817,6 +861,7 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
             op,
             as_bytes(raw[5], f"{f}.key", lim.max_key_bytes),
             value,
+            deadline,
         )
     if kind == RSP:
         as_list(raw, f, 8, exact=8)

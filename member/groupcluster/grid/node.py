@@ -323,6 +323,7 @@ class OpResult:
 
 _NO_CUTOFF = float("inf")
 _CUTOFF_ERROR = "timed out: the request's deadline passed"
+_PRIMARY_CUTOFF_ERROR = _CUTOFF_ERROR + " before the key's primary owner could apply it"
 
 
 class _Op:
@@ -1080,14 +1081,22 @@ class GridNode:
         return None
 
     def _emit_cmd(
-        self, dest: Address | None, op_id: int, attempt: int, tid: int, kind: int, key: bytes, value: bytes | None
+        self,
+        dest: Address | None,
+        op_id: int,
+        attempt: int,
+        tid: int,
+        kind: int,
+        key: bytes,
+        value: bytes | None,
+        deadline: float,
     ) -> None:
         b = self._tail(dest)
         size = len(key) + (len(value) if value is not None else 0)
         if type(b) is not CommandBatch or b.topology_id != tid or len(b.keys) >= BATCH_MAX_ENTRIES or b.full(size):
             b = CommandBatch(tid)
             self._emit(dest, b)
-        b.add(op_id, attempt, kind, key, value)
+        b.add(op_id, attempt, kind, key, value, deadline)
 
     def _emit_backup(self, dest: Address, wid: int, tid: int, version: int, key: bytes, value: bytes | None) -> None:
         b = self._tail(dest)
@@ -1524,7 +1533,10 @@ class GridNode:
             run[3] = op_id
         else:
             self._timer_run = self._push_timer(at, op_id)
-        self._emit_cmd(target, op.op_id, op.attempt, t.topology_id, op.kind, op.key, op.value)
+        # The owner gets the deadline as a Unix time (its own clock differs from ours); 0.0: none.
+        cutoff = op.cutoff
+        wall = cutoff + self.wall_offset if cutoff != _NO_CUTOFF else 0.0
+        self._emit_cmd(target, op.op_id, op.attempt, t.topology_id, op.kind, op.key, op.value, wall)
 
     def _push_timer(self, at: float, op_id: int) -> list[Any]:
         """A timer run of operation ``op_id`` alone at ``at`` (see ``_op_timers``)."""
@@ -1637,13 +1649,13 @@ class GridNode:
             ]
         else:
             segs = segments_of(b.keys, t.num_segments)  # one call for the batch
-        for op_id, attempt, kind, key, value, seg in zip(
-            b.op_ids, b.attempts, b.kinds, b.keys, b.values, segs, strict=True
+        for op_id, attempt, kind, key, value, seg, deadline in zip(
+            b.op_ids, b.attempts, b.kinds, b.keys, b.values, segs, b.deadlines, strict=True
         ):
-            command(src, op_id, attempt, tid, kind, key, value, seg)
+            command(src, op_id, attempt, tid, kind, key, value, seg, deadline)
 
     def _on_command(self, src: Address, cmd: Command) -> None:
-        self._command(src, cmd.op_id, cmd.attempt, cmd.topology_id, cmd.kind, cmd.key, cmd.value)
+        self._command(src, cmd.op_id, cmd.attempt, cmd.topology_id, cmd.kind, cmd.key, cmd.value, -1, cmd.deadline)
 
     def _command(
         self,
@@ -1655,10 +1667,11 @@ class GridNode:
         key: bytes,
         value: bytes | None,
         seg: int = -1,  # segment_of(key) when the caller knows it (a batch computes them in one call)
+        deadline: float = 0.0,  # the client's, as a Unix time (0.0: none)
     ) -> None:
         t = self.topology
         if t is None or tid > t.topology_id:
-            self._hold(tid, src, Command(op_id, attempt, tid, kind, key, value))
+            self._hold(tid, src, Command(op_id, attempt, tid, kind, key, value, deadline))
             return
         if tid < t.topology_id:
             self._respond(src, op_id, attempt, RETRY, t.topology_id)
@@ -1673,7 +1686,7 @@ class GridNode:
             # other side acknowledged long ago (seeds 20, 70), and a write stamped with its version could lose
             # the merge to an older value of the other side (seed 607). Hold both until that topology comes.
             self.metrics["grid.ops_held_merging"] += 1
-            self._hold(t.topology_id + 1, src, Command(op_id, attempt, tid, kind, key, value))
+            self._hold(t.topology_id + 1, src, Command(op_id, attempt, tid, kind, key, value, deadline))
             return
         r = self._routes(t)
         if kind == GET:
@@ -1708,6 +1721,12 @@ class GridNode:
             # New primary, the old one's lock information not here yet: which keys are locked is unknown. The
             # wait is short (one message), so the originator retries after its backoff, as for any RETRY.
             self._respond(src, op_id, attempt, RETRY, tid)
+            return
+        if deadline and self._now + self.wall_offset >= deadline:
+            # Its client has given up and may have written the key again through another member since: applying
+            # this now could put the older value over that one (docs/grid.md, "Client deadlines").
+            self.metrics["grid.writes_refused_deadline"] += 1
+            self._respond(src, op_id, attempt, ERROR, tid, error=_PRIMARY_CUTOFF_ERROR)
             return
         owners = r.write[seg]
         data = store.segments.get(seg)

@@ -70,6 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-faults", action="store_true", help="a clean network and no member faults")
     parser.add_argument(
+        "--deadlines",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="grid stacks: the share (0 to 1) of client operations that carry a client deadline, 0.02-3 virtual "
+        "seconds ahead; a failed write must then have taken effect before its deadline or never (default 0)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -124,6 +132,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
         parts += ["--send-rate", f"{args.send_rate:g}"]
     if args.no_faults:
         parts.append("--no-faults")
+    if args.deadlines:
+        parts += ["--deadlines", f"{args.deadlines:g}"]
     for item in args.set:
         parts += ["--set", item]
     return shlex.join(parts)
@@ -178,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
             faults=not args.no_faults,
             safety_time=args.safety_time,
             send_rate=args.send_rate,
+            deadlines=args.deadlines,
         )
         # Fail on a bad stack before starting workers: one clear message instead of one per seed.
         resolve_config(build_spec(scenario.stack, [slot_endpoint(0)], scenario.overrides))

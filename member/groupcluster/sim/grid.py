@@ -180,7 +180,12 @@ class GridApp:
             self.run.group_leave(self.node)
 
     # -- called by the scenario (through World.app_call) ---------------------------------------------------
-    def start_op(self, kind: int, key: bytes, value: bytes | None, hid: str, now: float) -> None:
+    def start_op(
+        self, kind: int, key: bytes, value: bytes | None, hid: str, lifetime: float | None, now: float
+    ) -> None:
+        """Start a client operation; ``lifetime``: its client's deadline is that long from now (None: none)."""
+        deadline = None if lifetime is None else now + lifetime
+        extra = {} if deadline is None else {"deadline": deadline}
         self.run.history.add(
             now,
             self.node.name,
@@ -189,14 +194,15 @@ class GridApp:
             op=OP_NAMES[kind].lower(),
             key=key.decode(),
             value=None if value is None else value.decode(),
+            **extra,
         )
         if kind == GET:
-            op = self.grid.get(key, now)
+            op = self.grid.get(key, now, deadline)
         elif kind == PUT:
             assert value is not None
-            op = self.grid.put(key, value, now)
+            op = self.grid.put(key, value, now, deadline)
         else:
-            op = self.grid.delete(key, now)
+            op = self.grid.delete(key, now, deadline)
         self.ops[op] = hid
 
     def request_leave(self, now: float) -> None:
@@ -218,6 +224,8 @@ class GridRun(_Run):
         grid_rng = random.Random(self.root.getrandbits(64))
         self.setup = draw_setup(grid_rng, scenario.members)
         self.client_rng = random.Random(grid_rng.getrandbits(64))
+        # Deadlines draw from their own stream, so a seed's workload is the same with and without them.
+        self.deadline_rng = random.Random(f"deadlines-{seed}")
         self.op_ids = 0
         self.written: set[bytes] = set()
         self.values = 0
@@ -228,7 +236,14 @@ class GridRun(_Run):
         self.final_started = False
         self.final_deadline = 0.0
         self.group_since: float | None = None  # the group's view converged (liveness phase)
-        self.grid_stats = {"ops": 0, "ops_ok": 0, "ops_failed": 0, "faults_skipped": 0, "forced_available": 0}
+        self.grid_stats = {
+            "ops": 0,
+            "ops_ok": 0,
+            "ops_failed": 0,
+            "faults_skipped": 0,
+            "forced_available": 0,
+            "ops_with_deadline": 0,
+        }
 
     # -- hooks of the base run -------------------------------------------------------------------------------
     def _adjust_plan(self, plan: FaultPlan) -> FaultPlan:
@@ -487,7 +502,14 @@ class GridRun(_Run):
         if kind != GET:
             self.written.add(key)
         self.grid_stats["ops"] += 1
-        self.world.app_call(node.slot, node.app.start_op, kind, key, value, hid)  # type: ignore[union-attr]
+        lifetime = None
+        share = self.sc.deadlines
+        if share and not final and self.deadline_rng.random() < share:
+            # From well under one attempt (1 s) to a few attempts: some expire before their first answer,
+            # some between retries, some at an owner that holds the command.
+            lifetime = self.deadline_rng.uniform(0.02, 3.0)
+            self.grid_stats["ops_with_deadline"] += 1
+        self.world.app_call(node.slot, node.app.start_op, kind, key, value, hid, lifetime)  # type: ignore[union-attr]
         return hid
 
     def op_done(self, app: GridApp, res: OpResult, now: float) -> None:

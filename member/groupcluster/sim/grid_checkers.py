@@ -3,7 +3,9 @@
 Operations are intervals: a ``grid_start`` and, unless its member crashed first, a ``grid_end`` (``ok``
 True: acknowledged). A write is a PUT (its value) or a DELETE (value absent). Two operations are
 *concurrent* when their intervals overlap; a write that never ended (or failed) may or may not have taken
-effect, at any time after it started.
+effect, at any time after it started, unless its client gave it a deadline (``deadline`` on ``grid_start``,
+docs/grid.md "Client deadlines"): then it may have taken effect only before that deadline, so an acknowledged
+write that started after the deadline and ended before a read began hides it from that read.
 
 * ``grid-fresh-reads`` — a GET returns the value of a write that could have taken effect before the GET
   ended and that no acknowledged write *followed* before the GET began (followed: started after it ended);
@@ -59,6 +61,7 @@ class GridOp:
     ok: bool | None = None  # None: never ended
     error: str | None = None
     final: bool = False  # a read-back after the grid converged
+    deadline: float = INF  # the client's deadline (INF: none)
 
     @property
     def is_write(self) -> bool:
@@ -86,6 +89,17 @@ def _opt(ev: HistoryEvent, pos: int, name: str) -> str | None:
     if raw is not None and not isinstance(raw, str):
         raise HistoryFormatError(f"history event #{pos} ({ev.kind} by {ev.member}): {name} must be a string or null")
     return raw
+
+
+def _deadline(ev: HistoryEvent, pos: int) -> float:
+    raw = ev.data.get("deadline")
+    if raw is None:
+        return INF
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not raw >= ev.t:
+        raise HistoryFormatError(
+            f"history event #{pos} ({ev.kind} by {ev.member}): deadline must be a time at or after the start"
+        )
+    return float(raw)
 
 
 def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHistory:
@@ -128,6 +142,7 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
                 _opt(ev, pos, "value"),
                 ev.t,
                 final=converged_at is not None and op == "get",
+                deadline=_deadline(ev, pos),
             )
             if g.id in ops:
                 raise HistoryFormatError(f"history event #{pos}: grid operation id {g.id!r} started twice")
@@ -329,8 +344,9 @@ def _check_reads(gh: GridHistory) -> list[Violation]:
         if not g.is_write:
             continue
         # A failed write may still have been applied somewhere (a timeout, a member that left): it stays a
-        # candidate, but it was not acknowledged, so it never hides an older value.
-        end = g.end if g.ok else INF
+        # candidate, but it was not acknowledged, so it never hides an older value. With a client deadline it
+        # took effect before the deadline or never: an acknowledged write after it can hide it.
+        end = g.end if g.ok else g.deadline
         start, end = _widen(g.start, end, gh.write_windows, both=True)
         by_key.setdefault(g.key, []).append(_Write(g, start, end))
     keys = {k: _KeyWrites(ws) for k, ws in by_key.items()}

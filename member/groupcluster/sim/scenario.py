@@ -70,6 +70,9 @@ class Scenario:
     send_rate: float = 10.0  # workload messages per member per virtual second
     liveness_messages: int = 3  # multicasts per live member after convergence (plus one unicast each)
     cluster: str = "sim"
+    # Grid stacks: the share of client operations that carry a client deadline (docs/grid.md, "Client
+    # deadlines"); the checkers then hold a failed write to having taken effect before its deadline.
+    deadlines: float = 0.0
 
     def __post_init__(self) -> None:
         if self.members < 1:
@@ -79,6 +82,8 @@ class Scenario:
         for name in ("safety_time", "converge_deadline", "settle_time", "deliver_deadline", "send_rate"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: cannot be negative, got {getattr(self, name)}")
+        if not 0.0 <= self.deadlines <= 1.0:
+            raise ValueError(f"deadlines: expected a share from 0 to 1, got {self.deadlines}")
 
     def stack_name(self) -> str:
         return self.stack if isinstance(self.stack, str) else "custom"
