@@ -76,6 +76,7 @@ import asyncio
 import contextlib
 import http.client
 import json
+import logging
 import random
 import threading
 import time
@@ -91,6 +92,8 @@ from typing import Any, TypeVar
 import msgpack
 
 from .consistent_hash import segment_of, segments_of
+
+log = logging.getLogger("groupcluster.grid.client")
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_REQUEST_TIMEOUT = 35.0  # above the grid's default op_timeout (30 s): its 504 arrives first
@@ -387,6 +390,29 @@ class _Router:
         self.table: dict[str, Any] | None = None
         self.rng = random.Random()
         self.stats = {"requests": 0, "retries": 0, "refreshes": 0, "connection_errors": 0}
+        self.clock_warned: set[str] = set()
+
+    def check_clock(self, endpoint: str, status: Any, sent: float, received: float, clock_skew: float) -> None:
+        """Compare the member's clock (``clock`` in its status, read between ``sent`` and ``received`` by ours)
+        with ours: deadlines hold only while the two are within ``clock_skew``. A member beyond it is counted in
+        ``stats["clock_skew_exceeded"]`` and logged once."""
+        clock = status.get("clock") if isinstance(status, dict) else None
+        if isinstance(clock, bool) or not isinstance(clock, (int, float)):
+            return  # a member without the field (older) or a malformed one: nothing to compare
+        offset = clock - (sent + received) / 2
+        if abs(offset) - (received - sent) / 2 <= clock_skew:
+            return
+        self.stats["clock_skew_exceeded"] = self.stats.get("clock_skew_exceeded", 0) + 1
+        if endpoint not in self.clock_warned:
+            self.clock_warned.add(endpoint)
+            log.warning(
+                "member %s: its clock is %.3f s %s this client's, more than clock_skew (%.3f s): the deadlines "
+                "this client sends (X-Grid-Deadline) do not keep a late attempt from landing after a retry there",
+                endpoint,
+                abs(offset),
+                "ahead of" if offset > 0 else "behind",
+                clock_skew,
+            )
 
     def usable(self) -> list[str]:
         now = time.monotonic()
@@ -738,10 +764,14 @@ class GridClient:
     def status(self, endpoint: str | None = None, path: str = "/v1/status") -> dict[str, Any]:
         """``GET /v1/status`` of one member (any known member by default)."""
         ep = normalize_endpoint(endpoint) if endpoint else self._r.any_endpoint()
+        sent = time.time()
         reply = self._request(ep, "GET", path, None)
+        received = time.time()
         if reply.status != 200:
             raise GridRequestError(reply.status, self._r.error_message(reply))
-        return json.loads(reply.body)  # type: ignore[no-any-return]
+        doc = json.loads(reply.body)
+        self._r.check_clock(ep, doc, sent, received, self.clock_skew)
+        return doc  # type: ignore[no-any-return]
 
     def cache(self, name: str) -> CacheClient:
         """The named cache ``name`` (``GET /v1/caches`` lists them): get/put/delete routed by its mode.
@@ -1141,10 +1171,14 @@ class AsyncGridClient:
 
     async def status(self, endpoint: str | None = None, path: str = "/v1/status") -> dict[str, Any]:
         ep = normalize_endpoint(endpoint) if endpoint else self._r.any_endpoint()
+        sent = time.time()
         reply = await self._request(ep, "GET", path, None)
+        received = time.time()
         if reply.status != 200:
             raise GridRequestError(reply.status, self._r.error_message(reply))
-        return json.loads(reply.body)  # type: ignore[no-any-return]
+        doc = json.loads(reply.body)
+        self._r.check_clock(ep, doc, sent, received, self.clock_skew)
+        return doc  # type: ignore[no-any-return]
 
     def cache(self, name: str) -> AsyncCacheClient:
         """The named cache ``name``: get/put/delete routed by its mode (see :meth:`GridClient.cache`; here the

@@ -828,6 +828,9 @@ class _Api:
             "coordinator": str(view.coordinator) if view is not None else None,
             "grid": None,
             "routing": None,
+            # This member's clock (Unix time): clients compare it with theirs, since deadlines assume the two
+            # agree within the client's clock_skew.
+            "clock": time.time(),
         }
         if grid is not None and grid.node is not None:
             st = grid.status()
