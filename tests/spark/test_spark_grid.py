@@ -270,6 +270,21 @@ def test_stream_restarted_from_its_checkpoint(spark: Any, grid3: SparkGrid, tmp_
         top = run_top
 
 
+_Sample = tuple[float, float, frozenset[tuple[int, str]]]  # (begun, done, {(topology id, phase)} of the members)
+
+
+def _overlapping(reads: list[tuple[float, float]], samples: list[_Sample]) -> bool:
+    """Whether some read ran while the grid rebalanced: a sample taken wholly during the read saw a member in a
+    phase other than NO_REBALANCE, or the samples during it saw more than one topology."""
+    for t0, t1 in reads:
+        during = [states for begun, done, states in list(samples) if t0 <= begun and done <= t1]
+        if any(phase != "NO_REBALANCE" for states in during for _, phase in states):
+            return True
+        if len({tid for states in during for tid, _ in states}) > 1:
+            return True
+    return False
+
+
 def test_read_while_a_member_joins_returns_every_row_once(spark: Any, grid3: SparkGrid) -> None:
     """A fourth member joins and segments move to it while reads run.
 
@@ -292,27 +307,50 @@ def test_read_while_a_member_joins_returns_every_row_once(spark: Any, grid3: Spa
     for gen in scans.values():
         scanned += [k for k, _, _ in next(gen, [])]
 
-    results: list[bool] = []  # per Spark read: did it overlap a topology change
-    problems: list[str] = []
-    grid3.start(3)
+    # A poller samples every member's topology while the reads run back to back, so no status calls sit between
+    # two reads: a rebalance (a few hundred ms for these keys) once fell wholly into such a gap, and no read
+    # counted as overlapping it (the test failed after 120 s of reads).
     everyone = [*names, "m3"]
+    samples: list[_Sample] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            begun = time.monotonic()
+            states = set()
+            for name in everyone:
+                st = grid3.status(name) if name in grid3.urls else None
+                g = (st or {}).get("grid")
+                if g:
+                    states.add((g["topology_id"], g["phase"]))
+            samples.append((begun, time.monotonic(), frozenset(states)))
+            stop.wait(0.02)
+
+    reads: list[tuple[float, float]] = []
+    problems: list[str] = []
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    grid3.start(3)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        before = grid3.topology_ids(everyone)
-        # Small pages: more requests per segment, so more of them straddle a topology change.
-        rows = reader(spark, grid3, pageSize="200").where("key like 'join:%'").select("key", "value").collect()
-        after = grid3.topology_ids(everyone)
-        counts = Counter(r.key for r in rows)
-        dups = sum(c - 1 for c in counts.values())
-        wrong = [r.key for r in rows if keys.get(r.key.encode()) != r.value]
-        missing = len(keys) - len(counts)
-        if dups or wrong or missing:
-            problems.append(f"{len(rows)} rows: {dups} duplicates, {missing} missing, {len(wrong)} wrong values")
-        results.append(before != after or len(after) > 1)
-        if grid3.settled(everyone) and any(results):
-            break
+    try:
+        while time.monotonic() < deadline:
+            t0 = time.monotonic()
+            # Small pages: more requests per segment, so more of them straddle a topology change.
+            rows = reader(spark, grid3, pageSize="200").where("key like 'join:%'").select("key", "value").collect()
+            reads.append((t0, time.monotonic()))
+            counts = Counter(r.key for r in rows)
+            dups = sum(c - 1 for c in counts.values())
+            wrong = [r.key for r in rows if keys.get(r.key.encode()) != r.value]
+            missing = len(keys) - len(counts)
+            if dups or wrong or missing:
+                problems.append(f"{len(rows)} rows: {dups} duplicates, {missing} missing, {len(wrong)} wrong values")
+            if _overlapping(reads, samples) and grid3.settled(everyone):
+                break
+    finally:
+        stop.set()
+        poller.join(timeout=10)
     assert not problems, problems
-    assert any(results), f"no Spark read overlapped the rebalance ({len(results)} reads)"
+    assert _overlapping(reads, samples), f"no Spark read overlapped the rebalance ({len(reads)} reads)"
     grid3.wait_settled(everyone, timeout=60)
 
     for gen in scans.values():
