@@ -887,3 +887,8 @@ def test_a_write_read_by_a_paused_member_after_its_deadline_cannot_land_over_a_l
             assert one.get(guarded.encode()) == b"newer", url
     metrics = http("GET", purl + "/metrics")[1].decode()
     assert _metric(metrics, 'groupcluster_http_requests_total{kind="deadline_expired"}') == 1
+    # The members compared their clocks through their member info: one machine, one clock (a delivery delay,
+    # such as the pause's, only makes a peer look behind, which is not reported).
+    for url in grid.urls.values():
+        ahead = _metric(http("GET", url + "/metrics")[1].decode(), "groupcluster_grid_peer_clock_ahead_seconds")
+        assert 0.0 <= ahead < 0.5, (url, ahead)

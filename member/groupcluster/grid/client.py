@@ -598,7 +598,7 @@ def _check_deadline_margin(request_timeout: float, clock_skew: float) -> None:
 
 def _deadline(request_timeout: float, clock_skew: float) -> str:
     """The ``X-Grid-Deadline`` value of an attempt starting now."""
-    return f"{time.time() + request_timeout - clock_skew:.3f}"
+    return f"{time.time() + request_timeout - clock_skew:.6f}"
 
 
 def _check_batching(batch_size: int, parallel: int) -> None:

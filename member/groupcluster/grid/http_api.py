@@ -1352,6 +1352,13 @@ def render_metrics(ctx: MemberContext) -> str:
         )
         owned = len(t.current.segments_owned(node.address)) if t else 0
         _metric(lines, "groupcluster_grid_segments_owned", "gauge", "segments this member owns", [("", owned)])
+        _metric(
+            lines,
+            "groupcluster_grid_peer_clock_ahead_seconds",
+            "gauge",
+            "how far the clock of the member most ahead of ours is ahead, at least (from its last member info)",
+            [("", round(grid.max_peer_clock_ahead(), 6))],
+        )
         entries = len(node.store) if node.store is not None else 0
         _metric(lines, "groupcluster_grid_entries", "gauge", "entries held by this member", [("", entries)])
         _metric(

@@ -20,8 +20,9 @@ Named caches (:mod:`.caches`) run one more :class:`GridRuntime` each, with their
 ``0xF9``, mode and name) and the default runtime as ``parent``: they share its member info and announce none.
 
 **Member info.** Clients route a key to its owner's HTTP endpoint, so members must know each other's
-endpoints. After every view change each member multicasts a small msgpack map ``{"http": url}``; the map of
-group address to URL is pruned to the view and published in :meth:`GridRuntime.routing`.
+endpoints. After every view change each member multicasts a small msgpack map ``{"http": url, "clock": t}``;
+the map of group address to URL is pruned to the view and published in :meth:`GridRuntime.routing`, and the
+clock tells how far each member's clock is ahead of ours (:attr:`GridRuntime.peer_clock_ahead`).
 
 **Binding late.** The callbacks must be registered with ``Channel.connect`` to see the first view, but the
 node needs our address, which exists only once ``connect`` runs. Events that arrive before :meth:`bind` are
@@ -49,6 +50,7 @@ import contextlib
 import gc
 import heapq
 import logging
+import math
 import os
 import time
 from collections import Counter, OrderedDict, deque
@@ -81,6 +83,8 @@ TAG_INFO = 0xF8
 _GRID_PREFIX = bytes([TAG_GRID])
 _INFO_PREFIX = bytes([TAG_INFO])
 MAX_INFO_BYTES = 1024  # a member-info payload is a URL or two; anything bigger is a bad peer
+# A peer whose clock is ahead of ours by more than this is logged (client deadlines allow 1 s by default).
+CLOCK_AHEAD_WARNING = 1.0
 
 
 class GridError(Exception):
@@ -566,6 +570,11 @@ class GridRuntime(NodeTimer):
         # The change feed's stability: per member, the lowest topology id whose versions may still arrive
         # from it (announced with the member info); ours is computed, what we announced last is remembered.
         self.unfinished: dict[Address, int] = {}
+        # Per member, how far its clock was ahead of ours when its last member info arrived (at least: the
+        # delivery delay only makes it look less ahead). Client deadlines and the merge of grids that never met
+        # assume the members' clocks agree; this makes a member that is off visible (docs/grid.md).
+        self.peer_clock_ahead: dict[Address, float] = {}
+        self._clock_warned: set[Address] = set()
         self._announced_low: int | None = None
         self._low_topology = -1
         self._routing_cache: tuple[CacheTopology, list[str | None], dict[str, Any]] | None = None
@@ -643,6 +652,7 @@ class GridRuntime(NodeTimer):
         for gone in [a for a in self.endpoints if a not in members]:
             del self.endpoints[gone]  # in place: named caches share this map
         self.unfinished = {a: v for a, v in self.unfinished.items() if a in view.members}
+        self.peer_clock_ahead = {a: v for a, v in self.peer_clock_ahead.items() if a in members}
         self._announced_low = None  # new members need to hear it
         self._announce()
         self._pump()
@@ -1305,6 +1315,7 @@ class GridRuntime(NodeTimer):
             self._announced_low = low
             self._low_topology = node.topology.topology_id
         if info:
+            info["clock"] = time.time()
             ch.send(_INFO_PREFIX + msgpack.packb(info))
 
     def _maybe_announce_low(self) -> None:
@@ -1332,6 +1343,9 @@ class GridRuntime(NodeTimer):
             low = info.get("low")
             if low is not None and (type(low) is not int or low < 0):
                 raise ValueError(f"low: expected a topology id, got {low!r}")
+            clock = info.get("clock")
+            if clock is not None and (type(clock) not in (int, float) or not 0 < clock < math.inf):
+                raise ValueError(f"clock: expected a Unix time, got {clock!r}")
         except Exception as exc:  # a peer's bad bytes are dropped and counted, never a crash
             self.counters["bad_info"] += 1
             log.warning("dropped a member-info payload from %s: %s", src, exc)
@@ -1340,6 +1354,27 @@ class GridRuntime(NodeTimer):
             self.endpoints[src] = url
         if low is not None:
             self.unfinished[src] = low
+        if clock is not None:
+            self._note_peer_clock(src, clock - time.time())
+
+    def _note_peer_clock(self, src: Address, ahead: float) -> None:
+        """Record how far ``src``'s clock is ahead of ours (a lower bound); log once when beyond the warning
+        level. A member whose clock is behind shows as ahead on that member's side, so each pair is covered."""
+        self.peer_clock_ahead[src] = ahead
+        if ahead > CLOCK_AHEAD_WARNING:
+            self.counters["peer_clock_ahead_warnings"] += 1
+            if src not in self._clock_warned:
+                self._clock_warned.add(src)
+                log.warning(
+                    "member %s: its clock is at least %.3f s ahead of ours; client deadlines (X-Grid-Deadline) and "
+                    "last-writer-wins merges of grids that never met assume the members' clocks agree",
+                    src,
+                    ahead,
+                )
+
+    def max_peer_clock_ahead(self) -> float:
+        """How far the most-ahead member's clock is ahead of ours, at least (0 when none is)."""
+        return max(0.0, *self.peer_clock_ahead.values()) if self.peer_clock_ahead else 0.0
 
     def _pump(self) -> None:
         node = self.node
