@@ -907,7 +907,6 @@ class GridNode:
             elif kind not in (GET, DELETE):
                 raise ValueError(f"ops[{i}]: unknown operation kind {kind!r}")
         self._now = now
-        cutoff = deadline
         op_deadline = now + self.config.op_timeout
         ids = []
         start = self._next_op
@@ -915,18 +914,15 @@ class GridNode:
         t = self.topology
         nseg = t.num_segments if t is not None else 0
         segs = segments_of([o[1] for o in ops], nseg) if nseg else [0] * len(ops)
-        expired = cutoff is not None and cutoff <= now
-        if cutoff is not None and not expired and ops:
-            heapq.heappush(self._cutoffs, (cutoff, start, start + len(ops) - 1))
+        cutoff = self._arm_cutoff(deadline, start, start + len(ops) - 1, now) if ops else _NO_CUTOFF
         for op_id, (kind, key, value), seg in zip(range(start, start + len(ops)), ops, segs, strict=True):
             op = _Op(op_id, kind, key, value if kind == PUT else None, op_deadline)
             op.seg, op.nseg = seg, nseg
+            op.cutoff = cutoff
             self._ops[op_id] = op
-            if expired:
+            if cutoff <= now:
                 self._expire(op)
             else:
-                if cutoff is not None:
-                    op.cutoff = cutoff
                 self._try_send(op)
             ids.append(op_id)
         self._flush()
@@ -1472,17 +1468,23 @@ class GridNode:
         op_id = self._next_op
         self._next_op += 1
         op = _Op(op_id, kind, key, value, now + self.config.op_timeout)
+        op.cutoff = self._arm_cutoff(cutoff, op_id, op_id, now)
         self._ops[op_id] = op
-        if cutoff is not None:
-            if cutoff <= now:
-                self._expire(op)
-                self._flush()
-                return op_id
-            op.cutoff = cutoff
-            heapq.heappush(self._cutoffs, (cutoff, op_id, op_id))
-        self._try_send(op)
+        if op.cutoff <= now:
+            self._expire(op)
+        else:
+            self._try_send(op)
         self._flush()
         return op_id
+
+    def _arm_cutoff(self, deadline: float | None, first: int, last: int, now: float) -> float:
+        """The cutoff of operations ``first``..``last`` for a client ``deadline`` (None: none, inf), with a timer
+        entry for it unless it has passed already (the caller then expires them at once)."""
+        if deadline is None:
+            return _NO_CUTOFF
+        if deadline > now:
+            heapq.heappush(self._cutoffs, (deadline, first, last))
+        return deadline
 
     def _expire(self, op: _Op) -> None:
         """End an operation whose client deadline passed: the client has given up on it and may be retrying
