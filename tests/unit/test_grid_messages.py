@@ -60,10 +60,12 @@ ALL = [
     Confirm(4),
     Command(1, 2, 3, PUT, b"key", b"value"),
     Command(1, 1, 3, GET, b"key", None),
+    Command(1, 2, 3, PUT, b"key", b"value", 0.0, 1764170000.5),
     Response(1, 2, OK, 3, b"value", ""),
     Response(1, 2, RETRY, 4, None, "stale"),
     Backup(9, 3, 12345, b"k", b"v"),
     Backup(9, 3, 12345, b"k", None),
+    Backup(9, 3, 12345, b"k", b"v", 1764170000.5),
     BackupAck(9, OK, 3),
     Fetch(5, 3, 1, (0, 4, 7)),
     XferData(5, 4, [(b"a", 1, b"x"), (b"b", 2, None)], (4,), True),
@@ -131,9 +133,9 @@ def raw(msg: list[object]) -> bytes:
     return msgpack.packb([GRID_FORMAT_VERSION, [msg]], use_bin_type=True)
 
 
-def chunk(keys: object, versions: object, values: object, tombs: object = ()) -> bytes:
+def chunk(keys: object, versions: object, values: object, tombs: object = (), expiries: object = None) -> bytes:
     """A packed XFER_DATA chunk built by hand (possibly wrong)."""
-    return msgpack.packb([keys, versions, values, list(tombs)], use_bin_type=True)  # type: ignore[call-overload]
+    return msgpack.packb([keys, versions, values, list(tombs), expiries], use_bin_type=True)  # type: ignore[call-overload]
 
 
 def le64(*versions: int) -> bytes:
@@ -147,17 +149,17 @@ def le64(*versions: int) -> bytes:
         (msgpack.packb([1, []]), "unsupported grid format 1"),
         (msgpack.packb({"a": 1}), "grid"),
         (raw([99]), "unknown grid message type"),
-        (raw([4, 1, 1, 1, 1, b"k", None, 0.0]), "a PUT carries a value"),
-        (raw([4, 1, 1, 1, 0, b"k", b"v", 0.0]), "a PUT carries a value"),
-        (raw([4, 1, 1, 1, 7, b"k", None, 0.0]), r"messages\[0\]\.kind"),
-        (raw([4, -1, 1, 1, 0, b"k", None, 0.0]), r"messages\[0\]\.op_id"),
-        (raw([4, 1, 1, 1, 0, "text", None, 0.0]), r"messages\[0\]\.key"),
-        (raw([4, 1, 1, 1, 0, b"k", None]), r"messages\[0\]: expected 8 items, got 7"),
-        (raw([4, 1, 1, 1, 0, b"k", None, "soon"]), r"messages\[0\]\.deadline: expected a Unix time as a float"),
-        (raw([4, 1, 1, 1, 0, b"k", None, 5]), r"messages\[0\]\.deadline: .*got 5$"),
-        (raw([4, 1, 1, 1, 0, b"k", None, -1.0]), r"messages\[0\]\.deadline: .*got -1\.0"),
-        (raw([4, 1, 1, 1, 0, b"k", None, math.nan]), r"messages\[0\]\.deadline: .*got nan"),
-        (raw([4, 1, 1, 1, 0, b"k", None, math.inf]), r"messages\[0\]\.deadline: .*got inf"),
+        (raw([4, 1, 1, 1, 1, b"k", None, 0.0, 0.0]), "a PUT carries a value"),
+        (raw([4, 1, 1, 1, 0, b"k", b"v", 0.0, 0.0]), "a PUT carries a value"),
+        (raw([4, 1, 1, 1, 7, b"k", None, 0.0, 0.0]), r"messages\[0\]\.kind"),
+        (raw([4, -1, 1, 1, 0, b"k", None, 0.0, 0.0]), r"messages\[0\]\.op_id"),
+        (raw([4, 1, 1, 1, 0, "text", None, 0.0, 0.0]), r"messages\[0\]\.key"),
+        (raw([4, 1, 1, 1, 0, b"k", None]), r"messages\[0\]: expected 9 items, got 7"),
+        (raw([4, 1, 1, 1, 0, b"k", None, "soon", 0.0]), r"messages\[0\]\.deadline: expected a Unix time as a float"),
+        (raw([4, 1, 1, 1, 0, b"k", None, 5, 0.0]), r"messages\[0\]\.deadline: .*got 5$"),
+        (raw([4, 1, 1, 1, 0, b"k", None, -1.0, 0.0]), r"messages\[0\]\.deadline: .*got -1\.0"),
+        (raw([4, 1, 1, 1, 0, b"k", None, math.nan, 0.0]), r"messages\[0\]\.deadline: .*got nan"),
+        (raw([4, 1, 1, 1, 0, b"k", None, math.inf, 0.0]), r"messages\[0\]\.deadline: .*got inf"),
         (raw([5, 1, 1, 9, 1, None, "", 0]), r"messages\[0\]\.code"),
         (raw([5, 1, 1, 0, 1, b"v", "", -1]), r"messages\[0\]\.version"),
         (raw([5, 1, 1, 0, 1, b"v", ""]), r"messages\[0\]: expected 8 items"),
@@ -165,7 +167,7 @@ def le64(*versions: int) -> bytes:
         (raw([8, 1, 1, 1, [70000]]), r"segments\[0\]"),
         (raw([9, 1, 0, [[b"k", 1, b"x"]], [], False]), r"entries: expected bytes \(a packed chunk\)"),
         (raw([9, 1, 0, b"\xc1", [], False]), r"entries: not valid msgpack"),
-        (raw([9, 1, 0, msgpack.packb([[b"k"], le64(1), [b"x"]]), [], False]), r"entries: expected 4 items"),
+        (raw([9, 1, 0, msgpack.packb([[b"k"], le64(1), [b"x"]]), [], False]), r"entries: expected 5 items"),
         (raw([9, 1, 0, chunk([b"k"], le64(1), [b"x"], [])[:-1], [], False]), r"entries: not valid msgpack"),
         (
             raw([9, 1, 0, chunk([b"k", "s"], le64(1, 2), [b"x", b"y"]), [], False]),
@@ -223,6 +225,46 @@ def test_chunk_round_trip_keeps_tombstones_empty_values_and_large_versions() -> 
     assert len(EntryChunk([], [], [])) == 0 and decode_payload(encode_payload([XferData(1, 0, [], (), False)]))
     with pytest.raises(ValueError, match="2 keys, 1 versions"):
         EntryChunk([b"a", b"b"], [1], [b"x", b"y"])
+
+
+def test_expiries_round_trip_in_commands_backups_and_chunks() -> None:
+    """Wire format 7: a PUT's expiry (a Unix time) travels with it to the primary, to the backups and in state
+    transfer; a column of none is nil on the wire."""
+    cmds = CommandBatch(3)
+    cmds.add(1, 1, PUT, b"a", b"x", 0.0, 1764170000.5)
+    cmds.add(2, 1, PUT, b"b", b"y")
+    cmds.add(3, 1, GET, b"c", None)
+    backups = BackupBatch(3)
+    backups.add(1, 7, b"a", b"x", 1764170000.5)
+    backups.add(2, 8, b"b", None)
+    (c, b) = decode_payload(encode_payload([cmds, backups]))
+    assert unbatched([c, b]) == [
+        Command(1, 1, 3, PUT, b"a", b"x", 0.0, 1764170000.5),
+        Command(2, 1, 3, PUT, b"b", b"y"),
+        Command(3, 1, 3, GET, b"c", None),
+        Backup(1, 3, 7, b"a", b"x", 1764170000.5),
+        Backup(2, 3, 8, b"b", None),
+    ]
+    plain = CommandBatch(3)
+    plain.add(1, 1, PUT, b"a", b"x")
+    plain.add(2, 1, PUT, b"b", b"y")
+    assert plain.to_wire()[8] is None  # no expiry: nil, not a column of zeros
+    chunk_in = EntryChunk([b"a", b"b"], [1, 2], [b"x", None], [1764170000.5, 0.0])
+    (msg,) = decode_payload(encode_payload([XferData(3, 1, chunk_in, (1,), True)]))
+    assert isinstance(msg, XferData) and list(msg.entries.expiries) == [1764170000.5, 0.0]  # type: ignore[arg-type]
+    assert msg.entries == chunk_in
+    (msg,) = decode_payload(encode_payload([XferData(3, 1, EntryChunk([b"a"], [1], [b"x"]), (1,), True)]))
+    assert msg.entries.expiries is None  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="1 expiries for 2 keys"):
+        EntryChunk([b"a", b"b"], [1, 2], [b"x", b"y"], [0.0])
+    with pytest.raises(WireError, match=r"messages\[0\]\.expires: only a PUT carries an expiry"):
+        decode_payload(raw([4, 1, 1, 1, GET, b"k", None, 0.0, 1764170000.5]))
+    with pytest.raises(WireError, match=r"messages\[0\]\.expires: expected a Unix time as a float"):
+        decode_payload(raw([6, 1, 3, 7, b"k", b"v", "later"]))
+    with pytest.raises(WireError, match=r"entries\.expiries\[0\]: expected a Unix time"):
+        decode_payload(raw([9, 1, 0, chunk([b"k"], le64(1), [b"x"], [], f64(math.inf)), [], False]))
+    with pytest.raises(WireError, match=r"entries\.expiries: expected nil or 8 bytes"):
+        decode_payload(raw([9, 1, 0, chunk([b"k"], le64(1), [b"x"], [], b"\x00"), [], False]))
 
 
 def test_chunk_decoder_accepts_exactly_what_the_encoder_makes() -> None:
@@ -375,12 +417,13 @@ def cmd_batch(
     keys: object = None,
     puts: object = None,
     deadlines: object = None,
+    expiries: object = None,
 ) -> bytes:
     """A CMD_BATCH of a PUT of a and a GET of b, with one field replaced (possibly wrong)."""
     ids = le64(1, 2) if ids is None else ids
     attempts = le64(1, 1) if attempts is None else attempts
     keys = [b"a", b"b"] if keys is None else keys
-    return raw([13, 3, ids, attempts, kinds, keys, [b"v"] if puts is None else puts, deadlines])
+    return raw([13, 3, ids, attempts, kinds, keys, [b"v"] if puts is None else puts, deadlines, expiries])
 
 
 def f64(*values: float) -> bytes:
@@ -391,9 +434,11 @@ def f64(*values: float) -> bytes:
     ("payload", "message"),
     [
         (cmd_batch(), ""),  # the well-formed base case the others break
-        (raw([13, 3, le64(1), le64(1), b"\x00"]), r"messages\[0\]: expected 8 items"),
-        (raw([13, 3, le64(1), le64(1), b"\x00", [b"a"], []]), r"messages\[0\]: expected 8 items, got 7"),
-        (raw([13, -3, le64(1), le64(1), b"\x00", [b"a"], [], None]), r"messages\[0\]\.topology_id"),
+        (raw([13, 3, le64(1), le64(1), b"\x00"]), r"messages\[0\]: expected 9 items"),
+        (raw([13, 3, le64(1), le64(1), b"\x00", [b"a"], [], None]), r"messages\[0\]: expected 9 items, got 8"),
+        (raw([13, -3, le64(1), le64(1), b"\x00", [b"a"], [], None, None]), r"messages\[0\]\.topology_id"),
+        (cmd_batch(expiries=f64(1.0)), r"messages\[0\]\.expiries: expected nil or 16 bytes \(8 per operation\)"),
+        (cmd_batch(expiries=f64(1.0, math.nan)), r"messages\[0\]\.expiries\[1\]: expected a Unix time"),
         (cmd_batch(deadlines=f64(1.0)), r"messages\[0\]\.deadlines: expected nil or 16 bytes \(8 per operation\)"),
         (cmd_batch(deadlines=[1.0, 2.0]), r"messages\[0\]\.deadlines: expected nil or 16 bytes .*got list"),
         (cmd_batch(deadlines=f64(1.0, math.nan)), r"messages\[0\]\.deadlines\[1\]: expected a Unix time"),
@@ -430,9 +475,11 @@ def f64(*values: float) -> bytes:
             r"messages\[0\]\.topology_ids: expected 8",
         ),
         (rsp_batch(le64(1), le64(1), b"\x00", le64(3), [None], [], versions=le64(1, 2)), r"\.versions: expected 8"),
-        (raw([15, 3, le64(1), le64(1), [b"k"], [b"v", None]]), r"messages\[0\]\.values: expected a list of 1"),
-        (raw([15, 3, le64(1), le64(2**63), [b"k"], [b"v"]]), r"messages\[0\]\.versions\[0\]: above the limit"),
-        (raw([15, 3, le64(1), le64(1), [b"k"], [True]]), r"messages\[0\]\.values\[0\]: expected bytes, got bool"),
+        (raw([15, 3, le64(1), le64(1), [b"k"], [b"v", None], None]), r"messages\[0\]\.values: expected a list of 1"),
+        (raw([15, 3, le64(1), le64(2**63), [b"k"], [b"v"], None]), r"messages\[0\]\.versions\[0\]: above the limit"),
+        (raw([15, 3, le64(1), le64(1), [b"k"], [True], None]), r"messages\[0\]\.values\[0\]: expected bytes, got bool"),
+        (raw([15, 3, le64(1), le64(1), [b"k"], [b"v"]]), r"messages\[0\]: expected 7 items, got 6"),
+        (raw([15, 3, le64(1), le64(1), [b"k"], [b"v"], f64(-2.0)]), r"messages\[0\]\.expiries\[0\]: expected a Unix"),
         (raw([16, le64(1), b"\x00\x00", le64(3, 3)]), r"messages\[0\]\.write_ids: expected 16 bytes"),
         (raw([16, le64(1), 0, le64(3)]), r"messages\[0\]\.codes: expected at most"),
         (raw([16, le64(1), b"\x05", le64(3)]), r"messages\[0\]\.codes\[0\]: 5 is not one of"),

@@ -53,7 +53,9 @@ from .tx_messages import (
 #    Also TX_REPORT_REQ and TX_REPORT (types 28-29): the automatic resolution of in-doubt transactions.
 # 6: operations carry their client's deadline (CMD gains a field, CMD_BATCH a column; docs/grid.md, "Client
 #    deadlines"), so an owner does not apply a write its client has given up on.
-GRID_FORMAT_VERSION = 6
+# 7: entries may expire (docs/grid.md, "Expiry"): CMD and BACKUP gain an expiry field (a Unix time, 0.0:
+#    none), CMD_BATCH and BACKUP_BATCH an expiry column, and a transfer chunk an expiry column (nil: none).
+GRID_FORMAT_VERSION = 7
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12
@@ -108,6 +110,8 @@ class Command:
     value: bytes | None
     # The client's deadline as a Unix time, 0.0 for none: a write owner does not apply the command after it.
     deadline: float = 0.0
+    # A PUT's expiry as a Unix time, 0.0 for none: the key's primary removes the entry once it has passed.
+    expires: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,7 @@ class Backup:
     version: int
     key: bytes
     value: bytes | None  # None: a delete
+    expires: float = 0.0  # the entry's expiry as a Unix time (0.0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,24 +164,35 @@ def _versions_blob(versions: Iterable[int]) -> bytes:
 
 class EntryChunk:
     """A batch of state-transfer entries of one segment as three columns: keys, versions, values (None: a
-    tombstone). Keys are distinct.
+    tombstone), and optionally a fourth, ``expiries`` (each entry's expiry as a Unix time, 0.0: none; None when
+    no entry of the chunk expires). Keys are distinct.
 
     On the wire it is *one* msgpack bin inside the XFER_DATA message, holding
-    ``[keys, versions, values, tombstones]``: keys and values as lists of bin (a tombstone's value is an empty
-    bin, its index listed in ``tombstones``), versions as one bin of little-endian uint64s. Per entry that is
+    ``[keys, versions, values, tombstones, expiries]``: keys and values as lists of bin (a tombstone's value is
+    an empty bin, its index listed in ``tombstones``), versions as one bin of little-endian uint64s, expiries
+    one bin of little-endian float64s or nil. Per entry that is
     two bin objects and eight bytes instead of a list with three fields, so both sides handle a chunk in a few
     C-level calls rather than a Python step per entry (docs/grid.md, "state transfer"). :meth:`decode` checks
     the whole chunk in bulk: the types (one ``join`` per column), the limits, distinct keys.
     """
 
-    __slots__ = ("_blob", "_nbytes", "keys", "values", "versions")
+    __slots__ = ("_blob", "_nbytes", "expiries", "keys", "values", "versions")
 
-    def __init__(self, keys: list[bytes], versions: list[int] | array, values: list[bytes | None]) -> None:
+    def __init__(
+        self,
+        keys: list[bytes],
+        versions: list[int] | array,
+        values: list[bytes | None],
+        expiries: list[float] | array | None = None,
+    ) -> None:
         if not len(keys) == len(versions) == len(values):
             raise ValueError(f"EntryChunk: {len(keys)} keys, {len(versions)} versions, {len(values)} values")
+        if expiries is not None and len(expiries) != len(keys):
+            raise ValueError(f"EntryChunk: {len(expiries)} expiries for {len(keys)} keys")
         self.keys = keys
         self.versions = versions
         self.values = values
+        self.expiries = expiries
         self._blob: bytes | None = None
         self._nbytes: int | None = None
 
@@ -194,7 +210,12 @@ class EntryChunk:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, EntryChunk):
-            return (self.keys, list(self.versions), self.values) == (other.keys, list(other.versions), other.values)
+            return (self.keys, list(self.versions), self.values, _col(self.expiries)) == (
+                other.keys,
+                list(other.versions),
+                other.values,
+                _col(other.expiries),
+            )
         if isinstance(other, list):
             return list(self) == [tuple(e) for e in other]
         return NotImplemented
@@ -220,7 +241,10 @@ class EntryChunk:
             if None in values:
                 tombs = [i for i, v in enumerate(values) if v is None]
                 values = [_EMPTY if v is None else v for v in values]
-            self._blob = msgpack.packb([self.keys, _versions_blob(self.versions), values, tombs], use_bin_type=True)
+            expiries = _deadlines_blob(self.expiries) if self.expiries is not None else None
+            self._blob = msgpack.packb(
+                [self.keys, _versions_blob(self.versions), values, tombs, expiries], use_bin_type=True
+            )
         return self._blob
 
     @classmethod
@@ -230,8 +254,8 @@ class EntryChunk:
             raise WireError(f"{field}: expected bytes (a packed chunk), got {type(blob).__name__}")
         # The bin bound covers the versions column too; the key and value limits are checked below.
         max_bin = max(lim.max_value_bytes, lim.max_key_bytes, 8 * lim.max_batch_entries)
-        parts = as_list(unpack_bounded(blob, field, max_bin, lim.max_batch_entries), field, 4, exact=4)
-        keys, vblob, values, tombs = parts
+        parts = as_list(unpack_bounded(blob, field, max_bin, lim.max_batch_entries), field, 5, exact=5)
+        keys, vblob, values, tombs, eblob = parts
         keys = as_list(keys, f"{field}.keys", lim.max_batch_entries)
         values = as_list(values, f"{field}.values", lim.max_batch_entries)
         n = len(keys)
@@ -279,7 +303,8 @@ class EntryChunk:
         versions.frombytes(vblob)
         if _BIG_ENDIAN:
             versions.byteswap()
-        chunk = cls(keys, versions, values)
+        expiries = _deadlines(eblob, f"{field}.expiries", n) if eblob is not None else None
+        chunk = cls(keys, versions, values, expiries)
         chunk._blob = blob
         chunk._nbytes = key_bytes + value_bytes  # tombstones' placeholders are empty
         return chunk
@@ -393,13 +418,13 @@ def _col(v: Any) -> Any:
 class CommandBatch(_Batch):
     """Client operations for one owner, all tagged with the originator's topology ``topology_id``.
 
-    Wire: ``[CMD_BATCH, topology_id, op_ids, attempts, kinds, keys, put_values, deadlines]``: op ids and
-    attempts as uint64 columns, kinds one byte each, keys a list of bin, the values of the PUTs only, in order
-    (GET and DELETE carry none, so a value cannot be on the wrong operation), and the clients' deadlines as a
-    little-endian float64 column (0.0: none), or nil when no operation has one.
+    Wire: ``[CMD_BATCH, topology_id, op_ids, attempts, kinds, keys, put_values, deadlines, expiries]``: op ids
+    and attempts as uint64 columns, kinds one byte each, keys a list of bin, the values of the PUTs only, in
+    order (GET and DELETE carry none, so a value cannot be on the wrong operation), the clients' deadlines and
+    the PUTs' expiries as little-endian float64 columns (0.0: none), each nil when no operation has one.
     """
 
-    __slots__ = ("attempts", "deadlines", "keys", "kinds", "op_ids", "topology_id", "values")
+    __slots__ = ("attempts", "deadlines", "expiries", "keys", "kinds", "op_ids", "topology_id", "values")
 
     def __init__(self, topology_id: int) -> None:
         self.topology_id = topology_id
@@ -409,15 +434,26 @@ class CommandBatch(_Batch):
         self.keys: list[bytes] = []
         self.values: list[bytes | None] = []
         self.deadlines: list[float] | array = []
+        self.expiries: list[float] | array = []
         self.nbytes = 0
 
-    def add(self, op_id: int, attempt: int, kind: int, key: bytes, value: bytes | None, deadline: float = 0.0) -> None:
+    def add(
+        self,
+        op_id: int,
+        attempt: int,
+        kind: int,
+        key: bytes,
+        value: bytes | None,
+        deadline: float = 0.0,
+        expires: float = 0.0,
+    ) -> None:
         self.op_ids.append(op_id)
         self.attempts.append(attempt)
         self.kinds.append(kind)  # type: ignore[union-attr]
         self.keys.append(key)
         self.values.append(value)
         self.deadlines.append(deadline)
+        self.expiries.append(expires)
         self.nbytes += len(key) + (len(value) if value is not None else 0)
 
     def __len__(self) -> int:
@@ -429,20 +465,28 @@ class CommandBatch(_Batch):
     def commands(self) -> list[Command]:
         tid = self.topology_id
         return [
-            Command(o, a, tid, k, key, v if k == PUT else None, d)
-            for o, a, k, key, v, d in zip(
-                self.op_ids, self.attempts, self.kinds, self.keys, self.values, self.deadlines, strict=True
+            Command(o, a, tid, k, key, v if k == PUT else None, d, e if k == PUT else 0.0)
+            for o, a, k, key, v, d, e in zip(
+                self.op_ids,
+                self.attempts,
+                self.kinds,
+                self.keys,
+                self.values,
+                self.deadlines,
+                self.expiries,
+                strict=True,
             )
         ]
 
     def to_wire(self) -> list[Any]:
         puts = [v for v in self.values if v is not None]
         return [CMD_BATCH, self.topology_id, _versions_blob(self.op_ids), _versions_blob(self.attempts),
-                bytes(self.kinds), self.keys, puts, _deadlines_blob(self.deadlines)]  # fmt: skip
+                bytes(self.kinds), self.keys, puts, _deadlines_blob(self.deadlines),
+                _deadlines_blob(self.expiries)]  # fmt: skip
 
     @classmethod
     def from_wire(cls, raw: list[Any], f: str, lim: GridLimits) -> CommandBatch:
-        as_list(raw, f, 8, exact=8)
+        as_list(raw, f, 9, exact=9)
         tid = as_int(raw[1], f"{f}.topology_id")
         keys = as_list(raw[5], f"{f}.keys", lim.max_batch_entries)
         n = len(keys)
@@ -457,11 +501,13 @@ class CommandBatch(_Batch):
         b.keys = keys
         b.values = [next(it) if k == PUT else None for k in kinds]
         b.deadlines = _deadlines(raw[7], f"{f}.deadlines", n)
+        b.expiries = _deadlines(raw[8], f"{f}.expiries", n)
         return b
 
 
 def _deadlines_blob(deadlines: list[float] | array) -> bytes | None:
-    """A deadline column as little-endian float64s, or None when every entry is 0.0 (no deadline)."""
+    """A column of Unix times (deadlines, expiries) as little-endian float64s, or None when every entry is 0.0
+    (none)."""
     if not any(deadlines):
         return None
     arr = array("d", deadlines)
@@ -471,7 +517,7 @@ def _deadlines_blob(deadlines: list[float] | array) -> bytes | None:
 
 
 def _deadlines(raw: Any, f: str, n: int) -> list[float] | array:
-    """A deadline column from the wire (see :func:`_deadlines_blob`): nil, or 8 bytes per operation, each a
+    """A column of Unix times from the wire (see :func:`_deadlines_blob`): nil, or 8 bytes per entry, each a
     finite non-negative float64."""
     if raw is None:
         return [0.0] * n
@@ -567,11 +613,12 @@ class ResponseBatch(_Batch):
 class BackupBatch(_Batch):
     """Writes a primary applied, for one backup owner, all under the primary's topology ``topology_id``.
 
-    Wire: ``[BACKUP_BATCH, topology_id, write_ids, versions, keys, values]``: ids and versions as uint64
-    columns, values a list of bin or nil (a delete). A key may appear more than once; entries apply in order.
+    Wire: ``[BACKUP_BATCH, topology_id, write_ids, versions, keys, values, expiries]``: ids and versions as
+    uint64 columns, values a list of bin or nil (a delete), expiries a float64 column (0.0: none) or nil when no
+    entry has one. A key may appear more than once; entries apply in order.
     """
 
-    __slots__ = ("keys", "topology_id", "values", "versions", "write_ids")
+    __slots__ = ("expiries", "keys", "topology_id", "values", "versions", "write_ids")
 
     def __init__(self, topology_id: int) -> None:
         self.topology_id = topology_id
@@ -579,13 +626,15 @@ class BackupBatch(_Batch):
         self.versions: list[int] | array = []
         self.keys: list[bytes] = []
         self.values: list[bytes | None] = []
+        self.expiries: list[float] | array = []
         self.nbytes = 0
 
-    def add(self, write_id: int, version: int, key: bytes, value: bytes | None) -> None:
+    def add(self, write_id: int, version: int, key: bytes, value: bytes | None, expires: float = 0.0) -> None:
         self.write_ids.append(write_id)
         self.versions.append(version)
         self.keys.append(key)
         self.values.append(value)
+        self.expiries.append(expires)
         self.nbytes += len(key) + (len(value) if value is not None else 0)
 
     def __len__(self) -> int:
@@ -597,17 +646,19 @@ class BackupBatch(_Batch):
     def backups(self) -> list[Backup]:
         tid = self.topology_id
         return [
-            Backup(w, tid, ver, k, v)
-            for w, ver, k, v in zip(self.write_ids, self.versions, self.keys, self.values, strict=True)
+            Backup(w, tid, ver, k, v, e)
+            for w, ver, k, v, e in zip(
+                self.write_ids, self.versions, self.keys, self.values, self.expiries, strict=True
+            )
         ]
 
     def to_wire(self) -> list[Any]:
         return [BACKUP_BATCH, self.topology_id, _versions_blob(self.write_ids), _versions_blob(self.versions),
-                self.keys, self.values]  # fmt: skip
+                self.keys, self.values, _deadlines_blob(self.expiries)]  # fmt: skip
 
     @classmethod
     def from_wire(cls, raw: list[Any], f: str, lim: GridLimits) -> BackupBatch:
-        as_list(raw, f, 6, exact=6)
+        as_list(raw, f, 7, exact=7)
         tid = as_int(raw[1], f"{f}.topology_id")
         keys = as_list(raw[4], f"{f}.keys", lim.max_batch_entries)
         n = len(keys)
@@ -618,6 +669,7 @@ class BackupBatch(_Batch):
         b.nbytes += _bins(raw[5], f"{f}.values", n, lim.max_value_bytes, nullable=True)
         b.keys = keys
         b.values = raw[5]
+        b.expiries = _deadlines(raw[6], f"{f}.expiries", n)
         return b
 
 
@@ -724,11 +776,11 @@ def _wire(msg: GridMessage) -> list[Any]:
             return _wire(unbatched([msg])[0])
         return msg.to_wire()  # type: ignore[union-attr]
     if t is Command:
-        return [CMD, msg.op_id, msg.attempt, msg.topology_id, msg.kind, msg.key, msg.value, msg.deadline]  # type: ignore[union-attr]
+        return [CMD, msg.op_id, msg.attempt, msg.topology_id, msg.kind, msg.key, msg.value, msg.deadline, msg.expires]  # type: ignore[union-attr]
     if t is Response:
         return [RSP, msg.op_id, msg.attempt, msg.code, msg.topology_id, msg.value, msg.error, msg.version]  # type: ignore[union-attr]
     if t is Backup:
-        return [BACKUP, msg.write_id, msg.topology_id, msg.version, msg.key, msg.value]  # type: ignore[union-attr]
+        return [BACKUP, msg.write_id, msg.topology_id, msg.version, msg.key, msg.value, msg.expires]  # type: ignore[union-attr]
     if t is BackupAck:
         return [BACKUP_ACK, msg.write_id, msg.code, msg.topology_id]  # type: ignore[union-attr]
     if t is XferData:
@@ -780,6 +832,14 @@ def _segments(value: Any, field: str) -> tuple[int, ...]:
     return out
 
 
+def _unix_time(v: Any, field: str) -> float:
+    """A Unix time as a float (0.0: none), finite and not negative."""
+    if type(v) is not float or not 0.0 <= v < math.inf:
+        shown = v if type(v) in (int, float) else type(v).__name__
+        raise WireError(f"{field}: expected a Unix time as a float (0.0: none), got {shown}")
+    return v
+
+
 def _uint(v: Any) -> bool:
     return type(v) is int and 0 <= v <= MAX_INT
 
@@ -791,7 +851,24 @@ def _decode_fast(raw: Any, lim: GridLimits) -> GridMessage | None:
     if type(raw) is not list:
         return None
     n = len(raw)
-    if n == 8:
+    if n == 9:
+        kind, a, b, c, d, e, g, h, x = raw
+        if kind == CMD and (
+            _uint(a)
+            and _uint(b)
+            and _uint(c)
+            and type(d) is int
+            and 0 <= d <= 2
+            and type(e) is bytes
+            and len(e) <= lim.max_key_bytes
+            and (g is None if d != PUT else (type(g) is bytes and len(g) <= lim.max_value_bytes))
+            and type(h) is float
+            and 0.0 <= h < math.inf
+            and type(x) is float
+            and (x == 0.0 or (d == PUT and 0.0 < x < math.inf))
+        ):
+            return Command(a, b, c, d, e, g, h, x)
+    elif n == 8:
         kind, a, b, c, d, e, g, h = raw
         if kind == RSP and (
             _uint(a)
@@ -805,21 +882,8 @@ def _decode_fast(raw: Any, lim: GridLimits) -> GridMessage | None:
             and _uint(h)
         ):
             return Response(a, b, c, d, e, g, h)
-        if kind == CMD and (
-            _uint(a)
-            and _uint(b)
-            and _uint(c)
-            and type(d) is int
-            and 0 <= d <= 2
-            and type(e) is bytes
-            and len(e) <= lim.max_key_bytes
-            and (g is None if d != PUT else (type(g) is bytes and len(g) <= lim.max_value_bytes))
-            and type(h) is float
-            and 0.0 <= h < math.inf
-        ):
-            return Command(a, b, c, d, e, g, h)
-    elif n == 6:
-        kind, a, b, c, d, e = raw
+    elif n == 7:
+        kind, a, b, c, d, e, x = raw
         if kind == BACKUP and (
             _uint(a)
             and _uint(b)
@@ -827,8 +891,10 @@ def _decode_fast(raw: Any, lim: GridLimits) -> GridMessage | None:
             and type(d) is bytes
             and len(d) <= lim.max_key_bytes
             and (e is None or (type(e) is bytes and len(e) <= lim.max_value_bytes))
+            and type(x) is float
+            and 0.0 <= x < math.inf
         ):
-            return Backup(a, b, c, d, e)
+            return Backup(a, b, c, d, e, x)
     elif n == 4:
         kind, a, b, c = raw
         if kind == BACKUP_ACK and _uint(a) and type(b) is int and 0 <= b <= 3 and _uint(c):
@@ -845,7 +911,7 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
         raise WireError(f"{f}: expected a non-empty list")
     kind = raw[0]
     if kind == CMD:
-        as_list(raw, f, 8, exact=8)
+        as_list(raw, f, 9, exact=9)
         op = as_int(raw[4], f"{f}.kind", 0, 2)
         value = _opt_bytes(raw[6], f"{f}.value", lim.max_value_bytes)
         if (op == PUT) != (value is not None):
@@ -854,6 +920,9 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
         if type(deadline) is not float or not 0.0 <= deadline < math.inf:
             shown = deadline if type(deadline) in (int, float) else type(deadline).__name__
             raise WireError(f"{f}.deadline: expected a Unix time as a float (0.0: none), got {shown}")
+        expires = _unix_time(raw[8], f"{f}.expires")
+        if expires and op != PUT:
+            raise WireError(f"{f}.expires: only a PUT carries an expiry")
         return Command(
             as_int(raw[1], f"{f}.op_id"),
             as_int(raw[2], f"{f}.attempt"),
@@ -862,6 +931,7 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
             as_bytes(raw[5], f"{f}.key", lim.max_key_bytes),
             value,
             deadline,
+            expires,
         )
     if kind == RSP:
         as_list(raw, f, 8, exact=8)
@@ -875,13 +945,14 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
             as_int(raw[7], f"{f}.version", 0, MAX_INT),
         )
     if kind == BACKUP:
-        as_list(raw, f, 6, exact=6)
+        as_list(raw, f, 7, exact=7)
         return Backup(
             as_int(raw[1], f"{f}.write_id"),
             as_int(raw[2], f"{f}.topology_id"),
             as_int(raw[3], f"{f}.version", 0, MAX_INT),
             as_bytes(raw[4], f"{f}.key", lim.max_key_bytes),
             _opt_bytes(raw[5], f"{f}.value", lim.max_value_bytes),
+            _unix_time(raw[6], f"{f}.expires"),
         )
     if kind == BACKUP_ACK:
         as_list(raw, f, 4, exact=4)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -321,6 +322,18 @@ class OpResult:
     tx: TxId | None = None  # the transaction of a TX_*_OP result
 
 
+# Expiry (docs/grid.md, "Expiry"): entries removed per step at most (a mass expiry is spread over steps, as a
+# large drop is), and when a member that is not an expired entry's primary looks again (the primary removes
+# it; if the primary died first, we may be the new one by then).
+EXPIRE_PER_STEP = 500
+EXPIRY_RECHECK = 1.0
+
+
+def _check_expires(expires: object, field: str) -> None:
+    if type(expires) is not float or not 0.0 <= expires < math.inf:
+        raise ValueError(f"{field}: expected a Unix time as a float (0.0: never), got {expires!r}")
+
+
 _NO_CUTOFF = float("inf")
 _CUTOFF_ERROR = "timed out: the request's deadline passed"
 _PRIMARY_CUTOFF_ERROR = _CUTOFF_ERROR + " before the key's primary owner could apply it"
@@ -331,6 +344,7 @@ class _Op:
         "attempt",
         "cutoff",
         "deadline",
+        "expires",
         "key",
         "kind",
         "not_before",
@@ -359,12 +373,24 @@ class _Op:
         self.nseg = 0
         # The client's deadline (node time; inf: none): no attempt is sent at or after it (see _send_op).
         self.cutoff = _NO_CUTOFF
+        self.expires = 0.0  # a PUT's expiry as a Unix time (0.0: none), stamped by its originator
 
 
 class _PendingWrite:
     """A write this member stamped and applied, not yet on every write owner (see :meth:`GridNode._redrive`)."""
 
-    __slots__ = ("attempt", "awaiting", "key", "merge", "op_id", "origin", "topology_id", "value", "version")
+    __slots__ = (
+        "attempt",
+        "awaiting",
+        "expires",
+        "key",
+        "merge",
+        "op_id",
+        "origin",
+        "topology_id",
+        "value",
+        "version",
+    )
 
     def __init__(
         self,
@@ -378,6 +404,7 @@ class _PendingWrite:
         value: bytes | None,
         *,
         merge: bool = False,
+        expires: float = 0.0,
     ) -> None:
         self.origin = origin
         self.op_id = op_id
@@ -390,6 +417,7 @@ class _PendingWrite:
         # A merge push (:meth:`GridNode._push_entries`). Like a write whose client was already answered (op_id
         # 0), nobody waits for it; unlike that one, it keeps ``GridNode.merging`` True until it is done.
         self.merge = merge
+        self.expires = expires  # the entry's expiry as a Unix time (0.0: none), sent with every copy
 
 
 class _Routes:
@@ -805,6 +833,8 @@ class GridNode:
         if expiry is not None and now >= expiry:
             assert self.store is not None
             self.metrics["grid.tombstones_expired"] += self.store.expire_tombstones(now, self.config.tombstone_grace)
+        if self.store is not None and self.store._expiring:
+            self._remove_expired()
         self._tx_tick(now)
         self._flush()
 
@@ -827,6 +857,8 @@ class GridNode:
             times.append(tx_next)
         if self._cutoffs:
             times.append(self._cutoffs[0][0])
+        if self.store is not None and self.store._expiring:
+            times.append(self.store._expiring[0][0] - self.wall_offset)  # the next entry to expire (Unix time)
         ops = self._ops
         if ops:
             # Deadlines are start time + op_timeout and operations stay in start order, so the first is the
@@ -874,26 +906,40 @@ class GridNode:
     def get(self, key: bytes, now: float, deadline: float | None = None) -> int:
         return self._start_op(GET, key, None, now, deadline)
 
-    def put(self, key: bytes, value: bytes, now: float, deadline: float | None = None) -> int:
+    def put(self, key: bytes, value: bytes, now: float, deadline: float | None = None, expires: float = 0.0) -> int:
+        """``expires``: when the entry expires, as a Unix time (0.0: never); see docs/grid.md, "Expiry"."""
         if type(value) is not bytes:
             raise TypeError(f"value: expected bytes, got {type(value).__name__}")
         if len(value) > self.limits.max_value_bytes:
             raise ValueError(f"value: {len(value)} bytes exceed the limit of {self.limits.max_value_bytes}")
-        return self._start_op(PUT, key, value, now, deadline)
+        _check_expires(expires, "expires")
+        return self._start_op(PUT, key, value, now, deadline, expires)
 
     def delete(self, key: bytes, now: float, deadline: float | None = None) -> int:
         return self._start_op(DELETE, key, None, now, deadline)
 
     def start_batch(
-        self, ops: Sequence[tuple[int, bytes, bytes | None]], now: float, deadline: float | None = None
+        self,
+        ops: Sequence[tuple[int, bytes, bytes | None]],
+        now: float,
+        deadline: float | None = None,
+        expiries: Sequence[float] | None = None,
     ) -> list[int]:
         """Start ``(kind, key, value)`` operations in one step; their op ids, in order.
 
         Like :meth:`get`/:meth:`put`/:meth:`delete` one after the other, except that the step ends (and
         payloads are encoded) once, after the last: the commands for one owner leave as one
         :class:`~.messages.CommandBatch`. Every operation is checked before any starts. ``deadline`` applies
-        to every operation of the batch."""
+        to every operation of the batch; ``expiries`` (None: none) gives each PUT's expiry as a Unix time (0.0:
+        never), one per operation."""
         lim = self.limits
+        if expiries is not None:
+            if len(expiries) != len(ops):
+                raise ValueError(f"expiries: {len(expiries)} for {len(ops)} operations")
+            for i, e in enumerate(expiries):
+                _check_expires(e, f"expiries[{i}]")
+                if e and ops[i][0] != PUT:
+                    raise ValueError(f"expiries[{i}]: only a PUT expires")
         for i, (kind, key, value) in enumerate(ops):
             if type(key) is not bytes:
                 raise TypeError(f"ops[{i}].key: expected bytes, got {type(key).__name__}")
@@ -915,10 +961,14 @@ class GridNode:
         nseg = t.num_segments if t is not None else 0
         segs = segments_of([o[1] for o in ops], nseg) if nseg else [0] * len(ops)
         cutoff = self._arm_cutoff(deadline, start, start + len(ops) - 1, now) if ops else _NO_CUTOFF
-        for op_id, (kind, key, value), seg in zip(range(start, start + len(ops)), ops, segs, strict=True):
+        exps: Sequence[float] = expiries if expiries is not None else [0.0] * len(ops)
+        for op_id, (kind, key, value), seg, expires in zip(
+            range(start, start + len(ops)), ops, segs, exps, strict=True
+        ):
             op = _Op(op_id, kind, key, value if kind == PUT else None, op_deadline)
             op.seg, op.nseg = seg, nseg
             op.cutoff = cutoff
+            op.expires = expires
             self._ops[op_id] = op
             if cutoff <= now:
                 self._expire(op)
@@ -1086,21 +1136,24 @@ class GridNode:
         key: bytes,
         value: bytes | None,
         deadline: float,
+        expires: float = 0.0,
     ) -> None:
         b = self._tail(dest)
         size = len(key) + (len(value) if value is not None else 0)
         if type(b) is not CommandBatch or b.topology_id != tid or len(b.keys) >= BATCH_MAX_ENTRIES or b.full(size):
             b = CommandBatch(tid)
             self._emit(dest, b)
-        b.add(op_id, attempt, kind, key, value, deadline)
+        b.add(op_id, attempt, kind, key, value, deadline, expires)
 
-    def _emit_backup(self, dest: Address, wid: int, tid: int, version: int, key: bytes, value: bytes | None) -> None:
+    def _emit_backup(
+        self, dest: Address, wid: int, tid: int, version: int, key: bytes, value: bytes | None, expires: float = 0.0
+    ) -> None:
         b = self._tail(dest)
         size = len(key) + (len(value) if value is not None else 0)
         if type(b) is not BackupBatch or b.topology_id != tid or len(b.keys) >= BATCH_MAX_ENTRIES or b.full(size):
             b = BackupBatch(tid)
             self._emit(dest, b)
-        b.add(wid, version, key, value)
+        b.add(wid, version, key, value, expires)
 
     def _emit_ack(self, dest: Address, wid: int, code: int, tid: int) -> None:
         b = self._tail(dest)
@@ -1459,7 +1512,9 @@ class GridNode:
         self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
 
     # ==== operations (originator side) =====================================================================
-    def _start_op(self, kind: int, key: bytes, value: bytes | None, now: float, cutoff: float | None) -> int:
+    def _start_op(
+        self, kind: int, key: bytes, value: bytes | None, now: float, cutoff: float | None, expires: float = 0.0
+    ) -> int:
         if type(key) is not bytes:
             raise TypeError(f"key: expected bytes, got {type(key).__name__}")
         if len(key) > self.limits.max_key_bytes:
@@ -1469,6 +1524,7 @@ class GridNode:
         self._next_op += 1
         op = _Op(op_id, kind, key, value, now + self.config.op_timeout)
         op.cutoff = self._arm_cutoff(cutoff, op_id, op_id, now)
+        op.expires = expires
         self._ops[op_id] = op
         if op.cutoff <= now:
             self._expire(op)
@@ -1538,7 +1594,7 @@ class GridNode:
         # The owner gets the deadline as a Unix time (its own clock differs from ours); 0.0: none.
         cutoff = op.cutoff
         wall = cutoff + self.wall_offset if cutoff != _NO_CUTOFF else 0.0
-        self._emit_cmd(target, op.op_id, op.attempt, t.topology_id, op.kind, op.key, op.value, wall)
+        self._emit_cmd(target, op.op_id, op.attempt, t.topology_id, op.kind, op.key, op.value, wall, op.expires)
 
     def _push_timer(self, at: float, op_id: int) -> list[Any]:
         """A timer run of operation ``op_id`` alone at ``at`` (see ``_op_timers``)."""
@@ -1651,13 +1707,15 @@ class GridNode:
             ]
         else:
             segs = segments_of(b.keys, t.num_segments)  # one call for the batch
-        for op_id, attempt, kind, key, value, seg, deadline in zip(
-            b.op_ids, b.attempts, b.kinds, b.keys, b.values, segs, b.deadlines, strict=True
+        for op_id, attempt, kind, key, value, seg, deadline, expires in zip(
+            b.op_ids, b.attempts, b.kinds, b.keys, b.values, segs, b.deadlines, b.expiries, strict=True
         ):
-            command(src, op_id, attempt, tid, kind, key, value, seg, deadline)
+            command(src, op_id, attempt, tid, kind, key, value, seg, deadline, expires)
 
     def _on_command(self, src: Address, cmd: Command) -> None:
-        self._command(src, cmd.op_id, cmd.attempt, cmd.topology_id, cmd.kind, cmd.key, cmd.value, -1, cmd.deadline)
+        self._command(
+            src, cmd.op_id, cmd.attempt, cmd.topology_id, cmd.kind, cmd.key, cmd.value, -1, cmd.deadline, cmd.expires
+        )
 
     def _command(
         self,
@@ -1670,10 +1728,11 @@ class GridNode:
         value: bytes | None,
         seg: int = -1,  # segment_of(key) when the caller knows it (a batch computes them in one call)
         deadline: float = 0.0,  # the client's, as a Unix time (0.0: none)
+        expires: float = 0.0,  # a PUT's expiry, as a Unix time (0.0: none)
     ) -> None:
         t = self.topology
         if t is None or tid > t.topology_id:
-            self._hold(tid, src, Command(op_id, attempt, tid, kind, key, value, deadline))
+            self._hold(tid, src, Command(op_id, attempt, tid, kind, key, value, deadline, expires))
             return
         if tid < t.topology_id:
             self._respond(src, op_id, attempt, RETRY, t.topology_id)
@@ -1688,7 +1747,7 @@ class GridNode:
             # other side acknowledged long ago (seeds 20, 70), and a write stamped with its version could lose
             # the merge to an older value of the other side (seed 607). Hold both until that topology comes.
             self.metrics["grid.ops_held_merging"] += 1
-            self._hold(t.topology_id + 1, src, Command(op_id, attempt, tid, kind, key, value, deadline))
+            self._hold(t.topology_id + 1, src, Command(op_id, attempt, tid, kind, key, value, deadline, expires))
             return
         r = self._routes(t)
         if kind == GET:
@@ -1738,17 +1797,63 @@ class GridNode:
         version = (tid << SEQ_BITS) | seq
         if kind != PUT:
             value = None
-        if store.write(seg, key, version, value, now=self._now) and self._written is not None:
-            self._note_written(key, version, value)
+            expires = 0.0
+        if store.write(seg, key, version, value, now=self._now):
+            if expires:
+                store.set_expiry(seg, key, version, expires)
+            if self._written is not None:
+                self._note_written(key, version, value)
         if len(owners) == 1:
             self._respond(src, op_id, attempt, OK, tid)
             return
         wid = self._next_write
         self._next_write += 1
         backups = owners[1:]
-        self._writes[wid] = _PendingWrite(src, op_id, attempt, tid, set(backups), key, version, value)
+        self._writes[wid] = _PendingWrite(src, op_id, attempt, tid, set(backups), key, version, value, expires=expires)
         for b in backups:
-            self._emit_backup(b, wid, tid, version, key, value)
+            self._emit_backup(b, wid, tid, version, key, value, expires)
+
+    def _remove_expired(self) -> None:
+        """Remove the entries whose expiry has passed, for the segments we are the primary of: each as a delete
+        stamped now, which reaches the other write owners as any write does (backups, re-driven across
+        topologies), so the copies, the change feed and transactions all see one ordinary delete. An entry whose
+        primary is another member is looked at again after ``EXPIRY_RECHECK`` (its primary removes it; if that
+        member dies first, we may be the new primary by then); so is one we cannot delete now (a transaction
+        holds the key, the segment cannot be written, a merge is pending)."""
+        store = self.store
+        assert store is not None
+        wall = self._now + self.wall_offset
+        if store._expiring[0][0] > wall:
+            return
+        due = store.due_expiries(wall, EXPIRE_PER_STEP)
+        t = self.topology
+        r = self._routes(t) if t is not None else None
+        locks = self.tx.locks
+        for seg, key, version in due:
+            if (
+                r is None
+                or t is None
+                or not r.primary[seg]
+                or not r.can_write[seg]
+                or self._merge_hold is not None
+                or (self._tx_locked and locks.is_held(key))
+                or (self._tx_blocked and seg in self._tx_blocked)
+            ):
+                store.recheck_expiry(wall + EXPIRY_RECHECK, seg, key, version)
+                continue
+            tid = t.topology_id
+            seq = self._seq[seg] = next_seq(self._seq.get(seg, 0), wall, version)
+            stamped = (tid << SEQ_BITS) | seq
+            if store.write(seg, key, stamped, None, now=self._now) and self._written is not None:
+                self._note_written(key, stamped, None)
+            self.metrics["grid.entries_expired"] += 1
+            backups = r.write[seg][1:]
+            if backups:
+                wid = self._next_write
+                self._next_write += 1
+                self._writes[wid] = _PendingWrite(self.address, 0, 0, tid, set(backups), key, stamped, None)
+                for b in backups:
+                    self._emit_backup(b, wid, tid, stamped, key, None)
 
     def _redrive(self, wid: int, pw: _PendingWrite) -> None:
         """Finish a write we applied whose replication a topology change interrupted.
@@ -1777,6 +1882,8 @@ class GridNode:
             return
         owners = r.write[seg]
         applied = self.address in owners and self.store.write(seg, pw.key, pw.version, pw.value, now=self._now)
+        if applied and pw.expires:
+            self.store.set_expiry(seg, pw.key, pw.version, pw.expires)
         if applied and self._written is not None:
             self._note_written(pw.key, pw.version, pw.value)
         pw.topology_id = t.topology_id
@@ -1786,7 +1893,7 @@ class GridNode:
             self._write_done(wid, pw)
             return
         for b in sorted(pw.awaiting):  # sorted: address hashes (so set order) differ between processes
-            self._emit_backup(b, wid, t.topology_id, pw.version, pw.key, pw.value)
+            self._emit_backup(b, wid, t.topology_id, pw.version, pw.key, pw.value, pw.expires)
 
     def _push_entries(self, entries: list[tuple[int, bytes, int, bytes | None]], *, merge: bool) -> None:
         """Send our entries to the keys' write owners now: after a merge view (``merge``, the merge policy: every
@@ -1798,11 +1905,13 @@ class GridNode:
         goes to the greater value, a deletion counting as smallest (:meth:`SegmentStore.write`).
         """
         t = self.topology
-        assert t is not None
-        for _s, key, version, value in entries:
+        store = self.store
+        assert t is not None and store is not None
+        for s, key, version, value in entries:
             wid = self._next_write
             self._next_write += 1
-            pw = _PendingWrite(self.address, 0, 0, 0, set(), key, version, value, merge=merge)
+            expires = store.expiry_of(s, key, version) if value is not None else 0.0
+            pw = _PendingWrite(self.address, 0, 0, 0, set(), key, version, value, merge=merge, expires=expires)
             self._writes[wid] = pw
             self._redrive(wid, pw)
         if merge:
@@ -1822,9 +1931,8 @@ class GridNode:
         now = self._now
         written = self._written
         lows: dict[int, int] = {}
-        for wid, version, key, value, seg in zip(
-            b.write_ids, b.versions, b.keys, b.values, segments_of(b.keys, t.num_segments), strict=True
-        ):
+        segs = segments_of(b.keys, t.num_segments)
+        for wid, version, key, value, seg in zip(b.write_ids, b.versions, b.keys, b.values, segs, strict=True):
             if not mine[seg]:
                 ack(src, wid, RETRY, tid)
             else:
@@ -1836,6 +1944,13 @@ class GridNode:
                 low = lows.get(seg)
                 if low is None or version < low:
                     lows[seg] = version
+        if any(b.expiries):
+            # Some entries expire: recorded after the loop (the common batch has no expiry to look at), for the
+            # entries whose version is the key's now (applied here, or already held).
+            set_expiry = self.store.set_expiry  # type: ignore[union-attr]
+            for version, key, seg, expires in zip(b.versions, b.keys, segs, b.expiries, strict=True):
+                if expires and mine[seg]:
+                    set_expiry(seg, key, version, expires)
         if lows:
             self._note_stamped(src, lows)
 
@@ -1851,6 +1966,8 @@ class GridNode:
             self._emit_ack(src, b.write_id, RETRY, t.topology_id)
             return
         applied = self.store.write(seg, b.key, b.version, b.value, now=self._now)  # type: ignore[union-attr]
+        if applied and b.expires:
+            self.store.set_expiry(seg, b.key, b.version, b.expires)  # type: ignore[union-attr]
         if applied and self._written is not None:
             self._note_written(b.key, b.version, b.value)
         # Named as the Backup's own round: the primary matches it to the round it waits for.
@@ -1899,7 +2016,7 @@ class GridNode:
                 self._redrive(wid, pw)
         elif tid < pw.topology_id and src in pw.awaiting:
             # It held our Backup too long waiting for this round's topology: offer it again.
-            self._emit_backup(src, wid, pw.topology_id, pw.version, pw.key, pw.value)
+            self._emit_backup(src, wid, pw.topology_id, pw.version, pw.key, pw.value, pw.expires)
 
     # ==== transactions =====================================================================================
     # The client's calls (docs/grid-transactions.md, "Using transactions"); results come out of take_results.
@@ -2649,6 +2766,8 @@ class GridNode:
         chunk = d.entries
         if d.segment in xf.remaining and len(chunk):
             applied = store.apply_chunk(d.segment, chunk.keys, chunk.versions, chunk.values, now=self._now)
+            if chunk.expiries is not None:
+                store.set_expiries(d.segment, chunk.keys, chunk.versions, chunk.expiries)
             self.metrics["grid.xfer_entries_in"] += len(chunk)
             self.metrics["grid.xfer_entries_applied"] += applied
             self.metrics["grid.xfer_bytes_in"] += chunk.nbytes
@@ -2722,9 +2841,11 @@ def _batches(
             nxt = next(it, None)
             if nxt is None:
                 break
-            yield XferData(xid, s, EntryChunk(*prev), (), False)
+            yield XferData(xid, s, EntryChunk(*prev, store.expiries_of(s, prev[0], prev[1])), (), False)
             prev = nxt
-        yield XferData(xid, s, EntryChunk(*(prev or ([], [], []))), (s,), i == n - 1)
+        keys, versions, values = prev or ([], [], [])
+        chunk = EntryChunk(keys, versions, values, store.expiries_of(s, keys, versions))
+        yield XferData(xid, s, chunk, (s,), i == n - 1)
 
 
 def _approx_size(msg: GridMessage) -> int:

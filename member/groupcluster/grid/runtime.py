@@ -734,8 +734,26 @@ class GridRuntime(NodeTimer):
         res = await self._run(GET, key, None, deadline)
         return res.value
 
-    async def put(self, key: bytes, value: bytes, deadline: float | None = None) -> OpResult:
-        return await self._run(PUT, key, value, deadline)
+    async def put(
+        self, key: bytes, value: bytes, deadline: float | None = None, lifespan: float | None = None
+    ) -> OpResult:
+        """Write ``key``; with a ``lifespan`` (seconds) the entry expires that long after now, this member's
+        clock (docs/grid.md, "Expiry"). Raises ValueError for a lifespan this member cannot take."""
+        return await self._run(PUT, key, value, deadline, self._expires(lifespan))
+
+    def _expires(self, lifespan: float | None) -> float:
+        """The expiry (a Unix time; 0.0: never) of an entry written now with ``lifespan`` seconds."""
+        if lifespan is None:
+            return 0.0
+        if type(lifespan) not in (int, float) or not 0 < lifespan < math.inf:
+            raise ValueError(f"lifespan: expected a positive, finite number of seconds, got {lifespan!r}")
+        if self._backing is not None:
+            # The persistent copy keeps no expiries: an entry loaded from it at a restart would never expire.
+            raise ValueError(
+                "lifespan: not supported on a member with persistence 'write_through' (its copy on disk keeps no "
+                "expiry); write without a lifespan"
+            )
+        return time.time() + float(lifespan)
 
     async def delete(self, key: bytes, deadline: float | None = None) -> OpResult:
         return await self._run(DELETE, key, None, deadline)
@@ -745,7 +763,9 @@ class GridRuntime(NodeTimer):
         stored offset: the wall clock may have been stepped since)."""
         return None if deadline is None else now + (deadline - time.time())
 
-    async def _run(self, kind: int, key: bytes, value: bytes | None, deadline: float | None = None) -> OpResult:
+    async def _run(
+        self, kind: int, key: bytes, value: bytes | None, deadline: float | None = None, expires: float = 0.0
+    ) -> OpResult:
         node = self._require_node()
         if node.leaving:
             raise GridUnavailable("this member is leaving the grid; use another member")
@@ -758,7 +778,7 @@ class GridRuntime(NodeTimer):
                 self.counters["ops_get_local"] += 1
             op = node.get(key, now, cutoff)
         elif kind == PUT:
-            op = node.put(key, value, now, cutoff)  # type: ignore[arg-type]
+            op = node.put(key, value, now, cutoff, expires)  # type: ignore[arg-type]
         else:
             op = node.delete(key, now, cutoff)
         fut: asyncio.Future[OpResult] = self._loop.create_future()
@@ -774,7 +794,10 @@ class GridRuntime(NodeTimer):
         return res
 
     async def run_batch(
-        self, ops: Sequence[tuple[int, bytes, bytes | None]], deadline: float | None = None
+        self,
+        ops: Sequence[tuple[int, bytes, bytes | None]],
+        deadline: float | None = None,
+        lifespans: Sequence[float | None] | None = None,
     ) -> list[OpResult]:
         """Run ``(kind, key, value)`` operations together; one :class:`OpResult` each, in order, failures included.
 
@@ -782,12 +805,18 @@ class GridRuntime(NodeTimer):
         this member cannot take operations at all (not joined, leaving); a segment that is unavailable or an
         operation that times out fails that operation alone. Bad kinds, keys or values raise ValueError or
         TypeError before anything starts (:meth:`GridNode.start_batch` checks every operation first).
+        ``lifespans`` (None: none) gives each PUT's lifespan in seconds (None: never expires), one per operation.
         """
         node = self._require_node()
         if node.leaving:
             raise GridUnavailable("this member is leaving the grid; use another member")
+        expiries = None
+        if lifespans is not None:
+            if len(lifespans) != len(ops):
+                raise ValueError(f"lifespans: {len(lifespans)} for {len(ops)} operations")
+            expiries = [self._expires(x) for x in lifespans]
         now = self._loop.time()
-        ids = node.start_batch(ops, now, self._node_time(now, deadline))
+        ids = node.start_batch(ops, now, self._node_time(now, deadline), expiries)
         if not ids:
             return []
         fut: asyncio.Future[list[OpResult]] = self._loop.create_future()

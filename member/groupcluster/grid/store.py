@@ -18,6 +18,7 @@ counting least.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator, KeysView, Sequence
 from typing import Any
@@ -103,11 +104,15 @@ class Segment:
     pushes, the simulator's snapshots); the store itself works on the two dicts.
     """
 
-    __slots__ = ("val", "ver")
+    __slots__ = ("exp", "val", "ver")
 
     def __init__(self) -> None:
         self.ver: dict[bytes, int] = {}
         self.val: dict[bytes, bytes | None] = {}
+        # Entries that expire, as key -> (version, expiry as a Unix time): valid only while the key still has
+        # that version (a later write without an expiry leaves the record stale, dropped when it comes due), so
+        # no write path has to look here. Empty for a grid without expiry.
+        self.exp: dict[bytes, tuple[int, float]] = {}
 
     def __len__(self) -> int:
         return len(self.ver)
@@ -158,7 +163,15 @@ class Segment:
 class SegmentStore:
     """Entries of the segments this member holds: ``segment -> Segment`` (``{key: (version, value | None)}``)."""
 
-    __slots__ = ("_garbage", "_tomb_queue", "keep_tombstones", "num_segments", "segments", "tombstones")
+    __slots__ = (
+        "_expiring",
+        "_garbage",
+        "_tomb_queue",
+        "keep_tombstones",
+        "num_segments",
+        "segments",
+        "tombstones",
+    )
 
     def __init__(self, num_segments: int) -> None:
         self.num_segments = num_segments
@@ -173,6 +186,9 @@ class SegmentStore:
         # rebalance, and freeing it at once stalled the member's event loop for hundreds of milliseconds.
         # Also the change-feed logs of dropped segments (deques of entries, see grid/runtime.py's FeedStore).
         self._garbage: list[Segment | deque[Any]] = []
+        # (when to look, segment, key, version) of every expiry recorded (:meth:`set_expiry`), a heap: the node
+        # removes what has expired (:meth:`due_expiries`); records whose entry changed since are skipped then.
+        self._expiring: list[tuple[float, int, bytes, int]] = []
 
     # -- segments -------------------------------------------------------------------------------------------
     def has_segment(self, segment: int) -> bool:
@@ -393,6 +409,81 @@ class SegmentStore:
                 self.tombstones -= 1
                 dropped += 1
         return dropped
+
+    # -- expiry ---------------------------------------------------------------------------------------------
+    def set_expiry(self, segment: int, key: bytes, version: int, expires: float) -> None:
+        """Record that the entry ``key`` at ``version`` expires at ``expires`` (a Unix time), if the key holds that
+        version with a value now (it was just applied, or was held already)."""
+        data = self.segments.get(segment)
+        if data is None or data.ver.get(key) != version or data.val[key] is None:
+            return
+        data.exp[key] = (version, expires)
+        heapq.heappush(self._expiring, (expires, segment, key, version))
+
+    def set_expiries(
+        self, segment: int, keys: Sequence[bytes], versions: Sequence[int], expiries: Sequence[float]
+    ) -> None:
+        """:meth:`set_expiry` for a transferred chunk's entries that have an expiry (0.0: none)."""
+        for key, version, expires in zip(keys, versions, expiries, strict=True):
+            if expires:
+                self.set_expiry(segment, key, version, expires)
+
+    def expiry_of(self, segment: int, key: bytes, version: int) -> float:
+        """When the entry ``key`` at ``version`` expires (a Unix time; 0.0: never)."""
+        data = self.segments.get(segment)
+        if data is None or not data.exp:
+            return 0.0
+        rec = data.exp.get(key)
+        return rec[1] if rec is not None and rec[0] == version else 0.0
+
+    def expiries_of(self, segment: int, keys: Sequence[bytes], versions: Sequence[int]) -> list[float] | None:
+        """The expiries of these entries (0.0: never), or None when none of them expires (a transfer chunk's
+        column: a segment without expiring entries costs one check)."""
+        data = self.segments.get(segment)
+        if data is None or not data.exp:
+            return None
+        get = data.exp.get
+        out = [0.0] * len(keys)
+        found = False
+        for i, (key, version) in enumerate(zip(keys, versions, strict=True)):
+            rec = get(key)
+            if rec is not None and rec[0] == version:
+                out[i] = rec[1]
+                found = True
+        return out if found else None
+
+    def next_expiry(self) -> float | None:
+        """When the node must look at expiries next (a Unix time; None: nothing expires)."""
+        return self._expiring[0][0] if self._expiring else None
+
+    def due_expiries(self, wall: float, limit: int) -> list[tuple[int, bytes, int]]:
+        """Up to ``limit`` entries whose expiry is at or before ``wall`` (a Unix time), as ``(segment, key,
+        version)``, taken off the heap: the caller removes them or puts them back (:meth:`recheck_expiry`).
+        Records of entries written or deleted since, or of segments no longer held, are dropped here."""
+        heap = self._expiring
+        segments = self.segments
+        out: list[tuple[int, bytes, int]] = []
+        while heap and heap[0][0] <= wall and len(out) < limit:
+            _, segment, key, version = heapq.heappop(heap)
+            data = segments.get(segment)
+            if data is None:
+                continue
+            rec = data.exp.get(key)
+            if rec is None or rec[0] != version:
+                continue  # a newer expiry of the key has a record of its own
+            if data.ver.get(key) != version or data.val[key] is None:
+                del data.exp[key]  # written again without an expiry, or deleted
+                continue
+            if rec[1] > wall:
+                heapq.heappush(heap, (rec[1], segment, key, version))  # a recheck that came early: not expired
+                continue
+            out.append((segment, key, version))
+        return out
+
+    def recheck_expiry(self, when: float, segment: int, key: bytes, version: int) -> None:
+        """Look at an expired entry again at ``when`` (a Unix time): another member is to remove it, or it
+        could not be removed now."""
+        heapq.heappush(self._expiring, (when, segment, key, version))
 
     # -- iteration ------------------------------------------------------------------------------------------
     def segment_batches(
