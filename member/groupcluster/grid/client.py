@@ -33,6 +33,11 @@ to the key's owners after it (docs/grid.md, "Client deadlines"). The client give
 operation is over when the retry starts. A ``4xx`` is never retried and raises :class:`GridRequestError` with
 the server's message.
 
+**Lifespans.** ``put(key, value, lifespan=30)`` and ``put_many(items, lifespan=30)`` write entries the grid
+removes once ``lifespan`` seconds have passed (above 0, at most :data:`MAX_LIFESPAN_SECONDS`, 10 years; None,
+the default: never). A bad lifespan raises ValueError (TypeError for a non-number) before anything is sent; a
+retry sends the same lifespan again. Named caches take it too, except invalidation caches (400).
+
 **Batches.** ``put_many``/``get_many``/``delete_many`` split the keys by the member that owns them (write
 primary, read owner), send one ``POST /v1/batch`` (msgpack) per owner and chunk of ``batch_size`` keys,
 concurrently (``parallel`` requests at a time), and retry *per key*: keys whose operation came back 503/504,
@@ -77,6 +82,7 @@ import contextlib
 import http.client
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -102,6 +108,7 @@ DEFAULT_BATCH_SIZE = 1000  # operations per batch request (the server takes up t
 BATCH_BYTES = 4 * 1024 * 1024  # keys and values per batch request, roughly
 BATCH_KEY_LIMIT = 64 * 1024  # the grid's key limit; batch keys travel in the body, not the URL
 VALUE_LIMIT = 4 * 1024 * 1024
+MAX_LIFESPAN_SECONDS = 315_360_000  # the members' bound on a lifespan (10 years), checked before sending
 MSGPACK = "application/msgpack"
 VERSION_HEADER = "X-Grid-Version"
 DEADLINE_HEADER = "X-Grid-Deadline"  # see the module docstring, "Retries"
@@ -208,6 +215,26 @@ def _check_key(key: Any) -> bytes:
     return key
 
 
+def _check_lifespan(lifespan: Any) -> float | None:
+    """``lifespan`` (seconds, or None: the entry never expires) as a float once it is one the members take."""
+    if lifespan is None:
+        return None
+    if isinstance(lifespan, bool) or not isinstance(lifespan, int | float):
+        raise TypeError(f"lifespan: expected seconds (int or float) or None, got {type(lifespan).__name__}")
+    if isinstance(lifespan, float) and not math.isfinite(lifespan):
+        raise ValueError(f"lifespan: expected a finite number of seconds, got {lifespan!r}")
+    if lifespan <= 0:
+        raise ValueError(f"lifespan: expected seconds above 0, got {lifespan!r}")
+    if lifespan > MAX_LIFESPAN_SECONDS:
+        raise ValueError(f"lifespan: {lifespan!r} seconds exceed the limit of {MAX_LIFESPAN_SECONDS} (10 years)")
+    return float(lifespan)
+
+
+def _with_lifespan(path: str, lifespan: float | None) -> str:
+    # repr of a float reads back exactly (float() on the member): 30.0, 0.5, 1e-06.
+    return path if lifespan is None else f"{path}?lifespan={urllib.parse.quote(repr(lifespan))}"
+
+
 def _put_ops(items: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> list[_Op]:
     # A dict keeps the last value of a repeated key: requests run concurrently, so two writes of one key in
     # one call would otherwise land in no defined order.
@@ -242,8 +269,10 @@ def _key_ops(kind: str, keys: Iterable[bytes]) -> list[_Op]:
 class _BatchRun:
     """The state of one ``*_many`` call: results so far, keys still to do, keys failed for good (no I/O)."""
 
-    def __init__(self, ops: list[_Op], timeout: float) -> None:
+    def __init__(self, ops: list[_Op], timeout: float, lifespan: float | None = None) -> None:
         self.ops = ops
+        # Sent with every put of the run, retries included: {"lifespan": seconds} as the op's fourth element.
+        self.options = None if lifespan is None else {"lifespan": lifespan}
         self.results: list[bytes | None] = [None] * len(ops)
         self.versions: list[int | None] = [None] * len(ops)
         self.pending: list[int] = list(range(len(ops)))
@@ -295,7 +324,11 @@ class _BatchRun:
         ops = self.ops
         # An operation is its (kind, key, value) tuple as it is (msgpack packs a tuple as an array) for a put;
         # gets and deletes leave the value out.
-        body = [op if op[0] == "put" else op[:2] for op in map(ops.__getitem__, idxs)]
+        if self.options is None:
+            body = [op if op[0] == "put" else op[:2] for op in map(ops.__getitem__, idxs)]
+        else:
+            opts = self.options
+            body = [(*op, opts) if op[0] == "put" else op[:2] for op in map(ops.__getitem__, idxs)]
         return msgpack.packb({"ops": body}, use_bin_type=True)  # type: ignore[no-any-return]
 
     def absorb(self, router: _Router, ep: str, idxs: list[int], reply: _Reply | None, error: str = "") -> None:
@@ -652,17 +685,23 @@ class GridClient:
     def get(self, key: bytes) -> bytes | None:
         return self._call("GET", key, None)  # type: ignore[no-any-return]
 
-    def put(self, key: bytes, value: bytes) -> None:
+    def put(self, key: bytes, value: bytes, *, lifespan: float | None = None) -> None:
+        """Write ``key``; with ``lifespan`` (seconds, above 0, at most 10 years) the grid removes the entry once
+        that time has passed."""
         if type(value) is not bytes:
             raise TypeError(f"value: expected bytes, got {type(value).__name__}")
-        self._call("PUT", key, value)
+        self._call("PUT", key, value, lifespan=_check_lifespan(lifespan))
 
     def delete(self, key: bytes) -> None:
         self._call("DELETE", key, None)
 
-    def put_many(self, items: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> None:
-        """Write many keys (a mapping or ``(key, value)`` pairs; the last value of a repeated key wins)."""
-        self._many(_put_ops(items))
+    def put_many(
+        self, items: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]], *, lifespan: float | None = None
+    ) -> None:
+        """Write many keys (a mapping or ``(key, value)`` pairs; the last value of a repeated key wins), each
+        with ``lifespan`` when given (as :meth:`put`)."""
+        span = _check_lifespan(lifespan)
+        self._many(_put_ops(items), lifespan=span)
 
     def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes | None]:
         """The value of every key (None: absent)."""
@@ -727,9 +766,11 @@ class GridClient:
             f"scan of segment {segment} failed after {attempt + 1} attempts; last: {last}", last_status
         )
 
-    def _many(self, ops: list[_Op], versions: list[int | None] | None = None) -> list[bytes | None]:
+    def _many(
+        self, ops: list[_Op], versions: list[int | None] | None = None, lifespan: float | None = None
+    ) -> list[bytes | None]:
         r = self._r
-        run = _BatchRun(ops, r.timeout)
+        run = _BatchRun(ops, r.timeout, lifespan)
         if not ops:
             return []
         for attempt in range(r.retries + 1):
@@ -819,9 +860,15 @@ class GridClient:
         return False
 
     def _call(
-        self, method: str, key: bytes, value: bytes | None, versioned: bool = False, cache: _CacheRoute | None = None
+        self,
+        method: str,
+        key: bytes,
+        value: bytes | None,
+        versioned: bool = False,
+        cache: _CacheRoute | None = None,
+        lifespan: float | None = None,
     ) -> Any:
-        path = key_path(key) if cache is None else cache.kv_path(key)
+        path = _with_lifespan(key_path(key) if cache is None else cache.kv_path(key), lifespan)
         r = self._r if cache is None else cache
         deadline = time.monotonic() + r.timeout
         last = "no attempt made"
@@ -1058,17 +1105,23 @@ class AsyncGridClient:
     async def get(self, key: bytes) -> bytes | None:
         return await self._call("GET", key, None)  # type: ignore[no-any-return]
 
-    async def put(self, key: bytes, value: bytes) -> None:
+    async def put(self, key: bytes, value: bytes, *, lifespan: float | None = None) -> None:
+        """Write ``key``; with ``lifespan`` (seconds, above 0, at most 10 years) the grid removes the entry once
+        that time has passed."""
         if type(value) is not bytes:
             raise TypeError(f"value: expected bytes, got {type(value).__name__}")
-        await self._call("PUT", key, value)
+        await self._call("PUT", key, value, lifespan=_check_lifespan(lifespan))
 
     async def delete(self, key: bytes) -> None:
         await self._call("DELETE", key, None)
 
-    async def put_many(self, items: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]]) -> None:
-        """Write many keys (a mapping or ``(key, value)`` pairs; the last value of a repeated key wins)."""
-        await self._many(_put_ops(items))
+    async def put_many(
+        self, items: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]], *, lifespan: float | None = None
+    ) -> None:
+        """Write many keys (a mapping or ``(key, value)`` pairs; the last value of a repeated key wins), each
+        with ``lifespan`` when given (as :meth:`put`)."""
+        span = _check_lifespan(lifespan)
+        await self._many(_put_ops(items), lifespan=span)
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes | None]:
         ops = _key_ops("get", keys)
@@ -1136,13 +1189,15 @@ class AsyncGridClient:
             f"scan of segment {segment} failed after {attempt + 1} attempts; last: {last}", last_status
         )
 
-    async def _many(self, ops: list[_Op], versions: list[int | None] | None = None) -> list[bytes | None]:
+    async def _many(
+        self, ops: list[_Op], versions: list[int | None] | None = None, lifespan: float | None = None
+    ) -> list[bytes | None]:
         r = self._r
         if not ops:
             return []
         if self.route and r.table is None:
             await self.refresh()
-        run = _BatchRun(ops, r.timeout)
+        run = _BatchRun(ops, r.timeout, lifespan)
         sem = asyncio.Semaphore(self.parallel)
 
         async def send(ep: str, body: bytes) -> tuple[_Reply | None, str]:
@@ -1230,9 +1285,15 @@ class AsyncGridClient:
         return False
 
     async def _call(
-        self, method: str, key: bytes, value: bytes | None, versioned: bool = False, cache: _CacheRoute | None = None
+        self,
+        method: str,
+        key: bytes,
+        value: bytes | None,
+        versioned: bool = False,
+        cache: _CacheRoute | None = None,
+        lifespan: float | None = None,
     ) -> Any:
-        path = key_path(key) if cache is None else cache.kv_path(key)
+        path = _with_lifespan(key_path(key) if cache is None else cache.kv_path(key), lifespan)
         r = self._r if cache is None else cache
         if cache is not None and cache.mode is None:
             await self._learn_cache(cache)
@@ -1401,10 +1462,11 @@ class CacheClient:
     def get(self, key: bytes) -> bytes | None:
         return self._c._call("GET", key, None, cache=self._route)  # type: ignore[no-any-return]
 
-    def put(self, key: bytes, value: bytes) -> None:
+    def put(self, key: bytes, value: bytes, *, lifespan: float | None = None) -> None:
+        """As :meth:`GridClient.put`; an invalidation cache refuses a lifespan (:class:`GridRequestError`, 400)."""
         if type(value) is not bytes:
             raise TypeError(f"value: expected bytes, got {type(value).__name__}")
-        self._c._call("PUT", key, value, cache=self._route)
+        self._c._call("PUT", key, value, cache=self._route, lifespan=_check_lifespan(lifespan))
 
     def delete(self, key: bytes) -> None:
         self._c._call("DELETE", key, None, cache=self._route)
@@ -1433,10 +1495,11 @@ class AsyncCacheClient:
     async def get(self, key: bytes) -> bytes | None:
         return await self._c._call("GET", key, None, cache=self._route)  # type: ignore[no-any-return]
 
-    async def put(self, key: bytes, value: bytes) -> None:
+    async def put(self, key: bytes, value: bytes, *, lifespan: float | None = None) -> None:
+        """As :meth:`AsyncGridClient.put`; an invalidation cache refuses a lifespan (:class:`GridRequestError`)."""
         if type(value) is not bytes:
             raise TypeError(f"value: expected bytes, got {type(value).__name__}")
-        await self._c._call("PUT", key, value, cache=self._route)
+        await self._c._call("PUT", key, value, cache=self._route, lifespan=_check_lifespan(lifespan))
 
     async def delete(self, key: bytes) -> None:
         await self._c._call("DELETE", key, None, cache=self._route)

@@ -6,9 +6,11 @@
                            503 with the reasons otherwise
 ``GET /v1/status``         view, coordinator, topology id, phase, segments owned, rebalance progress, routing
 ``GET /v1/kv/{key}``       200 with the value as the body (``application/octet-stream``); 404 if absent
-``PUT /v1/kv/{key}``       the body is the value; 200 once every owner holds it (acknowledged)
+``PUT /v1/kv/{key}``       the body is the value; 200 once every owner holds it (acknowledged);
+                           ``?lifespan=S``: the entry expires S seconds after the write (below)
 ``DELETE /v1/kv/{key}``    200 once every owner removed it (deleting an absent key is not an error)
-``POST /v1/batch``         many get/put/delete operations in one request (msgpack or JSON); a result each
+``POST /v1/batch``         many get/put/delete operations in one request (msgpack or JSON); a result each;
+                           a put may carry a lifespan (below)
 ``GET /v1/segments/{id}``  one page of the entries of a segment this member reads (``after``, ``limit``)
 ``GET /v1/changes/{id}``   one page of the change feed of a segment this member reads (``after``, ``limit``)
 ``POST /v1/tx``            a one-shot transaction: reads (key -> version), writes (key -> value or null), lock
@@ -48,6 +50,15 @@ one owner travel together. The answer, in the request's format, is ``{"topology_
 [{"status": 200, "value": ...}, ...]}`` in request order: per operation 200 (done; ``value`` for a get),
 404 (get of an absent key), 503/504 with ``error`` (retry that operation), 500 with ``error``. A malformed
 body is a 400 naming the bad field (``ops[3][0]: unknown op 'pt'``), nothing of it runs.
+
+**Lifespans** (entry expiry): ``PUT /v1/kv/{key}?lifespan=S`` (and ``/v1/caches/{cache}/kv/{key}``) writes an
+entry that the grid removes, as an ordinary delete by the key's primary owner, once S seconds have passed. S
+is a decimal number of seconds (``30``, ``0.5``, ``1e3``) or a duration with a unit (``250ms``, ``30s``,
+``5m``, ``2h``; :func:`~..core.units.parse_duration`): finite, above 0 and at most :data:`MAX_LIFESPAN_SECONDS`
+(10 years). In a batch a put takes it as a fourth element, ``["put", key, value, {"lifespan": S}]`` with S a
+number (int or float). Anything else is a 400 naming ``lifespan`` and nothing is written: a malformed, zero,
+negative or too large value, a lifespan on a GET or DELETE (or a batch get/delete), and any lifespan for an
+invalidation cache (its copies are each member's own, with no owner to expire them). Transactions take none.
 
 **Segment scan** (``GET /v1/segments/{id}?after=CURSOR&limit=N``): the live entries of a segment, in key
 order, at most ``limit`` (default 1000, at most :data:`MAX_SCAN_LIMIT`) and about 4 MiB per page, as
@@ -96,8 +107,10 @@ import msgpack
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from ..core.errors import ConfigError
+from ..core.units import parse_duration
 from ..sim.history import view_id_json
-from .caches import DEFAULT_CACHE, DISTRIBUTED, INVALIDATION, CacheSet, runtime_for
+from .caches import DEFAULT_CACHE, DISTRIBUTED, INVALIDATION, CacheSet, InvalidationRuntime, runtime_for
 from .invalidation import InvalidationNode
 from .messages import DEFAULT_LIMITS, DELETE, GET, PUT
 from .node import OpResult
@@ -144,6 +157,9 @@ VERSION_HEADER = "X-Grid-Version"
 # the request after it, and operations started before it send no attempt after it (docs/grid.md, "Client
 # deadlines"). The clients send it with every request.
 DEADLINE_HEADER = "X-Grid-Deadline"
+# The longest lifespan a PUT may give, in seconds (10 years of 365 days); the clients check the same bound.
+MAX_LIFESPAN_SECONDS = 315_360_000
+LIFESPAN_PARAM = "lifespan"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -237,6 +253,38 @@ def parse_deadline(raw: str) -> float:
         shown = raw if len(raw) <= 40 else raw[:40] + "..."
         raise ValueError(f"{DEADLINE_HEADER}: expected a Unix time in seconds (e.g. 1764170000.25), got {shown!r}")
     return deadline
+
+
+def check_lifespan(seconds: float, where: str = LIFESPAN_PARAM, raw: str | None = None) -> float:
+    """``seconds`` as a float if it is a usable lifespan (finite, above 0, at most :data:`MAX_LIFESPAN_SECONDS`);
+    ValueError naming ``where`` otherwise (showing ``raw``, the text as given, when there is one)."""
+    text = repr(seconds) if raw is None else repr(raw)
+    shown = text if len(text) <= 40 else text[:40] + "..."
+    # An int from a JSON body may be far beyond a float's range: compare it as an int, never convert it first.
+    if isinstance(seconds, float) and not math.isfinite(seconds):
+        raise ValueError(f"{where}: expected a finite number of seconds, got {shown}")
+    if seconds <= 0:
+        raise ValueError(f"{where}: expected seconds above 0, got {shown}")
+    if seconds > MAX_LIFESPAN_SECONDS:
+        raise ValueError(f"{where}: {shown} seconds exceed the limit of {MAX_LIFESPAN_SECONDS} (10 years)")
+    return float(seconds)
+
+
+def parse_lifespan(raw: str) -> float:
+    """The ``lifespan`` query parameter of a PUT in seconds: a decimal number (``30``, ``0.5``, ``1e3``) or a
+    duration with a unit (``250ms``, ``30s``, ``5m``, ``2h``); ValueError says what is wrong with it."""
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            seconds = parse_duration(raw, where=LIFESPAN_PARAM)
+        except ConfigError:
+            shown = raw if len(raw) <= 40 else raw[:40] + "..."
+            raise ValueError(
+                f"{LIFESPAN_PARAM}: expected seconds (e.g. 30, 0.5, 1e3) or a duration (e.g. 30s, 5m, 2h; units: "
+                f"us, ms, s, m, h), got {shown!r}"
+            ) from None
+    return check_lifespan(seconds, raw=raw)
 
 
 def _deadline_middleware(ctx: MemberContext) -> Any:
@@ -381,8 +429,32 @@ def _field_bytes(value: Any, where: str, binary: bool) -> bytes:
         raise BadBatch(f"{where}: not valid base64") from None
 
 
-def parse_batch(doc: Any, binary: bool) -> list[tuple[int, bytes, bytes | None]]:
-    """``(kind, key, value)`` for every operation of a decoded batch body, or :class:`BadBatch`."""
+def _batch_lifespan(options: Any, where: str) -> float:
+    """The lifespan of a batch put from its options map (``{"lifespan": seconds}``), or :class:`BadBatch`."""
+    if not isinstance(options, dict):
+        raise BadBatch(f'{where}: expected a map {{"lifespan": seconds}}, got {type(options).__name__}')
+    unknown = sorted(str(k) for k in options if k != LIFESPAN_PARAM)
+    if unknown:
+        raise BadBatch(f'{where}: unknown field(s) {", ".join(unknown)} (only "lifespan")')
+    if LIFESPAN_PARAM not in options:
+        raise BadBatch(f'{where}: missing "lifespan" (leave the map out for an entry that never expires)')
+    seconds = options[LIFESPAN_PARAM]
+    if type(seconds) not in (int, float):
+        raise BadBatch(f"{where}.lifespan: expected a number of seconds, got {type(seconds).__name__}")
+    try:
+        return check_lifespan(seconds, f"{where}.lifespan")
+    except ValueError as exc:
+        raise BadBatch(str(exc)) from None
+
+
+def parse_batch(
+    doc: Any, binary: bool, lifespans: list[float | None] | None = None
+) -> list[tuple[int, bytes, bytes | None]]:
+    """``(kind, key, value)`` for every operation of a decoded batch body, or :class:`BadBatch`.
+
+    A put may carry a fourth element ``{"lifespan": seconds}``. ``lifespans`` receives one entry per operation
+    (seconds, or None for no lifespan) when at least one put carries one, and stays empty otherwise; without
+    that list a lifespan is refused (:class:`BadBatch`)."""
     if not isinstance(doc, dict) or "ops" not in doc:
         raise BadBatch('body: expected a map {"ops": [[op, key, value?], ...]}')
     unknown = sorted(str(k) for k in doc if k != "ops")
@@ -400,9 +472,14 @@ def parse_batch(doc: Any, binary: bool) -> list[tuple[int, bytes, bytes | None]]
         if fast is not None:
             return fast
     out: list[tuple[int, bytes, bytes | None]] = []
+    # Filled from the first put with a lifespan on (None for the operations before it): a batch without any
+    # builds no list.
+    spans: list[float | None] | None = None
     for i, op in enumerate(ops):
-        if not isinstance(op, list) or not 2 <= len(op) <= 3:
-            raise BadBatch(f'ops[{i}]: expected [op, key] or ["put", key, value]')
+        if not isinstance(op, list) or not 2 <= len(op) <= 4:
+            raise BadBatch(
+                f'ops[{i}]: expected [op, key], ["put", key, value] or ["put", key, value, {{"lifespan": s}}]'
+            )
         kind = OP_KINDS.get(op[0]) if isinstance(op[0], str) else None
         if kind is None:
             raise BadBatch(f"ops[{i}][0]: unknown op {op[0]!r} (expected get, put or delete)")
@@ -411,14 +488,29 @@ def parse_batch(doc: Any, binary: bool) -> list[tuple[int, bytes, bytes | None]]
             raise BadBatch(f"ops[{i}][1] (key): {len(key)} bytes is outside [1, {MAX_BATCH_KEY_BYTES}]")
         value = None
         if kind == PUT:
-            if len(op) != 3:
+            if len(op) < 3:
                 raise BadBatch(f'ops[{i}]: put needs a value: ["put", key, value]')
             value = _field_bytes(op[2], f"ops[{i}][2] (value)", binary)
             if len(value) > MAX_VALUE_BYTES:
                 raise BadBatch(f"ops[{i}][2] (value): {len(value)} bytes exceed the limit of {MAX_VALUE_BYTES}")
-        elif len(op) != 2:
-            raise BadBatch(f"ops[{i}]: {op[0]} takes no value: [{op[0]!r}, key]")
+            if len(op) == 4:
+                if lifespans is None:
+                    raise BadBatch(f"ops[{i}][3].lifespan: lifespans are not accepted here")
+                if spans is None:
+                    spans = [None] * i
+                spans.append(_batch_lifespan(op[3], f"ops[{i}][3]"))
+            elif spans is not None:
+                spans.append(None)
+        else:
+            if len(op) != 2:
+                if isinstance(op[-1], dict) and LIFESPAN_PARAM in op[-1]:
+                    raise BadBatch(f"ops[{i}]: {op[0]} takes no lifespan (only a put does)")
+                raise BadBatch(f"ops[{i}]: {op[0]} takes no value: [{op[0]!r}, key]")
+            if spans is not None:
+                spans.append(None)
         out.append((kind, key, value))
+    if spans is not None and lifespans is not None:
+        lifespans.extend(spans)
     return out
 
 
@@ -742,6 +834,17 @@ def encode_cursor(key: bytes) -> str:
     return base64.urlsafe_b64encode(key).decode("ascii").rstrip("=")
 
 
+def _no_lifespan_here(request: web.Request, where: str = LIFESPAN_PARAM) -> web.Response:
+    """The 400 for a lifespan on an invalidation cache: each member holds its own copies, so no owner could
+    expire an entry everywhere."""
+    name = request.match_info.get("cache")
+    return json_error(
+        400,
+        f"{where}: lifespans are not supported for invalidation caches (cache {name!r} is one); nothing was written",
+        cache=name,
+    )
+
+
 class _Api:
     def __init__(self, ctx: MemberContext) -> None:
         self.ctx = ctx
@@ -899,9 +1002,22 @@ class _Api:
             key = parse_key(request.match_info["key"])
         except ValueError as exc:
             return json_error(400, str(exc))
+        lifespan: float | None = None
+        if LIFESPAN_PARAM in request.query:
+            given = request.query.getall(LIFESPAN_PARAM)
+            if request.method != "PUT":
+                return json_error(400, f"{LIFESPAN_PARAM}: only a PUT takes a lifespan, not a {request.method}")
+            if len(given) > 1:
+                return json_error(400, f"{LIFESPAN_PARAM}: given {len(given)} times; give it once")
+            try:
+                lifespan = parse_lifespan(given[0])
+            except ValueError as exc:
+                return json_error(400, str(exc))
         grid = self._runtime(request)
         if isinstance(grid, web.Response):
             return grid
+        if lifespan is not None and isinstance(grid, InvalidationRuntime):
+            return _no_lifespan_here(request)
         value: bytes | None = None
         if request.method == "PUT":
             length = request.content_length
@@ -923,7 +1039,9 @@ class _Api:
                     return resp
                 return web.Response(body=found, content_type="application/octet-stream", headers=headers)
             if request.method == "PUT":
-                res = await grid.put(key, value, request.get("deadline"))  # type: ignore[arg-type]
+                # The lifespan goes only with a PUT that has one: the common path calls put as before.
+                extra = {} if lifespan is None else {"lifespan": lifespan}
+                res = await grid.put(key, value, request.get("deadline"), **extra)  # type: ignore[arg-type]
             else:
                 res = await grid.delete(key, request.get("deadline"))
             return web.json_response({"ok": True, "attempts": res.attempts})
@@ -935,6 +1053,10 @@ class _Api:
             return json_error(409, str(exc), reason="locked")
         except GridError as exc:
             return json_error(500, str(exc))
+        except ValueError as exc:
+            # What the grid refuses before it starts anything (e.g. a lifespan on a member that persists writes
+            # through: it cannot keep the expiry time); nothing was written.
+            return json_error(400, str(exc))
 
     async def batch(self, request: web.Request) -> web.Response:
         self._count("batch")
@@ -945,12 +1067,19 @@ class _Api:
         if isinstance(parsed, web.Response):
             return parsed
         doc, binary = parsed
+        lifespans: list[float | None] = []
         try:
-            ops = parse_batch(doc, binary)
+            ops = parse_batch(doc, binary, lifespans)
         except BadBatch as exc:
             return json_error(400, str(exc))
+        if lifespans and isinstance(grid, InvalidationRuntime):
+            first = next(i for i, span in enumerate(lifespans) if span is not None)
+            return _no_lifespan_here(request, f"ops[{first}][3].lifespan")
         try:
-            results = await grid.run_batch(ops, request.get("deadline"))
+            if lifespans:
+                results = await grid.run_batch(ops, request.get("deadline"), lifespans=lifespans)
+            else:
+                results = await grid.run_batch(ops, request.get("deadline"))
         except GridUnavailable as exc:
             return json_error(503, str(exc), reason=str(exc))
         except (ValueError, TypeError) as exc:
