@@ -892,3 +892,64 @@ def test_a_write_read_by_a_paused_member_after_its_deadline_cannot_land_over_a_l
     for url in grid.urls.values():
         ahead = _metric(http("GET", url + "/metrics")[1].decode(), "groupcluster_grid_peer_clock_ahead_seconds")
         assert 0.0 <= ahead < 0.5, (url, ahead)
+
+
+def _held(url: str, segment: int) -> dict[bytes, bytes] | None:
+    """The entries of ``segment`` in this member's own copy (None: it holds no copy, a 409)."""
+    code, body = http("GET", f"{url}/v1/segments/{segment}?limit=1000")
+    if code == 409:
+        return None
+    assert code == 200, (url, segment, code, body)
+    return {base64.b64decode(e[0]): base64.b64decode(e[1]) for e in json.loads(body)["entries"]}
+
+
+def test_entries_expire_on_every_copy_across_a_join_and_a_crashed_primary(members: Members) -> None:
+    """PUT with a lifespan: the entry is there until its lifespan ends, then gone from every copy, including
+    those a joiner received by state transfer and those whose primary was SIGKILLed before the end (a former
+    backup, now primary, removes them). A key written again without a lifespan, and a plain key, stay."""
+    from groupcluster.grid.consistent_hash import segment_of
+
+    grid = Grid(members, 4)
+    names = ["m0", "m1", "m2"]
+    for i in range(3):
+        grid.start(i)
+    wait_until("3 members settled", lambda: grid.settled(names), 90, members)
+    lifespan = 6.0
+    expiring = [f"ttl-{i}".encode() for i in range(40)]
+    with GridClient([grid.urls[n] for n in names]) as c:
+        start = time.time()
+        c.put(expiring[0], b"one", lifespan=lifespan)
+        c.put_many({k: b"many" for k in expiring[1:]}, lifespan=lifespan)
+        c.put(b"kept", b"first", lifespan=lifespan)
+        c.put(b"kept", b"again")  # written again without a lifespan: never expires
+        c.put(b"plain", b"x")
+        assert c.get(expiring[0]) == b"one" and all(c.get(k) == b"many" for k in expiring[1:])
+    # A 4th member joins: it receives its segments, expiries included, by state transfer.
+    grid.start(3)
+    names.append("m3")
+    wait_until("4 members settled", lambda: grid.settled(names), 90, members)
+    # Kill the primary of the first expiring key, before the lifespan ends: its former backup removes it.
+    routing = grid.status("m0")["routing"]  # type: ignore[index]
+    n_seg = int(routing["num_segments"])
+    victim_url = routing["members"][routing["write"][segment_of(expiring[0], n_seg)]]
+    victim = next(n for n, u in grid.urls.items() if u == victim_url)
+    assert time.time() - start < lifespan - 1.0, "the set-up took too long to test expiry before the end"
+    grid.procs[victim].popen.kill()
+    names.remove(victim)
+    wait_until("3 members settled", lambda: grid.settled(names), 90, members)
+    urls = [grid.urls[n] for n in names]
+    with GridClient(urls) as c:
+        if time.time() - start < lifespan - 0.5:
+            assert c.get(expiring[0]) == b"one"  # not before its lifespan ends
+        wait_until("every expiring key gone", lambda: all(c.get(k) is None for k in expiring), lifespan + 30, members)
+        assert time.time() - start >= lifespan - 0.05  # the primary removed nothing early (one clock here)
+        assert c.get(b"kept") == b"again" and c.get(b"plain") == b"x"
+    # Gone from every copy, not only from what the primaries answer; the kept keys are on every copy.
+    for k, present in [(k, False) for k in expiring] + [(b"kept", True), (b"plain", True)]:
+        seg = segment_of(k, n_seg)
+        copies = [held for url in urls if (held := _held(url, seg)) is not None]
+        assert len(copies) == 2 and all((k in held) == present for held in copies), (k, copies)
+    removed = [
+        _metric(http("GET", u + "/metrics")[1].decode(), "groupcluster_grid_entries_expired_total") for u in urls
+    ]
+    assert sum(removed) >= len(expiring), removed  # each by its primary of the time

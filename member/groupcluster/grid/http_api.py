@@ -1511,6 +1511,13 @@ def render_metrics(ctx: MemberContext) -> str:
             "key and value bytes received by state transfer",
             [("", gm["grid.xfer_bytes_in"])],
         )
+        _metric(
+            lines,
+            "groupcluster_grid_entries_expired_total",
+            "counter",
+            "entries this member removed as their primary owner because their lifespan ended",
+            [("", gm["grid.entries_expired"])],
+        )
         ops = grid.counters
         _metric(
             lines,

@@ -417,7 +417,10 @@ class SegmentStore:
         data = self.segments.get(segment)
         if data is None or data.ver.get(key) != version or data.val[key] is None:
             return
-        data.exp[key] = (version, expires)
+        rec = (version, expires)
+        if data.exp.get(key) == rec:
+            return  # recorded already (a backup or chunk bringing a version we hold): one heap entry is enough
+        data.exp[key] = rec
         heapq.heappush(self._expiring, (expires, segment, key, version))
 
     def set_expiries(
@@ -475,9 +478,11 @@ class SegmentStore:
                 del data.exp[key]  # written again without an expiry, or deleted
                 continue
             if rec[1] > wall:
-                heapq.heappush(heap, (rec[1], segment, key, version))  # a recheck that came early: not expired
-                continue
+                continue  # a recheck, before the entry's own expiry: that has a heap entry of its own
             out.append((segment, key, version))
+        if len(out) > 1:
+            # A segment dropped and fetched again may have left a second heap entry for the same entry.
+            out = list(dict.fromkeys(out))
         return out
 
     def recheck_expiry(self, when: float, segment: int, key: bytes, version: int) -> None:
