@@ -6,7 +6,13 @@ from typing import Any
 
 import pytest
 from groupcluster.sim.checkers import HistoryFormatError
-from groupcluster.sim.grid_checkers import check_grid_fresh_reads, check_grid_lost_writes, check_grid_replicas, parse
+from groupcluster.sim.grid_checkers import (
+    check_grid_expired,
+    check_grid_fresh_reads,
+    check_grid_lost_writes,
+    check_grid_replicas,
+    parse,
+)
 from groupcluster.sim.history import History, HistoryEvent
 
 
@@ -26,8 +32,11 @@ def op(
     read: str | None = None,
     member: str = "a",
     deadline: float | None = None,
+    expires: float | None = None,
 ) -> list[HistoryEvent]:
     extra = {} if deadline is None else {"deadline": deadline}
+    if expires is not None:
+        extra["expires"] = expires
     out = [ev(t0, member, "grid_start", id=i, op=kind, key=key, value=value if kind == "put" else None, **extra)]
     if t1 is not None:
         out.append(ev(t1, member, "grid_end", id=i, ok=ok, value=read, error=None if ok else "timed out"))
@@ -197,3 +206,56 @@ def test_allow_read_writes_read_overlapping_a_split_may_be_absent() -> None:
     # Outside a split the rule does not apply.
     early = op(2.0, 2.1, "3", "get", "k", None, read=None, member="b")
     assert len(check_grid_fresh_reads(hist(views, write, early, mode="allow_read_writes"))) == 1
+
+
+def test_an_entry_may_read_absent_from_its_expiry_until_a_later_write_replaces_it() -> None:
+    h = hist(
+        op(1.0, 2.0, "1", "put", "k", "v1", expires=5.0),
+        op(3.0, 3.1, "2", "get", "k", None, read="v1"),
+        op(5.5, 5.6, "3", "get", "k", None, read=None),  # removed at its expiry
+        op(5.7, 5.8, "4", "get", "k", None, read="v1"),  # or not yet: the removal is never acknowledged
+        op(6.0, 7.0, "5", "put", "k", "v2"),  # started after the PUT ended: a newer version, not removed
+        op(8.0, 8.1, "6", "get", "k", None, read="v2"),
+    )
+    assert check_grid_fresh_reads(h) == []
+    early = hist(op(1.0, 2.0, "1", "put", "k", "v1", expires=5.0), op(3.0, 3.1, "2", "get", "k", None, read=None))
+    assert [v.property for v in check_grid_fresh_reads(early)] == ["grid-fresh-reads"]
+    replaced = hist(
+        op(1.0, 2.0, "1", "put", "k", "v1", expires=5.0),
+        op(3.0, 4.0, "2", "put", "k", "v2"),
+        op(6.0, 6.1, "3", "get", "k", None, read=None),
+    )
+    assert [v.property for v in check_grid_fresh_reads(replaced)] == ["grid-fresh-reads"]
+    # A PUT never acknowledged may land after the later write: its removal stays possible.
+    unacked = hist(
+        op(1.0, None, "1", "put", "k", "v1", expires=5.0),
+        op(3.0, 4.0, "2", "put", "k", "v2"),
+        op(6.0, 6.1, "3", "get", "k", None, read=None),
+    )
+    assert check_grid_fresh_reads(unacked) == []
+
+
+def test_no_store_holds_an_entry_long_expired_once_converged() -> None:
+    owners = [["a", "b"]]
+
+    def stores(data: dict[str, str]) -> list[HistoryEvent]:
+        return [
+            ev(20.0, "-", "grid_converged"),
+            *(ev(20.5, m, "grid_store", topology_id=9, owners=owners, data={"0": dict(data)}) for m in "ab"),
+        ]
+
+    puts = [op(1.0, 2.0, "1", "put", "k", "v1", expires=10.0), op(1.0, 2.0, "2", "put", "j", "w", expires=19.0)]
+    # j expired less than EXPIRY_GRACE before convergence: it may still be there.
+    assert check_grid_expired(hist(*puts, stores({"j": "w"}))) == []
+    out = check_grid_expired(hist(*puts, stores({"k": "v1", "j": "w"})))
+    assert [v.member for v in out] == ["a", "b"] and "put #1 that expired at t=10.000000" in out[0].detail
+    # The same key written again without a lifespan is fine.
+    again = op(11.0, 12.0, "3", "put", "k", "v3")
+    assert check_grid_expired(hist(*puts, again, stores({"k": "v3"}))) == []
+
+
+def test_only_a_put_expires_and_not_before_it_starts() -> None:
+    with pytest.raises(HistoryFormatError, match="only a put expires"):
+        parse(hist(op(1.0, 2.0, "1", "delete", "k", None, expires=5.0)))
+    with pytest.raises(HistoryFormatError, match="expires must be a time at or after the start"):
+        parse(hist(op(3.0, 4.0, "1", "put", "k", "v", expires=2.0)))

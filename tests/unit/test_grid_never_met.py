@@ -144,3 +144,24 @@ def test_a_primary_stamps_its_wall_clock_into_the_sequence() -> None:
     ((_s, _k, ver, _v),) = list(store.items())
     assert version_seq(ver) == clock_seq(WALL + 2.0)
     assert version_topology(ver) == node.topology.topology_id  # type: ignore[union-attr]
+
+
+def test_an_entry_re_stamped_in_the_merge_keeps_its_expiry() -> None:
+    """Expiries are recorded per version (docs/grid.md, "Expiry"): the merge re-stamps every entry with a new
+    version, and each must keep its expiry through it, or it would never expire."""
+    a = _grid(1, 0.0, random.Random(11), 2)
+    b = _grid(10, 3.0, random.Random(12), 1)
+    b.run_until(9.0)
+    x = b.view[-1]
+    b.nodes[x].put(b"ttl", b"b", b.now, None, WALL + 40.0)  # expires at virtual time 40, after the merge
+    b.collect(x)
+    b.run_until(b.now + 0.5)
+    _put(a, 9.5, b"plain", b"a")
+    net = _merge(a, b)
+    t = net.coordinator.topology
+    assert t is not None and t.restamp > 0 and net.now < 40.0
+    assert _values(net) == {b"ttl": b"b", b"plain": b"a"}
+    assert sum(net.nodes[y].metrics["grid.merge_entries_restamped"] for y in net.view) >= 2
+    net.run_until(42.0)
+    assert _values(net) == {b"plain": b"a"}
+    assert sum(net.nodes[y].metrics["grid.entries_expired"] for y in net.view) == 1

@@ -1225,6 +1225,7 @@ class GridNode:
             self.store = SegmentStore(t.num_segments)
         store = self.store
         merged: list[tuple[int, bytes, int, bytes | None]] = []
+        restamped_expiries: dict[tuple[int, bytes], float] | None = None
         if self._merge_from is not None and merged_topology:
             # The first topology of the merged group: take our entries (tombstones too) before any drop.
             merged = [(s, k, ver, val) for s, data in sorted(store.segments.items()) for k, (ver, val) in data.items()]
@@ -1236,6 +1237,11 @@ class GridNode:
                 # write's time. So the later write of a key wins everywhere, and any write of the merged
                 # group beats them all.
                 high = t.restamp << SEQ_BITS
+                if any(data.exp for data in store.segments.values()):
+                    # Expiries are recorded per version: carried over to the new ones here.
+                    restamped_expiries = {
+                        (s, k): e for s, k, ver, val in merged if val is not None and (e := store.expiry_of(s, k, ver))
+                    }
                 merged = [(s, k, high | version_seq(ver), val) for s, k, ver, val in merged]
                 self.metrics["grid.merge_entries_restamped"] += len(merged)
             self._merge_from = None
@@ -1306,7 +1312,7 @@ class GridNode:
                 if not pw.awaiting:
                     self._write_done(wid, pw)
         if merged:
-            self._push_entries(merged, merge=True)
+            self._push_entries(merged, merge=True, expiries=restamped_expiries)
         if old is None and (self._restored is not None or self._topology_floor):
             self._settle_restored(t)
         # Requests held for this topology (or an older one) can be answered now.
@@ -1895,7 +1901,13 @@ class GridNode:
         for b in sorted(pw.awaiting):  # sorted: address hashes (so set order) differ between processes
             self._emit_backup(b, wid, t.topology_id, pw.version, pw.key, pw.value, pw.expires)
 
-    def _push_entries(self, entries: list[tuple[int, bytes, int, bytes | None]], *, merge: bool) -> None:
+    def _push_entries(
+        self,
+        entries: list[tuple[int, bytes, int, bytes | None]],
+        *,
+        merge: bool,
+        expiries: Mapping[tuple[int, bytes], float] | None = None,
+    ) -> None:
         """Send our entries to the keys' write owners now: after a merge view (``merge``, the merge policy: every
         entry we held goes), or to finish the writes of a member that vanished (:meth:`_repair_after`).
 
@@ -1910,7 +1922,13 @@ class GridNode:
         for s, key, version, value in entries:
             wid = self._next_write
             self._next_write += 1
-            expires = store.expiry_of(s, key, version) if value is not None else 0.0
+            # Each entry keeps its expiry (``expiries``: of entries re-stamped with new versions, by segment and key).
+            if value is None:
+                expires = 0.0
+            elif expiries is not None:
+                expires = expiries.get((s, key), 0.0)
+            else:
+                expires = store.expiry_of(s, key, version)
             pw = _PendingWrite(self.address, 0, 0, 0, set(), key, version, value, merge=merge, expires=expires)
             self._writes[wid] = pw
             self._redrive(wid, pw)

@@ -78,6 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "seconds ahead; a failed write must then have taken effect before its deadline or never (default 0)",
     )
     parser.add_argument(
+        "--lifespans",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="grid stacks: the share (0 to 1) of PUTs whose entry expires, 0.05-4 virtual seconds after the "
+        "write; the key may then read absent, and must be gone from every store once converged (default 0)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -134,6 +142,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
         parts.append("--no-faults")
     if args.deadlines:
         parts += ["--deadlines", f"{args.deadlines:g}"]
+    if args.lifespans:
+        parts += ["--lifespans", f"{args.lifespans:g}"]
     for item in args.set:
         parts += ["--set", item]
     return shlex.join(parts)
@@ -189,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
             safety_time=args.safety_time,
             send_rate=args.send_rate,
             deadlines=args.deadlines,
+            lifespans=args.lifespans,
         )
         # Fail on a bad stack before starting workers: one clear message instead of one per seed.
         resolve_config(build_spec(scenario.stack, [slot_endpoint(0)], scenario.overrides))

@@ -181,11 +181,21 @@ class GridApp:
 
     # -- called by the scenario (through World.app_call) ---------------------------------------------------
     def start_op(
-        self, kind: int, key: bytes, value: bytes | None, hid: str, lifetime: float | None, now: float
+        self,
+        kind: int,
+        key: bytes,
+        value: bytes | None,
+        hid: str,
+        lifetime: float | None,
+        lifespan: float | None,
+        now: float,
     ) -> None:
-        """Start a client operation; ``lifetime``: its client's deadline is that long from now (None: none)."""
+        """Start a client operation; ``lifetime``: its client's deadline is that long from now (None: none);
+        ``lifespan``: a PUT's entry expires that long from now (None: never; docs/grid.md, "Expiry")."""
         deadline = None if lifetime is None else now + lifetime
-        extra = {} if deadline is None else {"deadline": deadline}
+        extra: dict[str, float] = {} if deadline is None else {"deadline": deadline}
+        if lifespan is not None:
+            extra["expires"] = now + lifespan
         self.run.history.add(
             now,
             self.node.name,
@@ -200,7 +210,8 @@ class GridApp:
             op = self.grid.get(key, now, deadline)
         elif kind == PUT:
             assert value is not None
-            op = self.grid.put(key, value, now, deadline)
+            expires = 0.0 if lifespan is None else SIM_WALL_CLOCK + now + lifespan
+            op = self.grid.put(key, value, now, deadline, expires)
         else:
             op = self.grid.delete(key, now, deadline)
         self.ops[op] = hid
@@ -226,6 +237,7 @@ class GridRun(_Run):
         self.client_rng = random.Random(grid_rng.getrandbits(64))
         # Deadlines draw from their own stream, so a seed's workload is the same with and without them.
         self.deadline_rng = random.Random(f"deadlines-{seed}")
+        self.lifespan_rng = random.Random(f"lifespans-{seed}")  # likewise for lifespans
         self.op_ids = 0
         self.written: set[bytes] = set()
         self.values = 0
@@ -243,6 +255,8 @@ class GridRun(_Run):
             "faults_skipped": 0,
             "forced_available": 0,
             "ops_with_deadline": 0,
+            "puts_with_lifespan": 0,
+            "entries_expired": 0,  # removed by the members alive at the end (counted with their stores)
         }
 
     # -- hooks of the base run -------------------------------------------------------------------------------
@@ -509,7 +523,14 @@ class GridRun(_Run):
             # some between retries, some at an owner that holds the command.
             lifetime = self.deadline_rng.uniform(0.02, 3.0)
             self.grid_stats["ops_with_deadline"] += 1
-        self.world.app_call(node.slot, node.app.start_op, kind, key, value, hid, lifetime)  # type: ignore[union-attr]
+        lifespan = None
+        if kind == PUT and self.sc.lifespans and self.lifespan_rng.random() < self.sc.lifespans:
+            # Entries that expire under faults, before the heal and (puts just before it) after: at most 4 s, so
+            # every expiry falls before the grid can have converged (settle_time, 6 s, after the heal), and the
+            # grid-expired checker can hold the final stores to having removed them.
+            lifespan = self.lifespan_rng.uniform(0.05, 4.0)
+            self.grid_stats["puts_with_lifespan"] += 1
+        self.world.app_call(node.slot, node.app.start_op, kind, key, value, hid, lifetime, lifespan)  # type: ignore[union-attr]
         return hid
 
     def op_done(self, app: GridApp, res: OpResult, now: float) -> None:
@@ -607,6 +628,7 @@ class GridRun(_Run):
 
     def _record_stores(self) -> None:
         now = self.loop.now
+        self.grid_stats["entries_expired"] = sum(app.grid.metrics["grid.entries_expired"] for app in self._apps())
         names = {n.address: n.name for n in self.world.nodes if n is not None}
         for app in self._apps():
             t = app.grid.topology

@@ -16,6 +16,11 @@ write that started after the deadline and ended before a read began hides it fro
   write's; an acknowledged DELETE stays deleted unless rewritten.
 * ``grid-replicas-equal`` — after convergence (``grid_store`` events) every member is on one topology, every
   owner of a segment holds the same entries, and no member holds a segment it does not own.
+* ``grid-expired`` — a PUT may give its entry a lifespan (``expires`` on ``grid_start``, docs/grid.md
+  "Expiry"): its key's primary removes the entry at that time, so a read may find the key absent from then on,
+  unless an acknowledged write that started after the PUT ended has replaced the entry (a newer version,
+  which the removal leaves alone). And once the grid converged, no store holds an entry whose lifespan ended
+  more than ``EXPIRY_GRACE`` before (the removal's recheck interval, plus slack).
 
 **Partitions** (``grid_split`` windows recorded by the simulator, and any time the live members' views
 differ): a member that was cut off may serve a read before it notices, in every mode, so a GET overlapping
@@ -45,6 +50,10 @@ from .checkers import STACK_CHECKERS, HistoryFormatError, HistoryIndex, Violatio
 from .history import History, HistoryEvent
 
 INF = math.inf
+# How long after its expiry an entry may still be held once the grid is whole: a member that was not the key's
+# primary when it expired looks again after EXPIRY_RECHECK (grid/node.py), plus slack for the removal to reach
+# every copy.
+EXPIRY_GRACE = 1.5
 ALLOW_READ_WRITES = "allow_read_writes"
 MODES = ("deny_read_writes", "allow_reads", "allow_read_writes")
 
@@ -62,6 +71,7 @@ class GridOp:
     error: str | None = None
     final: bool = False  # a read-back after the grid converged
     deadline: float = INF  # the client's deadline (INF: none)
+    expires: float = INF  # a PUT's expiry (INF: never)
 
     @property
     def is_write(self) -> bool:
@@ -82,6 +92,7 @@ class GridHistory:
     stores: list[HistoryEvent]
     # member -> {member -> when it first installed a view linking its grid to that member's grid}
     known: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    converged_at: float | None = None
 
 
 def _opt(ev: HistoryEvent, pos: int, name: str) -> str | None:
@@ -91,13 +102,13 @@ def _opt(ev: HistoryEvent, pos: int, name: str) -> str | None:
     return raw
 
 
-def _deadline(ev: HistoryEvent, pos: int) -> float:
-    raw = ev.data.get("deadline")
+def _deadline(ev: HistoryEvent, pos: int, name: str = "deadline") -> float:
+    raw = ev.data.get(name)
     if raw is None:
         return INF
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not raw >= ev.t:
         raise HistoryFormatError(
-            f"history event #{pos} ({ev.kind} by {ev.member}): deadline must be a time at or after the start"
+            f"history event #{pos} ({ev.kind} by {ev.member}): {name} must be a time at or after the start"
         )
     return float(raw)
 
@@ -143,7 +154,10 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
                 ev.t,
                 final=converged_at is not None and op == "get",
                 deadline=_deadline(ev, pos),
+                expires=_deadline(ev, pos, "expires"),
             )
+            if g.expires != INF and op != "put":
+                raise HistoryFormatError(f"history event #{pos} (grid_start by {ev.member}): only a put expires")
             if g.id in ops:
                 raise HistoryFormatError(f"history event #{pos}: grid operation id {g.id!r} started twice")
             ops[g.id] = g
@@ -221,7 +235,7 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
         # Both sides of any split take writes in this mode (the grid is never degraded).
         write_windows.extend(windows)
     return GridHistory(
-        mode, order, _merge_windows(windows + write_windows), _merge_windows(write_windows), stores, known
+        mode, order, _merge_windows(windows + write_windows), _merge_windows(write_windows), stores, known, converged_at
     )
 
 
@@ -349,6 +363,12 @@ def _check_reads(gh: GridHistory) -> list[Violation]:
         end = g.end if g.ok else g.deadline
         start, end = _widen(g.start, end, gh.write_windows, both=True)
         by_key.setdefault(g.key, []).append(_Write(g, start, end))
+        if g.expires != INF:
+            # Its removal at expiry: a delete that may take effect from then on, never acknowledged, and hidden
+            # (like a write followed) by an acknowledged write that started after the PUT ended: that one has a
+            # newer version, which the removal leaves alone. An unacknowledged PUT is never hidden that way.
+            removal = GridOp(f"{g.id}:expiry", g.member, "delete", g.key, None, g.expires)
+            by_key[g.key].append(_Write(removal, g.expires, end if g.ok else INF))
     keys = {k: _KeyWrites(ws) for k, ws in by_key.items()}
     empty = _KeyWrites([])
     out: list[Violation] = []
@@ -445,10 +465,40 @@ def check_grid_replicas(history: History | HistoryIndex) -> list[Violation]:
     return out
 
 
+def check_grid_expired(history: History | HistoryIndex) -> list[Violation]:
+    """No store holds, once the grid converged, an entry whose lifespan ended ``EXPIRY_GRACE`` before that."""
+    gh = parse(history)
+    if not gh.stores or gh.converged_at is None:
+        return []
+    cutoff = gh.converged_at - EXPIRY_GRACE
+    expired = {(g.key, g.value): g for g in gh.ops if g.expires <= cutoff}
+    if not expired:
+        return []
+    out: list[Violation] = []
+    for pos, ev in enumerate(gh.stores):
+        data = _field(ev, pos, "data")
+        if not isinstance(data, dict):
+            raise HistoryFormatError(f"grid_store by {ev.member}: data must be an object")
+        for seg, entries in sorted(data.items()):
+            for key, value in sorted(entries.items()):
+                g = expired.get((key, value))
+                if g is not None:
+                    out.append(
+                        Violation(
+                            "grid-expired",
+                            ev.member,
+                            f"segment {seg}: holds {key!r} = {value!r} at t={ev.t:.6f}, written by put #{g.id} "
+                            f"that expired at t={g.expires:.6f} (the grid converged at t={gh.converged_at:.6f})",
+                        )
+                    )
+    return out
+
+
 GRID_CHECKERS = {
     "grid-fresh-reads": check_grid_fresh_reads,
     "grid-lost-write": check_grid_lost_writes,
     "grid-replicas-equal": check_grid_replicas,
+    "grid-expired": check_grid_expired,
 }
 
 STACK_CHECKERS["grid"] = dict(GRID_CHECKERS)

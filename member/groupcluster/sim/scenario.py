@@ -73,6 +73,9 @@ class Scenario:
     # Grid stacks: the share of client operations that carry a client deadline (docs/grid.md, "Client
     # deadlines"); the checkers then hold a failed write to having taken effect before its deadline.
     deadlines: float = 0.0
+    # Grid stacks: the share of PUTs that give their entry a lifespan (docs/grid.md, "Expiry"), 0.05-4 virtual
+    # seconds; the checkers then allow the key to read absent after it, and require it gone once converged.
+    lifespans: float = 0.0
 
     def __post_init__(self) -> None:
         if self.members < 1:
@@ -84,6 +87,8 @@ class Scenario:
                 raise ValueError(f"{name}: cannot be negative, got {getattr(self, name)}")
         if not 0.0 <= self.deadlines <= 1.0:
             raise ValueError(f"deadlines: expected a share from 0 to 1, got {self.deadlines}")
+        if not 0.0 <= self.lifespans <= 1.0:
+            raise ValueError(f"lifespans: expected a share from 0 to 1, got {self.lifespans}")
 
     def stack_name(self) -> str:
         return self.stack if isinstance(self.stack, str) else "custom"
