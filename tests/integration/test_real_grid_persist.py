@@ -12,6 +12,7 @@ with one SQLite file per member.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 from groupcluster.grid.client import GridClient
 
 from .procs import Members, wait_until
-from .test_real_grid import Grid
+from .test_real_grid import Grid, http, http_json
 
 N_KEYS = 3000
 
@@ -157,3 +158,21 @@ def test_a_named_cache_keeps_its_own_file_and_comes_back_after_a_full_restart(me
         assert not wrong, f"{len(wrong)} orders lost or wrong, e.g. {wrong[:5]}"
         assert client.get(b"d-1") == b"default's"
         assert client.get(b"o-1") == b"not an order"
+
+
+def test_a_member_that_persists_writes_refuses_lifespans_and_writes_nothing(members: Members, tmp_path: Path) -> None:
+    """Its rows keep no expiry, so an entry loaded at a restart would never expire: a PUT or a batch put with a
+    lifespan is a 400 that says why, and nothing is written (docs/grid.md, "Expiry")."""
+    grid = Grid(members, 1)
+    _start(grid, 0, tmp_path, "--grid-set", "num_owners=1")
+    wait_until("one member settled", lambda: grid.settled(["m0"]), 90, members)
+    url = grid.urls["m0"]
+    code, body = http_json("PUT", f"{url}/v1/kv/ttl?lifespan=30", b"v")
+    assert code == 400 and "persistence 'write_through'" in body["error"], body
+    batch = json.dumps({"ops": [["put", "dHRs", "dg==", {"lifespan": 30}]]}).encode()
+    code, raw = http("POST", f"{url}/v1/batch", batch, headers={"Content-Type": "application/json"})
+    assert code == 400 and b"persistence 'write_through'" in raw, raw
+    assert http("GET", f"{url}/v1/kv/ttl")[0] == 404
+    with GridClient([url]) as client:
+        client.put(b"plain", b"x")  # without a lifespan all is as before
+        assert client.get(b"plain") == b"x"
