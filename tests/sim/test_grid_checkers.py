@@ -259,3 +259,18 @@ def test_only_a_put_expires_and_not_before_it_starts() -> None:
         parse(hist(op(1.0, 2.0, "1", "delete", "k", None, expires=5.0)))
     with pytest.raises(HistoryFormatError, match="expires must be a time at or after the start"):
         parse(hist(op(3.0, 4.0, "1", "put", "k", "v", expires=2.0)))
+
+
+def test_a_removal_while_two_groups_take_writes_is_concurrent_with_their_writes() -> None:
+    """allow_read_writes: during a split each side has a primary; one side may remove the expired entry after the
+    other side wrote the key, and the removal (stamped when it runs) can win the merge (seed 503)."""
+    parts = (
+        op(1.0, 2.0, "1", "put", "k", "v1", expires=3.0),
+        [ev(4.0, "-", "grid_split", phase="start"), ev(8.0, "-", "grid_split", phase="end")],
+        op(5.0, 5.5, "2", "put", "k", "v2", member="b"),
+        op(9.0, 9.1, "3", "get", "k", None, read=None),
+    )
+    assert check_grid_fresh_reads(hist(*parts, mode="allow_read_writes")) == []
+    # Without a window after the expiry one primary holds every acknowledged write: v2 replaced the entry.
+    calm = (parts[0], op(5.0, 5.5, "2", "put", "k", "v2", member="b"), parts[3])
+    assert [v.property for v in check_grid_fresh_reads(hist(*calm, mode="allow_read_writes"))] == ["grid-fresh-reads"]

@@ -164,3 +164,27 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
 
 def test_grid_regression_seeds_pass() -> None:
     seedruns.replay_regressions(REGRESSIONS)
+
+
+# Seeds with lifespans (docs/grid.md, "Expiry"; ``--deadlines 0.5 --lifespans 0.3``), found by the first sweep
+# of seeds 200-1199 with expiry in place.
+LIFESPANS = Scenario(stack="grid", safety_time=12.0, send_rate=3.0, deadlines=0.5, lifespans=0.3)
+EXPIRY_OF_DROPPED_SEGMENTS = (
+    "a member cut off alone wrote an entry with a lifespan, and on the merge pushed it without its expiry: the "
+    "segment was dropped before the push read the expiry back (now: expiries are taken with the entries); the "
+    "entry never expired (grid-expired)"
+)
+EXPIRY_IN_WRITE_WINDOW = (
+    "allow_read_writes: two singleton groups; one wrote the key, the other removed its expired older entry later "
+    "with a newer version, which won the merge; the checker held the removal to be hidden by the other side's "
+    "write (now: a removal that may run while two groups take writes is concurrent with their writes)"
+)
+LIFESPAN_REGRESSIONS = [
+    (264, LIFESPANS, EXPIRY_OF_DROPPED_SEGMENTS),
+    (428, LIFESPANS, EXPIRY_OF_DROPPED_SEGMENTS),
+    (503, LIFESPANS, EXPIRY_IN_WRITE_WINDOW),
+]
+
+
+def test_grid_lifespan_regression_seeds_pass() -> None:
+    seedruns.replay_regressions(LIFESPAN_REGRESSIONS)

@@ -1225,10 +1225,16 @@ class GridNode:
             self.store = SegmentStore(t.num_segments)
         store = self.store
         merged: list[tuple[int, bytes, int, bytes | None]] = []
-        restamped_expiries: dict[tuple[int, bytes], float] | None = None
+        merged_expiries: dict[tuple[int, bytes], float] | None = None
         if self._merge_from is not None and merged_topology:
             # The first topology of the merged group: take our entries (tombstones too) before any drop.
             merged = [(s, k, ver, val) for s, data in sorted(store.segments.items()) for k, (ver, val) in data.items()]
+            if any(data.exp for data in store.segments.values()):
+                # Their expiries too, now: the segments we do not keep are dropped below, before the push, and a
+                # re-stamp below gives the entries new versions (expiries are recorded per version).
+                merged_expiries = {
+                    (s, k): e for s, k, ver, val in merged if val is not None and (e := store.expiry_of(s, k, ver))
+                }
             if t.restamp > self._merge_from:
                 # The merged group joins grids that never met (topology.py, restamp): our versions and the
                 # other grid's count topologies from 1 each, so they say nothing about which write came last.
@@ -1237,11 +1243,6 @@ class GridNode:
                 # write's time. So the later write of a key wins everywhere, and any write of the merged
                 # group beats them all.
                 high = t.restamp << SEQ_BITS
-                if any(data.exp for data in store.segments.values()):
-                    # Expiries are recorded per version: carried over to the new ones here.
-                    restamped_expiries = {
-                        (s, k): e for s, k, ver, val in merged if val is not None and (e := store.expiry_of(s, k, ver))
-                    }
                 merged = [(s, k, high | version_seq(ver), val) for s, k, ver, val in merged]
                 self.metrics["grid.merge_entries_restamped"] += len(merged)
             self._merge_from = None
@@ -1312,7 +1313,7 @@ class GridNode:
                 if not pw.awaiting:
                     self._write_done(wid, pw)
         if merged:
-            self._push_entries(merged, merge=True, expiries=restamped_expiries)
+            self._push_entries(merged, merge=True, expiries=merged_expiries if merged_expiries is not None else {})
         if old is None and (self._restored is not None or self._topology_floor):
             self._settle_restored(t)
         # Requests held for this topology (or an older one) can be answered now.
@@ -1922,7 +1923,8 @@ class GridNode:
         for s, key, version, value in entries:
             wid = self._next_write
             self._next_write += 1
-            # Each entry keeps its expiry (``expiries``: of entries re-stamped with new versions, by segment and key).
+            # Each entry keeps its expiry (``expiries``: taken by segment and key before the entries were re-stamped
+            # or their segments dropped; else read from the store now).
             if value is None:
                 expires = 0.0
             elif expiries is not None:

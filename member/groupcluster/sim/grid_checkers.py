@@ -19,8 +19,10 @@ write that started after the deadline and ended before a read began hides it fro
 * ``grid-expired`` — a PUT may give its entry a lifespan (``expires`` on ``grid_start``, docs/grid.md
   "Expiry"): its key's primary removes the entry at that time, so a read may find the key absent from then on,
   unless an acknowledged write that started after the PUT ended has replaced the entry (a newer version,
-  which the removal leaves alone). And once the grid converged, no store holds an entry whose lifespan ended
-  more than ``EXPIRY_GRACE`` before (the removal's recheck interval, plus slack).
+  which the removal leaves alone) while one group took writes (in a write window, the removal on one side is
+  concurrent with the other side's writes, and the merge keeps the later). And once the grid converged, no
+  store holds an entry whose lifespan ended more than ``EXPIRY_GRACE`` before (the removal's recheck interval,
+  plus slack).
 
 **Partitions** (``grid_split`` windows recorded by the simulator, and any time the live members' views
 differ): a member that was cut off may serve a read before it notices, in every mode, so a GET overlapping
@@ -365,10 +367,14 @@ def _check_reads(gh: GridHistory) -> list[Violation]:
         by_key.setdefault(g.key, []).append(_Write(g, start, end))
         if g.expires != INF:
             # Its removal at expiry: a delete that may take effect from then on, never acknowledged, and hidden
-            # (like a write followed) by an acknowledged write that started after the PUT ended: that one has a
-            # newer version, which the removal leaves alone. An unacknowledged PUT is never hidden that way.
+            # (like a write followed) by an acknowledged write that started after the PUT ended: the key's
+            # primary holds that one by then, with a newer version, which the removal leaves alone. Not so for
+            # an unacknowledged PUT, nor when two groups may take writes at or after the expiry (a write window):
+            # a primary on one side may remove the entry while the other side writes the key, and the removal,
+            # stamped when it runs, can win the merge (seed 503 in allow_read_writes: last writer wins).
+            hidden_after = g.end if g.ok and not _overlaps(g.expires, INF, gh.write_windows) else INF
             removal = GridOp(f"{g.id}:expiry", g.member, "delete", g.key, None, g.expires)
-            by_key[g.key].append(_Write(removal, g.expires, end if g.ok else INF))
+            by_key[g.key].append(_Write(removal, g.expires, hidden_after))
     keys = {k: _KeyWrites(ws) for k, ws in by_key.items()}
     empty = _KeyWrites([])
     out: list[Violation] = []
