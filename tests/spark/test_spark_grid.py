@@ -152,6 +152,23 @@ def test_null_values_fail_or_delete(spark: Any, grid3: SparkGrid) -> None:
         assert c.get_many([b"nv:1", b"nv:2"]) == {b"nv:1": b"a", b"nv:2": None}
 
 
+def test_rows_written_with_a_lifespan_expire(spark: Any, grid3: SparkGrid) -> None:
+    """``lifespan`` (docs/spark.md): every entry of the write expires that long after it was written."""
+    df = spark.createDataFrame([(f"ls:{i}", f"v{i}") for i in range(50)], "key string, value string")
+    before = time.time()  # the members count each lifespan from when they take the write: after this
+    df.write.format("groupcluster").option("members", grid3.endpoints()).option("lifespan", "6s").mode("append").save()
+    keys = [f"ls:{i}".encode() for i in range(50)]
+    with GridClient([grid3.urls["m1"]]) as c:
+        present = c.get_many(keys)
+        if time.time() - before < 5.5:  # the write took less than its lifespan (as it does, by far)
+            assert all(v is not None for v in present.values())
+        deadline = time.monotonic() + 30
+        while any(v is not None for v in c.get_many(keys).values()):
+            assert time.monotonic() < deadline, "entries written with a 6 s lifespan still there after 30 s"
+            time.sleep(0.1)
+    assert time.time() - before >= 6.0  # none removed before its lifespan ended (one clock on this machine)
+
+
 def test_write_the_grid_refuses_fails_the_job(spark: Any, grid3: SparkGrid) -> None:
     """A value over the grid's 4 MiB limit: the job fails naming the key and the limit; nothing is swallowed."""
     big = "x" * (4 * 1024 * 1024 + 1)

@@ -19,6 +19,9 @@ def test_options_defaults_aliases_and_endpoints() -> None:
     assert (o.key_type, o.value_type, o.batch_size, o.null_value) == ("string", "binary", 1000, "error")
     o = parse_options({"MEMBERS": EP, "batch_size": "250", "valuetype": "STRING", "timeout": "5s", "path": "x"})
     assert (o.batch_size, o.value_type, o.timeout) == (250, "string", 5.0)
+    assert o.lifespan is None
+    assert parse_options({"members": EP, "lifespan": "2m"}).lifespan == 120.0
+    assert parse_options({"members": EP, "life_span": "0.5"}).lifespan == 0.5
 
 
 @pytest.mark.parametrize(
@@ -38,6 +41,9 @@ def test_options_defaults_aliases_and_endpoints() -> None:
         ({"members": EP, "timeout": "soon"}, "option timeout: expected seconds"),
         ({"members": EP, "timeout": "0"}, r"option timeout: 0.0 is outside \(0, 3600\]"),
         ({"members": EP, "keyColumn": " "}, "option keyColumn: empty column name"),
+        ({"members": EP, "lifespan": "0"}, "option lifespan: expected seconds above 0, got '0'"),
+        ({"members": EP, "lifespan": "soon"}, r"option lifespan: expected seconds \(e.g. 30"),
+        ({"members": EP, "lifespan": "4e8"}, "option lifespan: '4e8' seconds exceed the limit"),
     ],
 )
 def test_bad_options_are_named(options: dict[str, str], message: str) -> None:

@@ -19,14 +19,8 @@ import msgpack
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from groupcluster.grid.caches import InvalidationRuntime
-from groupcluster.grid.http_api import (
-    MAX_LIFESPAN_SECONDS,
-    BadBatch,
-    MemberContext,
-    build_app,
-    parse_batch,
-    parse_lifespan,
-)
+from groupcluster.grid.http_api import BadBatch, MemberContext, build_app, parse_batch
+from groupcluster.grid.lifespan import MAX_LIFESPAN_SECONDS, parse_lifespan
 from groupcluster.grid.messages import DELETE, GET, PUT
 from groupcluster.grid.node import OpResult
 

@@ -82,7 +82,6 @@ import contextlib
 import http.client
 import json
 import logging
-import math
 import random
 import threading
 import time
@@ -98,6 +97,8 @@ from typing import Any, TypeVar
 import msgpack
 
 from .consistent_hash import segment_of, segments_of
+from .lifespan import MAX_LIFESPAN_SECONDS as MAX_LIFESPAN_SECONDS  # re-exported: the bound clients check
+from .lifespan import check_lifespan
 
 log = logging.getLogger("groupcluster.grid.client")
 
@@ -108,7 +109,6 @@ DEFAULT_BATCH_SIZE = 1000  # operations per batch request (the server takes up t
 BATCH_BYTES = 4 * 1024 * 1024  # keys and values per batch request, roughly
 BATCH_KEY_LIMIT = 64 * 1024  # the grid's key limit; batch keys travel in the body, not the URL
 VALUE_LIMIT = 4 * 1024 * 1024
-MAX_LIFESPAN_SECONDS = 315_360_000  # the members' bound on a lifespan (10 years), checked before sending
 MSGPACK = "application/msgpack"
 VERSION_HEADER = "X-Grid-Version"
 DEADLINE_HEADER = "X-Grid-Deadline"  # see the module docstring, "Retries"
@@ -221,13 +221,7 @@ def _check_lifespan(lifespan: Any) -> float | None:
         return None
     if isinstance(lifespan, bool) or not isinstance(lifespan, int | float):
         raise TypeError(f"lifespan: expected seconds (int or float) or None, got {type(lifespan).__name__}")
-    if isinstance(lifespan, float) and not math.isfinite(lifespan):
-        raise ValueError(f"lifespan: expected a finite number of seconds, got {lifespan!r}")
-    if lifespan <= 0:
-        raise ValueError(f"lifespan: expected seconds above 0, got {lifespan!r}")
-    if lifespan > MAX_LIFESPAN_SECONDS:
-        raise ValueError(f"lifespan: {lifespan!r} seconds exceed the limit of {MAX_LIFESPAN_SECONDS} (10 years)")
-    return float(lifespan)
+    return check_lifespan(lifespan)
 
 
 def _with_lifespan(path: str, lifespan: float | None) -> str:

@@ -107,11 +107,10 @@ import msgpack
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..core.errors import ConfigError
-from ..core.units import parse_duration
 from ..sim.history import view_id_json
 from .caches import DEFAULT_CACHE, DISTRIBUTED, INVALIDATION, CacheSet, InvalidationRuntime, runtime_for
 from .invalidation import InvalidationNode
+from .lifespan import LIFESPAN_PARAM, check_lifespan, parse_lifespan
 from .messages import DEFAULT_LIMITS, DELETE, GET, PUT
 from .node import OpResult
 from .runtime import (
@@ -157,9 +156,6 @@ VERSION_HEADER = "X-Grid-Version"
 # the request after it, and operations started before it send no attempt after it (docs/grid.md, "Client
 # deadlines"). The clients send it with every request.
 DEADLINE_HEADER = "X-Grid-Deadline"
-# The longest lifespan a PUT may give, in seconds (10 years of 365 days); the clients check the same bound.
-MAX_LIFESPAN_SECONDS = 315_360_000
-LIFESPAN_PARAM = "lifespan"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -253,38 +249,6 @@ def parse_deadline(raw: str) -> float:
         shown = raw if len(raw) <= 40 else raw[:40] + "..."
         raise ValueError(f"{DEADLINE_HEADER}: expected a Unix time in seconds (e.g. 1764170000.25), got {shown!r}")
     return deadline
-
-
-def check_lifespan(seconds: float, where: str = LIFESPAN_PARAM, raw: str | None = None) -> float:
-    """``seconds`` as a float if it is a usable lifespan (finite, above 0, at most :data:`MAX_LIFESPAN_SECONDS`);
-    ValueError naming ``where`` otherwise (showing ``raw``, the text as given, when there is one)."""
-    text = repr(seconds) if raw is None else repr(raw)
-    shown = text if len(text) <= 40 else text[:40] + "..."
-    # An int from a JSON body may be far beyond a float's range: compare it as an int, never convert it first.
-    if isinstance(seconds, float) and not math.isfinite(seconds):
-        raise ValueError(f"{where}: expected a finite number of seconds, got {shown}")
-    if seconds <= 0:
-        raise ValueError(f"{where}: expected seconds above 0, got {shown}")
-    if seconds > MAX_LIFESPAN_SECONDS:
-        raise ValueError(f"{where}: {shown} seconds exceed the limit of {MAX_LIFESPAN_SECONDS} (10 years)")
-    return float(seconds)
-
-
-def parse_lifespan(raw: str) -> float:
-    """The ``lifespan`` query parameter of a PUT in seconds: a decimal number (``30``, ``0.5``, ``1e3``) or a
-    duration with a unit (``250ms``, ``30s``, ``5m``, ``2h``); ValueError says what is wrong with it."""
-    try:
-        seconds = float(raw)
-    except ValueError:
-        try:
-            seconds = parse_duration(raw, where=LIFESPAN_PARAM)
-        except ConfigError:
-            shown = raw if len(raw) <= 40 else raw[:40] + "..."
-            raise ValueError(
-                f"{LIFESPAN_PARAM}: expected seconds (e.g. 30, 0.5, 1e3) or a duration (e.g. 30s, 5m, 2h; units: "
-                f"us, ms, s, m, h), got {shown!r}"
-            ) from None
-    return check_lifespan(seconds, raw=raw)
 
 
 def _deadline_middleware(ctx: MemberContext) -> Any:

@@ -248,7 +248,7 @@ class GridIO:
             raise GridSourceError(f"key lookup failed: {exc}") from exc
 
     def put_many(self, pairs: dict[bytes, bytes]) -> None:
-        self.client.put_many(pairs)
+        self.client.put_many(pairs, lifespan=self.opts.lifespan)
 
     def delete_many(self, keys: Iterable[bytes]) -> None:
         self.client.delete_many(keys)

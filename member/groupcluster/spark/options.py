@@ -18,6 +18,8 @@ option                    default      meaning
 ``keyColumn``             ``key``      write: the column holding the key (string or binary)
 ``valueColumn``           ``value``    write: the column holding the value (string or binary)
 ``nullValue``             ``error``    write: a null value fails the job (``error``) or deletes the key (``delete``)
+``lifespan``              (none)       write: every entry written expires that long after its write (seconds or
+                                       a duration: ``30``, ``30s``, ``5m``, ``2h``; docs/grid.md, "Expiry")
 ``timeout``               60           seconds a single grid operation may take, retries included
 ``retries``               10           retries on topology changes, 503/504 and broken connections
 ``startingOffsets``       ``earliest`` stream: ``earliest`` (every entry present, then changes) or ``latest``
@@ -32,6 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..grid.client import normalize_endpoint
+from ..grid.lifespan import parse_lifespan
 
 
 class OptionError(ValueError):
@@ -52,6 +55,7 @@ class GridOptions:
     key_column: str = "key"
     value_column: str = "value"
     null_value: str = "error"
+    lifespan: float | None = None
     timeout: float = 60.0
     retries: int = 10
     starting_offsets: str = "earliest"
@@ -69,6 +73,7 @@ _FIELDS = {
     "keyColumn": "key_column",
     "valueColumn": "value_column",
     "nullValue": "null_value",
+    "lifespan": "lifespan",
     "timeout": "timeout",
     "retries": "retries",
     "startingOffsets": "starting_offsets",
@@ -149,6 +154,11 @@ def parse_options(options: Mapping[str, str]) -> GridOptions:
             if not 0 < seconds <= 3600:
                 raise OptionError(f"option timeout: {seconds} is outside (0, 3600] seconds")
             values[field] = seconds
+        elif field == "lifespan":
+            try:
+                values[field] = parse_lifespan(text)
+            except ValueError as exc:
+                raise OptionError(f"option {exc}") from None
         else:  # key_column, value_column
             if not text:
                 raise OptionError(f"option {name}: empty column name")
