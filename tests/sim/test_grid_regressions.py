@@ -3,11 +3,17 @@
 Each entry names what the seed found; the fix is in grid/node.py, grid/topology.py or grid/store.py (and a unit
 test in tests/unit/test_grid_node.py or test_grid_store.py where the case can be built by hand), or in the
 checkers (sim/grid_checkers.py, with a test in tests/sim/test_grid_checkers.py) when the run was right and the
-judgement wrong.
+judgement wrong, or in the scenario (sim/grid.py, with a test here) when its fault schedule broke the promise it
+keeps.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from groupcluster.core.view import View, ViewId
+from groupcluster.grid.topology import MemberStatus, RebalancePlanner
+from groupcluster.sim.grid import GridApp, GridRun, grid_scenario
 from groupcluster.sim.scenario import Scenario
 
 from . import seedruns
@@ -122,6 +128,13 @@ MERGE_PUSH_CUT_OFF = (
     "its segments, it left with the only copy (now: members that leave our view while our merge push is "
     "unfinished count as owners that vanished without a handoff)"
 )
+EVERY_HOLDER_LEFT = (
+    "the scenario asked members to leave while it counted, among the two data holders it keeps, members that had "
+    "never been in the grid (no topology: cut off since their start, or in a group of their own); every member "
+    "with a topology left, taking the acknowledged writes with it, and the members left over rightly started no "
+    "empty grid (7524: they had been in the grid coordinator's view, may_start_grid; 9271: two members below "
+    "initial_cluster_size), so the grid never converged (now: only members with a topology count as holders)"
+)
 
 # (seed, scenario, what the seed found)
 REGRESSIONS: list[tuple[int, Scenario, str]] = [
@@ -159,11 +172,40 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (3413, GRID, LEAVE_STALE_CH),
     (4872, GRID, LEAVE_STALE_CH),
     (4884, GRID, MERGE_PUSH_CUT_OFF),
+    (7524, GRID, EVERY_HOLDER_LEFT),
+    (9271, GRID, EVERY_HOLDER_LEFT),
 ]
 
 
 def test_grid_regression_seeds_pass() -> None:
     seedruns.replay_regressions(REGRESSIONS)
+
+
+def test_a_leave_keeps_two_members_that_hold_data() -> None:
+    """Seeds 7524 and 9271 by hand: two members hold the grid, two more are in no grid (no topology). The
+    scenario's leave fault must not take one of the two holders away; with a third holder it may."""
+    run = GridRun(0, grid_scenario(), None)
+    nodes = [run.world.start(slot) for slot in range(4)]
+    apps: list[GridApp] = [n.app for n in nodes]  # type: ignore[misc]
+    holders = [n.address for n in nodes[:2]]
+    planner = RebalancePlanner(holders, num_segments=8, num_owners=2)
+    ((_, topology),) = planner.on_statuses({m: MemberStatus(1.0, False, None) for m in holders}, 0.0)
+    for n in nodes:
+        n.view = View(ViewId(1, n.address), (n.address,))
+    for app in apps[:2]:
+        app.grid.topology = topology
+    asked: list[int] = []
+
+    def app_call(slot: int, fn: Any, *args: Any) -> None:
+        asked.append(slot)
+
+    run.world.app_call = app_call  # type: ignore[method-assign]
+    for _ in range(20):
+        run._leave()
+    assert asked == []
+    apps[2].grid.topology = topology  # a third member of the grid: one may leave now
+    run._leave()
+    assert len(asked) == 1 and asked[0] in (0, 1, 2)
 
 
 # Seeds with lifespans (docs/grid.md, "Expiry"; ``--deadlines 0.5 --lifespans 0.3``), found by the first sweep

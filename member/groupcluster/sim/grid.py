@@ -401,9 +401,14 @@ class GridRun(_Run):
         if not candidates:
             return
         node = self.fault_rng.choice(candidates)
-        staying = [a for a in self._apps((RUNNING, PAUSED)) if not a.leave_requested]
+        # Keep two data holders: a leave never makes the grid lose its replicas. Only members with a topology
+        # hold data; one that never got one (cut off since it started, or in a group of its own) cannot take
+        # over. Counting those let every holder leave (seeds 7524, 9271): the grid and its acknowledged writes
+        # were gone, and the remaining members, never in it, rightly started no empty one (may_start_grid,
+        # initial_cluster_size).
+        staying = [a for a in self._apps((RUNNING, PAUSED)) if a.usable]
         if len(staying) <= 2:
-            return  # keep two data holders: a leave never makes the grid lose its replicas
+            return
         self.world.app_call(node.slot, node.app.request_leave)  # type: ignore[union-attr]
 
     def group_leave(self, node: Node) -> None:
