@@ -74,9 +74,12 @@ def writer(urls: list[str], rate: float, size: int, stop: Any, out: Any) -> None
     samples: list[tuple[float, float, bool]] = []
     value = os.urandom(size)
     rng = random.Random(1)
+    parent = os.getppid()
     with GridClient(urls, timeout=60.0, retries=40) as c:
         next_at = time.monotonic()
-        while not stop.is_set():
+        # Also stop if the bench itself is gone (killed, e.g. by a test's timeout): this process would otherwise
+        # write on forever.
+        while not stop.is_set() and os.getppid() == parent:
             now = time.monotonic()
             if now < next_at:
                 time.sleep(next_at - now)

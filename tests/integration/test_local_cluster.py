@@ -114,3 +114,23 @@ def test_start_scale_status_stop(cluster_dir: Path) -> None:
 def test_bad_arguments(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     r = local(tmp_path, *args)
     assert r.returncode == 2 and message in r.stderr, r
+
+
+def test_a_member_that_exits_before_joining_is_reported_at_once(tmp_path: Path) -> None:
+    """``spawn_and_wait_joined`` (the benchmarks' join) stops as soon as the member process is gone, with its
+    log, instead of polling its status for the whole timeout (a member that lost its port to another process
+    once held the rebalance bench for minutes)."""
+    import time
+
+    from groupcluster.runtime.local import LocalCluster, LocalError
+
+    cluster = LocalCluster(tmp_path / "c")
+    try:
+        cluster.start(1)
+        cluster.member_args = ["--set", "nosuchlayer.key=1"]  # the next member refuses this and exits
+        started = time.monotonic()
+        with pytest.raises(LocalError, match=r"m2 \(.*\) exited before it joined:\n(.|\n)*nosuchlayer"):
+            cluster.spawn_and_wait_joined(timeout=120.0)
+        assert time.monotonic() - started < 60.0
+    finally:
+        cluster.kill_all()

@@ -161,13 +161,14 @@ def free_port(kind: int, host: str = HOST, avoid: Iterable[int] = ()) -> int:
     raise LocalError(f"no free port found on {host}")
 
 
-def free_ports(n: int, host: str = HOST) -> list[int]:
+def free_ports(n: int, host: str = HOST, avoid: Iterable[int] = ()) -> list[int]:
     """``n`` distinct ports free for both TCP and UDP on ``host`` (a member's transport may be either)."""
     ports: list[int] = []
+    avoid = set(avoid)
     for _ in range(50 * n):
         if len(ports) == n:
             break
-        port = free_port(socket.SOCK_STREAM, host, avoid=ports)
+        port = free_port(socket.SOCK_STREAM, host, avoid=avoid | set(ports))
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
                 s.bind((host, port))
@@ -374,7 +375,9 @@ class LocalCluster:
         self.next_number += 1
         name = f"m{number}"
         taken = {int(m.bind.rsplit(":", 1)[1]) for m in self.members}
-        port = free_port(socket.SOCK_DGRAM, avoid=taken)
+        # Free for TCP too: ``member_args`` may put the member on the TCP transport, which binds the same port
+        # number for TCP (a port free only for UDP was once taken by another test's TCP socket).
+        (port,) = free_ports(1, avoid=taken)
         http_port = free_port(socket.SOCK_STREAM, avoid=taken | {port})
         log = self.dir / f"{name}.log"
         argv = [
@@ -429,6 +432,8 @@ class LocalCluster:
         rec = self.spawn()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if not self.alive(rec):
+                raise LocalError(f"{rec.name} ({rec.http}) exited before it joined:\n{self.log_tail(rec)}")
             st = get_json(rec.http + "/v1/status", timeout=1.0)
             if st and st.get("joined"):
                 return rec, started, time.time()
