@@ -217,10 +217,10 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
     patch = {"stringData": {"admin-token": "t" * 43}}
     kube.kubectl("patch", "secret", "partial", "-n", ns, "--type=merge", "-p", json.dumps(patch))
     wait_for("a member pod once the Secret is fixed", lambda: _member_pods(kube, ns, "broken"), 60, 1.0)
-    kube.kubectl("delete", "groupcluster", "broken", "-n", ns, "--timeout=60s", timeout=90)
+    kube.kubectl("delete", "groupcluster", "broken", "-n", ns, "--timeout=150s", timeout=180)  # see test_operator
 
     # Deleting the GroupCluster removes its Secret with everything else it owned.
-    kube.kubectl("delete", "groupcluster", "demo", "-n", ns, "--timeout=60s", timeout=90)
+    kube.kubectl("delete", "groupcluster", "demo", "-n", ns, "--timeout=150s", timeout=180)
     wait_for(
         "the Secret to be garbage-collected",
         lambda: kube.kubectl("get", "secret", "demo-auth", "-n", ns, check=False).returncode != 0,
