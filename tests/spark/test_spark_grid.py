@@ -287,19 +287,30 @@ def test_stream_restarted_from_its_checkpoint(spark: Any, grid3: SparkGrid, tmp_
         top = run_top
 
 
-_Sample = tuple[float, float, frozenset[tuple[int, str]]]  # (begun, done, {(topology id, phase)} of the members)
+_Observation = tuple[float, float, str, int, str]  # (asked, answered, member, topology id, phase)
 
 
-def _overlapping(reads: list[tuple[float, float]], samples: list[_Sample]) -> bool:
-    """Whether some read ran while the grid rebalanced: a sample taken wholly during the read saw a member in a
-    phase other than NO_REBALANCE, or the samples during it saw more than one topology."""
-    for t0, t1 in reads:
-        during = [states for begun, done, states in list(samples) if t0 <= begun and done <= t1]
-        if any(phase != "NO_REBALANCE" for states in during for _, phase in states):
-            return True
-        if len({tid for states in during for tid, _ in states}) > 1:
-            return True
-    return False
+def _overlaps(read: tuple[float, float], seen: list[_Observation]) -> bool:
+    """Whether the read surely ran while the grid rebalanced: a status call made and answered wholly during the
+    read saw a member in a phase other than NO_REBALANCE, or the calls made during it saw more than one topology."""
+    t0, t1 = read
+    during = [(tid, phase) for asked, answered, _, tid, phase in seen if t0 <= asked and answered <= t1]
+    return any(phase != "NO_REBALANCE" for _, phase in during) or len({tid for tid, _ in during}) > 1
+
+
+def _timeline(reads: list[tuple[float, float]], seen: list[_Observation], origin: float) -> str:
+    """Reads and topology changes in time order, for a failure message: when each member's (topology, phase)
+    changed, and the reads around the changes."""
+    events: list[tuple[float, str]] = []
+    last: dict[str, tuple[int, str]] = {}
+    for asked, answered, name, tid, phase in seen:
+        if last.get(name) != (tid, phase):
+            last[name] = (tid, phase)
+            events.append((asked, f"{name} topology {tid} {phase} (call {asked - origin:.3f}-{answered - origin:.3f})"))
+    changes = [t for t, _ in events]
+    near = [r for r in reads if any(r[0] - 5 <= t <= r[1] + 5 for t in changes)]
+    events += [(t0, f"read {t0 - origin:.3f}-{t1 - origin:.3f}") for t0, t1 in near]
+    return "\n".join(f"  {t - origin:8.3f} {what}" for t, what in sorted(events))
 
 
 def test_read_while_a_member_joins_returns_every_row_once(spark: Any, grid3: SparkGrid) -> None:
@@ -324,31 +335,35 @@ def test_read_while_a_member_joins_returns_every_row_once(spark: Any, grid3: Spa
     for gen in scans.values():
         scanned += [k for k, _, _ in next(gen, [])]
 
-    # A poller samples every member's topology while the reads run back to back, so no status calls sit between
-    # two reads: a rebalance (a few hundred ms for these keys) once fell wholly into such a gap, and no read
-    # counted as overlapping it (the test failed after 120 s of reads).
+    # A poller asks every member for its topology while the reads run back to back, so no status calls sit
+    # between two reads: a rebalance (a few hundred ms for these keys) once fell wholly into such a gap. Each
+    # call is timed on its own: a read counts as overlapping the rebalance only by calls made wholly within it,
+    # and timing the four calls of a round as one (as this test once did) let a round that straddled two reads
+    # hide the whole rebalance when the loaded members answered slowly.
     everyone = [*names, "m3"]
-    samples: list[_Sample] = []
+    seen: list[_Observation] = []
     stop = threading.Event()
 
     def poll() -> None:
         while not stop.is_set():
-            begun = time.monotonic()
-            states = set()
             for name in everyone:
-                st = grid3.status(name) if name in grid3.urls else None
-                g = (st or {}).get("grid")
-                if g:
-                    states.add((g["topology_id"], g["phase"]))
-            samples.append((begun, time.monotonic(), frozenset(states)))
+                if name not in grid3.urls:
+                    continue
+                asked = time.monotonic()
+                g = (grid3.status(name) or {}).get("grid")
+                # A joiner has no topology until the coordinator sends it one: nothing to judge by.
+                if g and g["topology_id"] is not None:
+                    seen.append((asked, time.monotonic(), name, g["topology_id"], g["phase"]))
             stop.wait(0.02)
 
     reads: list[tuple[float, float]] = []
     problems: list[str] = []
     poller = threading.Thread(target=poll, daemon=True)
+    origin = time.monotonic()
     poller.start()
     grid3.start(3)
     deadline = time.monotonic() + 120
+    overlapped = False
     try:
         while time.monotonic() < deadline:
             t0 = time.monotonic()
@@ -361,13 +376,20 @@ def test_read_while_a_member_joins_returns_every_row_once(spark: Any, grid3: Spa
             missing = len(keys) - len(counts)
             if dups or wrong or missing:
                 problems.append(f"{len(rows)} rows: {dups} duplicates, {missing} missing, {len(wrong)} wrong values")
-            if _overlapping(reads, samples) and grid3.settled(everyone):
+            assert grid3.procs["m3"].alive(), f"the joiner exited\n{grid3.members.describe()}"
+            # The poller may answer a call made during the last read only after it ended: look at the read before.
+            overlapped = overlapped or any(_overlaps(r, list(seen)) for r in reads[-2:])
+            if overlapped and grid3.settled(everyone):
                 break
     finally:
         stop.set()
         poller.join(timeout=10)
     assert not problems, problems
-    assert _overlapping(reads, samples), f"no Spark read overlapped the rebalance ({len(reads)} reads)"
+    overlapped = overlapped or any(_overlaps(r, seen) for r in reads)
+    assert overlapped, (
+        f"no Spark read overlapped the rebalance ({len(reads)} reads)\n{_timeline(reads, seen, origin)}\n"
+        f"{grid3.members.describe()}"
+    )
     grid3.wait_settled(everyone, timeout=60)
 
     for gen in scans.values():
