@@ -8,11 +8,12 @@ with one SQLite file per member.
   cache's in a shared directory, and a full restart brings both back.
 * A member restarted into the running grid never resurrects stale data: a key deleted while it was down stays
   deleted, and the member says in its log that it cleared its store.
+* Lifespans survive a full restart: an entry whose lifespan ended while the members were down is removed once
+  they are back, one whose lifespan runs on is read back and removed when it ends.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from pathlib import Path
 from groupcluster.grid.client import GridClient
 
 from .procs import Members, wait_until
-from .test_real_grid import Grid, http, http_json
+from .test_real_grid import Grid
 
 N_KEYS = 3000
 
@@ -160,19 +161,49 @@ def test_a_named_cache_keeps_its_own_file_and_comes_back_after_a_full_restart(me
         assert client.get(b"o-1") == b"not an order"
 
 
-def test_a_member_that_persists_writes_refuses_lifespans_and_writes_nothing(members: Members, tmp_path: Path) -> None:
-    """Its rows keep no expiry, so an entry loaded at a restart would never expire: a PUT or a batch put with a
-    lifespan is a 400 that says why, and nothing is written (docs/grid.md, "Expiry")."""
-    grid = Grid(members, 1)
-    _start(grid, 0, tmp_path, "--grid-set", "num_owners=1")
-    wait_until("one member settled", lambda: grid.settled(["m0"]), 90, members)
-    url = grid.urls["m0"]
-    code, body = http_json("PUT", f"{url}/v1/kv/ttl?lifespan=30", b"v")
-    assert code == 400 and "persistence 'write_through'" in body["error"], body
-    batch = json.dumps({"ops": [["put", "dHRs", "dg==", {"lifespan": 30}]]}).encode()
-    code, raw = http("POST", f"{url}/v1/batch", batch, headers={"Content-Type": "application/json"})
-    assert code == 400 and b"persistence 'write_through'" in raw, raw
-    assert http("GET", f"{url}/v1/kv/ttl")[0] == 404
-    with GridClient([url]) as client:
-        client.put(b"plain", b"x")  # without a lifespan all is as before
-        assert client.get(b"plain") == b"x"
+def test_lifespans_survive_a_full_restart_and_entries_expire_on_time(members: Members, tmp_path: Path) -> None:
+    """Entries written with a lifespan keep their expiry in the SQLite files: after all three members are
+    SIGKILLed and start again, an entry whose lifespan ended meanwhile is gone, one whose lifespan is still
+    running reads back and goes when it ends, and entries without one (or rewritten without one) stay."""
+    grid = Grid(members, 3)
+    for i in range(3):
+        _start(grid, i, tmp_path, "--grid-set", "initial_cluster_size=3")
+    _settled(grid, members)
+    gone = {f"gone-{i}".encode(): b"g" for i in range(100)}
+    later = {f"later-{i}".encode(): b"l" for i in range(100)}
+    kept = {f"kept-{i}".encode(): b"k" for i in range(100)}
+    with GridClient(list(grid.urls.values()), timeout=30.0, retries=20) as client:
+        client.put_many(gone, lifespan=4)
+        client.put_many(later, lifespan=40)
+        client.put_many(kept)
+        client.put(b"gone-0", b"rewritten")  # no lifespan now: it stays
+        written = time.time()
+    with sqlite3.connect(tmp_path / "m0.sqlite") as db:
+        (with_expiry,) = db.execute("SELECT count(*) FROM entries WHERE expires IS NOT NULL").fetchone()
+    assert with_expiry > 0, "no expiry in m0's file"
+    for proc in list(grid.procs.values()):
+        proc.kill()
+    time.sleep(max(0.0, written + 5 - time.time()))  # the 4 s lifespans end while every member is down
+    for i in range(3):
+        _start(grid, i, tmp_path, "--grid-set", "initial_cluster_size=3")
+    _settled(grid, members)
+    with GridClient(list(grid.urls.values()), timeout=30.0, retries=20) as client:
+
+        def expired() -> bool:
+            got = client.get_many(list(gone))
+            return got[b"gone-0"] == b"rewritten" and all(v is None for k, v in got.items() if k != b"gone-0")
+
+        wait_until("the entries whose lifespan ended during the restart removed", expired, 30, members)
+        assert time.time() < written + 40, "the restart took longer than the long lifespan; nothing left to test"
+        got = client.get_many([*later, *kept])
+        assert all(got[k] == b"l" for k in later), "an entry whose lifespan runs on was lost in the restart"
+        assert all(got[k] == b"k" for k in kept)
+        wait_until("the 40 s lifespans ended", lambda: time.time() > written + 40, 60, members)
+        wait_until(
+            "the entries with a 40 s lifespan removed",
+            lambda: all(v is None for v in client.get_many(list(later)).values()),
+            30,
+            members,
+        )
+        got = client.get_many(list(kept))
+        assert all(v == b"k" for v in got.values())

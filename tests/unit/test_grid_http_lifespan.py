@@ -1,7 +1,7 @@
 """Entry lifespans on the member HTTP API (grid/http_api.py): ``PUT /v1/kv/{key}?lifespan=S`` and a batch put's
 ``{"lifespan": S}``. Good values reach the runtime as ``lifespan=`` / ``lifespans=`` exactly; every bad one is a
 400 naming ``lifespan`` (or the batch operation) with nothing sent to the runtime; an invalidation cache refuses
-lifespans; a ValueError the runtime raises for a lifespan (e.g. write-through persistence) is a 400.
+lifespans; a ValueError the runtime raises for a lifespan (e.g. one it finds out of range) is a 400.
 
 The runtime is a recording fake: what is tested here is the HTTP parsing and dispatch, served by the real app
 (``build_app``) on 127.0.0.1."""
@@ -194,7 +194,7 @@ def test_a_bad_lifespan_is_a_400_and_nothing_reaches_the_runtime() -> None:
 
 
 def test_a_runtime_that_cannot_take_a_lifespan_answers_400_with_its_message() -> None:
-    why = "lifespan: this member persists writes through to disk (persistence.write_through); lifespans are off"
+    why = "lifespan: expected a positive, finite number of seconds, got inf"
     grid = FakeRuntime(refuse_lifespans=why)
 
     async def scenario(client: TestClient[Any, Any]) -> None:

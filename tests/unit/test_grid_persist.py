@@ -25,7 +25,13 @@ from .test_grid_node import CONFIG, FakeNet, member
 
 def _rows(path: Path) -> dict[bytes, tuple[int, int, bytes | None]]:
     with sqlite3.connect(path) as db:
-        return {bytes(k): (s, v, None if x is None else bytes(x)) for k, s, v, x in db.execute("SELECT * FROM entries")}
+        rows = db.execute("SELECT key, seg, version, value FROM entries")
+        return {bytes(k): (s, v, None if x is None else bytes(x)) for k, s, v, x in rows}
+
+
+def _expiries(path: Path) -> dict[bytes, float | None]:
+    with sqlite3.connect(path) as db:
+        return {bytes(k): e for k, e in db.execute("SELECT key, expires FROM entries")}
 
 
 def test_store_record_reaches_sqlite_newest_version_winning(tmp_path: Path) -> None:
@@ -57,21 +63,94 @@ def test_store_record_reaches_sqlite_newest_version_winning(tmp_path: Path) -> N
     # Reopened: the entries and the highest topology id come back.
     again = SqliteBacking(str(path))
     assert again.topology_id == 4
-    assert sorted(again.load()) == sorted([(b"a", v2, b"new"), (b"b", v3, None), (b"c0", v3, b"after-drop")])
+    assert sorted(again.load()[0]) == sorted([(b"a", v2, b"new"), (b"b", v3, None), (b"c0", v3, b"after-drop")])
     # A restore sets the rows aside until its pushes are acknowledged: a restart meanwhile loads them again.
-    kept = sorted(again.load())
+    kept = sorted(again.load()[0])
     store.stash_backing()
     store.write(5, b"z", v3, b"new-grid")
     again.apply(store.take_ops(), 4)
-    assert again.count() == 1 and sorted(again.load()) == sorted([*kept, (b"z", v3, b"new-grid")])
+    assert again.count() == 1 and sorted(again.load()[0]) == sorted([*kept, (b"z", v3, b"new-grid")])
     store.drop_stash()
     again.apply(store.take_ops(), 4)
-    assert again.load() == [(b"z", v3, b"new-grid")]
+    assert again.load() == ([(b"z", v3, b"new-grid")], {})
     store.stash_backing()
     store.reset_backing()  # joined a running grid: both tables go
     again.apply(store.take_ops(), 4)
-    assert again.load() == []
+    assert again.load() == ([], {})
     again.close()
+
+
+def test_expiries_reach_sqlite_for_the_version_each_row_holds(tmp_path: Path) -> None:
+    path = tmp_path / "m.sqlite"
+    backing = SqliteBacking(str(path))
+    store = PersistentStore(8, 100, 1 << 20)
+    store.keep_tombstones = True
+    v1, v2, v3 = make_version(3, 1), make_version(3, 2), make_version(4, 1)
+    store.write(1, b"a", v1, b"x")
+    store.set_expiry(1, b"a", v1, 100.0)
+    store.write(1, b"b", v1, b"x")
+    store.set_expiry(1, b"b", v1, 100.0)
+    store.write(1, b"b", v2, b"again")  # rewritten in the same step without a lifespan: never expires
+    store.write(1, b"c", v1, b"x")
+    store.set_expiry(1, b"c", v1, 100.0)
+    store.write(1, b"c", v2, None)  # deleted: a tombstone keeps no expiry
+    store.write(1, b"d", v1, b"x")
+    store.set_expiry(1, b"d", v1, 300.0)
+    store.set_expiry(1, b"d", v1, 300.0)  # recorded twice (a backup bringing what we hold): one row
+    keys = [b"e%d" % i for i in range(10)]
+    store.apply_chunk(2, keys, [v1] * 10, [b"y"] * 10)
+    store.set_expiries(2, keys, [v1] * 10, [200.0 + i if i % 2 else 0.0 for i in range(10)])
+    backing.apply(store.take_ops(), 4)
+    assert _expiries(path) == {
+        b"a": 100.0,
+        b"b": None,
+        b"c": None,
+        b"d": 300.0,
+        **{k: 200.0 + i if i % 2 else None for i, k in enumerate(keys)},
+    }
+    # A later step: an expiry for a version the row no longer holds changes nothing; a new version clears it.
+    store.set_expiry(1, b"b", v1, 999.0)
+    store.write(1, b"d", v3, b"newer")
+    backing.apply(store.take_ops(), 4)
+    exp = _expiries(path)
+    assert exp[b"b"] is None and exp[b"d"] is None and exp[b"a"] == 100.0
+    # Reopened: the expiries come back with the entries, by (key, version), and a stash keeps them.
+    backing.close()
+    again = SqliteBacking(str(path))
+    entries, expiries = again.load()
+    assert expiries == {(b"a", v1): 100.0, **{(k, v1): 200.0 + i for i, k in enumerate(keys) if i % 2}}
+    store.stash_backing()
+    store.write(1, b"a", v3, b"new-grid")
+    again.apply(store.take_ops(), 4)
+    entries2, expiries2 = again.load()
+    assert sorted(entries2) == sorted([*entries, (b"a", v3, b"new-grid")]) and expiries2 == expiries
+    again.close()
+
+
+def test_a_file_from_before_expiries_gets_their_column(tmp_path: Path) -> None:
+    """A file written by a member of an earlier release (no ``expires`` column) opens, loads its entries as never
+    expiring, and records expiries from then on."""
+    path = tmp_path / "old.sqlite"
+    v1 = make_version(2, 1)
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "CREATE TABLE entries (key BLOB PRIMARY KEY, seg INTEGER NOT NULL, version INTEGER NOT NULL, value BLOB)"
+            " WITHOUT ROWID;"
+            "CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);"
+            "CREATE TABLE restored (key BLOB NOT NULL, version INTEGER NOT NULL, value BLOB);"
+        )
+        db.execute("INSERT INTO entries VALUES (?, 1, ?, ?)", (b"old", v1, b"kept"))
+        db.execute("INSERT INTO restored VALUES (?, ?, ?)", (b"set-aside", v1, b"too"))
+        db.execute("INSERT INTO meta VALUES ('topology_id', 2)")
+    backing = SqliteBacking(str(path))
+    assert backing.topology_id == 2
+    assert backing.load() == ([(b"old", v1, b"kept"), (b"set-aside", v1, b"too")], {})
+    store = PersistentStore(8, 100, 1 << 20)
+    store.write(1, b"new", v1, b"x")
+    store.set_expiry(1, b"new", v1, 50.0)
+    backing.apply(store.take_ops(), 2)
+    assert backing.load()[1] == {(b"new", v1): 50.0}
+    backing.close()
 
 
 def test_bad_paths_and_config_get_clear_errors(tmp_path: Path) -> None:
@@ -85,13 +164,18 @@ def test_bad_paths_and_config_get_clear_errors(tmp_path: Path) -> None:
         GridConfig.from_dict({"persistence": "write_through"})
 
 
-def _restored_net(seed: int, stores: list[list[tuple[bytes, int, bytes | None]]], floor: int) -> FakeNet:
+def _restored_net(
+    seed: int,
+    stores: list[list[tuple[bytes, int, bytes | None]]],
+    floor: int,
+    expiries: list[dict[tuple[bytes, int], float]] | None = None,
+) -> FakeNet:
     net = FakeNet(random.Random(seed), dataclasses.replace(CONFIG, initial_cluster_size=len(stores)))
-    for entries in stores:
+    for i, entries in enumerate(stores):
         a = member(net.next_id)
         net.next_id += 1
         node = net.nodes[a] = GridNode(a, net.config)
-        node.restore(entries, floor)
+        node.restore(entries, floor, expiries[i] if expiries else None)
     net.install_view(list(net.nodes))
     return net
 
@@ -132,6 +216,39 @@ def test_members_forming_a_new_grid_merge_their_stores_and_number_topologies_abo
     assert net.results[a][-1].ok
     ver, val = _read(net, b"k2")  # type: ignore[misc]
     assert val == b"fresh" and version_topology(ver) > 7
+
+
+def test_restored_entries_keep_their_expiries_and_expire_on_time() -> None:
+    """Two members form a new grid from their files (FakeNet's wall clock is its virtual time, from 0): an entry
+    whose expiry passed while the grid was down goes at once, one whose expiry is still ahead keeps it on every
+    owner and goes then, and a key stored twice keeps the expiry of the version that wins."""
+    old, new = make_version(5, 1), make_version(6, 1)
+    stores = [
+        [(b"past", old, b"x"), (b"soon", old, b"x"), (b"plain", old, b"x"), (b"twice", old, b"old")],
+        [(b"later", old, b"x"), (b"twice", new, b"new"), (b"twice2", old, b"old"), (b"twice2", new, b"new")],
+    ]
+    expiries = [
+        {(b"past", old): 1.0, (b"soon", old): 8.0, (b"twice", old): 6.0},
+        {(b"later", old): 1000.0, (b"twice2", new): 6.0},
+    ]
+    net = _restored_net(23, stores, 6, expiries)
+    net.run_until(4.0)
+    assert net.stable() and all(n.restore_outcome == "merged" for n in net.nodes.values())
+    got = _read(net, b"past")
+    assert got is None or got[1] is None
+    t = net.coordinator.topology
+    assert t is not None
+    for key, expires in ((b"soon", 8.0), (b"later", 1000.0), (b"twice2", 6.0), (b"twice", 0.0), (b"plain", 0.0)):
+        seg = t.segment_of(key)
+        entry = _read(net, key)
+        assert entry is not None and entry[1] is not None, key
+        for m in t.current.owners_of(seg):
+            assert net.nodes[m].store.expiry_of(seg, key, entry[0]) == expires, key  # type: ignore[union-attr]
+    net.run_until(9.5)
+    assert (_read(net, b"soon") or (0, None))[1] is None
+    assert (_read(net, b"twice2") or (0, None))[1] is None
+    assert _read(net, b"twice") == (new, b"new") and _read(net, b"plain") == (old, b"x")
+    assert _read(net, b"later") == (old, b"x")
 
 
 def test_member_joining_a_running_grid_discards_its_store() -> None:

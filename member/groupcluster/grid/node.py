@@ -76,7 +76,16 @@ from .messages import (
     decode_payload,
     encode_payload,
 )
-from .store import SEQ_BITS, Columns, SegmentStore, TransferEntry, make_version, next_seq, version_seq
+from .store import (
+    SEQ_BITS,
+    Columns,
+    SegmentStore,
+    TransferEntry,
+    make_version,
+    next_seq,
+    tie_wins,
+    version_seq,
+)
 from .topology import Availability, CacheTopology, MemberStatus, PartitionHandling, Phase, RebalancePlanner, owner_set
 from .tx import (
     REASON_CONFLICT,
@@ -609,6 +618,7 @@ class GridNode:
         self._written: tuple[list[bytes], list[int], list[bytes | None]] | None = None
         # -- persistence (docs/grid.md): entries a persistent store brought back, waiting for our first topology
         self._restored: list[TransferEntry] | None = None
+        self._restored_expiries: dict[tuple[bytes, int], float] = {}
         self._topology_floor = 0  # the highest topology id the store saw; a new grid must start above it
         self.restore_outcome = ""  # "", "merged" (formed a new grid: pushed as a merge) or "discarded"
         self._restore_wids: set[int] = set()  # pushes of restored entries not yet acknowledged by every owner
@@ -625,17 +635,24 @@ class GridNode:
         self._written = ([], [], []) if EVENT_WRITTEN in wanted else None
         self._events = [e for e in self._events if e.kind in wanted]
 
-    def restore(self, entries: list[TransferEntry], topology_floor: int) -> None:
+    def restore(
+        self,
+        entries: list[TransferEntry],
+        topology_floor: int,
+        expiries: Mapping[tuple[bytes, int], float] | None = None,
+    ) -> None:
         """Entries of this member's persistent store (before its first view), and the highest topology id the
         store had seen. On the first topology installed they are either pushed to their owners as after a merge
         (we are an owner in a new grid's first topology: the members are forming a grid together, e.g. after
         a full restart; every store keeps the newest version, tombstones count) or discarded (we join a running
         grid: what we stored may be stale, so the store is cleared, the seed's advice). Our STATUS carries the
         floor so the coordinator numbers new topologies above it: versions are ``(topology id << 40) | seq``,
-        and a new write must beat every stored one."""
+        and a new write must beat every stored one. ``expiries`` (by ``(key, version)``) go with the pushed
+        entries: an entry pushed after its expiry is removed by its primary as any expired entry is."""
         if self.topology is not None:
             raise RuntimeError("GridNode.restore: only before the first topology")
         self._restored = list(entries)
+        self._restored_expiries = dict(expiries or {})
         self._topology_floor = max(0, topology_floor)
 
     @property
@@ -1339,6 +1356,7 @@ class GridNode:
     def _settle_restored(self, t: CacheTopology) -> None:
         """Our first topology: merge what the persistent store brought back, or discard it (see :meth:`restore`)."""
         entries, self._restored = self._restored or [], None
+        expiries, self._restored_expiries = self._restored_expiries, {}
         store = self.store
         assert store is not None
         if self.address in owner_set(t.current) and t.phase == Phase.NO_REBALANCE:
@@ -1349,7 +1367,18 @@ class GridNode:
             store.stash_backing()
             n = t.num_segments
             first = self._next_write
-            self._push_entries([(segment_of(k, n), k, v, val) for k, v, val in entries], merge=False)
+            # A key may come twice (the rows a killed restore had set aside, and the new ones): push the one the
+            # stores would keep (the rule of SegmentStore.write), so the expiry by key is that version's.
+            newest: dict[bytes, TransferEntry] = {}
+            for e in entries:
+                old = newest.get(e[0])
+                if old is None or old[1] < e[1] or (old[1] == e[1] and tie_wins(e[2], old[2])):
+                    newest[e[0]] = e
+            self._push_entries(
+                [(segment_of(k, n), k, v, val) for k, v, val in newest.values()],
+                merge=False,
+                expiries={(segment_of(k, n), k): expiries[k, v] for k, v, _ in newest.values() if (k, v) in expiries},
+            )
             self._restore_wids = {w for w in range(first, self._next_write) if w in self._writes}
             if not self._restore_wids:
                 store.drop_stash()

@@ -703,8 +703,8 @@ class GridRuntime(NodeTimer):
             name = f"grid-{a.host}-{a.port}{suffix}.sqlite"
             self._backing = SqliteBacking(os.path.join(self.config.persistence_path, name))
         if self._backing is not None:
-            entries = self._backing.load()
-            self.node.restore(entries, self._backing.topology_id)
+            entries, expiries = self._backing.load()
+            self.node.restore(entries, self._backing.topology_id, expiries)
             log.info(
                 "persistent store %s: %d entries, topology id up to %d (merged if this member forms a new grid with "
                 "the others, cleared if it joins a running grid)",
@@ -747,12 +747,6 @@ class GridRuntime(NodeTimer):
             return 0.0
         if type(lifespan) not in (int, float) or not 0 < lifespan < math.inf:
             raise ValueError(f"lifespan: expected a positive, finite number of seconds, got {lifespan!r}")
-        if self._backing is not None:
-            # The persistent copy keeps no expiries: an entry loaded from it at a restart would never expire.
-            raise ValueError(
-                "lifespan: not supported on a member with persistence 'write_through' (its copy on disk keeps no "
-                "expiry); write without a lifespan"
-            )
         return time.time() + float(lifespan)
 
     async def delete(self, key: bytes, deadline: float | None = None) -> OpResult:

@@ -87,7 +87,7 @@ def version_seq(version: int) -> int:
     return version & MAX_SEQ
 
 
-def _tie_wins(new: bytes | None, old: bytes | None) -> bool:
+def tie_wins(new: bytes | None, old: bytes | None) -> bool:
     """Two different values with one version come only from two partitions (each stamped its own writes):
     the greater value wins, a deletion counting as smallest, so every replica picks the same one."""
     return new is not None and (old is None or new > old)
@@ -300,7 +300,7 @@ class SegmentStore:
         for key, version, value in entries:
             old = get(key)
             old_value = vals[key] if old is not None else None
-            if old is not None and (old > version or (old == version and not _tie_wins(value, old_value))):
+            if old is not None and (old > version or (old == version and not tie_wins(value, old_value))):
                 continue
             if value is None:
                 # A tombstone from the source: keep it only while tombstones matter, never resurrect.
