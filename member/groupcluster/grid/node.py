@@ -1826,26 +1826,47 @@ class GridNode:
             self._respond(src, op_id, attempt, ERROR, tid, error=_PRIMARY_CUTOFF_ERROR)
             return
         owners = r.write[seg]
+        if kind != PUT:
+            value = None
+            expires = 0.0
+        self._stamp_write(seg, key, value, expires, tid, owners[1:], src, op_id, attempt)
+        if len(owners) == 1:
+            self._respond(src, op_id, attempt, OK, tid)
+
+    def _stamp_write(
+        self,
+        seg: int,
+        key: bytes,
+        value: bytes | None,
+        expires: float,
+        tid: int,
+        backups: Sequence[Address],
+        origin: Address,
+        op_id: int,
+        attempt: int,
+    ) -> None:
+        """As the segment's primary under topology ``tid``: stamp a write with the segment's next version, apply
+        it, and send it to the ``backups`` as a pending write answered to ``origin`` once all acknowledge
+        (``op_id`` 0: nobody waits). A client's PUT or DELETE, and the removal of an expired entry."""
+        store = self.store
+        assert store is not None
         data = store.segments.get(seg)
         seq = self._seq[seg] = next_seq(
             self._seq.get(seg, 0), self._now + self.wall_offset, data.ver.get(key) if data is not None else None
         )
         version = (tid << SEQ_BITS) | seq
-        if kind != PUT:
-            value = None
-            expires = 0.0
         if store.write(seg, key, version, value, now=self._now):
             if expires:
                 store.set_expiry(seg, key, version, expires)
             if self._written is not None:
                 self._note_written(key, version, value)
-        if len(owners) == 1:
-            self._respond(src, op_id, attempt, OK, tid)
+        if not backups:
             return
         wid = self._next_write
         self._next_write += 1
-        backups = owners[1:]
-        self._writes[wid] = _PendingWrite(src, op_id, attempt, tid, set(backups), key, version, value, expires=expires)
+        self._writes[wid] = _PendingWrite(
+            origin, op_id, attempt, tid, set(backups), key, version, value, expires=expires
+        )
         for b in backups:
             self._emit_backup(b, wid, tid, version, key, value, expires)
 
@@ -1877,19 +1898,8 @@ class GridNode:
             ):
                 store.recheck_expiry(wall + EXPIRY_RECHECK, seg, key, version)
                 continue
-            tid = t.topology_id
-            seq = self._seq[seg] = next_seq(self._seq.get(seg, 0), wall, version)
-            stamped = (tid << SEQ_BITS) | seq
-            if store.write(seg, key, stamped, None, now=self._now) and self._written is not None:
-                self._note_written(key, stamped, None)
+            self._stamp_write(seg, key, None, 0.0, t.topology_id, r.write[seg][1:], self.address, 0, 0)
             self.metrics["grid.entries_expired"] += 1
-            backups = r.write[seg][1:]
-            if backups:
-                wid = self._next_write
-                self._next_write += 1
-                self._writes[wid] = _PendingWrite(self.address, 0, 0, tid, set(backups), key, stamped, None)
-                for b in backups:
-                    self._emit_backup(b, wid, tid, stamped, key, None)
 
     def _redrive(self, wid: int, pw: _PendingWrite) -> None:
         """Finish a write we applied whose replication a topology change interrupted.
