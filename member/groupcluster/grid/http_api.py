@@ -34,7 +34,8 @@ Keys are the URL path after ``/v1/kv/``, percent-decoded and UTF-8 encoded to by
 (4 MiB by default). Every error is JSON ``{"error": "...", ...}``: 400 for a bad request, 404 for an
 absent key or an unknown path, 405 for a wrong method, 413 for a value too large, 503 with a ``reason`` when
 the grid refuses for now (degraded partition, not joined yet, member leaving; ``Retry-After`` says when to
-try again, on any member), 504 when an operation timed out.
+try again, on any member), 504 when an operation timed out, 507 with ``reason`` ``full`` for a PUT that would
+add a key to a primary at its ``max_entries`` bound (nothing written; not retried by the clients).
 
 **Deadlines.** A request may carry ``X-Grid-Deadline``, the client's deadline for this attempt as a Unix time
 in seconds (the clients send one with every request). A request read after it is answered 504 with ``reason``
@@ -48,7 +49,8 @@ JSON (``application/json``; keys and values are base64 strings). At most :data:`
 and :data:`MAX_BATCH_BYTES` bytes. All operations start in one step of the grid node, so the commands for
 one owner travel together. The answer, in the request's format, is ``{"topology_id": n, "results":
 [{"status": 200, "value": ...}, ...]}`` in request order: per operation 200 (done; ``value`` for a get),
-404 (get of an absent key), 503/504 with ``error`` (retry that operation), 500 with ``error``. A malformed
+404 (get of an absent key), 503/504 with ``error`` (retry that operation), 507 (``full``, as above), 500 with
+``error``. A malformed
 body is a 400 naming the bad field (``ops[3][0]: unknown op 'pt'``), nothing of it runs.
 
 **Lifespans** (entry expiry): ``PUT /v1/kv/{key}?lifespan=S`` (and ``/v1/caches/{cache}/kv/{key}``) writes an
@@ -115,6 +117,7 @@ from .messages import DEFAULT_LIMITS, DELETE, GET, PUT
 from .node import OpResult
 from .runtime import (
     GridError,
+    GridFull,
     GridLocked,
     GridNotOwner,
     GridRuntime,
@@ -731,6 +734,8 @@ def result_doc(res: OpResult, binary: bool, version: int | None = None) -> dict[
         return {"status": 200}
     if res.reason == "locked":
         return {"status": 409, "error": res.error, "reason": "locked"}
+    if res.reason == "full":
+        return {"status": 507, "error": res.error, "reason": "full"}
     if "unavailable" in res.error:
         return {"status": 503, "error": res.error}
     if "timed out" in res.error:
@@ -1015,11 +1020,12 @@ class _Api:
             return json_error(504, str(exc))
         except GridLocked as exc:
             return json_error(409, str(exc), reason="locked")
+        except GridFull as exc:
+            return json_error(507, str(exc), reason="full")
         except GridError as exc:
             return json_error(500, str(exc))
         except ValueError as exc:
-            # What the grid refuses before it starts anything (e.g. a lifespan on a member that persists writes
-            # through: it cannot keep the expiry time); nothing was written.
+            # What the grid refuses before it starts anything (e.g. a lifespan it cannot take); nothing was written.
             return json_error(400, str(exc))
 
     async def batch(self, request: web.Request) -> web.Response:
@@ -1481,6 +1487,20 @@ def render_metrics(ctx: MemberContext) -> str:
             "counter",
             "entries this member removed as their primary owner because their lifespan ended",
             [("", gm["grid.entries_expired"])],
+        )
+        _metric(
+            lines,
+            "groupcluster_grid_writes_refused_full_total",
+            "counter",
+            "PUTs of new keys this member refused as their primary owner at its max_entries bound",
+            [("", gm["grid.writes_refused_full"])],
+        )
+        _metric(
+            lines,
+            "groupcluster_grid_max_entries",
+            "gauge",
+            "this member's max_entries bound (0: none)",
+            [("", node.config.max_entries)],
         )
         ops = grid.counters
         _metric(

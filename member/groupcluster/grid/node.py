@@ -90,6 +90,7 @@ from .topology import Availability, CacheTopology, MemberStatus, PartitionHandli
 from .tx import (
     REASON_CONFLICT,
     REASON_ERROR,
+    REASON_FULL,
     REASON_LOCK_TIMEOUT,
     REASON_LOCKED,
     REASON_MIXED,
@@ -197,6 +198,13 @@ class GridConfig:
         minimum=1,
     )
     max_queued: int = param(100_000, "int", doc="requests held for a topology not yet installed", minimum=1)
+    max_entries: int = param(
+        0,
+        "int",
+        doc="as a key's primary, refuse a PUT that would add a key while this member holds this many live entries "
+        "or more (a soft bound: backups, state transfer and transactions never refuse); 0: no bound",
+        minimum=0,
+    )
     tombstone_grace: float = param(
         "10m",
         "duration",
@@ -501,6 +509,9 @@ class GridNode:
         self._stamped_by: dict[Address, dict[int, list[float]]] = {}
         self.metrics: Counter[str] = Counter()
         self._now = 0.0
+        # max_entries: the live entries counted at ``_entries_at`` (a step's time), plus the keys PUTs added since.
+        self._entries = 0
+        self._entries_at = -1.0
         # Wall-clock seconds minus the ``now`` we are given (the driver's clock may be monotonic): the sequence
         # part of the versions we stamp is at least the wall clock in milliseconds (store.next_seq), so a
         # version dates its write and the merge of two grids that never met keeps the later write (docs/grid.md).
@@ -1067,7 +1078,7 @@ class GridNode:
             "leaving": self.leaving,
             "ready_to_leave": self.ready_to_leave,
             "topology": t.summary() if t else None,
-            "store": self.store.describe() if self.store is not None else None,
+            "store": None if self.store is None else {**self.store.describe(), "max_entries": self.config.max_entries},
         }
         if t is not None:
             out["segments_primary"] = len(t.current.segments_primary(self.address))
@@ -1681,6 +1692,8 @@ class GridNode:
             self.metrics["grid.ops_failed"] += 1
             if error.startswith(REASON_LOCKED):
                 reason = REASON_LOCKED
+            elif error.startswith(REASON_FULL):
+                reason = REASON_FULL
             elif "unavailable" in error:
                 reason = REASON_UNAVAILABLE
             elif error.startswith("timed out"):
@@ -1825,6 +1838,14 @@ class GridNode:
             self.metrics["grid.writes_refused_deadline"] += 1
             self._respond(src, op_id, attempt, ERROR, tid, error=_PRIMARY_CUTOFF_ERROR)
             return
+        if kind == PUT and self.config.max_entries and self._full(seg, key):
+            self.metrics["grid.writes_refused_full"] += 1
+            error = (
+                f"{REASON_FULL}: member {self.address} holds {self._entries} entries, its max_entries is "
+                f"{self.config.max_entries}; nothing was written (delete keys, add members or raise the bound)"
+            )
+            self._respond(src, op_id, attempt, ERROR, tid, error=error)
+            return
         owners = r.write[seg]
         if kind != PUT:
             value = None
@@ -1832,6 +1853,21 @@ class GridNode:
         self._stamp_write(seg, key, value, expires, tid, owners[1:], src, op_id, attempt)
         if len(owners) == 1:
             self._respond(src, op_id, attempt, OK, tid)
+
+    def _full(self, seg: int, key: bytes) -> bool:
+        """Whether a PUT of ``key`` would add an entry to this member at its ``max_entries`` bound (a key held
+        already may be overwritten). The store is counted once per step, then each key added is counted on."""
+        store = self.store
+        assert store is not None
+        data = store.segments.get(seg)
+        if data is not None and data.val.get(key) is not None:
+            return False
+        if self._entries_at != self._now:
+            self._entries, self._entries_at = len(store), self._now
+        if self._entries >= self.config.max_entries:
+            return True
+        self._entries += 1
+        return False
 
     def _stamp_write(
         self,

@@ -103,6 +103,10 @@ class GridLocked(GridError):
     """A plain write on a key a transaction holds locked: nothing was written; try again shortly."""
 
 
+class GridFull(GridError):
+    """A PUT that would add a key to its primary, which holds its ``max_entries`` bound: nothing was written."""
+
+
 class GridNotOwner(GridError):
     """This member cannot serve the segment (it holds no complete copy); ``owners`` lists the ones that do."""
 
@@ -460,6 +464,8 @@ def error_for(result: OpResult) -> GridError:
     """The exception for a failed :class:`OpResult` (``reason`` set by the node, the text says more)."""
     if result.reason == "locked":
         return GridLocked(result.error)
+    if result.reason == "full":
+        return GridFull(result.error)
     if "unavailable" in result.error:
         return GridUnavailable(result.error)
     if "timed out" in result.error:

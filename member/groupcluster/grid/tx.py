@@ -70,6 +70,7 @@ REASON_TIMEOUT = "timeout"  # no answer in time (operation or transaction timeou
 REASON_ROLLED_BACK = "rolled_back"  # rolled back (by the client, the originator lost a participant, ...)
 REASON_UNAVAILABLE = "unavailable"  # a segment cannot be written (degraded) or has no owner
 REASON_LOCKED = "locked"  # a plain write on a key a transaction holds
+REASON_FULL = "full"  # a PUT adding a key to a member at its max_entries bound
 REASON_MIXED = "mixed"  # committed, but a participant had been resolved to roll back (ok True)
 REASON_ERROR = "error"  # any other failure of a plain operation
 

@@ -1,0 +1,56 @@
+"""The ``max_entries`` bound on real members over HTTP (docs/grid.md, "A bound on entries"): two members with
+``--grid-set max_entries=N`` and two owners take keys until a primary holds N entries; then a PUT of a new key
+is a 507 with reason ``full`` (the sync client raises GridRequestError at once, a batch names each refused key),
+nothing of it is written, overwrites and deletes go on, and /metrics counts the refusals."""
+
+from __future__ import annotations
+
+import pytest
+from groupcluster.grid.client import GridBatchError, GridClient, GridRequestError
+
+from .procs import Members, wait_until
+from .test_real_grid import Grid, http, http_json
+
+BOUND = 50
+
+
+def test_members_at_their_bound_refuse_new_keys_with_507_and_write_nothing(members: Members) -> None:
+    grid = Grid(members, 2)
+    for i in range(2):
+        grid.start(i, "--grid-set", f"max_entries={BOUND}", "--grid-set", "num_owners=2")
+    wait_until("two members settled", lambda: grid.settled(["m0", "m1"]), 90, members)
+    url = grid.urls["m0"]
+    with GridClient(list(grid.urls.values())) as client:
+        # Two owners of every segment: each member holds every key, so the grid takes exactly BOUND keys.
+        client.put_many({f"k{i}".encode(): b"v" for i in range(BOUND)})
+        with pytest.raises(GridRequestError) as refused:
+            client.put(b"one-more", b"v")
+        assert refused.value.status == 507 and "max_entries is 50" in str(refused.value)
+        code, body = http_json("PUT", f"{url}/v1/kv/one-more", b"v")
+        assert code == 507 and body["reason"] == "full" and body["error"].startswith("full: member "), body
+        with pytest.raises(GridBatchError) as batch:
+            client.put_many({b"k0": b"again", b"b1": b"v", b"b2": b"v"})
+        assert set(batch.value.failed) == {b"b1", b"b2"} and batch.value.completed == 1
+        assert all("HTTP 507" in why for why in batch.value.failed.values()), batch.value.failed
+        assert client.get_many([b"one-more", b"b1", b"b2", b"k0"]) == {
+            b"one-more": None,
+            b"b1": None,
+            b"b2": None,
+            b"k0": b"again",
+        }
+        client.delete(b"k1")  # room for one
+        client.put(b"one-more", b"v")
+        assert client.get(b"one-more") == b"v"
+        for name in ("m0", "m1"):
+            st = grid.status(name)
+            assert st is not None and st["grid"]["store"]["entries"] == BOUND, st["grid"]["store"]
+            assert st["grid"]["store"]["max_entries"] == BOUND
+    refusals = 0
+    for u in grid.urls.values():
+        text = http("GET", f"{u}/metrics")[1].decode()
+        refusals += sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith("groupcluster_grid_writes_refused_full")
+        )
+    assert refusals == 4  # the client's PUT, the curl-style PUT and the batch's two keys
