@@ -33,13 +33,14 @@ def op(
     member: str = "a",
     deadline: float | None = None,
     expires: float | None = None,
+    error: str = "timed out",
 ) -> list[HistoryEvent]:
     extra = {} if deadline is None else {"deadline": deadline}
     if expires is not None:
         extra["expires"] = expires
     out = [ev(t0, member, "grid_start", id=i, op=kind, key=key, value=value if kind == "put" else None, **extra)]
     if t1 is not None:
-        out.append(ev(t1, member, "grid_end", id=i, ok=ok, value=read, error=None if ok else "timed out"))
+        out.append(ev(t1, member, "grid_end", id=i, ok=ok, value=read, error=None if ok else error))
     return out
 
 
@@ -105,6 +106,24 @@ def test_a_failed_write_with_a_deadline_took_effect_before_it_or_never() -> None
         op(3.5, 3.6, "3", "get", "k", None, read="late"),
     )
     assert check_grid_fresh_reads(h) == []
+
+
+def test_a_put_refused_at_the_bound_on_its_first_attempt_never_took_effect() -> None:
+    full = "full: member a holds 10 entries, its max_entries is 10; nothing was written (delete keys, ...)"
+    later = "full: member a holds 10 entries, its max_entries is 10; this attempt wrote nothing (an earlier may have)"
+
+    def read_after(error: str, read: str | None) -> History:
+        return hist(
+            op(1.0, 2.0, "1", "put", "k", "v1"),
+            op(3.0, 3.5, "2", "put", "k", "refused", ok=False, error=error),
+            op(4.0, 4.1, "3", "get", "k", None, read=read),
+        )
+
+    assert check_grid_fresh_reads(read_after(full, "v1")) == []
+    out = check_grid_fresh_reads(read_after(full, "refused"))
+    assert len(out) == 1 and "read #3" in out[0].detail and "'refused'" in out[0].detail
+    # A later attempt refused: an earlier one may have been applied, so its value may show.
+    assert check_grid_fresh_reads(read_after(later, "refused")) == []
 
 
 def test_a_deadline_before_the_start_is_a_bad_history() -> None:

@@ -66,6 +66,17 @@ def test_200_grid_seeds_with_lifespans() -> None:
     assert puts > 10 * 200 and expired > puts // 2, (puts, expired)
 
 
+def test_100_grid_seeds_with_a_bound_on_entries() -> None:
+    # Every member takes at most 10 of the scenario's 24 keys as their primary (docs/grid.md, "A bound on
+    # entries"): PUTs of new keys at a full primary fail on their first attempt with nothing written, and the
+    # checkers hold them to that (no read may return their value). Writing the value before refusing gave 56
+    # violations in seeds 0-29.
+    results = seedruns.run_and_report(
+        range(100), grid_scenario(max_entries=10), "grid --max-entries 10", {}, "test_grid_regressions.py"
+    )
+    assert sum(r.stats["grid_puts_refused_full"] for r in results) > 100
+
+
 def test_grid_seed_runs_twice_identically() -> None:
     report = check_determinism(3, grid_scenario())
     assert report.same, report.first_difference

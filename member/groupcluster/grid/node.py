@@ -1840,9 +1840,12 @@ class GridNode:
             return
         if kind == PUT and self.config.max_entries and self._full(seg, key):
             self.metrics["grid.writes_refused_full"] += 1
+            # A first attempt refused wrote nothing; an earlier attempt, unanswered, may have been applied (by a
+            # primary before a topology change) and still be replicated.
+            written = "nothing was written" if attempt == 1 else "this attempt wrote nothing (an earlier may have)"
             error = (
                 f"{REASON_FULL}: member {self.address} holds {self._entries} entries, its max_entries is "
-                f"{self.config.max_entries}; nothing was written (delete keys, add members or raise the bound)"
+                f"{self.config.max_entries}; {written} (delete keys, add members or raise the bound)"
             )
             self._respond(src, op_id, attempt, ERROR, tid, error=error)
             return

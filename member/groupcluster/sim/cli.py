@@ -86,6 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "write; the key may then read absent, and must be gone from every store once converged (default 0)",
     )
     parser.add_argument(
+        "--max-entries",
+        type=int,
+        default=0,
+        metavar="N",
+        help="grid stacks: every member's max_entries bound (of the scenario's 24 keys); PUTs of new keys at a full "
+        "primary are refused (default 0: no bound)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -144,6 +152,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
         parts += ["--deadlines", f"{args.deadlines:g}"]
     if args.lifespans:
         parts += ["--lifespans", f"{args.lifespans:g}"]
+    if args.max_entries:
+        parts += ["--max-entries", str(args.max_entries)]
     for item in args.set:
         parts += ["--set", item]
     return shlex.join(parts)
@@ -200,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
             send_rate=args.send_rate,
             deadlines=args.deadlines,
             lifespans=args.lifespans,
+            max_entries=args.max_entries,
         )
         # Fail on a bad stack before starting workers: one clear message instead of one per seed.
         resolve_config(build_spec(scenario.stack, [slot_endpoint(0)], scenario.overrides))

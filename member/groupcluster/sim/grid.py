@@ -87,6 +87,7 @@ class GridSetup:
     # A majority of the scenario's slots: a member whose join failed, alone or with one other, never starts a
     # grid of its own (seed 513), while a grid still starts before every late joiner arrived.
     initial_cluster_size: int = 1
+    max_entries: int = 0  # the scenario's, not drawn
 
     def config(self) -> GridConfig:
         return GridConfig.from_dict(
@@ -100,6 +101,7 @@ class GridSetup:
                 "op_timeout": "15s",
                 "recovery_timeout": "1s",
                 "initial_cluster_size": self.initial_cluster_size,
+                "max_entries": self.max_entries,
             }
         )
 
@@ -109,6 +111,8 @@ class GridSetup:
             "num_owners": self.num_owners,
             "num_segments": self.num_segments,
             "initial_cluster_size": self.initial_cluster_size,
+            # Only when set: the histories of runs without a bound stay as they were.
+            **({"max_entries": self.max_entries} if self.max_entries else {}),
         }
 
 
@@ -233,7 +237,7 @@ class GridRun(_Run):
     def __init__(self, seed: int, scenario: Scenario, logger: Any) -> None:
         super().__init__(seed, scenario, logger)
         grid_rng = random.Random(self.root.getrandbits(64))
-        self.setup = draw_setup(grid_rng, scenario.members)
+        self.setup = dataclasses.replace(draw_setup(grid_rng, scenario.members), max_entries=scenario.max_entries)
         self.client_rng = random.Random(grid_rng.getrandbits(64))
         # Deadlines draw from their own stream, so a seed's workload is the same with and without them.
         self.deadline_rng = random.Random(f"deadlines-{seed}")
@@ -257,6 +261,7 @@ class GridRun(_Run):
             "ops_with_deadline": 0,
             "puts_with_lifespan": 0,
             "entries_expired": 0,  # removed by the members alive at the end (counted with their stores)
+            "puts_refused_full": 0,
         }
 
     # -- hooks of the base run -------------------------------------------------------------------------------
@@ -543,6 +548,8 @@ class GridRun(_Run):
         if hid is None:
             return
         self.grid_stats["ops_ok" if res.ok else "ops_failed"] += 1
+        if res.reason == "full":
+            self.grid_stats["puts_refused_full"] += 1
         self.history.add(
             now,
             app.node.name,

@@ -353,11 +353,18 @@ def _foreign(read: GridOp, writes: Iterable[_Write], known: dict[str, dict[str, 
     return {id(w) for w in writes if w.end != INF and w.op.member in known and mine.get(w.op.member, INF) > read.start}
 
 
+def _refused_unwritten(g: GridOp) -> bool:
+    """A PUT its primary refused at the max_entries bound on its first attempt (docs/grid.md, "A bound on
+    entries"): nothing of it was written, so it is no candidate for any read."""
+    error = g.error or ""
+    return error.startswith("full:") and "nothing was written" in error
+
+
 def _check_reads(gh: GridHistory) -> list[Violation]:
     windows = gh.windows
     by_key: dict[str, list[_Write]] = {}
     for g in gh.ops:
-        if not g.is_write:
+        if not g.is_write or (g.ok is False and _refused_unwritten(g)):
             continue
         # A failed write may still have been applied somewhere (a timeout, a member that left): it stays a
         # candidate, but it was not acknowledged, so it never hides an older value. With a client deadline it

@@ -76,6 +76,9 @@ class Scenario:
     # Grid stacks: the share of PUTs that give their entry a lifespan (docs/grid.md, "Expiry"), 0.05-4 virtual
     # seconds; the checkers then allow the key to read absent after it, and require it gone once converged.
     lifespans: float = 0.0
+    # Grid stacks: every member's max_entries bound (docs/grid.md, "A bound on entries"; 0: none): PUTs of new
+    # keys at a full primary fail, and the checkers hold that nothing of them was written.
+    max_entries: int = 0
 
     def __post_init__(self) -> None:
         if self.members < 1:
@@ -89,6 +92,8 @@ class Scenario:
             raise ValueError(f"deadlines: expected a share from 0 to 1, got {self.deadlines}")
         if not 0.0 <= self.lifespans <= 1.0:
             raise ValueError(f"lifespans: expected a share from 0 to 1, got {self.lifespans}")
+        if self.max_entries < 0:
+            raise ValueError(f"max_entries: cannot be negative, got {self.max_entries}")
 
     def stack_name(self) -> str:
         return self.stack if isinstance(self.stack, str) else "custom"
