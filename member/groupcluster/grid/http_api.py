@@ -317,6 +317,8 @@ def build_app(ctx: MemberContext) -> web.Application:
     app.router.add_get("/v1/status", api.status)
     app.router.add_get("/metrics", api.metrics)
     app.router.add_post("/v1/leave", api.leave)
+    app.router.add_post("/v1/capacity", api.capacity)
+    app.router.add_post("/v1/caches/{cache}/capacity", api.capacity)
     app.router.add_post("/v1/force-available", api.force_available)
     app.router.add_post("/v1/batch", api.batch)
     app.router.add_post("/v1/tx", api.tx)
@@ -913,6 +915,7 @@ class _Api:
                 "phase": t.get("phase"),
                 "availability": t.get("availability"),
                 "topology_installed_at": st.get("topology_installed_at"),
+                "capacity": st.get("capacity"),
                 "segments_owned": st.get("segments_owned", 0),
                 "segments_primary": st.get("segments_primary", 0),
                 "rebalance": st.get("rebalance"),
@@ -959,6 +962,36 @@ class _Api:
         self.ctx.request_leave()
         return web.json_response(
             {"leaving": True, "detail": "handing segments to new owners; the member leaves the group after"},
+            status=202,
+        )
+
+    async def capacity(self, request: web.Request) -> web.Response:
+        """``POST /v1/capacity {"capacity": c}``: this member's new capacity factor (0 to 1000000; 0 owns no
+        segments). 202: the coordinator rebalances to it (docs/grid.md, "Capacity")."""
+        self._count("capacity")
+        grid = self._runtime(request)
+        if isinstance(grid, web.Response):
+            return grid
+        if not hasattr(grid, "set_capacity"):
+            name = request.match_info.get("cache")
+            return json_error(409, f"cache {name!r} is an invalidation cache: its members own no segments")
+        parsed = await self._body(request, shape='{"capacity": c}')
+        if isinstance(parsed, web.Response):
+            return parsed
+        doc, _ = parsed
+        if not isinstance(doc, dict) or set(doc) != {"capacity"}:
+            return json_error(400, 'body: expected {"capacity": c} and nothing else')
+        value = doc["capacity"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return json_error(400, f"capacity: expected a number from 0 to 1000000, got {value!r}")
+        try:
+            grid.set_capacity(float(value))
+        except ValueError as exc:
+            return json_error(400, str(exc))
+        except GridUnavailable as exc:
+            return json_error(409, str(exc))
+        return web.json_response(
+            {"capacity": float(value), "detail": "the coordinator rebalances the segments to the new capacity"},
             status=202,
         )
 

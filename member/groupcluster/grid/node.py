@@ -32,6 +32,7 @@ plain PUT/DELETE on a key a transaction holds fails at once (reason ``locked``).
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import math
@@ -162,6 +163,9 @@ _TX_KINDS: frozenset[type] = frozenset(
 )
 
 
+MAX_CAPACITY = 1_000_000.0  # a member's capacity factor is in [0, MAX_CAPACITY]
+
+
 @dataclass(frozen=True)
 class GridConfig:
     num_segments: int = param(DEFAULT_SEGMENTS, "int", doc="segments of the key space (coordinator's wins)", minimum=1)
@@ -253,7 +257,7 @@ class GridConfig:
             raise ConfigError(f"grid.num_segments: {self.num_segments} is outside [1, {MAX_SEGMENTS}]")
         if not 1 <= self.num_owners <= MAX_OWNERS:
             raise ConfigError(f"grid.num_owners: {self.num_owners} is outside [1, {MAX_OWNERS}]")
-        if not 0 <= self.capacity <= 1_000_000:
+        if not 0 <= self.capacity <= MAX_CAPACITY:
             raise ConfigError(f"grid.capacity: {self.capacity} is outside [0, 1000000]")
         if self.persistence == "write_through" and not self.persistence_path:
             raise ConfigError("grid.persistence_path: needed with persistence=write_through")
@@ -1015,6 +1019,19 @@ class GridNode:
             self._check_ready()
         self._flush()
 
+    def set_capacity(self, capacity: float, now: float) -> None:
+        """Change this member's capacity while it runs: the coordinator rebalances so it owns its new share of the
+        segments (none at 0: its segments move to the others and it stays in the group; docs/grid.md,
+        "Capacity"). Raises ValueError for a capacity outside [0, 1000000]."""
+        if type(capacity) not in (int, float) or not 0 <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity: expected a number from 0 to {MAX_CAPACITY:.0f}, got {capacity!r}")
+        self._now = now
+        if float(capacity) != self.config.capacity:
+            self.config = dataclasses.replace(self.config, capacity=float(capacity))
+            self.metrics["grid.capacity_changes"] += 1
+            self._send_status()
+        self._flush()
+
     def force_available(self, now: float) -> bool:
         """Operator's override on the coordinator: accept what the missing owners took with them and leave
         degraded mode with the members present. Returns False on a member that is not the coordinator."""
@@ -1077,6 +1094,7 @@ class GridNode:
             "coordinator": str(self.view[0]) if self.view else None,
             "leaving": self.leaving,
             "ready_to_leave": self.ready_to_leave,
+            "capacity": self.config.capacity,
             "topology": t.summary() if t else None,
             "store": None if self.store is None else {**self.store.describe(), "max_entries": self.config.max_entries},
         }

@@ -1196,6 +1196,15 @@ class GridRuntime(NodeTimer):
         node.leave(self._loop.time())
         self._pump()
 
+    def set_capacity(self, capacity: float) -> None:
+        """This member's new capacity (GridNode.set_capacity); raises ValueError for a bad value and
+        GridUnavailable before the grid started here."""
+        node = self.node
+        if node is None:
+            raise GridUnavailable("no grid node yet (not joined)")
+        node.set_capacity(capacity, self._loop.time())
+        self._pump()
+
     def force_available(self) -> bool:
         """Operator's override, on the coordinator only (False elsewhere): leave degraded mode with the members
         present, accepting that segments whose owners are all gone lost their data (see GridNode)."""

@@ -426,9 +426,15 @@ class RebalancePlanner:
             if info is None:
                 self.members[m] = _Info(st.capacity, st.leaving)
                 changed = True
-            elif st.leaving and not info.leaving:
-                info.leaving = True
-                changed = True
+            else:
+                if st.leaving and not info.leaving:
+                    info.leaving = True
+                    changed = True
+                if st.capacity != info.capacity:
+                    # A running member's new capacity (GridNode.set_capacity): the next rebalance gives it its new
+                    # share (none at 0). While every member's is 0, nothing moves: the owners keep the data.
+                    info.capacity = st.capacity
+                    changed = True
         if changed:
             out = self._update()
             if not out and self.topology is not None:

@@ -94,6 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "primary are refused (default 0: no bound)",
     )
     parser.add_argument(
+        "--capacity-changes",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="grid stacks: capacity changes per virtual second during the faults (a member's capacity becomes 0, "
+        "0.5, 1 or 2; two members keep a capacity above 0) (default 0)",
+    )
+    parser.add_argument(
         "--set",
         action="append",
         default=[],
@@ -154,6 +162,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
         parts += ["--lifespans", f"{args.lifespans:g}"]
     if args.max_entries:
         parts += ["--max-entries", str(args.max_entries)]
+    if args.capacity_changes:
+        parts += ["--capacity-changes", f"{args.capacity_changes:g}"]
     for item in args.set:
         parts += ["--set", item]
     return shlex.join(parts)
@@ -211,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
             deadlines=args.deadlines,
             lifespans=args.lifespans,
             max_entries=args.max_entries,
+            capacity_changes=args.capacity_changes,
         )
         # Fail on a bad stack before starting workers: one clear message instead of one per seed.
         resolve_config(build_spec(scenario.stack, [slot_endpoint(0)], scenario.overrides))

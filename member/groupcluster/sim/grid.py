@@ -220,6 +220,9 @@ class GridApp:
             op = self.grid.delete(key, now, deadline)
         self.ops[op] = hid
 
+    def set_capacity(self, capacity: float, now: float) -> None:
+        self.grid.set_capacity(capacity, now)
+
     def request_leave(self, now: float) -> None:
         self.leave_requested = True
         self.run.history.add(now, self.node.name, "grid_leave")
@@ -242,6 +245,7 @@ class GridRun(_Run):
         # Deadlines draw from their own stream, so a seed's workload is the same with and without them.
         self.deadline_rng = random.Random(f"deadlines-{seed}")
         self.lifespan_rng = random.Random(f"lifespans-{seed}")  # likewise for lifespans
+        self.capacity_rng = random.Random(f"capacities-{seed}")  # and capacity changes
         self.op_ids = 0
         self.written: set[bytes] = set()
         self.values = 0
@@ -262,6 +266,7 @@ class GridRun(_Run):
             "puts_with_lifespan": 0,
             "entries_expired": 0,  # removed by the members alive at the end (counted with their stores)
             "puts_refused_full": 0,
+            "capacity_changes": 0,
         }
 
     # -- hooks of the base run -------------------------------------------------------------------------------
@@ -278,6 +283,12 @@ class GridRun(_Run):
     def schedule(self) -> None:
         self.history.add(0.0, "-", "grid_config", **self.setup.to_json())
         super().schedule()
+        rate = self.sc.capacity_changes
+        if rate > 0:
+            t = self.capacity_rng.expovariate(rate)
+            while t < self.safety_end:
+                self.loop.at(t, self._change_capacity)
+                t += self.capacity_rng.expovariate(rate)
 
     # -- queries ----------------------------------------------------------------------------------------------
     def _apps(self, states: tuple[str, ...] = (RUNNING, PAUSED)) -> list[GridApp]:
@@ -304,7 +315,8 @@ class GridRun(_Run):
                 return False
             if a.grid.planner is not None and a.grid.planner.recovering:
                 return False
-        k = min(t0.current.num_owners, len(live))
+        # Members at capacity 0 own nothing (--capacity-changes): fewer members with capacity, fewer copies.
+        k = min(t0.current.num_owners, len([a for a in apps if a.grid.config.capacity > 0]))
         return all(
             len(t0.current.owners_of(s)) == k and set(t0.current.owners_of(s)) <= live for s in range(t0.num_segments)
         )
@@ -315,6 +327,8 @@ class GridRun(_Run):
             self.exposed = 0
         if self.exposed + count > self.setup.num_owners - 1:
             return False
+        if self.sc.capacity_changes and self.exposed + count > min(self.setup.num_owners, len(self._holders())) - 1:
+            return False  # fewer members with capacity than owners: fewer copies to lose
         apps = self._apps()
         # The planner treats losing half of the last stable owners as a possible partition (degraded mode),
         # and a majority needs at least three stable owners to lose one: keep clear of both.
@@ -395,6 +409,26 @@ class GridRun(_Run):
         self._unexpose(token)
         super()._resume(slot, token)
 
+    def _holders(self) -> list[GridApp]:
+        """Members that hold the grid's data and keep it: a topology, not leaving, a capacity above 0."""
+        return [a for a in self._apps((RUNNING, PAUSED)) if a.usable and a.grid.config.capacity > 0]
+
+    def _change_capacity(self) -> None:
+        if self.healed:
+            return
+        candidates = [n for n in self.world.nodes if n is not None and n.state == RUNNING and n.app is not None]
+        if not candidates:
+            return
+        node = self.capacity_rng.choice(candidates)
+        app: GridApp = node.app  # type: ignore[assignment]
+        capacity = self.capacity_rng.choice((0.0, 0.5, 1.0, 2.0))
+        # Keep num_owners members with capacity (at least two): fewer make fewer copies of each segment, and the
+        # crashes the schedule allows for num_owners copies would lose acknowledged writes.
+        if capacity == 0 and len([a for a in self._holders() if a is not app]) < max(2, self.setup.num_owners):
+            capacity = 1.0
+        self.grid_stats["capacity_changes"] += 1
+        self.world.app_call(node.slot, app.set_capacity, capacity)
+
     def _leave(self) -> None:
         if self.healed:
             return
@@ -411,7 +445,7 @@ class GridRun(_Run):
         # over. Counting those let every holder leave (seeds 7524, 9271): the grid and its acknowledged writes
         # were gone, and the remaining members, never in it, rightly started no empty one (may_start_grid,
         # initial_cluster_size).
-        staying = [a for a in self._apps((RUNNING, PAUSED)) if a.usable]
+        staying = self._holders()
         if len(staying) <= 2:
             return
         self.world.app_call(node.slot, node.app.request_leave)  # type: ignore[union-attr]

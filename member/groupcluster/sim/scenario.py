@@ -79,6 +79,9 @@ class Scenario:
     # Grid stacks: every member's max_entries bound (docs/grid.md, "A bound on entries"; 0: none): PUTs of new
     # keys at a full primary fail, and the checkers hold that nothing of them was written.
     max_entries: int = 0
+    # Grid stacks: capacity changes per virtual second during the safety phase (docs/grid.md, "Capacity"): a
+    # running member's capacity becomes 0, 0.5, 1 or 2, keeping two members with capacity.
+    capacity_changes: float = 0.0
 
     def __post_init__(self) -> None:
         if self.members < 1:
@@ -92,6 +95,8 @@ class Scenario:
             raise ValueError(f"deadlines: expected a share from 0 to 1, got {self.deadlines}")
         if not 0.0 <= self.lifespans <= 1.0:
             raise ValueError(f"lifespans: expected a share from 0 to 1, got {self.lifespans}")
+        if self.capacity_changes < 0:
+            raise ValueError(f"capacity_changes: cannot be negative, got {self.capacity_changes}")
         if self.max_entries < 0:
             raise ValueError(f"max_entries: cannot be negative, got {self.max_entries}")
 
