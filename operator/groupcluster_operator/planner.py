@@ -138,6 +138,8 @@ class MemberReport:
     segments_to_fetch: int = 0
     segments_fetched: int = 0
     topology_id: int | None = None
+    entries: int = 0  # live entries the member holds
+    max_entries: int = 0  # its max_entries bound (spec.grid.max_entries; 0: none)
 
     @classmethod
     def from_status(cls, body: Mapping[str, Any]) -> MemberReport:
@@ -145,6 +147,7 @@ class MemberReport:
         view = body.get("view") or {}
         grid = body.get("grid") or {}
         rebalance = grid.get("rebalance") or {}
+        store = grid.get("store") or {}
         vid = view.get("id")
         view_id = f"{vid[1]}|{vid[0]}" if isinstance(vid, list) and len(vid) == 2 else None
         return cls(
@@ -161,6 +164,8 @@ class MemberReport:
             segments_to_fetch=int(rebalance.get("segments_to_fetch") or 0),
             segments_fetched=int(rebalance.get("segments_fetched") or 0),
             topology_id=grid.get("topology_id"),
+            entries=int(store.get("entries") or 0),
+            max_entries=int(store.get("max_entries") or 0),
         )
 
 
@@ -511,11 +516,20 @@ def _status(
                 "leaving": p.leave_requested or p.deleting,
                 "viewId": (r.view_id or "") if r else "",
                 "segmentsOwned": r.segments_owned if r else 0,
+                "entries": r.entries if r else 0,
+                "maxEntries": r.max_entries if r else 0,
                 "upToDate": p.spec_hash == spec_hash,
             }
         )
     joined = [r for r in reports.values() if r is not None and r.joined]
     topo = {r.topology_id for r in joined if r.topology_id is not None}
+    # Members at their max_entries bound refuse PUTs of new keys (HTTP 507): more members, or a higher bound, make
+    # room (docs/grid.md, "A bound on entries").
+    full = [
+        f"{p.name} holds {r.entries} of {r.max_entries} entries"
+        for p in sorted(pods, key=lambda p: p.ordinal)
+        if not p.finished and (r := reports.get(p.name)) is not None and 0 < r.max_entries <= r.entries
+    ]
     scaling_up = any(isinstance(a, CreatePod) for a in out.actions) or (n < spec.replicas)
     scaling_down = bool(obs.leaving) or n > spec.replicas
     conditions = [
@@ -556,6 +570,16 @@ def _status(
             bool(degraded),
             degraded_reason if degraded else "Healthy",
             "; ".join(degraded),
+            prev,
+            now,
+        ),
+        _condition(
+            "Full",
+            bool(full),
+            "AtMaxEntries" if full else "Room",
+            "; ".join(full) + ": PUTs of new keys are refused (scale up or raise spec.grid.max_entries)"
+            if full
+            else "",
             prev,
             now,
         ),

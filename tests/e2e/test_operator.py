@@ -78,6 +78,10 @@ def _client(kube: Kube, ns: str) -> GridClient:
     return GridClient(urls, timeout=30)
 
 
+# spec.grid.max_entries of the test's cluster: far above what it writes (the status reports it, Full stays False).
+BOUND = 1_000_000
+
+
 def _expected() -> dict[bytes, bytes]:
     return {f"key-{i:05d}".encode(): f"value-{i}-{'x' * (i % 50)}".encode() for i in range(KEYS)}
 
@@ -112,7 +116,12 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
         "apiVersion": "groupcluster.io/v1alpha1",
         "kind": "GroupCluster",
         "metadata": {"name": "demo", "namespace": ns},
-        "spec": {"replicas": 3, "numOwners": 2, "stack": {"set": {"fd.timeout": "3s"}}},
+        "spec": {
+            "replicas": 3,
+            "numOwners": 2,
+            "stack": {"set": {"fd.timeout": "3s"}},
+            "grid": {"max_entries": str(BOUND)},
+        },
     }
     kube.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     gc = _wait_settled(kube, ns, 3)
@@ -135,6 +144,18 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     finally:
         client.close()
     _check_all_keys(kube, ns, expected, "after writing on 3 members")
+
+    def counted() -> dict[str, Any] | None:
+        # The members' entry counts and bound reach the GroupCluster's status (the CRD keeps the fields).
+        gc = kube.json("get", "groupcluster", "demo", "-n", ns)
+        members = gc.get("status", {}).get("members") or []
+        if sum(m.get("entries", 0) for m in members) == 2 * len(expected):
+            return gc
+        return None
+
+    gc = wait_for("the members' entries in the status", counted, 60, 1.0)
+    assert {m["maxEntries"] for m in gc["status"]["members"]} == {BOUND}
+    assert {c["type"]: c["status"] for c in gc["status"]["conditions"]}["Full"] == "False"
 
     # kubectl scale goes through the scale subresource.
     kube.kubectl("scale", "groupcluster/demo", "-n", ns, "--replicas=5")

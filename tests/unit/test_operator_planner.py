@@ -158,6 +158,7 @@ def test_a_settled_cluster_does_nothing_and_reports_well_formed() -> None:
         "ScalingUp": "False",
         "ScalingDown": "False",
         "Degraded": "False",
+        "Full": "False",
     }
 
 
@@ -288,6 +289,31 @@ def test_a_ready_member_that_does_not_answer_is_degraded() -> None:
     assert step.phase == "Degraded"
     assert "demo-1 does not answer" in step.message
     assert {c["type"]: c["status"] for c in step.status["conditions"]}["Degraded"] == "True"
+
+
+def test_a_member_at_its_max_entries_bound_makes_the_cluster_full() -> None:
+    pods, reports = cluster(3, entries=90, max_entries=100)
+    step = plan(spec(3), pods, reports)
+    conds = {c["type"]: c for c in step.status["conditions"]}
+    assert conds["Full"]["status"] == "False" and conds["Full"]["reason"] == "Room"
+    assert [(m["entries"], m["maxEntries"]) for m in step.status["members"]] == [(90, 100)] * 3
+    reports["demo-2"] = MemberReport.from_status(
+        {
+            "address": addr(2),
+            "joined": True,
+            "view": {"id": [7, "10.0.0.10:7800#1"], "members": [addr(i) for i in range(3)]},
+            "coordinator": addr(0),
+            "grid": {"phase": "NO_REBALANCE", "ready": True, "store": {"entries": 100, "max_entries": 100}},
+        }
+    )
+    step = plan(spec(3), pods, reports)
+    full = {c["type"]: c for c in step.status["conditions"]}["Full"]
+    assert full["status"] == "True" and full["reason"] == "AtMaxEntries"
+    assert full["message"].startswith("demo-2 holds 100 of 100 entries: PUTs of new keys are refused")
+    assert step.actions == []  # the operator reports it; scaling stays the user's decision
+    # No bound: never full, however many entries.
+    pods, reports = cluster(3, entries=10**6)
+    assert {c["type"]: c["status"] for c in plan(spec(3), pods, reports).status["conditions"]}["Full"] == "False"
 
 
 def test_condition_transition_times_move_only_when_the_status_flips() -> None:
