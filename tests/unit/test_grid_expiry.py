@@ -11,7 +11,7 @@ from groupcluster.grid.messages import PUT
 from groupcluster.grid.node import EXPIRY_RECHECK, GridNode
 from groupcluster.grid.store import SegmentStore
 
-from .test_grid_node import FakeNet
+from .test_grid_node import CONFIG, FakeNet, member
 
 # ---- the store ------------------------------------------------------------------------------------------
 
@@ -166,7 +166,7 @@ def test_a_backup_removes_what_a_crashed_primary_did_not() -> None:
 
 
 def test_operations_check_their_expiry() -> None:
-    node = GridNode(FakeNet(random.Random(1)).add(1)[0], FakeNet(random.Random(1)).config)
+    node = GridNode(member(1), CONFIG)  # checked before anything is sent: no network needed
     with pytest.raises(ValueError, match="expires: expected a Unix time"):
         node.put(b"k", b"v", 0.0, None, -1.0)
     with pytest.raises(ValueError, match=r"expiries\[1\]: only a PUT expires"):
