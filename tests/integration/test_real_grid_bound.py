@@ -6,7 +6,7 @@ nothing of it is written, overwrites and deletes go on, and /metrics counts the 
 from __future__ import annotations
 
 import pytest
-from groupcluster.grid.client import GridBatchError, GridClient, GridRequestError
+from groupcluster.grid.client import GridBatchError, GridClient, GridRequestError, GridTxAborted
 
 from .procs import Members, wait_until
 from .test_real_grid import Grid, http, http_json
@@ -38,6 +38,11 @@ def test_members_at_their_bound_refuse_new_keys_with_507_and_write_nothing(membe
             b"b2": None,
             b"k0": b"again",
         }
+        # A transaction adding a key is refused the same way (rolled back at prepare), and not re-run.
+        with pytest.raises(GridTxAborted) as aborted:
+            client.run_transaction(lambda tx: tx.put(b"tx-new", b"v"))
+        assert aborted.value.reason == "full" and aborted.value.status == 409, aborted.value
+        assert client.stats.get("tx_reruns", 0) == 0 and client.get(b"tx-new") is None
         client.delete(b"k1")  # room for one
         client.put(b"one-more", b"v")
         assert client.get(b"one-more") == b"v"
@@ -53,4 +58,4 @@ def test_members_at_their_bound_refuse_new_keys_with_507_and_write_nothing(membe
             for line in text.splitlines()
             if line.startswith("groupcluster_grid_writes_refused_full")
         )
-    assert refusals == 4  # the client's PUT, the curl-style PUT and the batch's two keys
+    assert refusals == 4  # the client's PUT, the curl-style PUT and the batch's two keys (not the transaction)

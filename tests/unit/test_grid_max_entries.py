@@ -93,3 +93,26 @@ def test_no_bound_by_default_and_a_negative_one_is_refused() -> None:
     assert GridConfig.from_dict({}).max_entries == 0
     with pytest.raises(ConfigError, match="max_entries"):
         GridConfig.from_dict({"max_entries": -1})
+
+
+def test_a_transaction_that_would_add_keys_to_a_full_primary_rolls_back_with_reason_full() -> None:
+    """Transactions honour the bound as plain PUTs do: the primary of a key the transaction would add votes no
+    at prepare (nothing written anywhere); a transaction that only overwrites keys held commits."""
+    from .test_grid_node_tx import TxNet
+
+    net = TxNet(7)
+    net.config = dataclasses.replace(net.config, max_entries=4, num_owners=1)
+    (a,) = net.add(1)
+    net.run_until(3.0)
+    assert net.stable()
+    for i in range(4):
+        assert net.put(a, b"k%d" % i, b"v").ok
+    tx = net.call(a, "tx_begin")
+    res = net.wait(a, net.call(a, "tx_commit", tx, {b"k0": b"new", b"extra": b"v"}, {}))
+    assert not res.ok and res.reason == "full", res
+    assert "holds 4 entries, its max_entries is 4; the transaction would add 1" in res.error
+    assert net.get(a, b"k0").value == b"v" and net.get(a, b"extra").value is None  # all or nothing
+    assert net.nodes[a].metrics["grid.tx_refused_full"] == 1
+    tx = net.call(a, "tx_begin")
+    assert net.wait(a, net.call(a, "tx_commit", tx, {b"k0": b"new", b"k1": None}, {})).ok  # overwrite, delete
+    assert net.get(a, b"k0").value == b"new"

@@ -956,8 +956,9 @@ class GridClient:
                 with self.transaction(mode) as tx:
                     result = fn(tx)
                 return result
-            except GridTxAborted:
-                if attempt >= retries:
+            except GridTxAborted as exc:
+                # A member at its max_entries bound ("full") refuses again until keys are deleted: not re-run.
+                if attempt >= retries or exc.reason == "full":
                     raise
             self._r.stats["tx_reruns"] = self._r.stats.get("tx_reruns", 0) + 1
             time.sleep(self._r.delay(attempt))
@@ -1346,8 +1347,9 @@ class AsyncGridClient:
                 async with self.transaction(mode) as tx:
                     result = await fn(tx)
                 return result
-            except GridTxAborted:
-                if attempt >= retries:
+            except GridTxAborted as exc:
+                # A member at its max_entries bound ("full") refuses again until keys are deleted: not re-run.
+                if attempt >= retries or exc.reason == "full":
                     raise
             self._r.stats["tx_reruns"] = self._r.stats.get("tx_reruns", 0) + 1
             await asyncio.sleep(self._r.delay(attempt))

@@ -600,6 +600,7 @@ class GridNode:
             version_of=self._tx_version,
             stamp=self._tx_stamp,
             apply=self._tx_apply,
+            room=self._tx_room if self.config.max_entries else None,
         )
         self.txc = TxCoordinator(address, self._tx_route, tcfg)
         self.txr = TxResolver(address, tcfg)  # automatic resolution of in-doubt transactions, on the coordinator
@@ -2373,6 +2374,25 @@ class GridNode:
         entry = self.store.get(self._tx_segment(key), key)
         return 0 if entry is None or entry[1] is None else entry[0]
 
+    def _tx_room(self, keys: list[bytes]) -> str:
+        """Why a transaction's puts of ``keys`` (we are their primary) do not fit under max_entries ("": they
+        do): the keys not held count as :meth:`_full` counts a plain PUT's."""
+        store = self.store
+        assert store is not None
+        adds = sum(1 for k in keys if (e := store.get(self._tx_segment(k), k)) is None or e[1] is None)
+        if not adds:
+            return ""
+        if self._entries_at != self._now:
+            self._entries, self._entries_at = len(store), self._now
+        if self._entries + adds > self.config.max_entries:
+            self.metrics["grid.tx_refused_full"] += 1
+            return (
+                f"{REASON_FULL}: member {self.address} holds {self._entries} entries, its max_entries is "
+                f"{self.config.max_entries}; the transaction would add {adds}"
+            )
+        self._entries += adds
+        return ""
+
     def _tx_stamp(self, key: bytes) -> int:
         # The sequence plain writes use: one primary orders a key's versions, whichever kind of write.
         t = self.topology
@@ -2936,6 +2956,8 @@ def _tx_reason(text: str) -> str:
     """The stable reason for the core's rollback explanation (its texts are for people)."""
     if "changed since it was read" in text or text.startswith("conflict:"):
         return REASON_CONFLICT
+    if text.startswith(f"{REASON_FULL}:"):
+        return REASON_FULL
     if "lock timeout" in text:
         return REASON_LOCK_TIMEOUT
     if "timed out" in text:

@@ -587,6 +587,7 @@ class TxTable:
         version_of: Callable[[bytes], int],
         stamp: Callable[[bytes], int],
         apply: Callable[[TxId, tuple[VersionedWrite, ...]], None],
+        room: Callable[[list[bytes]], str] | None = None,
         topology_id: int = 0,
     ) -> None:
         self.address = address
@@ -597,6 +598,7 @@ class TxTable:
         self._version_of = version_of
         self._stamp = stamp
         self._apply = apply
+        self._room = room
         self._txs: dict[TxId, _Record] = {}
         self._expiry: deque[tuple[float, TxId]] = deque()  # finished records, oldest first
         self._held: list[tuple[Address, TxMessage]] = []  # for a topology not installed yet
@@ -1063,6 +1065,15 @@ class TxTable:
             if seen != now_version:
                 reason = f"key {key!r} changed since it was read (version {seen}, now {now_version})"
                 self._finish(rec, TxState.ROLLED_BACK, now, out, reason)
+                self._vote(rec, 0, out)
+                return
+        if self._room is not None:
+            # The keys whose primary we are that the transaction puts: a member at its max_entries bound
+            # refuses those that would add a key, as it refuses such plain PUTs (docs/grid.md).
+            adds = [k for k in sorted(rec.writes) if rec.writes[k] is not None and k in rec.stamp_keys]
+            refused = self._room(adds) if adds else ""
+            if refused:
+                self._finish(rec, TxState.ROLLED_BACK, now, out, refused)
                 self._vote(rec, 0, out)
                 return
         rec.versions = {k: self._stamp(k) for k in sorted(rec.writes) if k in rec.stamp_keys}

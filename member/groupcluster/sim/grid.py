@@ -87,7 +87,7 @@ class GridSetup:
     # A majority of the scenario's slots: a member whose join failed, alone or with one other, never starts a
     # grid of its own (seed 513), while a grid still starts before every late joiner arrived.
     initial_cluster_size: int = 1
-    max_entries: int = 0  # the scenario's, not drawn
+    max_entries: int = dataclasses.field(default=0, kw_only=True)  # the scenario's, not drawn
 
     def config(self) -> GridConfig:
         return GridConfig.from_dict(

@@ -247,7 +247,14 @@ class GridTxRun(GridRun):
         super().__init__(seed, scenario, logger)
         s = self.setup
         # Not drawn from a random stream, so the seed's other draws stay what they were.
-        self.setup = GridTxSetup(s.mode, s.num_owners, s.num_segments, s.initial_cluster_size, seed % 4 != 0)
+        self.setup = GridTxSetup(
+            s.mode,
+            s.num_owners,
+            s.num_segments,
+            s.initial_cluster_size,
+            max_entries=s.max_entries,
+            auto_resolve=seed % 4 != 0,
+        )
         self.tx_rng = random.Random(self.client_rng.getrandbits(64))
         self.tx_ids = 0
         self.tx_stats: Counter[str] = Counter(
