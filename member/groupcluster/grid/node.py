@@ -206,7 +206,8 @@ class GridConfig:
         0,
         "int",
         doc="as a key's primary, refuse a PUT that would add a key while this member holds this many live entries "
-        "or more (a soft bound: backups, state transfer and transactions never refuse); 0: no bound",
+        "or more (a soft bound: backups, state transfer and merge pushes never refuse; a transaction adding a key is "
+        "rolled back); 0: no bound",
         minimum=0,
     )
     tombstone_grace: float = param(
