@@ -4,9 +4,11 @@ key reads back, and ``{"capacity": 1}`` gives it its share again. Bad bodies are
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from groupcluster.grid.client import GridClient
+import pytest
+from groupcluster.grid.client import AsyncGridClient, GridClient, GridRequestError
 
 from .procs import Members, wait_until
 from .test_real_grid import Grid, http, http_json
@@ -42,10 +44,20 @@ def test_capacity_zero_empties_a_member_and_one_fills_it_again(members: Members)
         assert len(st["view"]["members"]) == 3  # still in the group
         got = client.get_many(list(data))
         assert [k for k, v in data.items() if got[k] != v] == []
-        assert _post(url, b'{"capacity": 1}')[0] == 202
+        client.set_capacity(url, 1)  # the client's call for the same request
         wait_until("m2 owns segments again", lambda: grid.settled(NAMES) and (_owned(grid, "m2") or 0) > 0, 90, members)
         got = client.get_many(list(data))
         assert [k for k, v in data.items() if got[k] != v] == []
+        with pytest.raises(GridRequestError) as refused:
+            client.set_capacity(url, -2)
+        assert refused.value.status == 400 and "capacity: expected a number" in str(refused.value)
+
+    async def halve() -> float:
+        async with AsyncGridClient([url]) as aclient:
+            await aclient.set_capacity(url, 0.5)
+            return (await aclient.status(url))["grid"]["capacity"]
+
+    assert asyncio.run(halve()) == 0.5
 
 
 BAD = [

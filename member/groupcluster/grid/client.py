@@ -110,6 +110,7 @@ BATCH_BYTES = 4 * 1024 * 1024  # keys and values per batch request, roughly
 BATCH_KEY_LIMIT = 64 * 1024  # the grid's key limit; batch keys travel in the body, not the URL
 VALUE_LIMIT = 4 * 1024 * 1024
 MSGPACK = "application/msgpack"
+JSON = "application/json"
 VERSION_HEADER = "X-Grid-Version"
 DEADLINE_HEADER = "X-Grid-Deadline"  # see the module docstring, "Retries"
 DEFAULT_CLOCK_SKEW = 1.0  # seconds the members' clocks may differ from the client's (the deadline's margin)
@@ -808,6 +809,15 @@ class GridClient:
         self._r.check_clock(ep, doc, sent, received, self.clock_skew)
         return doc  # type: ignore[no-any-return]
 
+    def set_capacity(self, endpoint: str, capacity: float) -> None:
+        """``POST /v1/capacity`` on the member at ``endpoint``: its new capacity factor (0 to 1000000; at 0 it
+        owns no segment and stays in the group). The coordinator rebalances to it (docs/grid.md, "Capacity").
+        Raises :class:`GridRequestError` when the member refuses (a bad value: 400)."""
+        body = json.dumps({"capacity": capacity}).encode()
+        reply = self._request(normalize_endpoint(endpoint), "POST", "/v1/capacity", body, {"Content-Type": JSON})
+        if reply.status != 202:
+            raise GridRequestError(reply.status, self._r.error_message(reply))
+
     def cache(self, name: str) -> CacheClient:
         """The named cache ``name`` (``GET /v1/caches`` lists them): get/put/delete routed by its mode.
         Raises :class:`GridRequestError` (404) when the members have no cache of that name."""
@@ -1229,6 +1239,13 @@ class AsyncGridClient:
         doc = json.loads(reply.body)
         self._r.check_clock(ep, doc, sent, received, self.clock_skew)
         return doc  # type: ignore[no-any-return]
+
+    async def set_capacity(self, endpoint: str, capacity: float) -> None:
+        """See :meth:`GridClient.set_capacity`."""
+        body = json.dumps({"capacity": capacity}).encode()
+        reply = await self._request(normalize_endpoint(endpoint), "POST", "/v1/capacity", body, {"Content-Type": JSON})
+        if reply.status != 202:
+            raise GridRequestError(reply.status, self._r.error_message(reply))
 
     def cache(self, name: str) -> AsyncCacheClient:
         """The named cache ``name``: get/put/delete routed by its mode (see :meth:`GridClient.cache`; here the
