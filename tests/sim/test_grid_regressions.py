@@ -230,3 +230,16 @@ LIFESPAN_REGRESSIONS = [
 
 def test_grid_lifespan_regression_seeds_pass() -> None:
     seedruns.replay_regressions(LIFESPAN_REGRESSIONS)
+
+
+# Seeds with capacity changes (docs/grid.md, "Capacity"; ``--capacity-changes 1``), found by the first sweep of
+# seeds 0-49: the scenario, not the grid. Members at capacity 0 own nothing, so a grid with fewer members with
+# capacity than num_owners has fewer copies of each segment; the scenario's convergence check still expected
+# num_owners owners per segment and the grid never "converged" (now: min(num_owners, members with capacity)).
+CAPACITIES = Scenario(stack="grid", safety_time=12.0, send_rate=3.0, capacity_changes=1.0)
+FEWER_COPIES = "fewer members with capacity than owners: the check expected num_owners copies (grid-convergence)"
+CAPACITY_REGRESSIONS = [(35, CAPACITIES, FEWER_COPIES), (44, CAPACITIES, FEWER_COPIES)]
+
+
+def test_grid_capacity_regression_seeds_pass() -> None:
+    seedruns.replay_regressions(CAPACITY_REGRESSIONS)

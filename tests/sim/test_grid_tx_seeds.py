@@ -54,6 +54,15 @@ def test_200_grid_tx_seeds() -> None:
     assert {"crash", "partition", "pause", "leave"} <= {k for r in results for k in r.kinds}
 
 
+def test_grid_tx_seeds_with_a_bound_on_entries() -> None:
+    # The grid-tx setup once dropped the scenario's max_entries into auto_resolve's place (built positionally),
+    # and every seed failed to start. Now the bound reaches its members: PUTs of new keys are refused there too.
+    results = seedruns.run_and_report(
+        range(30), grid_tx_scenario(max_entries=10), "grid-tx --max-entries 10", {}, "test_grid_tx_regressions.py"
+    )
+    assert sum(r.stats["grid_puts_refused_full"] for r in results) > 30
+
+
 def test_grid_tx_seed_runs_twice_identically() -> None:
     for seed in (3, 7):
         report = check_determinism(seed, grid_tx_scenario())

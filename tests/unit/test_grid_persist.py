@@ -34,11 +34,16 @@ def _expiries(path: Path) -> dict[bytes, float | None]:
         return {bytes(k): e for k, e in db.execute("SELECT key, expires FROM entries")}
 
 
-def test_store_record_reaches_sqlite_newest_version_winning(tmp_path: Path) -> None:
+def _fresh(tmp_path: Path) -> tuple[Path, SqliteBacking, PersistentStore]:
+    """A new SQLite file and a store that keeps tombstones, as a grid node's does."""
     path = tmp_path / "m.sqlite"
-    backing = SqliteBacking(str(path))
     store = PersistentStore(8, 100, 1 << 20)
     store.keep_tombstones = True
+    return path, SqliteBacking(str(path)), store
+
+
+def test_store_record_reaches_sqlite_newest_version_winning(tmp_path: Path) -> None:
+    path, backing, store = _fresh(tmp_path)
     v1, v2, v3 = make_version(3, 1), make_version(3, 2), make_version(4, 1)
     store.write(1, b"a", v2, b"new")
     store.write(1, b"a", v1, b"old")  # older: not applied, not recorded
@@ -81,10 +86,7 @@ def test_store_record_reaches_sqlite_newest_version_winning(tmp_path: Path) -> N
 
 
 def test_expiries_reach_sqlite_for_the_version_each_row_holds(tmp_path: Path) -> None:
-    path = tmp_path / "m.sqlite"
-    backing = SqliteBacking(str(path))
-    store = PersistentStore(8, 100, 1 << 20)
-    store.keep_tombstones = True
+    path, backing, store = _fresh(tmp_path)
     v1, v2, v3 = make_version(3, 1), make_version(3, 2), make_version(4, 1)
     store.write(1, b"a", v1, b"x")
     store.set_expiry(1, b"a", v1, 100.0)

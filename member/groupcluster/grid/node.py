@@ -1863,10 +1863,7 @@ class GridNode:
             # A first attempt refused wrote nothing; an earlier attempt, unanswered, may have been applied (by a
             # primary before a topology change) and still be replicated.
             written = "nothing was written" if attempt == 1 else "this attempt wrote nothing (an earlier may have)"
-            error = (
-                f"{REASON_FULL}: member {self.address} holds {self._entries} entries, its max_entries is "
-                f"{self.config.max_entries}; {written} (delete keys, add members or raise the bound)"
-            )
+            error = self._full_error(f"{written} (delete keys, add members or raise the bound)")
             self._respond(src, op_id, attempt, ERROR, tid, error=error)
             return
         owners = r.write[seg]
@@ -1879,18 +1876,26 @@ class GridNode:
 
     def _full(self, seg: int, key: bytes) -> bool:
         """Whether a PUT of ``key`` would add an entry to this member at its ``max_entries`` bound (a key held
-        already may be overwritten). The store is counted once per step, then each key added is counted on."""
-        store = self.store
-        assert store is not None
-        data = store.segments.get(seg)
-        if data is not None and data.val.get(key) is not None:
-            return False
+        already may be overwritten)."""
+        data = self.store.segments.get(seg)  # type: ignore[union-attr]
+        return (data is None or data.val.get(key) is None) and not self._take_room(1)
+
+    def _take_room(self, adds: int) -> bool:
+        """Count ``adds`` new keys against ``max_entries`` if they fit (True), else change nothing (False). The
+        store is counted once per step, then the keys added in the step are counted on, so a batch cannot
+        overshoot the bound."""
         if self._entries_at != self._now:
-            self._entries, self._entries_at = len(store), self._now
-        if self._entries >= self.config.max_entries:
-            return True
-        self._entries += 1
-        return False
+            self._entries, self._entries_at = len(self.store), self._now  # type: ignore[arg-type]
+        if self._entries + adds > self.config.max_entries:
+            return False
+        self._entries += adds
+        return True
+
+    def _full_error(self, tail: str) -> str:
+        return (
+            f"{REASON_FULL}: member {self.address} holds {self._entries} entries, its max_entries is "
+            f"{self.config.max_entries}; {tail}"
+        )
 
     def _stamp_write(
         self,
@@ -2381,18 +2386,10 @@ class GridNode:
         store = self.store
         assert store is not None
         adds = sum(1 for k in keys if (e := store.get(self._tx_segment(k), k)) is None or e[1] is None)
-        if not adds:
+        if not adds or self._take_room(adds):
             return ""
-        if self._entries_at != self._now:
-            self._entries, self._entries_at = len(store), self._now
-        if self._entries + adds > self.config.max_entries:
-            self.metrics["grid.tx_refused_full"] += 1
-            return (
-                f"{REASON_FULL}: member {self.address} holds {self._entries} entries, its max_entries is "
-                f"{self.config.max_entries}; the transaction would add {adds}"
-            )
-        self._entries += adds
-        return ""
+        self.metrics["grid.tx_refused_full"] += 1
+        return self._full_error(f"the transaction would add {adds}")
 
     def _tx_stamp(self, key: bytes) -> int:
         # The sequence plain writes use: one primary orders a key's versions, whichever kind of write.

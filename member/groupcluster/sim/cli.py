@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="RATE",
         help="grid stacks: capacity changes per virtual second during the faults (a member's capacity becomes 0, "
-        "0.5, 1 or 2; two members keep a capacity above 0) (default 0)",
+        "0.5, 1 or 2; num_owners members, at least two, keep a capacity above 0) (default 0)",
     )
     parser.add_argument(
         "--set",

@@ -80,7 +80,7 @@ class Scenario:
     # keys at a full primary fail, and the checkers hold that nothing of them was written.
     max_entries: int = 0
     # Grid stacks: capacity changes per virtual second during the safety phase (docs/grid.md, "Capacity"): a
-    # running member's capacity becomes 0, 0.5, 1 or 2, keeping two members with capacity.
+    # running member's capacity becomes 0, 0.5, 1 or 2, keeping num_owners members (at least two) with capacity.
     capacity_changes: float = 0.0
 
     def __post_init__(self) -> None:
