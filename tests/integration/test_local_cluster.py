@@ -102,6 +102,50 @@ def test_start_scale_status_stop(cluster_dir: Path) -> None:
     assert r.returncode == 1 and "no member of the cluster" in r.stderr, r
 
 
+def test_capacity_empties_a_member_and_fills_it_again(cluster_dir: Path) -> None:
+    """``local capacity m2 0``: m2 stays in the view, owns no segment, and every key is still on two members;
+    ``capacity m2 1`` gives it its share back. Setting what it has already moves nothing."""
+    d = cluster_dir
+    r = local(d, "start", "--members", "3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    items = {f"ck{i}".encode(): f"cv{i}".encode() for i in range(3000)}
+    with GridClient(endpoints(d)) as c:
+        c.put_many(items)
+
+    def rows() -> dict[str, dict]:
+        r = local(d, "status", "--json")
+        assert r.returncode == 0, r.stderr
+        return {row["member"]: row for row in json.loads(r.stdout)}
+
+    r = local(d, "capacity", "m2", "0")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "m2: capacity 0 (was 1); the grid rebalanced in" in r.stdout, r.stdout
+    assert "capacity 0" in next(ln for ln in r.stdout.splitlines() if ln.startswith("m2 ")), r.stdout
+    st = rows()
+    assert [len(row["view"]) for row in st.values()] == [3, 3, 3], st
+    assert st["m2"]["capacity"] == 0 and st["m2"]["segments_owned"] == 0 and st["m2"]["keys"] == 0, st["m2"]
+    assert st["m1"]["segments_owned"] == st["m3"]["segments_owned"] == 256, st
+    assert st["m1"]["keys"] == st["m3"]["keys"] == len(items), st
+    with GridClient(endpoints(d)) as c:  # m2 still answers: it routes to the owners
+        assert c.get_many(items) == items
+
+    r = local(d, "capacity", "m2", "0")
+    assert r.returncode == 0 and "no segments moved" in r.stdout, r.stdout + r.stderr
+
+    r = local(d, "capacity", "m9", "1")
+    assert r.returncode == 1 and "no member 'm9' in the cluster (members: m1, m2, m3)" in r.stderr, r
+
+    r = local(d, "capacity", "m2", "1")
+    assert r.returncode == 0 and "m2: capacity 1 (was 0); the grid rebalanced in" in r.stdout, r.stdout + r.stderr
+    st = rows()
+    owned = sorted(row["segments_owned"] for row in st.values())
+    assert sum(owned) == 512 and owned[0] >= 170, st  # 256 segments x 2 owners, even over 3 members
+    assert sum(row["keys"] for row in st.values()) == 2 * len(items), st
+    with GridClient(endpoints(d)) as c:
+        assert c.get_many(items) == items
+    assert local(d, "stop").returncode == 0
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -109,6 +153,10 @@ def test_start_scale_status_stop(cluster_dir: Path) -> None:
         (("scale", "x"), "expected a number of members, got 'x'"),
         (("start", "--members", "17"), "expected 1 to 16 members, got 17"),
         (("start", "--timeout", "-1"), "expected a positive number of seconds"),
+        (("capacity", "m1", "-1"), "expected a capacity from 0 to 1000000, got '-1'"),
+        (("capacity", "m1", "nan"), "expected a capacity from 0 to 1000000, got 'nan'"),
+        (("capacity", "m1", "1e7"), "expected a capacity from 0 to 1000000, got '1e7'"),
+        (("capacity", "m1"), "the following arguments are required: C"),
     ],
 )
 def test_bad_arguments(tmp_path: Path, args: tuple[str, ...], message: str) -> None:

@@ -6,6 +6,7 @@
     groupcluster local scale 5                  # 2 more join; their segments move to them
     groupcluster local scale 2                  # 3 leave, one wave at a time, each after handing off
     groupcluster local status [--json]          # member, endpoint, view, topology, phase, segments, keys
+    groupcluster local capacity m2 0            # m2 hands its segments to the others and stays a member
     groupcluster local stop
 
 Members are ordinary ``groupcluster member --grid --http`` processes in their own session (they outlive the
@@ -17,6 +18,10 @@ command). They find each other through a shared hosts file. The cluster's state 
 and waits until each has handed its segments off and exited before the next wave. With the grid's rule
 that an acknowledged write is on every owner, no wave can take away every copy of a segment. Members leave
 newest first; the coordinator leaves last, because a new coordinator has to recover the topology first.
+
+**Capacity** (``capacity MEMBER C``) sets a running member's capacity factor through ``POST /v1/capacity``
+and waits until the grid is balanced for it: at 0 the member keeps serving requests but owns no segments,
+at 2 it takes about twice the share of a member at 1. The change lasts as long as the member process.
 
 The same :class:`LocalCluster` runs the grid demo (:mod:`groupcluster.runtime.demo`).
 """
@@ -53,6 +58,11 @@ DEFAULT_OWNERS = 2
 LEAVE_TIMEOUT = 600.0
 _DIGITS = re.compile(r"[0-9][0-9,./%]*")
 STATUS_TIMEOUT = 2.0
+MAX_CAPACITY = 1_000_000.0  # the grid's bound on a capacity factor (GridConfig.capacity)
+# After a capacity change the grid keeps its topology when it is balanced for the new capacities already (2
+# members with 2 owners each own every segment, whatever their capacities). A member sends its new capacity to
+# the coordinator at once, which plans in the same step, so a grid that stays settled this long will not move.
+UNCHANGED_WAIT = 3.0
 
 
 class LocalError(Exception):
@@ -194,8 +204,11 @@ def get_json(url: str, timeout: float = STATUS_TIMEOUT) -> dict[str, Any] | None
         return None
 
 
-def post(url: str, timeout: float = 10.0) -> tuple[int, dict[str, Any] | None]:
-    req = urllib.request.Request(url, data=b"", method="POST")
+def post(url: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> tuple[int, dict[str, Any] | None]:
+    """POST ``body`` as JSON (or nothing); returns the status and the JSON answer (None if it is not JSON)."""
+    data = b"" if body is None else json.dumps(body).encode()
+    headers = {} if body is None else {"Content-Type": "application/json"}
+    req = urllib.request.Request(url, data=data, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
@@ -626,6 +639,50 @@ class LocalCluster:
                 progress(fraction, f"{names} leaving: {text}")
             time.sleep(0.25)
 
+    def member(self, name: str) -> MemberRecord:
+        """The running member called ``name``; a LocalError names the members there are otherwise."""
+        m = next((m for m in self.members if m.name == name), None)
+        if m is None:
+            names = ", ".join(m.name for m in self.members) or "none"
+            raise LocalError(f"no member {name!r} in the cluster (members: {names})")
+        if not self.alive(m):
+            raise LocalError(f"{name} ({m.http}) is not running:\n{self.log_tail(m)}")
+        return m
+
+    def topology_id(self, st: dict[str, dict[str, Any] | None] | None = None) -> int:
+        """The newest topology id any member reports (-1 if none has one)."""
+        tops = [((s or {}).get("grid") or {}).get("topology_id") for s in (st or self.statuses()).values()]
+        return max((t for t in tops if t is not None), default=-1)
+
+    def set_capacity(
+        self, name: str, capacity: float, *, timeout: float = 600.0, progress: ProgressFn | None = None
+    ) -> tuple[float, float | None, bool]:
+        """Set member ``name``'s capacity (``POST /v1/capacity``) and wait until the grid is balanced for it.
+
+        Returns (seconds it took, the member's capacity before, whether a new topology moved segments). A
+        grid already balanced for the new capacity keeps its topology; that is known once it stayed settled
+        for ``UNCHANGED_WAIT`` seconds.
+        """
+        m = self.member(name)
+        before = get_json(m.http + "/v1/status")
+        old = ((before or {}).get("grid") or {}).get("capacity")
+        top = self.topology_id()
+        start = time.monotonic()
+        code, body = post(m.http + "/v1/capacity", {"capacity": capacity})
+        if code != 202:
+            why = (body or {}).get("error") or body
+            raise LocalError(f"{name} refused capacity {capacity:g}: HTTP {code}: {why}")
+        deadline = start + timeout
+        while True:
+            self.wait_settled(
+                f"the grid to rebalance for {name}'s capacity", max(0.1, deadline - time.monotonic()), progress
+            )
+            if self.topology_id() > top:
+                return time.monotonic() - start, old, True
+            if time.monotonic() - start >= UNCHANGED_WAIT:
+                return time.monotonic() - start, old, False
+            time.sleep(0.25)
+
     def stop(self, grace: float = 10.0) -> tuple[int, int]:
         """Stop every member, SIGKILL what is left after ``grace`` seconds; returns (stopped, killed).
 
@@ -690,6 +747,7 @@ class LocalCluster:
                     "availability": g.get("availability"),
                     "segments_primary": g.get("segments_primary"),
                     "segments_owned": g.get("segments_owned"),
+                    "capacity": g.get("capacity"),
                     "keys": ((g.get("store") or {}).get("entries")),
                     "ready": g.get("ready"),
                     "leaving": g.get("leaving"),
@@ -713,6 +771,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
         segs = "-" if r["segments_owned"] is None else f"{r['segments_owned']} ({r['segments_primary']} primary)"
         keys = "-" if r["keys"] is None else f"{r['keys']:,}"
         notes = [n for n, on in (("coordinator", r["coordinator"]), ("leaving", r["leaving"])) if on]
+        if r.get("capacity") not in (None, 1.0):
+            notes.append(f"capacity {r['capacity']:g}")
         if r["availability"] not in (None, "AVAILABLE"):
             notes.append(r["availability"].lower())
         lines.append(
@@ -758,6 +818,16 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _capacity(text: str) -> float:
+    try:
+        c = float(text)
+    except ValueError:
+        c = -1.0
+    if not 0.0 <= c <= MAX_CAPACITY:  # NaN fails this too
+        raise argparse.ArgumentTypeError(f"expected a capacity from 0 to {MAX_CAPACITY:.0f}, got {text!r}")
+    return c
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -784,6 +854,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--timeout", type=_seconds, default=600.0, help="give up after this long (default 600)")
     status = subs.add_parser("status", parents=[common], help="a table of the members and their grid state")
     status.add_argument("--json", action="store_true", help="print the rows as JSON")
+    capacity = subs.add_parser(
+        "capacity",
+        parents=[common],
+        help="set a running member's capacity and wait for the rebalance (0: it owns no segments, stays a member)",
+    )
+    capacity.add_argument("member", metavar="MEMBER", help="the member's name, as status shows it (e.g. m2)")
+    capacity.add_argument(
+        "capacity", type=_capacity, metavar="C", help="its new capacity factor, 0 to 1000000 (1: an even share)"
+    )
+    capacity.add_argument("--timeout", type=_seconds, default=600.0, help="give up after this long (default 600)")
     subs.add_parser("stop", parents=[common], help="stop every member (the data goes with them)")
 
 
@@ -832,6 +912,20 @@ def _run(cluster: LocalCluster, args: argparse.Namespace) -> int:
             cluster.scale(args.n, timeout=args.timeout, progress=bar.update, report=say)
         finally:
             bar.finish()
+        print(format_table(cluster.status_rows()))
+        return 0
+    if args.action == "capacity":
+        try:
+            took, old, moved = cluster.set_capacity(
+                args.member, args.capacity, timeout=args.timeout, progress=bar.update
+            )
+        finally:
+            bar.finish()
+        was = "" if old is None else f" (was {old:g})"
+        if moved:
+            print(f"{args.member}: capacity {args.capacity:g}{was}; the grid rebalanced in {took:.1f}s")
+        else:
+            print(f"{args.member}: capacity {args.capacity:g}{was}; no segments moved (the grid was balanced for it)")
         print(format_table(cluster.status_rows()))
         return 0
     if args.action == "status":
