@@ -1,6 +1,7 @@
 """``groupcluster chaos``: a one-minute run of real members under SIGKILL, SIGSTOP, leave and network-cut faults
 is clean, a cut really isolated its member, and the checking side really catches a lost write or diverged
-replicas in that run's own history.
+replicas in that run's own history. A 1.5-minute run with ``--capacity-changes`` adds capacity changes to
+those faults and is clean too.
 
 The run is driven through the command line as a user would; its history is kept (``--dir``) so the second
 half can doctor it and show that the same checks then fail.
@@ -23,6 +24,8 @@ from typing import Any
 import pytest
 from groupcluster.runtime.chaos import (
     ATTEMPT_TIMEOUT,
+    CAPACITY,
+    CAPACITY_VALUES,
     CUT_LENGTH,
     HISTORY_FILE,
     KINDS,
@@ -56,11 +59,10 @@ class Run:
     directory: Path
 
 
-@pytest.fixture(scope="module")
-def one_minute(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
-    d = tmp_path_factory.mktemp("chaos") / "run"
+def run_chaos(d: Path, *args: str) -> Iterator[Run]:
+    """A chaos run with ``args`` keeping its state in ``d``, yielded with its JSON report and summary line."""
     try:
-        proc = chaos("--minutes", "1", "--seed", str(SEED), "--json", "--dir", str(d))
+        proc = chaos(*args, "--json", "--dir", str(d))
         lines = proc.stdout.strip().splitlines()
         assert len(lines) >= 2, f"no report (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         yield Run(proc, json.loads(lines[-2]), lines[-1], d)
@@ -70,6 +72,11 @@ def one_minute(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             for m in json.loads((d / "cluster.json").read_text())["members"]:
                 if pid_alive(m["pid"], m["bind"]):
                     os.kill(m["pid"], signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def one_minute(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    yield from run_chaos(tmp_path_factory.mktemp("chaos") / "run", "--minutes", "1", "--seed", str(SEED))
 
 
 def test_one_minute_run_is_clean_and_has_every_fault_kind(one_minute: Run) -> None:
@@ -95,9 +102,11 @@ def test_one_minute_run_is_clean_and_has_every_fault_kind(one_minute: Run) -> No
     assert len({f["kind"] for f in run.report["faults"][:4]}) == 4
 
 
-def replay_schedule(seed: int, members: int, faults: int) -> list[tuple[str, str, str | None]]:
+def replay_schedule(
+    seed: int, members: int, faults: int, *, capacity_changes: bool = False
+) -> list[tuple[str, str, str | None]]:
     """The (kind, victim, replacement) a seed draws for a run's first ``faults`` faults, without a cluster."""
-    schedule = FaultSchedule(seed)
+    schedule = FaultSchedule(seed, capacity_changes=capacity_changes)
     names = [f"m{i}" for i in range(1, members + 1)]
     nxt = members + 1
     out: list[tuple[str, str, str | None]] = []
@@ -105,7 +114,7 @@ def replay_schedule(seed: int, members: int, faults: int) -> list[tuple[str, str
         schedule.gap()
         kind, victim, _ = schedule.draw(number, names)
         replacement = None
-        if kind not in ("pause", "cut"):
+        if kind not in ("pause", "cut", CAPACITY):
             replacement = f"m{nxt}"
             nxt += 1
             names = [n for n in names if n != victim] + [replacement]
@@ -229,3 +238,54 @@ def test_members_finish_an_operation_before_the_client_gives_up_on_them(one_minu
     assert OP_TIMEOUT + ATTEMPT_TIMEOUT < REQUEST_TIMEOUT
     params = json.loads((one_minute.directory / "cluster.json").read_text())["grid_params"]
     assert f"op_timeout={OP_TIMEOUT:g}s" in params and f"attempt_timeout={ATTEMPT_TIMEOUT:g}s" in params
+
+
+# --capacity-changes: this seed's first faults are a pause, a capacity of 0, a leave, a kill and a cut (all five
+# kinds within its 1.5 minutes), and its second capacity fault sets 1.
+CAPACITY_SEED = 13
+
+
+@pytest.fixture(scope="module")
+def capacity_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    d = tmp_path_factory.mktemp("chaos-capacity") / "run"
+    yield from run_chaos(d, "--minutes", "1.5", "--seed", str(CAPACITY_SEED), "--capacity-changes")
+
+
+def test_capacity_changes_under_faults_lose_nothing(capacity_run: Run) -> None:
+    """Capacity changes are faults among kills, pauses, leaves and cuts on real members: the history is clean,
+    and every balanced grid the run waited for had its capacity-0 members owning no segment."""
+    run = capacity_run
+    detail = f"{run.proc.stdout[-3000:]}\n{run.proc.stderr[-3000:]}"
+    assert run.proc.returncode == 0 and run.report["ok"], detail
+    assert SUMMARY.match(run.summary) and run.report["total_violations"] == 0 and run.report["lost"] == 0, detail
+    kinds = run.report["fault_kinds"]
+    assert all(kinds.get(k, 0) > 0 for k in (*KINDS, CAPACITY)), kinds
+    capacity_faults = [f for f in run.report["faults"] if f["kind"] == CAPACITY]
+    assert any(f["detail"].startswith("POST /v1/capacity 0 ") for f in capacity_faults), capacity_faults
+    # The settle after the capacity 0 (and any later one while that member lived) checked it owned nothing.
+    assert run.report["capacity_checks"] > 0, run.report
+    faults = run.report["faults"]
+    ran = [(f["kind"], f["member"], f["replacement"]) for f in faults]
+    assert ran == replay_schedule(CAPACITY_SEED, run.report["members"], len(faults), capacity_changes=True)
+
+
+def test_capacity_changes_add_a_kind_and_leave_other_draws_alone() -> None:
+    """Without the option a seed draws what it always drew; with it the first five faults are the five kinds,
+    and the capacity values come from their own stream."""
+    # What seed 7 drew (kinds and victims from four fixed names) before the option existed.
+    before = (
+        "pause m1, cut m1, kill m4, leave m1, kill m2, leave m2, kill m1, cut m3, pause m2, cut m3, kill m4, cut m1"
+    )
+    schedule = FaultSchedule(7)
+    drawn = []
+    for n in range(1, 13):
+        schedule.gap()
+        d = schedule.draw(n, ["m1", "m2", "m3", "m4"])
+        drawn.append(f"{d.kind} {d.victim}")
+    assert ", ".join(drawn) == before
+    for seed in range(20):
+        first = replay_schedule(seed, 4, 5, capacity_changes=True)
+        assert sorted(k for k, _, _ in first) == sorted((*KINDS, CAPACITY)), (seed, first)
+    drawn = [FaultSchedule(3, capacity_changes=True) for _ in range(2)]
+    values = [[s.capacity() for _ in range(40)] for s in drawn]
+    assert values[0] == values[1] and set(values[0]) == set(CAPACITY_VALUES)

@@ -4,6 +4,7 @@
 
     groupcluster chaos --minutes 5 --seed 7            # 4 members, faults every few seconds for 5 minutes
     groupcluster chaos --minutes 1 --seed 1 --json     # the report as one JSON line before the last line
+    groupcluster chaos --minutes 5 --seed 7 --capacity-changes   # capacity changes are faults too
 
 1. Starts a local cluster (:class:`~groupcluster.runtime.local.LocalCluster`) of ``--members`` grid members
    on loopback; each records its history (``--record``), so its views reach the checkers.
@@ -28,11 +29,17 @@
      (past the failure detector's 4 s + 1 s) gets it excluded, and after the heal it comes back through a
      merge; a short one is ridden out. The report gives, per cut, the frames each side's faults layer
      dropped: that the cut really cut.
+   * ``capacity`` (only with ``--capacity-changes``): set a member's capacity to 0, 0.5, 1 or 2 through
+     ``POST /v1/capacity`` (the value from a random stream of its own, seeded by the seed). The coordinator
+     rebalances to it: at 0 the member hands every segment to the others and stays a member. A 0 that would
+     leave fewer than ``num_owners`` members with capacity is made 1, so every segment keeps ``num_owners``
+     copies. Replacements start at capacity 1.
 
    The kind, the victim (by name: ``m1``, ``m2``, ...; replacements take the next number) and the delays come
    from the seed alone, so a seed replays its fault schedule (the timing of the operations around it is the
-   machine's). The first four faults are the four kinds in a seeded order, so every run of four faults or
-   more has each kind. At most ``num_owners - 1`` members are faulted at a time (down, paused, or cut off):
+   machine's). The first four faults are the four kinds in a seeded order (five with ``--capacity-changes``),
+   so every run of that many faults or more has each kind; without the option a seed draws what it drew
+   before the option existed. At most ``num_owners - 1`` members are faulted at a time (down, paused, or cut off):
    a fault counts until the grid is balanced again after it, and before a fault that would exceed the
    limit the run waits until it is (every member ready on one topology, no rebalance running). Operations
    are only acknowledged when the member answered OK, whatever side of a cut it was on: the checkers judge
@@ -74,6 +81,9 @@ from .faults_control import HEAL_DOCUMENT, partition_document, write_control
 from .local import DEFAULT_OWNERS, MAX_MEMBERS, LocalCluster, LocalError, MemberRecord, get_json, post
 
 KINDS = ("kill", "pause", "leave", "cut")
+CAPACITY = "capacity"  # the fault kind --capacity-changes adds
+# The capacities a capacity fault sets (drawn from their own seeded stream: see FaultSchedule.capacity).
+CAPACITY_VALUES = (0.0, 0.5, 1.0, 2.0)
 # A client request gives up after REQUEST_TIMEOUT; a member's operation ends within OP_TIMEOUT + ATTEMPT_TIMEOUT
 # (see Chaos.grid_params), which must stay below it.
 REQUEST_TIMEOUT = 5.0
@@ -255,6 +265,8 @@ class ChaosResult:
     duration: float
     history: str
     errors: list[str]
+    # Settles after which every member at capacity 0 was checked to own no segment (--capacity-changes).
+    capacity_checks: int = 0
 
     @property
     def total_violations(self) -> int:
@@ -290,23 +302,32 @@ class FaultSchedule:
     number), which the schedule itself determines, so a seed replays the same faults on the same names.
     """
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, *, capacity_changes: bool = False) -> None:
         self.rng = random.Random(seed)
+        self.kinds = (*KINDS, CAPACITY) if capacity_changes else KINDS
+        # Capacity values come from a stream of their own, so the faults' stream draws the same with or without
+        # them (kinds aside) and a capacity fault's value does not shift later victims and lengths.
+        self._capacity_rng = random.Random(f"capacity-{seed}")
         self._first: list[str] = []
 
     def gap(self) -> float:
         return self.rng.uniform(*FAULT_GAP)
 
     def draw(self, number: int, names: list[str]) -> FaultDraw:
-        """Fault ``number`` (from 1). The first ``len(KINDS)`` faults are each kind once, in a seeded order."""
+        """Fault ``number`` (from 1). The first ``len(self.kinds)`` faults are each kind once, in a seeded order."""
+        kinds = self.kinds
         if number == 1:
-            self._first = self.rng.sample(KINDS, len(KINDS))
-        kind = self._first[number - 1] if number <= len(KINDS) else self.rng.choice(KINDS)
+            self._first = self.rng.sample(kinds, len(kinds))
+        kind = self._first[number - 1] if number <= len(kinds) else self.rng.choice(kinds)
         victim = self.rng.choice(sorted(names, key=lambda n: (len(n), n)))
         # Both lengths are drawn for every kind: later draws do not depend on which kinds came before.
         pause_for = self.rng.uniform(*PAUSE_LENGTH)
         cut_for = self.rng.uniform(*CUT_LENGTH)
         return FaultDraw(kind, victim, cut_for if kind == "cut" else pause_for)
+
+    def capacity(self) -> float:
+        """The capacity a capacity fault sets (one of :data:`CAPACITY_VALUES`)."""
+        return self._capacity_rng.choice(CAPACITY_VALUES)
 
 
 class Chaos:
@@ -320,6 +341,7 @@ class Chaos:
         seed: int,
         members: int,
         num_owners: int = DEFAULT_OWNERS,
+        capacity_changes: bool = False,
         say: Callable[[str], None] = print,
     ) -> None:
         self.dir = directory
@@ -328,7 +350,9 @@ class Chaos:
         self.members = members
         self.num_owners = num_owners
         self.say = say
-        self.schedule = FaultSchedule(seed)
+        self.schedule = FaultSchedule(seed, capacity_changes=capacity_changes)
+        self.capacities: dict[str, float] = {}  # member name -> capacity set by a fault (absent: 1, as started)
+        self.capacity_checks = 0
         self.cluster = LocalCluster(directory)
         self.cluster.record = True
         self.cluster.faults_control = True  # a faults layer in every member, steered by its control file
@@ -356,6 +380,23 @@ class Chaos:
                 f.recovered_after = round(now - f.started, 1)
         self.down = 0
         self._learn_addresses()
+        self._check_capacities()
+
+    def _check_capacities(self) -> None:
+        """On a balanced grid, a member whose capacity a fault set to 0 owns no segment (else the change did
+        not reach the coordinator's plan, or a merge forgot it)."""
+        empty = [m for m in self.cluster.members if self.capacities.get(m.name) == 0]
+        if not empty:
+            return
+        st = self.cluster.statuses(empty)
+        for m in empty:
+            g = (st.get(m.name) or {}).get("grid") or {}
+            if g.get("capacity") != 0 or g.get("segments_owned") != 0:
+                raise ChaosError(
+                    f"{m.name} was set to capacity 0 but reports capacity {g.get('capacity')} and owns "
+                    f"{g.get('segments_owned')} segments on a balanced grid"
+                )
+        self.capacity_checks += 1
 
     def inject(self, number: int, t0: float) -> FaultRecord:
         """Inject fault ``number`` (drawn by :attr:`schedule`) and start a replacement where one is due."""
@@ -384,6 +425,8 @@ class Chaos:
         elif kind == "cut":
             self.cut(victim, addr, hold, rec)
             rec.length = round(hold, 1)
+        elif kind == CAPACITY:
+            self.set_capacity(victim, rec)
         else:
             self.log.add(addr, "leave")
             code, body = post(victim.http + "/v1/leave")
@@ -402,6 +445,21 @@ class Chaos:
         extra = f", replaced by {rec.replacement}" if rec.replacement else ""
         self.say(f"  fault {number} at {rec.at:5.1f}s: {kind} {victim.name} ({rec.detail}{extra})")
         return rec
+
+    def set_capacity(self, victim: MemberRecord, rec: FaultRecord) -> None:
+        """Set ``victim``'s capacity to the schedule's next value, keeping ``num_owners`` members with capacity."""
+        value = self.schedule.capacity()
+        live = {m.name for m in self.cluster.members}
+        old = self.capacities.get(victim.name, 1.0)
+        holders = [n for n in live if n != victim.name and self.capacities.get(n, 1.0) > 0]
+        note = ""
+        if value == 0 and len(holders) < self.num_owners:
+            value, note = 1.0, f", not 0: {self.num_owners} members keep capacity"
+        code, body = post(victim.http + "/v1/capacity", {"capacity": value})
+        if code != 202:
+            raise ChaosError(f"{victim.name} refused capacity {value:g}: HTTP {code} {body}")
+        self.capacities[victim.name] = value
+        rec.detail = f"POST /v1/capacity {value:g} (was {old:g}{note})"
 
     def cut(self, victim: MemberRecord, addr: str, seconds: float, rec: FaultRecord) -> None:
         """Cut ``victim`` off from every other member for ``seconds``, then heal.
@@ -589,6 +647,7 @@ class Chaos:
             duration=round(duration, 1),
             history=str(path),
             errors=list(workload.errors),
+            capacity_checks=self.capacity_checks,
         )
 
 
@@ -646,9 +705,14 @@ def format_report(r: ChaosResult) -> str:
     lines.append("figures:")
     figures = [
         ("run", f"{r.duration:.0f}s, {r.members} members, num_owners {r.num_owners}"),
-        ("faults", ", ".join(f"{kinds.get(k, 0)} {k}" for k in KINDS)),
+        ("faults", ", ".join(f"{kinds.get(k, 0)} {k}" for k in (*KINDS, *(k for k in kinds if k not in KINDS)))),
         ("operations", ", ".join(f"{n} {k}" for k, n in sorted(r.op_counts.items())) or "none"),
         ("keys read back", str(r.keys_checked)),
+        *(
+            [("capacity checks", f"{r.capacity_checks} balanced grids with every member at capacity 0 owning nothing")]
+            if kinds.get(CAPACITY)
+            else []
+        ),
         *((f"checker {name}", f"{n} violations") for name, n in r.violations.items()),
         ("history", r.history),
     ]
@@ -711,6 +775,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dir", metavar="D", help="keep the cluster's state, logs and history here (default: a temp dir)"
     )
+    parser.add_argument(
+        "--capacity-changes",
+        action="store_true",
+        help="capacity changes are faults too: POST /v1/capacity 0, 0.5, 1 or 2 to a member (num_owners keep some)",
+    )
     parser.add_argument("--json", action="store_true", help="the report as one JSON line (before the last line)")
 
 
@@ -732,7 +801,14 @@ def run(args: argparse.Namespace) -> int:
         out.write(line + "\n")
         out.flush()
 
-    chaos = Chaos(directory, minutes=args.minutes, seed=args.seed, members=args.members, say=say)
+    chaos = Chaos(
+        directory,
+        minutes=args.minutes,
+        seed=args.seed,
+        members=args.members,
+        capacity_changes=args.capacity_changes,
+        say=say,
+    )
     result: ChaosResult | None = None
     try:
         result = chaos.run()
@@ -755,6 +831,7 @@ def run(args: argparse.Namespace) -> int:
     if result.ok and not args.dir:
         shutil.rmtree(directory, ignore_errors=True)
     elif not result.ok:
-        print(f"replay: groupcluster chaos --minutes {args.minutes:g} --seed {args.seed}; logs in {directory}")
+        again = " --capacity-changes" if args.capacity_changes else ""
+        print(f"replay: groupcluster chaos --minutes {args.minutes:g} --seed {args.seed}{again}; logs in {directory}")
     print(result.summary(), flush=True)
     return 0 if result.ok else 1
