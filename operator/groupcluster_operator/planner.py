@@ -140,6 +140,8 @@ class MemberReport:
     topology_id: int | None = None
     entries: int = 0  # live entries the member holds
     max_entries: int = 0  # its max_entries bound (spec.grid.max_entries; 0: none)
+    nbytes: int = 0  # key and value bytes of its live entries
+    max_bytes: int = 0  # its max_bytes bound (spec.grid.max_bytes; 0: none)
 
     @classmethod
     def from_status(cls, body: Mapping[str, Any]) -> MemberReport:
@@ -166,6 +168,8 @@ class MemberReport:
             topology_id=grid.get("topology_id"),
             entries=int(store.get("entries") or 0),
             max_entries=int(store.get("max_entries") or 0),
+            nbytes=int(store.get("bytes") or 0),
+            max_bytes=int(store.get("max_bytes") or 0),
         )
 
 
@@ -518,18 +522,25 @@ def _status(
                 "segmentsOwned": r.segments_owned if r else 0,
                 "entries": r.entries if r else 0,
                 "maxEntries": r.max_entries if r else 0,
+                "bytes": r.nbytes if r else 0,
+                "maxBytes": r.max_bytes if r else 0,
                 "upToDate": p.spec_hash == spec_hash,
             }
         )
     joined = [r for r in reports.values() if r is not None and r.joined]
     topo = {r.topology_id for r in joined if r.topology_id is not None}
-    # Members at their max_entries bound refuse PUTs of new keys (HTTP 507): more members, or a higher bound, make
-    # room (docs/grid.md, "A bound on entries").
-    full = [
-        f"{p.name} holds {r.entries} of {r.max_entries} entries"
-        for p in sorted(pods, key=lambda p: p.ordinal)
-        if not p.finished and (r := reports.get(p.name)) is not None and 0 < r.max_entries <= r.entries
-    ]
+    # Members at their max_entries bound refuse PUTs of new keys (HTTP 507), and members within 1% of their
+    # max_bytes bound most PUTs that grow them: more members, or a higher bound, make room (docs/grid.md, "A bound
+    # on entries").
+    full = []
+    for p in sorted(pods, key=lambda p: p.ordinal):
+        r = reports.get(p.name)
+        if p.finished or r is None:
+            continue
+        if 0 < r.max_entries <= r.entries:
+            full.append(f"{p.name} holds {r.entries} of {r.max_entries} entries")
+        if r.max_bytes and r.nbytes * 100 >= r.max_bytes * 99:
+            full.append(f"{p.name} holds {r.nbytes} of {r.max_bytes} bytes")
     scaling_up = any(isinstance(a, CreatePod) for a in out.actions) or (n < spec.replicas)
     scaling_down = bool(obs.leaving) or n > spec.replicas
     conditions = [
@@ -577,7 +588,7 @@ def _status(
             "Full",
             bool(full),
             "AtMaxEntries" if full else "Room",
-            "; ".join(full) + ": PUTs of new keys are refused (scale up or raise spec.grid.max_entries)"
+            "; ".join(full) + ": PUTs of new keys are refused (scale up or raise spec.grid.max_entries or max_bytes)"
             if full
             else "",
             prev,

@@ -1,7 +1,8 @@
 """The ``max_entries`` bound on real members over HTTP (docs/grid.md, "A bound on entries"): two members with
 ``--grid-set max_entries=N`` and two owners take keys until a primary holds N entries; then a PUT of a new key
 is a 507 with reason ``full`` (the sync client raises GridRequestError at once, a batch names each refused key),
-nothing of it is written, overwrites and deletes go on, and /metrics counts the refusals."""
+nothing of it is written, overwrites and deletes go on, and /metrics counts the refusals. The same for the
+``max_bytes`` bound on key and value bytes."""
 
 from __future__ import annotations
 
@@ -59,3 +60,30 @@ def test_members_at_their_bound_refuse_new_keys_with_507_and_write_nothing(membe
             if line.startswith("groupcluster_grid_writes_refused_full")
         )
     assert refusals == 4  # the client's PUT, the curl-style PUT and the batch's two keys (not the transaction)
+
+
+def test_members_refuse_what_would_grow_them_past_max_bytes(members: Members) -> None:
+    """``--grid-set max_bytes=2KiB`` on two real members with two owners: 20 entries of a 4-byte key and a
+    96-byte value fill 2,000 of the 2,048 bytes; a 60-byte value more is a 507 naming max_bytes, an overwrite
+    that grows is refused too, one that shrinks goes on and makes room; status and metrics show the bytes."""
+    grid = Grid(members, 2)
+    for i in range(2):
+        grid.start(i, "--grid-set", "max_bytes=2KiB", "--grid-set", "num_owners=2")
+    wait_until("two members settled", lambda: grid.settled(["m0", "m1"]), 90, members)
+    with GridClient(list(grid.urls.values())) as client:
+        client.put_many({b"k%03d" % i: b"v" * 96 for i in range(20)})
+        with pytest.raises(GridRequestError) as refused:
+            client.put(b"k999", b"w" * 60)
+        assert refused.value.status == 507 and "holds 2000 bytes of keys and values, its max_bytes is 2048" in str(
+            refused.value
+        )
+        with pytest.raises(GridRequestError):
+            client.put(b"k000", b"v" * 150)  # grows an entry by 54 bytes
+        client.put(b"k000", b"v" * 30)  # shrinks it by 66
+        client.put(b"k999", b"w" * 60)  # 64 bytes: fits now
+        assert client.get_many([b"k000", b"k999"]) == {b"k000": b"v" * 30, b"k999": b"w" * 60}
+    for name, url in grid.urls.items():
+        st = grid.status(name)
+        assert st is not None and st["grid"]["store"]["bytes"] == 1998 and st["grid"]["store"]["max_bytes"] == 2048
+        text = http("GET", f"{url}/metrics")[1].decode()
+        assert "groupcluster_grid_store_bytes 1998" in text and "groupcluster_grid_max_bytes 2048" in text, name

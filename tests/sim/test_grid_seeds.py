@@ -77,6 +77,16 @@ def test_100_grid_seeds_with_a_bound_on_entries() -> None:
     assert sum(r.stats["grid_puts_refused_full"] for r in results) > 100
 
 
+def test_100_grid_seeds_with_a_bound_on_bytes() -> None:
+    # max_bytes of 50 (the scenario's entries take 5-8 bytes of key and value): new keys and overwrites that grow a
+    # primary past it are refused with nothing written, and the checkers hold them to that. Every member's running
+    # byte count must also equal what its store holds once converged (grid-store-bytes).
+    results = seedruns.run_and_report(
+        range(100), grid_scenario(max_bytes=50), "grid --max-bytes 50", {}, "test_grid_regressions.py"
+    )
+    assert sum(r.stats["grid_puts_refused_full"] for r in results) > 100
+
+
 def test_100_grid_seeds_with_capacity_changes() -> None:
     # About one capacity change per virtual second during the faults (docs/grid.md, "Capacity"): members go to
     # capacity 0 (their segments move away while they stay), 0.5, 1 or 2, and the rebalances they start run

@@ -63,6 +63,16 @@ def test_grid_tx_seeds_with_a_bound_on_entries() -> None:
     assert sum(r.stats["grid_puts_refused_full"] for r in results) > 30
 
 
+def test_grid_tx_seeds_with_a_bound_on_bytes() -> None:
+    # max_bytes reaches grid-tx members too: plain PUTs and transactions that would grow a primary past it are
+    # refused (a transaction rolled back at prepare, reason full), and the running byte counts stay exact.
+    results = seedruns.run_and_report(
+        range(30), grid_tx_scenario(max_bytes=50), "grid-tx --max-bytes 50", {}, "test_grid_tx_regressions.py"
+    )
+    assert sum(r.stats["grid_puts_refused_full"] for r in results) > 30
+    assert sum(r.stats.get("grid_tx_reason_full", 0) for r in results) > 0
+
+
 def test_grid_tx_seed_runs_twice_identically() -> None:
     for seed in (3, 7):
         report = check_determinism(seed, grid_tx_scenario())

@@ -224,6 +224,7 @@ def test_property_apply_chunk_equals_applying_entry_by_entry(
     assert stores[1].segments == stores[0].segments
     assert stores[1].tombstones == stores[0].tombstones
     assert list(stores[1]._tomb_queue) == list(stores[0]._tomb_queue)
+    assert stores[1].nbytes == stores[0].nbytes == stores[0].count_bytes()
 
 
 def test_apply_chunk_bulk_path_with_a_few_writes_during_the_transfer() -> None:
@@ -279,3 +280,48 @@ def test_dropped_segments_and_their_change_logs_are_freed_a_slice_per_step() -> 
     while store.garbage:
         freed.append(store.collect(FREE_AT_ONCE))
     assert freed == [FREE_AT_ONCE] * 6 and store.garbage == 0
+
+
+_STORE_OP = st.tuples(
+    st.sampled_from(["write", "transfer", "chunk", "keep", "purge", "expire", "remove", "clear"]),
+    st.integers(0, 1),  # segment
+    st.integers(0, 7),  # key: few, so writes meet what is held
+    st.integers(1, 600),  # version (a write's is mostly above the earlier ops': see below)
+    st.integers(-1, 12),  # value size (-1: a delete or tombstone)
+)
+
+
+@pytest.mark.parametrize("feed", [False, True], ids=["store", "feed-store"])
+@settings(max_examples=100 * EXAMPLES_SCALE, deadline=None, derandomize=True, database=None)
+@given(ops=st.lists(_STORE_OP, max_size=60))
+def test_property_nbytes_follows_every_change(feed: bool, ops: list[tuple[str, int, int, int, int]]) -> None:
+    """The running count of live key and value bytes (what max_bytes reads) equals a recount after any mix of
+    writes, deletes, transfers (entry by entry and in bulk, with clashes and tombstones), tombstone purges and
+    expiries, and segment drops; for the change-feed store too, whose write path has its own copy."""
+    from groupcluster.grid.runtime import FeedStore
+
+    s = FeedStore(2) if feed else SegmentStore(2)
+    for n, (op, seg, k, ver, size) in enumerate(ops):
+        key = b"k%d" % k
+        value = None if size < 0 else bytes([65 + k % 26]) * size
+        if op == "write":
+            # Mostly newer than what came before, so writes overwrite values (of other sizes) and tombstones.
+            s.write(seg, key, 10 * n + ver % 12, value, now=float(n))
+        elif op == "transfer":
+            s.apply_transferred(seg, [(key, ver, value)], now=float(n))
+        elif op == "chunk":
+            keys = [b"k%d" % ((k + i) % 24) for i in range(20)]
+            values = [None if (i + size) % 7 == 0 else bytes([66]) * ((size + i) % 9) for i in range(20)]
+            s.apply_chunk(seg, keys, [ver + i % 3 for i in range(20)], values, now=float(n))
+        elif op == "keep":
+            s.keep_tombstones = not s.keep_tombstones
+        elif op == "purge":
+            s.purge_tombstones()
+        elif op == "expire":
+            s.expire_tombstones(float(n), float(size % 5))
+        elif op == "remove":
+            s.remove_segment(seg)
+        else:
+            s.clear_segment(seg)
+        assert s.nbytes == s.count_bytes(), (n, op)
+    assert s.describe()["bytes"] == s.nbytes

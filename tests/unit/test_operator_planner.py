@@ -291,21 +291,26 @@ def test_a_ready_member_that_does_not_answer_is_degraded() -> None:
     assert {c["type"]: c["status"] for c in step.status["conditions"]}["Degraded"] == "True"
 
 
+def store_report(i: int, store: dict[str, int]) -> MemberReport:
+    """Member ``i`` of a 3-member view, parsed from a ``/v1/status`` answer whose ``grid.store`` is ``store``."""
+    return MemberReport.from_status(
+        {
+            "address": addr(i),
+            "joined": True,
+            "view": {"id": [7, "10.0.0.10:7800#1"], "members": [addr(j) for j in range(3)]},
+            "coordinator": addr(0),
+            "grid": {"phase": "NO_REBALANCE", "ready": True, "store": store},
+        }
+    )
+
+
 def test_a_member_at_its_max_entries_bound_makes_the_cluster_full() -> None:
     pods, reports = cluster(3, entries=90, max_entries=100)
     step = plan(spec(3), pods, reports)
     conds = {c["type"]: c for c in step.status["conditions"]}
     assert conds["Full"]["status"] == "False" and conds["Full"]["reason"] == "Room"
     assert [(m["entries"], m["maxEntries"]) for m in step.status["members"]] == [(90, 100)] * 3
-    reports["demo-2"] = MemberReport.from_status(
-        {
-            "address": addr(2),
-            "joined": True,
-            "view": {"id": [7, "10.0.0.10:7800#1"], "members": [addr(i) for i in range(3)]},
-            "coordinator": addr(0),
-            "grid": {"phase": "NO_REBALANCE", "ready": True, "store": {"entries": 100, "max_entries": 100}},
-        }
-    )
+    reports["demo-2"] = store_report(2, {"entries": 100, "max_entries": 100})
     step = plan(spec(3), pods, reports)
     full = {c["type"]: c for c in step.status["conditions"]}["Full"]
     assert full["status"] == "True" and full["reason"] == "AtMaxEntries"
@@ -314,6 +319,16 @@ def test_a_member_at_its_max_entries_bound_makes_the_cluster_full() -> None:
     # No bound: never full, however many entries.
     pods, reports = cluster(3, entries=10**6)
     assert {c["type"]: c["status"] for c in plan(spec(3), pods, reports).status["conditions"]}["Full"] == "False"
+
+
+def test_a_member_near_its_max_bytes_bound_makes_the_cluster_full() -> None:
+    pods, reports = cluster(3, nbytes=980, max_bytes=1000)
+    step = plan(spec(3), pods, reports)
+    assert {c["type"]: c["status"] for c in step.status["conditions"]}["Full"] == "False"  # 98%: room
+    assert [(m["bytes"], m["maxBytes"]) for m in step.status["members"]] == [(980, 1000)] * 3
+    reports["demo-1"] = store_report(1, {"bytes": 990, "max_bytes": 1000})
+    full = {c["type"]: c for c in plan(spec(3), pods, reports).status["conditions"]}["Full"]
+    assert full["status"] == "True" and full["message"].startswith("demo-1 holds 990 of 1000 bytes: PUTs")
 
 
 def test_condition_transition_times_move_only_when_the_status_flips() -> None:

@@ -35,7 +35,8 @@ Keys are the URL path after ``/v1/kv/``, percent-decoded and UTF-8 encoded to by
 absent key or an unknown path, 405 for a wrong method, 413 for a value too large, 503 with a ``reason`` when
 the grid refuses for now (degraded partition, not joined yet, member leaving; ``Retry-After`` says when to
 try again, on any member), 504 when an operation timed out, 507 with ``reason`` ``full`` for a PUT that would
-add a key to a primary at its ``max_entries`` bound (nothing written; not retried by the clients).
+add a key to a primary at its ``max_entries`` bound, or grow its bytes past ``max_bytes`` (nothing written; not
+retried by the clients).
 
 **Deadlines.** A request may carry ``X-Grid-Deadline``, the client's deadline for this attempt as a Unix time
 in seconds (the clients send one with every request). A request read after it is answered 504 with ``reason``
@@ -1523,7 +1524,7 @@ def render_metrics(ctx: MemberContext) -> str:
             lines,
             "groupcluster_grid_writes_refused_full_total",
             "counter",
-            "PUTs of new keys this member refused as their primary owner at its max_entries bound",
+            "PUTs this member refused as their primary owner at its max_entries or max_bytes bound",
             [("", gm["grid.writes_refused_full"])],
         )
         _metric(
@@ -1533,6 +1534,21 @@ def render_metrics(ctx: MemberContext) -> str:
             "this member's max_entries bound (0: none)",
             [("", node.config.max_entries)],
         )
+        _metric(
+            lines,
+            "groupcluster_grid_max_bytes",
+            "gauge",
+            "this member's max_bytes bound on its live key and value bytes (0: none)",
+            [("", node.config.max_bytes)],
+        )
+        if node.store is not None:
+            _metric(
+                lines,
+                "groupcluster_grid_store_bytes",
+                "gauge",
+                "key and value bytes of the live entries this member holds",
+                [("", node.store.nbytes)],
+            )
         ops = grid.counters
         _metric(
             lines,

@@ -210,6 +210,14 @@ class GridConfig:
         "rolled back); 0: no bound",
         minimum=0,
     )
+    max_bytes: int = param(
+        0,
+        "size",
+        doc="as a key's primary, refuse a PUT that would grow this member's live key and value bytes past this "
+        "(a new key counts its key and value, an overwrite the growth of its value; deletes and shrinking "
+        "overwrites always go through; soft, like max_entries); 0: no bound",
+        minimum=0,
+    )
     tombstone_grace: float = param(
         "10m",
         "duration",
@@ -514,9 +522,12 @@ class GridNode:
         self._stamped_by: dict[Address, dict[int, list[float]]] = {}
         self.metrics: Counter[str] = Counter()
         self._now = 0.0
-        # max_entries: the live entries counted at ``_entries_at`` (a step's time), plus the keys PUTs added since.
+        # max_entries and max_bytes: the live entries and their key and value bytes counted at ``_entries_at`` (a
+        # step's time), plus what PUTs added since; ``_full_bound`` names the bound the last refusal met.
         self._entries = 0
+        self._bytes = 0
         self._entries_at = -1.0
+        self._full_bound = "max_entries"
         # Wall-clock seconds minus the ``now`` we are given (the driver's clock may be monotonic): the sequence
         # part of the versions we stamp is at least the wall clock in milliseconds (store.next_seq), so a
         # version dates its write and the merge of two grids that never met keeps the later write (docs/grid.md).
@@ -601,7 +612,7 @@ class GridNode:
             version_of=self._tx_version,
             stamp=self._tx_stamp,
             apply=self._tx_apply,
-            room=self._tx_room if self.config.max_entries else None,
+            room=self._tx_room if self.config.max_entries or self.config.max_bytes else None,
         )
         self.txc = TxCoordinator(address, self._tx_route, tcfg)
         self.txr = TxResolver(address, tcfg)  # automatic resolution of in-doubt transactions, on the coordinator
@@ -1098,7 +1109,9 @@ class GridNode:
             "ready_to_leave": self.ready_to_leave,
             "capacity": self.config.capacity,
             "topology": t.summary() if t else None,
-            "store": None if self.store is None else {**self.store.describe(), "max_entries": self.config.max_entries},
+            "store": None
+            if self.store is None
+            else {**self.store.describe(), "max_entries": self.config.max_entries, "max_bytes": self.config.max_bytes},
         }
         if t is not None:
             out["segments_primary"] = len(t.current.segments_primary(self.address))
@@ -1858,7 +1871,7 @@ class GridNode:
             self.metrics["grid.writes_refused_deadline"] += 1
             self._respond(src, op_id, attempt, ERROR, tid, error=_PRIMARY_CUTOFF_ERROR)
             return
-        if kind == PUT and self.config.max_entries and self._full(seg, key):
+        if kind == PUT and (self.config.max_entries or self.config.max_bytes) and self._full(seg, key, value):
             self.metrics["grid.writes_refused_full"] += 1
             # A first attempt refused wrote nothing; an earlier attempt, unanswered, may have been applied (by a
             # primary before a topology change) and still be replicated.
@@ -1874,28 +1887,49 @@ class GridNode:
         if len(owners) == 1:
             self._respond(src, op_id, attempt, OK, tid)
 
-    def _full(self, seg: int, key: bytes) -> bool:
-        """Whether a PUT of ``key`` would add an entry to this member at its ``max_entries`` bound (a key held
-        already may be overwritten)."""
+    def _full(self, seg: int, key: bytes, value: bytes | None) -> bool:
+        """Whether a PUT of ``key`` would take this member past a bound: ``max_entries`` if it adds a key,
+        ``max_bytes`` if it grows the live bytes (a key held already may be overwritten by a value no larger)."""
         data = self.store.segments.get(seg)  # type: ignore[union-attr]
-        return (data is None or data.val.get(key) is None) and not self._take_room(1)
+        held = None if data is None else data.val.get(key)
+        size = len(value or b"")
+        grow = len(key) + size if held is None else size - len(held)
+        return not self._fits(int(held is None), grow)
 
-    def _take_room(self, adds: int) -> bool:
-        """Count ``adds`` new keys against ``max_entries`` if they fit (True), else change nothing (False). The
-        store is counted once per step, then the keys added in the step are counted on, so a batch cannot
-        overshoot the bound."""
+    def _fits(self, adds: int, grow: int) -> bool:
+        """:meth:`_take_room`, asked only when a bound could refuse: what neither adds a key under max_entries
+        nor grows the bytes under max_bytes fits without a count (the count of a step starts at its first PUT
+        that could be refused, as before max_bytes existed)."""
+        cfg = self.config
+        if not (adds and cfg.max_entries) and not (grow > 0 and cfg.max_bytes):
+            return True
+        return self._take_room(adds, grow)
+
+    def _take_room(self, adds: int, grow: int) -> bool:
+        """Count ``adds`` new keys and ``grow`` bytes against ``max_entries`` and ``max_bytes`` if they fit (True),
+        else change nothing (False). The store is counted once per step, then what the step's PUTs add is counted
+        on, so a batch cannot overshoot a bound."""
+        cfg = self.config
         if self._entries_at != self._now:
-            self._entries, self._entries_at = len(self.store), self._now  # type: ignore[arg-type]
-        if self._entries + adds > self.config.max_entries:
+            store = self.store
+            assert store is not None
+            self._entries, self._bytes, self._entries_at = len(store), store.nbytes, self._now
+        if cfg.max_entries and adds and self._entries + adds > cfg.max_entries:
+            self._full_bound = "max_entries"
+            return False
+        if cfg.max_bytes and grow > 0 and self._bytes + grow > cfg.max_bytes:
+            self._full_bound = "max_bytes"
             return False
         self._entries += adds
+        self._bytes += grow
         return True
 
     def _full_error(self, tail: str) -> str:
-        return (
-            f"{REASON_FULL}: member {self.address} holds {self._entries} entries, its max_entries is "
-            f"{self.config.max_entries}; {tail}"
-        )
+        if self._full_bound == "max_bytes":
+            held, bound = f"{self._bytes} bytes of keys and values", f"its max_bytes is {self.config.max_bytes}"
+        else:
+            held, bound = f"{self._entries} entries", f"its max_entries is {self.config.max_entries}"
+        return f"{REASON_FULL}: member {self.address} holds {held}, {bound}; {tail}"
 
     def _stamp_write(
         self,
@@ -2380,16 +2414,21 @@ class GridNode:
         entry = self.store.get(self._tx_segment(key), key)
         return 0 if entry is None or entry[1] is None else entry[0]
 
-    def _tx_room(self, keys: list[bytes]) -> str:
-        """Why a transaction's puts of ``keys`` (we are their primary) do not fit under max_entries ("": they
-        do): the keys not held count as :meth:`_full` counts a plain PUT's."""
+    def _tx_room(self, puts: list[tuple[bytes, bytes]]) -> str:
+        """Why a transaction's ``puts`` (key, value; we are the keys' primary) do not fit under max_entries or
+        max_bytes ("": they do): counted as :meth:`_full` counts plain PUTs."""
         store = self.store
         assert store is not None
-        adds = sum(1 for k in keys if (e := store.get(self._tx_segment(k), k)) is None or e[1] is None)
-        if not adds or self._take_room(adds):
+        adds = grow = 0
+        for k, v in puts:
+            held = store.value(self._tx_segment(k), k)
+            adds += held is None
+            grow += len(k) + len(v) if held is None else len(v) - len(held)
+        if self._fits(adds, grow):
             return ""
         self.metrics["grid.tx_refused_full"] += 1
-        return self._full_error(f"the transaction would add {adds}")
+        what = f"{adds} keys" if self._full_bound == "max_entries" else f"{grow} bytes"
+        return self._full_error(f"the transaction would add {what}")
 
     def _tx_stamp(self, key: bytes) -> int:
         # The sequence plain writes use: one primary orders a key's versions, whichever kind of write.

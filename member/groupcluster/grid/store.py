@@ -160,6 +160,14 @@ class Segment:
         return f"Segment({dict(self.items())!r})"
 
 
+def _live_bytes(data: Segment) -> int:
+    """Key and value bytes of a segment's live entries (at C speed unless it holds tombstones)."""
+    values = list(data.val.values())
+    if None not in values:
+        return sum(map(len, data.ver)) + sum(map(len, values))
+    return sum(len(k) + len(v) for k, v in data.val.items() if v is not None)
+
+
 class SegmentStore:
     """Entries of the segments this member holds: ``segment -> Segment`` (``{key: (version, value | None)}``)."""
 
@@ -168,6 +176,7 @@ class SegmentStore:
         "_garbage",
         "_tomb_queue",
         "keep_tombstones",
+        "nbytes",
         "num_segments",
         "segments",
         "tombstones",
@@ -179,6 +188,9 @@ class SegmentStore:
         # While True (a rebalance runs) a delete leaves a tombstone instead of removing the key.
         self.keep_tombstones = False
         self.tombstones = 0
+        # Key and value bytes of the live entries (tombstones count nothing), kept up to date by every change
+        # (the node's max_bytes bound reads it; :meth:`count_bytes` recounts it, for tests).
+        self.nbytes = 0
         # (time stored, segment, key, version) of every tombstone in the order they came (times only grow):
         # entries whose key has since changed or gone are skipped when they come up for expiry.
         self._tomb_queue: deque[tuple[float, int, bytes, int]] = deque()
@@ -210,6 +222,7 @@ class SegmentStore:
         if self.tombstones:
             # Counted at C speed: a member drops whole segments of thousands of entries in one step.
             self.tombstones -= list(data.val.values()).count(None)
+        self.nbytes -= _live_bytes(data)
         if len(data) > FREE_AT_ONCE:
             self._garbage.append(data)
         return len(data)
@@ -280,8 +293,15 @@ class SegmentStore:
             old = vers.get(key)
             if old is None or old < version:
                 vals = data.val
-                if old is not None and vals[key] is None:
-                    self.tombstones -= 1
+                if old is None:
+                    self.nbytes += len(key) + len(value)
+                else:
+                    held = vals[key]
+                    if held is None:
+                        self.tombstones -= 1
+                        self.nbytes += len(key) + len(value)
+                    else:
+                        self.nbytes += len(value) - len(held)
                 vers[key] = version
                 vals[key] = value
                 return True
@@ -302,6 +322,8 @@ class SegmentStore:
             old_value = vals[key] if old is not None else None
             if old is not None and (old > version or (old == version and not tie_wins(value, old_value))):
                 continue
+            if old_value is not None:
+                self.nbytes -= len(key) + len(old_value)
             if value is None:
                 # A tombstone from the source: keep it only while tombstones matter, never resurrect.
                 if self.keep_tombstones:
@@ -320,6 +342,7 @@ class SegmentStore:
                     self.tombstones -= 1
                 vers[key] = version
                 vals[key] = value
+                self.nbytes += len(key) + len(value)
             applied += 1
         return applied
 
@@ -352,6 +375,7 @@ class SegmentStore:
         if not clash and not tombs:
             vers.update(zip(keys, versions, strict=True))
             vals.update(zip(keys, values, strict=True))
+            self.nbytes += sum(map(len, keys)) + sum(map(len, values))  # type: ignore[arg-type]  # no tombstones
             return n
         if (len(clash) + tombs) * 8 > n:
             # Mostly special entries: the per-entry path is as fast and simpler.
@@ -375,6 +399,13 @@ class SegmentStore:
                     special.append(i)
         special.sort()  # in chunk order, as the per-entry path would see them
         applied = n - len(special)
+        # The bulk update's own entries: new keys with values (the special ones are counted on their path).
+        self.nbytes += sum(map(len, keys)) + sum(map(len, filter(None, values)))
+        for i in special:
+            if values[i] is not None:
+                self.nbytes -= len(keys[i]) + len(values[i])  # type: ignore[arg-type]
+            else:
+                self.nbytes -= len(keys[i])
         return applied + self.apply_transferred(segment, ((keys[i], versions[i], values[i]) for i in special), now=now)
 
     def purge_tombstones(self) -> int:
@@ -566,7 +597,12 @@ class SegmentStore:
                     yield s, k, ver, val
 
     def describe(self) -> dict[str, Any]:
-        return {"segments": len(self.segments), "entries": len(self), "tombstones": self.tombstones}
+        entries = len(self)
+        return {"segments": len(self.segments), "entries": entries, "tombstones": self.tombstones, "bytes": self.nbytes}
+
+    def count_bytes(self) -> int:
+        """:attr:`nbytes` counted from scratch (tests and the simulator check the running count against it)."""
+        return sum(_live_bytes(data) for data in self.segments.values())
 
     def _check_segment(self, segment: int) -> None:
         if not 0 <= segment < self.num_segments:

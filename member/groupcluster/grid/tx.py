@@ -70,7 +70,7 @@ REASON_TIMEOUT = "timeout"  # no answer in time (operation or transaction timeou
 REASON_ROLLED_BACK = "rolled_back"  # rolled back (by the client, the originator lost a participant, ...)
 REASON_UNAVAILABLE = "unavailable"  # a segment cannot be written (degraded) or has no owner
 REASON_LOCKED = "locked"  # a plain write on a key a transaction holds
-REASON_FULL = "full"  # a PUT adding a key to a member at its max_entries bound
+REASON_FULL = "full"  # a PUT past its primary's max_entries or max_bytes bound
 REASON_MIXED = "mixed"  # committed, but a participant had been resolved to roll back (ok True)
 REASON_ERROR = "error"  # any other failure of a plain operation
 
@@ -587,7 +587,7 @@ class TxTable:
         version_of: Callable[[bytes], int],
         stamp: Callable[[bytes], int],
         apply: Callable[[TxId, tuple[VersionedWrite, ...]], None],
-        room: Callable[[list[bytes]], str] | None = None,
+        room: Callable[[list[tuple[bytes, bytes]]], str] | None = None,
         topology_id: int = 0,
     ) -> None:
         self.address = address
@@ -1068,10 +1068,10 @@ class TxTable:
                 self._vote(rec, 0, out)
                 return
         if self._room is not None:
-            # The keys whose primary we are that the transaction puts: a member at its max_entries bound
-            # refuses those that would add a key, as it refuses such plain PUTs (docs/grid.md).
-            adds = [k for k in sorted(rec.writes) if rec.writes[k] is not None and k in rec.stamp_keys]
-            refused = self._room(adds) if adds else ""
+            # The keys whose primary we are that the transaction puts: a member at its max_entries or max_bytes
+            # bound refuses those that would add a key or grow its bytes past it, as it refuses plain PUTs.
+            puts = [(k, v) for k, v in sorted(rec.writes.items()) if v is not None and k in rec.stamp_keys]
+            refused = self._room(puts) if puts else ""
             if refused:
                 self._finish(rec, TxState.ROLLED_BACK, now, out, refused)
                 self._vote(rec, 0, out)

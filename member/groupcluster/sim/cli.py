@@ -94,6 +94,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "primary are refused (default 0: no bound)",
     )
     parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="grid stacks: every member's max_bytes bound on its live key and value bytes (the scenario's entries "
+        "take 5-8 bytes each); PUTs that would grow a primary past it are refused (default 0: no bound)",
+    )
+    parser.add_argument(
         "--capacity-changes",
         type=float,
         default=0.0,
@@ -162,6 +170,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
         parts += ["--lifespans", f"{args.lifespans:g}"]
     if args.max_entries:
         parts += ["--max-entries", str(args.max_entries)]
+    if args.max_bytes:
+        parts += ["--max-bytes", str(args.max_bytes)]
     if args.capacity_changes:
         parts += ["--capacity-changes", f"{args.capacity_changes:g}"]
     for item in args.set:
@@ -221,6 +231,7 @@ def run(args: argparse.Namespace) -> int:
             deadlines=args.deadlines,
             lifespans=args.lifespans,
             max_entries=args.max_entries,
+            max_bytes=args.max_bytes,
             capacity_changes=args.capacity_changes,
         )
         # Fail on a bad stack before starting workers: one clear message instead of one per seed.

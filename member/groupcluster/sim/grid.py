@@ -88,6 +88,7 @@ class GridSetup:
     # grid of its own (seed 513), while a grid still starts before every late joiner arrived.
     initial_cluster_size: int = 1
     max_entries: int = dataclasses.field(default=0, kw_only=True)  # the scenario's, not drawn
+    max_bytes: int = dataclasses.field(default=0, kw_only=True)  # likewise
 
     def config(self) -> GridConfig:
         return GridConfig.from_dict(
@@ -102,6 +103,7 @@ class GridSetup:
                 "recovery_timeout": "1s",
                 "initial_cluster_size": self.initial_cluster_size,
                 "max_entries": self.max_entries,
+                "max_bytes": self.max_bytes,
             }
         )
 
@@ -113,6 +115,7 @@ class GridSetup:
             "initial_cluster_size": self.initial_cluster_size,
             # Only when set: the histories of runs without a bound stay as they were.
             **({"max_entries": self.max_entries} if self.max_entries else {}),
+            **({"max_bytes": self.max_bytes} if self.max_bytes else {}),
         }
 
 
@@ -240,13 +243,16 @@ class GridRun(_Run):
     def __init__(self, seed: int, scenario: Scenario, logger: Any) -> None:
         super().__init__(seed, scenario, logger)
         grid_rng = random.Random(self.root.getrandbits(64))
-        self.setup = dataclasses.replace(draw_setup(grid_rng, scenario.members), max_entries=scenario.max_entries)
+        self.setup = dataclasses.replace(
+            draw_setup(grid_rng, scenario.members), max_entries=scenario.max_entries, max_bytes=scenario.max_bytes
+        )
         self.client_rng = random.Random(grid_rng.getrandbits(64))
         # Deadlines draw from their own stream, so a seed's workload is the same with and without them.
         self.deadline_rng = random.Random(f"deadlines-{seed}")
         self.lifespan_rng = random.Random(f"lifespans-{seed}")  # likewise for lifespans
         self.capacity_rng = random.Random(f"capacities-{seed}")  # and capacity changes
         self.op_ids = 0
+        self.byte_counts_wrong: list[tuple[str, str]] = []  # (member, detail): byte counts off at the end
         self.written: set[bytes] = set()
         self.values = 0
         self.exposed = 0  # members lost since the grid was last whole and balanced
@@ -681,6 +687,10 @@ class GridRun(_Run):
             store = app.grid.store
             if t is None or store is None:
                 continue
+            if store.nbytes != store.count_bytes():
+                self.byte_counts_wrong.append(
+                    (app.node.name, f"its byte count says {store.nbytes}, its store holds {store.count_bytes()}")
+                )
             owners = [[names.get(m, str(m)) for m in t.current.owners_of(s)] for s in range(t.num_segments)]
             data = {
                 str(s): {k.decode(): v.decode() for k, (_, v) in sorted(entries.items()) if v is not None}
@@ -716,4 +726,6 @@ class GridRun(_Run):
                     "grid-convergence", "-", f"{len(self.final_ops)} final reads never completed after convergence"
                 )
             )
+        # The running byte count max_bytes reads must equal what each store holds (store.count_bytes).
+        out += [Violation("grid-store-bytes", member, detail) for member, detail in self.byte_counts_wrong]
         return out

@@ -253,6 +253,7 @@ class GridTxRun(GridRun):
             s.num_segments,
             s.initial_cluster_size,
             max_entries=s.max_entries,
+            max_bytes=s.max_bytes,
             auto_resolve=seed % 4 != 0,
         )
         self.tx_rng = random.Random(self.client_rng.getrandbits(64))

@@ -79,6 +79,9 @@ class Scenario:
     # Grid stacks: every member's max_entries bound (docs/grid.md, "A bound on entries"; 0: none): PUTs of new
     # keys at a full primary fail, and the checkers hold that nothing of them was written.
     max_entries: int = 0
+    # Grid stacks: every member's max_bytes bound on its live key and value bytes (0: none): PUTs that would grow
+    # a primary past it fail, and the checkers hold that nothing of them was written.
+    max_bytes: int = 0
     # Grid stacks: capacity changes per virtual second during the safety phase (docs/grid.md, "Capacity"): a
     # running member's capacity becomes 0, 0.5, 1 or 2, keeping num_owners members (at least two) with capacity.
     capacity_changes: float = 0.0
@@ -99,6 +102,8 @@ class Scenario:
             raise ValueError(f"capacity_changes: cannot be negative, got {self.capacity_changes}")
         if self.max_entries < 0:
             raise ValueError(f"max_entries: cannot be negative, got {self.max_entries}")
+        if self.max_bytes < 0:
+            raise ValueError(f"max_bytes: cannot be negative, got {self.max_bytes}")
 
     def stack_name(self) -> str:
         return self.stack if isinstance(self.stack, str) else "custom"
