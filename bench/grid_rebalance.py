@@ -23,7 +23,10 @@
 6. Also reported: the CPU time spent from each join to the end of its rebalance, per MB moved: the joiner's,
    the three old members' together, the writer's, and the whole machine's (``/proc/stat``: every process and
    the kernel's network work), with the share of the machine's cores that was busy and the share its host
-   stole (a virtual machine's cores running someone else's work: a run with much of it is not comparable).
+   stole (a virtual machine's cores running someone else's work: a run with much of it is not comparable);
+   ``--json`` gives the stolen time per MB too (``stolen_ms_per_mb``): a process's own CPU time may include
+   stretches when its core was stolen, so the processes' figures can add up to more than the machine's busy
+   time, never to more than busy plus stolen.
    Write latency during a move follows how busy the machine is, so this says what a change saved where, apart
    from the noise of the p99 of ~200 writes.
 
@@ -378,6 +381,11 @@ def results(args: argparse.Namespace, load_s: float, rounds: list[JoinRound], sa
         "during_p50_ms": round(pct(during, 50), 2),
         "during_p99_ms": round(pct(during, 99), 2),
         "cpu_ms_per_mb": cpu_per_mb(rounds),
+        # The host's stolen time per MB, apart from "machine" (busy time only): a process's own CPU time may
+        # include stretches when its core was stolen, so only busy plus stolen bounds what the processes report.
+        "stolen_ms_per_mb": round(
+            sum(r.cpu_machine[2] for r in rounds) * 1000 / max(1e-9, sum(r.nbytes for r in rounds) / 1e6), 1
+        ),
         **machine_shares(rounds),
         "grid_set": args.grid_set,
         "member_args": shlex.split(args.member_args),

@@ -40,8 +40,12 @@ def test_rebalance_bench_moves_entries_and_reports_cpu() -> None:
     assert set(cpu) == {"joiner", "old_members", "writer", "machine"}, cpu
     # The move costs the joiner and the old members CPU, and the machine's total covers every process.
     assert cpu["joiner"] > 0 and cpu["old_members"] > 0, cpu
-    # (Up to a few 10 ms clock ticks apart: the processes and the machine are read one after another.)
+    # (Up to a few 10 ms clock ticks apart: the processes and the machine are read one after another.) The
+    # machine's figure is its busy time; a process's own time may include stretches its core was stolen by the
+    # VM's host (CI once saw 504 ms per MB of processes against 460 busy), so the bound is busy plus stolen.
     slack = 4 * 10.0 / res["mb_moved"]
-    assert cpu["machine"] >= cpu["joiner"] + cpu["old_members"] + cpu["writer"] - slack, cpu
+    stolen = res["stolen_ms_per_mb"]
+    assert stolen >= 0, res
+    assert cpu["machine"] + stolen >= cpu["joiner"] + cpu["old_members"] + cpu["writer"] - slack, (cpu, stolen)
     assert 0 < res["machine_busy"] <= 1 and 0 <= res["machine_stolen"] < 1, res
     assert res["per_join"][0]["cpu_ms_per_mb"]["joiner"] > 0, res
