@@ -597,8 +597,12 @@ class SegmentStore:
                     yield s, k, ver, val
 
     def describe(self) -> dict[str, Any]:
-        entries = len(self)
-        return {"segments": len(self.segments), "entries": entries, "tombstones": self.tombstones, "bytes": self.nbytes}
+        return {
+            "segments": len(self.segments),
+            "entries": len(self),
+            "tombstones": self.tombstones,
+            "bytes": self.nbytes,
+        }
 
     def count_bytes(self) -> int:
         """:attr:`nbytes` counted from scratch (tests and the simulator check the running count against it)."""

@@ -46,6 +46,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..grid.consistent_hash import MAX_CAPACITY
+
 DEFAULT_DIR = ".groupcluster-local"
 STATE_FILE = "cluster.json"
 HOSTS_FILE = "hosts"
@@ -58,7 +60,6 @@ DEFAULT_OWNERS = 2
 LEAVE_TIMEOUT = 600.0
 _DIGITS = re.compile(r"[0-9][0-9,./%]*")
 STATUS_TIMEOUT = 2.0
-MAX_CAPACITY = 1_000_000.0  # the grid's bound on a capacity factor (GridConfig.capacity)
 # After a capacity change the grid keeps its topology when it is balanced for the new capacities already (2
 # members with 2 owners each own every segment, whatever their capacities). A member sends its new capacity to
 # the coordinator at once, which plans in the same step, so a grid that stays settled this long will not move.
@@ -649,9 +650,9 @@ class LocalCluster:
             raise LocalError(f"{name} ({m.http}) is not running:\n{self.log_tail(m)}")
         return m
 
-    def topology_id(self, st: dict[str, dict[str, Any] | None] | None = None) -> int:
+    def topology_id(self) -> int:
         """The newest topology id any member reports (-1 if none has one)."""
-        tops = [((s or {}).get("grid") or {}).get("topology_id") for s in (st or self.statuses()).values()]
+        tops = [((s or {}).get("grid") or {}).get("topology_id") for s in self.statuses().values()]
         return max((t for t in tops if t is not None), default=-1)
 
     def set_capacity(
