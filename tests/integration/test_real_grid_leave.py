@@ -35,9 +35,9 @@ RAW_TIMEOUT = 10.0
 # The pause between a raw PUT's headers and its body (a client across a network, or a larger value).
 BODY_DELAY = 0.02
 # An answer (or the member's refusal to connect) comes this fast, whatever the member is doing: every refusal
-# is immediate and nothing it answers while leaving waits for the grid. Far below RAW_TIMEOUT, which a PUT that
+# is immediate and nothing it answers while leaving waits for the grid. Half of RAW_TIMEOUT, which a PUT that
 # got no answer would have waited out.
-PROMPT = 3.0
+PROMPT = 5.0
 # --http-close-timeout given to the members: the longest the HTTP close may wait for requests in progress.
 HTTP_CLOSE_TIMEOUT = 2.0
 # A leave, from the request to the process's exit. Nothing in it waits on a timeout: the hand-off and the group
@@ -130,7 +130,9 @@ class Writer:
 
 def _check_raw(putter: RawPutter, name: str) -> dict[str, bytes]:
     """Every raw PUT was answered promptly: 200, or 503 reason leaving with Retry-After; after the member's
-    last answer only connection failures (it stopped listening). Returns the acknowledged ones."""
+    last answer only connection failures: it stopped listening, so connections are refused, and one the kernel
+    had completed but the member not yet taken when it stopped listening is reset (nothing of it was read).
+    Returns the acknowledged ones."""
     outs = putter.outcomes
     shown = [(round(o.elapsed, 3), o.status, o.reason, o.error) for o in outs]
     slow = [o for o in outs if o.elapsed > PROMPT]

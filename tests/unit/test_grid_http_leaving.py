@@ -333,7 +333,9 @@ def test_a_client_that_leaves_mid_body_or_never_sends_it_logs_no_error(caplog: p
         loop = asyncio.get_running_loop()
         started = loop.time()
         assert await close_http(runner, ctx, 0.3) is False
-        assert loop.time() - started < 0.3 + 1.0 + 1.0  # its timeout, aiohttp's shutdown_timeout, slack
+        # Its timeout, then aiohttp's shutdown_timeout (1 s here) for the cleanup: not the 60 s aiohttp waits by
+        # default for a request in progress, nor until the client gives up.
+        assert loop.time() - started < 0.3 + 1.0 + 5.0
         assert await asyncio.wait_for(stuck_r.read(), 5) == b""
         stuck_w.close()
 
