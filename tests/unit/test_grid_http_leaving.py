@@ -206,7 +206,7 @@ def test_a_put_running_when_the_leave_begins_is_answered_and_closes_its_connecti
     ("refusal", "reason"),
     [
         (GridLeaving("this member is leaving the grid; use another member"), "leaving"),
-        (GridLeaving("this member left the grid before the operation completed; its outcome is unknown"), "leaving"),
+        (GridLeaving("this member left the grid before the operation completed"), "leaving"),
         (GridUnavailable("segment 5 is unavailable for writes (deny_read_writes)"), "segment 5 is unavailable"),
     ],
 )

@@ -1238,7 +1238,9 @@ class GridRuntime(NodeTimer):
 
     def close(self) -> None:
         """Stop timers and fail the operations still waiting (the member is going away)."""
-        gone = GridLeaving("this member left the grid before the operation completed; its outcome is unknown")
+        gone = GridLeaving(
+            "this member left the grid before the operation completed (a write may or may not have been applied)"
+        )
         self._stop(gone)
         for wait in self._in_batch.values():
             if not wait.done.done():
