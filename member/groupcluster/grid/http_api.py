@@ -19,7 +19,7 @@
 ``GET /v1/tx/in-doubt``    this member's in-doubt transactions; ``GET /v1/tx/{id}/report`` one's state here;
                            ``POST /v1/tx/{id}/resolve`` ``{"commit": bool}`` (all three need the admin token);
                            ``{"cluster": true, "commit": bool or null}`` resolves on every member from this one
-``POST /v1/leave``         202: hand our segments to new owners, then leave the group and exit
+``POST /v1/leave``         202: hand our segments to new owners, then leave the group and exit (below)
 ``POST /v1/force-available`` on the coordinator: leave degraded mode with the members present (operator's
                            override after members are known dead, not cut off; 409 on other members)
 ``GET /metrics``           Prometheus text format
@@ -37,6 +37,12 @@ the grid refuses for now (degraded partition, not joined yet, member leaving; ``
 try again, on any member), 504 when an operation timed out, 507 with ``reason`` ``full`` for a PUT that would
 add a key to a primary at its ``max_entries`` bound, or grow its bytes past ``max_bytes`` (nothing written; not
 retried by the clients).
+
+**Leaving.** From the moment the member is asked to stop (``MemberContext.leaving``), new data requests
+(key/value, batches, scans, change feed, ``/v1/tx`` and ``/v1/tx/begin``, the same under ``/v1/caches``) are
+answered 503 ``{"error", "reason": "leaving"}`` with ``Retry-After`` and nothing runs; requests that go on
+with a transaction begun here still run. Every answer then closes its connection. :func:`close_http` closes
+the server so that every request it read is answered (docs/grid.md, "Leaving").
 
 **Deadlines.** A request may carry ``X-Grid-Deadline``, the client's deadline for this attempt as a Unix time
 in seconds (the clients send one with every request). A request read after it is answered 504 with ``reason``
@@ -95,6 +101,7 @@ the grid's ``tx_timeout`` without a request. A plain PUT/DELETE of a key a trans
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hmac
@@ -119,6 +126,7 @@ from .node import OpResult
 from .runtime import (
     GridError,
     GridFull,
+    GridLeaving,
     GridLocked,
     GridNotOwner,
     GridRuntime,
@@ -181,6 +189,9 @@ class MemberContext:
     # Kubernetes and Prometheus need no secret.
     admin_token: str | None = None
     kv_token: str | None = None
+    # Set when the member begins to stop (before its grid hand-off): new data requests are refused with 503,
+    # reason "leaving", and every answer closes its connection (see _leaving_middleware and close_http).
+    leaving: bool = False
 
 
 def json_error(status: int, message: str, **extra: Any) -> web.Response:
@@ -188,11 +199,24 @@ def json_error(status: int, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": message, **extra}, status=status, headers=headers)
 
 
+LEAVING_ERROR = "this member is leaving the grid: send the request to another member"
+
+
+def unavailable(exc: GridError) -> web.Response:
+    """The 503 for a grid that refuses for now: ``reason`` ``leaving`` when this member is leaving (the client
+    goes to another member), else the refusal's text (degraded partition, not joined yet)."""
+    return json_error(503, str(exc), reason="leaving" if isinstance(exc, GridLeaving) else str(exc))
+
+
 @web.middleware
 async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp answers unknown paths, wrong methods and oversized bodies in HTML; clients want JSON."""
     try:
         return await handler(request)
+    except ConnectionResetError:
+        # The client closed the connection while its body was still being read: nobody is left to answer.
+        # An answer all the same (aiohttp drops it quietly); raised on, aiohttp logs a traceback at ERROR.
+        return json_error(400, "request body: the connection was closed before the body arrived")
     except RequestPayloadError as exc:
         # The body could not be read as sent: a Content-Encoding that does not decode, a chunked body cut short.
         # The request is at fault, so the answer is a 400 that says why (aiohttp would answer 500).
@@ -241,6 +265,47 @@ def _admin_path(path: str) -> bool:
     if path in ("/v1/leave", "/v1/force-available", "/v1/tx/in-doubt"):
         return True
     return path.startswith("/v1/tx/") and path.endswith(("/resolve", "/report"))
+
+
+def _refused_when_leaving(path: str) -> bool:
+    """Data requests a leaving member refuses: everything that starts new work. Requests that go on with, or
+    resolve, a transaction this member holds (``/v1/tx/{id}/lock|commit|rollback|resolve|report``, the
+    in-doubt list) still run: that transaction lives here and ends here."""
+    if not _data_path(path):
+        return False
+    rest = path
+    if path.startswith("/v1/caches/"):
+        parts = path.split("/", 4)  # "", "v1", "caches", name, rest
+        rest = "/v1/" + parts[4] if len(parts) == 5 else path
+    return not rest.startswith("/v1/tx/") or rest == "/v1/tx/begin"
+
+
+def _leaving_middleware(ctx: MemberContext) -> Any:
+    @web.middleware
+    async def refuse_when_leaving(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Once the member is leaving, new data requests get 503 with reason ``leaving`` and nothing runs: the
+        clients retry on another member at once (a member still taking work would never drain)."""
+        if ctx.leaving and ctx.grid is not None and _refused_when_leaving(request.path):
+            ctx.http_requests["refused_leaving"] = ctx.http_requests.get("refused_leaving", 0) + 1
+            extra: dict[str, Any] = {"committed": False, "tx": None} if "/tx" in request.path else {}
+            return json_error(503, LEAVING_ERROR, reason="leaving", **extra)
+        return await handler(request)
+
+    return refuse_when_leaving
+
+
+def _close_when_leaving(ctx: MemberContext) -> Any:
+    @web.middleware
+    async def close_when_leaving(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Once the member is leaving, every answer closes its connection (``Connection: close``): by the time
+        the member closes its HTTP server no client still sends on a kept-alive connection to it, and a
+        client's next request finds the member gone (refused) instead of racing its close (close_http)."""
+        resp = await handler(request)
+        if ctx.leaving:
+            resp.force_close()
+        return resp
+
+    return close_when_leaving
 
 
 def parse_deadline(raw: str) -> float:
@@ -310,7 +375,13 @@ def _token_middleware(ctx: MemberContext) -> Any:
 
 def build_app(ctx: MemberContext) -> web.Application:
     # The largest body any route takes (a batch); the key/value route checks its own, smaller limit first.
-    middlewares = [_errors_as_json, _token_middleware(ctx), _deadline_middleware(ctx)]
+    middlewares = [
+        _close_when_leaving(ctx),
+        _errors_as_json,
+        _token_middleware(ctx),
+        _leaving_middleware(ctx),
+        _deadline_middleware(ctx),
+    ]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BATCH_BYTES + 1024)
     api = _Api(ctx)
     app.router.add_get("/healthz", api.healthz)
@@ -344,6 +415,55 @@ def build_app(ctx: MemberContext) -> web.Application:
         app.router.add_route(method, "/v1/kv", api.kv_missing_key)
         app.router.add_route(method, "/v1/caches/{cache}/kv/{key:.*}", api.kv)
     return app
+
+
+# A connection waiting for its next request this long is closed while the server closes; a client that has just
+# connected gets that long to send its request (which is then answered) before its connection goes.
+CLOSE_IDLE_AFTER = 0.1
+# What aiohttp's cleanup may still wait for a request that close_http's own wait gave up on (then cancelled).
+SHUTDOWN_TIMEOUT = 1.0
+
+
+def _waiting_for_request(conn: Any) -> bool:
+    """True when ``conn`` has no request being read, queued or handled: it waits for the next one. aiohttp's own
+    test before it closes an idle kept-alive connection (``RequestHandler._process_keepalive``); a request whose
+    first bytes arrive ends the wait at once, on the same loop step. False when this aiohttp has no such field:
+    the connection is then left to aiohttp's cleanup."""
+    waiter = getattr(conn, "_waiter", None)
+    return waiter is not None and not waiter.done()
+
+
+async def close_http(runner: web.AppRunner, ctx: MemberContext | None, timeout: float) -> bool:
+    """Close the member's HTTP server so that every request it read is answered: stop listening, let each
+    connection finish its request (its answer closes it, ``ctx.leaving``), close the connections that wait for a
+    next request, and only then run aiohttp's cleanup. True when every connection ended within ``timeout``.
+
+    aiohttp's cleanup alone is not enough: it marks every connection as closing and from then on drops the bytes
+    that arrive on it, the rest of a body included, so a PUT whose headers came just before and whose body just
+    after waits for that body until the client gives up, and the cleanup waits for that request (up to its
+    shutdown timeout, 60 s by default); then aiohttp logs the handler's "Connection lost" with a traceback."""
+    if ctx is not None:
+        ctx.leaving = True
+    for site in list(runner.sites):
+        await site.stop()
+    server = runner.server
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    idle_since: dict[Any, float] = {}
+    live: list[Any] = []
+    while server is not None:
+        now = loop.time()
+        live = [c for c in server.connections if c.transport is not None]
+        if not live or now >= deadline:
+            break
+        for conn in live:
+            if not _waiting_for_request(conn):
+                idle_since.pop(conn, None)
+            elif now - idle_since.setdefault(conn, now) >= CLOSE_IDLE_AFTER:
+                conn.force_close()
+        await asyncio.sleep(0.01)
+    await runner.cleanup()
+    return not live
 
 
 def _default_only(grid: GridRuntime) -> dict[str, Any]:
@@ -766,6 +886,8 @@ def tx_failure(exc: GridError) -> web.Response:
         status = 409
     elif isinstance(exc, GridTxUnknown):
         status, committed = 500, None
+    elif isinstance(exc, GridLeaving):
+        status, reason = 503, "leaving"
     elif isinstance(exc, GridTxUnavailable | GridUnavailable):
         status, reason = 503, "unavailable"
     elif isinstance(exc, GridTxTimeout | GridTimeout):
@@ -1047,7 +1169,7 @@ class _Api:
                 res = await grid.delete(key, request.get("deadline"))
             return web.json_response({"ok": True, "attempts": res.attempts})
         except GridUnavailable as exc:
-            return json_error(503, str(exc), reason=str(exc))
+            return unavailable(exc)
         except GridTimeout as exc:
             return json_error(504, str(exc))
         except GridLocked as exc:
@@ -1083,7 +1205,7 @@ class _Api:
             else:
                 results = await grid.run_batch(ops, request.get("deadline"))
         except GridUnavailable as exc:
-            return json_error(503, str(exc), reason=str(exc))
+            return unavailable(exc)
         except (ValueError, TypeError) as exc:
             return json_error(400, str(exc))
         t = getattr(grid.node, "topology", None)  # an invalidation cache has none
@@ -1270,7 +1392,7 @@ class _Api:
         except BadBatch as exc:
             return json_error(400, str(exc))
         except GridUnavailable as exc:
-            return json_error(503, str(exc), reason=str(exc))
+            return unavailable(exc)
         in_doubt = any(d.tx == tx for d in grid.tx_in_doubt())
         return web.json_response(
             {
@@ -1295,7 +1417,7 @@ class _Api:
         try:
             found = grid.tx_in_doubt()
         except GridUnavailable as exc:
-            return json_error(503, str(exc), reason=str(exc))
+            return unavailable(exc)
         ch = self.ctx.channel()
 
         def enc(b: bytes) -> Any:
@@ -1349,7 +1471,7 @@ class _Api:
         except GridNotOwner as exc:
             return json_error(409, str(exc), owners=exc.owners)
         except GridUnavailable as exc:
-            return json_error(503, str(exc), reason=str(exc))
+            return unavailable(exc)
         entries = page.entries if binary else [[_b64(k), _b64(v), ver] for k, v, ver in page.entries]
         body = {
             "segment": page.segment,
@@ -1375,7 +1497,7 @@ class _Api:
         except GridNotOwner as exc:
             return json_error(409, str(exc), owners=exc.owners)
         except GridUnavailable as exc:
-            return json_error(503, str(exc), reason=str(exc))
+            return unavailable(exc)
         if binary:
             entries: list[list[Any]] = [[ver, k, v] for ver, k, v in page.entries]
         else:

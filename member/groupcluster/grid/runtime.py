@@ -95,6 +95,12 @@ class GridUnavailable(GridError):
     """The grid refuses the operation for now (degraded partition, not joined yet, leaving)."""
 
 
+class GridLeaving(GridUnavailable):
+    """This member is leaving the grid (or has left): it starts no new operation; send it to another member."""
+
+    reason = "leaving"
+
+
 class GridTimeout(GridError):
     """The operation did not complete within the node's ``op_timeout``."""
 
@@ -776,7 +782,7 @@ class GridRuntime(NodeTimer):
     ) -> OpResult:
         node = self._require_node()
         if node.leaving:
-            raise GridUnavailable("this member is leaving the grid; use another member")
+            raise GridLeaving("this member is leaving the grid; use another member")
         now = self._loop.time()
         cutoff = self._node_time(now, deadline)
         if kind == GET:
@@ -817,7 +823,7 @@ class GridRuntime(NodeTimer):
         """
         node = self._require_node()
         if node.leaving:
-            raise GridUnavailable("this member is leaving the grid; use another member")
+            raise GridLeaving("this member is leaving the grid; use another member")
         expiries = None
         if lifespans is not None:
             if len(lifespans) != len(ops):
@@ -887,7 +893,7 @@ class GridRuntime(NodeTimer):
         requests (HTTP), so it is rolled back after :attr:`tx_timeout` without one."""
         node = self._require_node()
         if node.leaving:
-            raise GridUnavailable("this member is leaving the grid; use another member")
+            raise GridLeaving("this member is leaving the grid; use another member")
         if interactive and len(self.interactive) >= MAX_INTERACTIVE:
             # Each holds state (and maybe locks) until its tx_timeout: a bound keeps a flood of begins harmless.
             raise GridUnavailable(
@@ -1119,7 +1125,7 @@ class GridRuntime(NodeTimer):
         if limit < 1:
             raise ValueError(f"limit: expected at least 1, got {limit}")
         if node.leaving:
-            raise GridUnavailable("this member is leaving the grid; read the segment from another owner")
+            raise GridLeaving("this member is leaving the grid; read the segment from another owner")
         if not t.can_read(segment):
             raise GridUnavailable(f"segment {segment} is unavailable for reads ({t.mode.value})")
         owners = t.read_owners(segment)
@@ -1174,7 +1180,7 @@ class GridRuntime(NodeTimer):
         if not 0 <= segment < t.num_segments:
             raise ValueError(f"segment: {segment} is outside [0, {t.num_segments - 1}]")
         if node.leaving:
-            raise GridUnavailable("this member is leaving the grid; read the segment from another owner")
+            raise GridLeaving("this member is leaving the grid; read the segment from another owner")
         if not t.can_read(segment):
             raise GridUnavailable(f"segment {segment} is unavailable for reads ({t.mode.value})")
         owners = t.read_owners(segment)
@@ -1189,7 +1195,7 @@ class GridRuntime(NodeTimer):
 
     def _require_node(self) -> GridNode:
         if self._closed:
-            raise GridUnavailable("this member has left the grid")
+            raise GridLeaving("this member has left the grid; use another member")
         if self.node is None or self.node.topology is None:
             raise GridUnavailable("this member has not installed a grid topology yet")
         return self.node
@@ -1232,7 +1238,9 @@ class GridRuntime(NodeTimer):
 
     def close(self) -> None:
         """Stop timers and fail the operations still waiting (the member is going away)."""
-        gone = GridUnavailable("this member left the grid before the operation completed")
+        gone = GridLeaving(
+            "this member left the grid before the operation completed (a write may or may not have been applied)"
+        )
         self._stop(gone)
         for wait in self._in_batch.values():
             if not wait.done.done():

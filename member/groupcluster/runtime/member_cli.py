@@ -16,9 +16,11 @@ how ``groupcluster chaos`` cuts a member off the network.
 ``--grid`` runs a data-grid member on the channel (:mod:`groupcluster.grid.runtime`; ``--grid-set KEY=VALUE``
 sets :class:`~groupcluster.grid.node.GridConfig` parameters) and ``--http HOST:PORT`` serves the member HTTP
 API (:mod:`groupcluster.grid.http_api`). A grid member that is asked to stop (SIGTERM, ``POST /v1/leave``)
-first hands its segments to new owners (at most ``--grid-leave-timeout`` seconds), then leaves the group. A
-second SIGTERM or SIGINT during the hand-off skips the rest of it (the member leaves the group at once): when a
-whole cluster stops, nobody is left to take the segments.
+refuses new data requests over HTTP from then on (503, reason ``leaving``), first hands its segments to new
+owners (at most ``--grid-leave-timeout`` seconds), then leaves the group, then closes its HTTP server once the
+requests in progress are answered (at most ``--http-close-timeout`` seconds). A second SIGTERM or SIGINT during
+the hand-off skips the rest of it (the member leaves the group at once): when a whole cluster stops, nobody is
+left to take the segments.
 """
 
 from __future__ import annotations
@@ -207,6 +209,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve /healthz, /readyz, /v1/status, /v1/kv/{key}, /v1/leave and /metrics here",
     )
     grid.add_argument(
+        "--http-close-timeout",
+        type=_positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="when stopping, wait at most this long for HTTP requests in progress to be answered (default 5)",
+    )
+    grid.add_argument(
         "--admin-token-file",
         dest="admin_token",
         type=_token_file,
@@ -292,6 +301,7 @@ class Member:
         if self.grid_config is None and self.cache_specs:
             raise ConfigError("--cache: only with --grid")
         self.caches: CacheSet | None = None
+        self.http_ctx: Any = None  # the HTTP API's MemberContext, with --http
 
     # -- deliveries ------------------------------------------------------------------------------------
     def on_batch(self, msgs: list[Message]) -> None:
@@ -467,17 +477,30 @@ class Member:
         try:
             return await self._run_member(on_messages, on_view)
         finally:
+            # The grid first: operations still waiting fail (503, reason leaving), so their requests are answered
+            # before the HTTP server closes.
             if self.caches is not None:
                 self.caches.close()
             elif self.grid is not None:
                 self.grid.close()
             if runner is not None:
-                await runner.cleanup()
+                await self._close_http(runner)
+
+    async def _close_http(self, runner: Any) -> None:
+        from ..grid.http_api import close_http
+
+        started = time.monotonic()
+        if not await close_http(runner, self.http_ctx, self.args.http_close_timeout):
+            log.warning(
+                "HTTP requests still in progress after %gs (--http-close-timeout); their connections were closed",
+                self.args.http_close_timeout,
+            )
+        log.info("HTTP server closed in %.3fs", time.monotonic() - started)
 
     async def _start_http(self, url: str | None) -> Any:
         from aiohttp import web
 
-        from ..grid.http_api import MemberContext, build_app
+        from ..grid.http_api import SHUTDOWN_TIMEOUT, MemberContext, build_app
 
         ctx = MemberContext(
             cluster=self.args.cluster,
@@ -488,7 +511,9 @@ class Member:
             admin_token=self.args.admin_token,
             kv_token=self.args.kv_token,
         )
-        runner = web.AppRunner(build_app(ctx), access_log=None)
+        self.http_ctx = ctx
+        # close_http answers the requests in progress first; what aiohttp's cleanup may wait after that is short.
+        runner = web.AppRunner(build_app(ctx), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
         await runner.setup()
         host, port = self.args.http
         try:
@@ -511,6 +536,7 @@ class Member:
             return
         # Every cache hands its segments off (a named cache's leave is its own rebalance, run side by side).
         waiter: Any = self.caches if self.caches is not None else grid
+        started = time.monotonic()
         waiter.leave()
         handed = asyncio.ensure_future(waiter.wait_ready_to_leave())
         hurry = asyncio.ensure_future(self.hurry.wait())
@@ -523,7 +549,8 @@ class Member:
             handed.cancel()
         handed_off = self.caches.ready_to_leave if self.caches is not None else grid.node.ready_to_leave
         if handed_off:
-            print(f"member {self.ch.address}: grid segments handed off", flush=True)
+            took = time.monotonic() - started
+            print(f"member {self.ch.address}: grid segments handed off in {took:.3f}s", flush=True)
         elif self.hurry.is_set():
             print(f"member {self.ch.address}: grid hand-off skipped (second stop signal)", flush=True)
         else:
@@ -570,16 +597,25 @@ class Member:
             loop.call_later(args.run_for, self._time_up)
         try:
             await self.stop.wait()
+            if self.http_ctx is not None:
+                # From now on new data requests are refused (503, reason leaving) and every answer closes its
+                # connection: clients move to other members while the segments are handed off.
+                self.http_ctx.leaving = True
             await self._grid_handoff()
         finally:
             for task in tasks:
                 task.cancel()
             if self.faults_control is not None:
                 self.faults_control.stop()
+            leave_started = time.monotonic()
             ok = await ch.leave()
             self.left = ok
             self.write_status()
-        print(f"member {ch.address}: left ({self.stop_reason}{'' if ok else '; leave timed out'})", flush=True)
+        took = time.monotonic() - leave_started
+        print(
+            f"member {ch.address}: left ({self.stop_reason}{'' if ok else '; leave timed out'}) in {took:.3f}s",
+            flush=True,
+        )
         return 0
 
     def _on_signal(self, sig: signal.Signals) -> None:
