@@ -1353,6 +1353,13 @@ class GridNode:
                 self._out_xfers.clear()
         for s in keep:
             store.add_segment(s)
+        if dropping and not self.tx.locks.empty():
+            # Locks go with ownership, whatever the phase and whether the copy is dropped yet: a member that is no
+            # write owner of a segment gets no commit carrying the versions of its keys, so a committed
+            # transaction's lock still waiting for one there would be held for good (a lock promoted in a
+            # partition of our own, then a merged topology that continued the other side's rebalance without us).
+            gone = sorted(self.tx.locks.segments() - keep - set(dropped_segments))
+            dropped_segments += gone
         self._tx_install(old, t, dropped_segments)
         # Writes we applied under another topology: push them to this topology's write owners, unless the write
         # went to all of them already (then its round goes on, for them only: see _kept_owners).

@@ -255,6 +255,11 @@ class LockTable:
     def locked_keys(self) -> frozenset[bytes]:
         return frozenset(k for k, lock in self._locks.items() if lock.holders)
 
+    def segments(self) -> frozenset[int]:
+        """The segments of the keys held or recorded as backup locks here."""
+        seg = self._segment_of
+        return frozenset(seg(k) for keys in (*self._held.values(), *self._backup.values()) for k in keys)
+
     def empty(self) -> bool:
         """Nothing held, waited for or recorded as a backup lock (the checkers' "no lock held forever")."""
         return not self._locks and not self._held and not self._requests and not self._backup
