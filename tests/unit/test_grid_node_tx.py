@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 
 import pytest
 from groupcluster.core.address import Address
@@ -726,3 +727,36 @@ def test_a_lock_promoted_in_a_partition_goes_with_the_segment_a_merged_topology_
         node.on_messages([(o, payload)], 3.1)
     assert node.tx.state_of(tx) == TxState.COMMITTED
     assert node.tx.locks.empty(), node.tx.locks.locked_keys()
+
+
+def test_an_in_doubt_commit_needs_no_version_for_a_key_whose_segment_the_member_holds_no_more() -> None:
+    # Simulation grid-tx seed 203001472: a backup lagging behind held the originator's commit for a topology it
+    # had not installed, was cut off (in doubt) before installing it, and so ignored it. The key then moved to
+    # other owners, and the primary that had stamped its version left. The operator's tx_resolve asked for that
+    # version though the member no longer held the key: the transaction stayed in doubt for good.
+    o, p, q, x = (Address(f"10.0.0.{i}", 7800, i) for i in (1, 2, 3, 4))
+    kept = next(f"a{i}".encode() for i in range(100) if segment_of(f"a{i}".encode(), 2) == 0)
+    moved = next(f"b{i}".encode() for i in range(100) if segment_of(f"b{i}".encode(), 2) == 1)
+    caps = {o: 1.0, p: 1.0, q: 1.0, x: 1.0}
+
+    def topo(tid: int, owners: list[tuple[Address, ...]], members: tuple[Address, ...]) -> Topology:
+        ch = ConsistentHash.from_owner_map(2, 2, owners, caps)
+        return Topology(CacheTopology(tid, 1, Phase.NO_REBALANCE, ch, None, members, Availability.AVAILABLE, members))
+
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 2, "num_owners": 2}))
+    node.on_view((o, p, q, x), 0.0)
+    node.on_messages([(o, encode_payload([topo(5, [(p, x), (p, x)], (o, p, q, x))]))], 0.1)
+    tx = TxId(o, 1)
+    node.on_messages([(o, encode_payload([TxPrepare(tx, 1, 5, (), ((kept, b"1"), (moved, b"2")), ())]))], 0.2)
+    assert node.tx.state_of(tx) == TxState.PREPARED and node.tx.locks.backup_locks(tx) == {kept, moved}
+    node.on_view((p, q, x), 1.0)  # the originator is gone: in doubt
+    node.on_messages([(p, encode_payload([topo(6, [(p, x), (p, q)], (p, q, x))]))], 1.1)
+    assert node.store is not None and not node.store.has_segment(1)
+    assert [d.tx for d in node.tx_in_doubt()] == [tx]
+    with pytest.raises(ValueError, match=re.escape(repr([kept]))):
+        node.tx_resolve(tx, True, 2.0)  # a key it still holds needs its version
+    version = (5 << 40) | 7
+    assert node.tx_resolve(tx, True, 2.0, {kept: version})
+    assert node.tx.state_of(tx) == TxState.COMMITTED and node.tx_in_doubt() == []
+    assert node.tx.locks.empty()
+    assert node.store.get(0, kept) == (version, b"1")
