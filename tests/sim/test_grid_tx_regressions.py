@@ -88,6 +88,20 @@ RESOLVED_ON_THE_ORIGINATOR = (
     "sent it on to a new owner (now a resolution sent from the originator's member overrules its pending "
     "decision: TxCoordinator.resolved_here)"
 )
+LOCK_WITHOUT_OWNERSHIP = (
+    "a backup of c4 was cut off alone while a transaction was prepared and held c4's lock as the primary of its "
+    "own degraded grid; the merged group's topology continued the other side's rebalance without it as an owner "
+    "of c4 (mid-rebalance: its copy stayed), and the resolved commit carried only the keys it owned then, so the "
+    "lock waited for c4's version for good (now: locks of segments a member no longer owns go at every "
+    "available topology, whatever its phase)"
+)
+RESOLVE_KEY_NOT_HELD = (
+    "a backup lagging behind held the originator's commit for a topology it had not installed and was cut off "
+    "(in doubt) before installing it, so it ignored the commit; u15 then moved to other owners and the primary "
+    "that had stamped its version left. The operator's tx_resolve asked that member for u15's version, which no "
+    "live member knew, though it no longer held u15: the transaction stayed in doubt for good (now: a written "
+    "key whose segment the member holds no more needs no version there)"
+)
 
 # (seed, scenario, what the seed found). Seeds 104 and 143 found TWO_GRIDS on the first sweep; the fault choice
 # changed since (crashes and pauses prefer originators in the middle of a commit), so their runs are not the
@@ -108,6 +122,8 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (814, GRID_TX, GIVE_UP_AT_DEADLINE),
     (1461, GRID_TX, LATE_COMMIT_NEW_OWNER),
     (912, GRID_TX, RESOLVED_ON_THE_ORIGINATOR),
+    (4100123, GRID_TX, LOCK_WITHOUT_OWNERSHIP),
+    (203001472, GRID_TX, RESOLVE_KEY_NOT_HELD),
 ]
 
 

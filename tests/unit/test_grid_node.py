@@ -1311,3 +1311,37 @@ def test_a_degraded_partition_pushes_what_it_wrote_at_the_merge() -> None:
     node.take_outbox()
     node.on_messages([(c, encode_payload([Topology(_topology(9, [(c,)], (c, x)))]))], 1.1)
     assert [(k, v) for k, _ver, v in _backups_to(node, c)] == [(b"k", b"new")]
+
+
+@pytest.mark.parametrize(
+    "phase", [Phase.READ_OLD_WRITE_ALL, Phase.READ_ALL_WRITE_ALL, Phase.READ_NEW_WRITE_ALL], ids=lambda p: p.name
+)
+def test_a_new_owner_that_dies_mid_rebalance_leaves_every_key_with_two_copies(phase: Phase) -> None:
+    # Simulation seed 4100076: a joiner, new owner of a segment in the rebalance taking it in, was cut off
+    # mid-rebalance; the planner removed it from the pending CH, which then named one owner for that segment.
+    # The rebalance ended there, the current owner it replaced dropped its copy, and the one owner left (already
+    # crashed, not yet out of the view) took the acknowledged writes with it. The live current owners, which
+    # hold the data, now stay in the pending CH: no key is down to one copy while the grid heals.
+    net = FakeNet(random.Random(5))
+    a, _, _ = net.add(3)
+    net.run_until(2.0)
+    assert net.stable()
+    keys = [f"k{i}".encode() for i in range(64)]
+    ops = {net.nodes[a].put(k, k + b"!", net.now): k for k in keys}
+    net.collect(a)
+    net.run_until(3.0)
+    assert {r.op_id for r in net.results[a] if r.ok} >= set(ops)
+    (d,) = net.add(1)
+    while (t := net.nodes[d].topology) is None or t.phase != phase:  # d is a new owner, in this phase
+        assert net.now < 5.0
+        net.run_until(net.now + 0.0005)
+    assert t.segments_to_fetch(d)
+    net.crash(d)
+    fewest = 2
+    while net.now < 20.0 and not net.stable():
+        net.run_until(net.now + 0.001)
+        for k in keys:
+            s = net.coordinator.topology.segment_of(k)  # type: ignore[union-attr]
+            held = [x for x in net.view if net.nodes[x].store.value(s, k) == k + b"!"]  # type: ignore[union-attr]
+            fewest = min(fewest, len(held))
+    assert net.stable() and fewest == 2

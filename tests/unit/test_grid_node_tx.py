@@ -12,22 +12,26 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 
 import pytest
 from groupcluster.core.address import Address
-from groupcluster.grid.consistent_hash import segment_of
-from groupcluster.grid.messages import GET, PUT, decode_payload, encode_payload
+from groupcluster.grid.consistent_hash import ConsistentHash, segment_of
+from groupcluster.grid.messages import GET, PUT, Topology, decode_payload, encode_payload
 from groupcluster.grid.node import (
     REASON_CONFLICT,
     REASON_LOCKED,
     REASON_ROLLED_BACK,
     TX_COMMIT_OP,
     TX_LOCK_OP,
+    GridConfig,
+    GridNode,
     OpResult,
     Outgoing,
 )
+from groupcluster.grid.topology import Availability, CacheTopology, PartitionHandling, Phase
 from groupcluster.grid.tx import TxState, termination_decision
-from groupcluster.grid.tx_messages import TxCommit, TxId, TxLockInfo, TxReportAnswer, TxReportRequest
+from groupcluster.grid.tx_messages import TxCommit, TxId, TxLockInfo, TxPrepare, TxReportAnswer, TxReportRequest
 
 from .test_grid_node import CONFIG, FakeNet
 
@@ -683,3 +687,76 @@ def test_tx_resolve_all_resolves_on_every_member_from_one() -> None:
     no_locks_left(net)
     res = resolve_all(False)
     assert not res.ok and res.reason == "not_in_doubt", res
+
+
+@pytest.mark.parametrize("commit_first", [True, False], ids=["commit-before-topology", "commit-after-topology"])
+def test_a_lock_promoted_in_a_partition_goes_with_the_segment_a_merged_topology_takes_away(commit_first: bool) -> None:
+    # Simulation grid-tx seed 4100123: x, backup of a key b, was cut off alone while the transaction was
+    # prepared; primary of b's segment in its degraded topology, it held b's lock (a promoted backup lock). The
+    # merged group's topology continued the other side's rebalance, without x as an owner of that segment (the
+    # phase kept x's copy: no drop). The resolved commit carried only the keys x owned then, so b's lock waited
+    # for a version that never comes, for good. Locks now go with ownership at every available topology.
+    o, p, x = (Address(f"10.0.0.{i}", 7800, i) for i in (1, 2, 3))
+    a = next(f"a{i}".encode() for i in range(100) if segment_of(f"a{i}".encode(), 2) == 1)
+    b = next(f"b{i}".encode() for i in range(100) if segment_of(f"b{i}".encode(), 2) == 0)
+    caps = {o: 1.0, p: 1.0, x: 1.0}
+
+    def topo(tid: int, owners: list[tuple[Address, ...]], members: tuple[Address, ...], phase: Phase) -> CacheTopology:
+        ch = ConsistentHash.from_owner_map(2, 2, owners, caps)
+        pending = None if phase == Phase.NO_REBALANCE else ch
+        return CacheTopology(
+            tid, 1, phase, ch, pending, members, Availability.AVAILABLE, members, PartitionHandling.DENY_READ_WRITES
+        )
+
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 2, "num_owners": 2, "recovery_timeout": "1s"}))
+    node.on_view((o, p, x), 0.0)
+    node.on_messages([(o, encode_payload([Topology(topo(5, [(p, x), (x, p)], (o, p, x), Phase.NO_REBALANCE))]))], 0.1)
+    tx = TxId(o, 1)
+    prepare = TxPrepare(tx, 1, 5, (a,), ((a, b"1"), (b, b"2")), ())
+    node.on_messages([(o, encode_payload([prepare]))], 0.2)
+    assert node.tx.state_of(tx) == TxState.PREPARED and node.tx.locks.held_by(tx) == {a}
+    version_a = node.tx.report(tx).versions[0][1]
+    node.on_view((x,), 1.0)  # cut off alone: in doubt, and its own degraded grid makes it b's primary
+    node.tick(2.5)
+    assert node.topology is not None and node.topology.availability == Availability.DEGRADED
+    assert node.tx.locks.held_by(tx) == {a, b}
+    node.on_view((o, p, x), 3.0, merge=True)
+    commit = encode_payload([TxCommit(tx, 1, 7, ((a, version_a, b"1"),), resolved=True)])  # x's keys under 7
+    merged = encode_payload([Topology(topo(7, [(p, o), (x, p)], (o, p, x), Phase.READ_NEW_WRITE_ALL))])
+    for payload in [commit, merged] if commit_first else [merged, commit]:
+        node.on_messages([(o, payload)], 3.1)
+    assert node.tx.state_of(tx) == TxState.COMMITTED
+    assert node.tx.locks.empty(), node.tx.locks.locked_keys()
+
+
+def test_an_in_doubt_commit_needs_no_version_for_a_key_whose_segment_the_member_holds_no_more() -> None:
+    # Simulation grid-tx seed 203001472: a backup lagging behind held the originator's commit for a topology it
+    # had not installed, was cut off (in doubt) before installing it, and so ignored it. The key then moved to
+    # other owners, and the primary that had stamped its version left. The operator's tx_resolve asked for that
+    # version though the member no longer held the key: the transaction stayed in doubt for good.
+    o, p, q, x = (Address(f"10.0.0.{i}", 7800, i) for i in (1, 2, 3, 4))
+    kept = next(f"a{i}".encode() for i in range(100) if segment_of(f"a{i}".encode(), 2) == 0)
+    moved = next(f"b{i}".encode() for i in range(100) if segment_of(f"b{i}".encode(), 2) == 1)
+    caps = {o: 1.0, p: 1.0, q: 1.0, x: 1.0}
+
+    def topo(tid: int, owners: list[tuple[Address, ...]], members: tuple[Address, ...]) -> Topology:
+        ch = ConsistentHash.from_owner_map(2, 2, owners, caps)
+        return Topology(CacheTopology(tid, 1, Phase.NO_REBALANCE, ch, None, members, Availability.AVAILABLE, members))
+
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 2, "num_owners": 2}))
+    node.on_view((o, p, q, x), 0.0)
+    node.on_messages([(o, encode_payload([topo(5, [(p, x), (p, x)], (o, p, q, x))]))], 0.1)
+    tx = TxId(o, 1)
+    node.on_messages([(o, encode_payload([TxPrepare(tx, 1, 5, (), ((kept, b"1"), (moved, b"2")), ())]))], 0.2)
+    assert node.tx.state_of(tx) == TxState.PREPARED and node.tx.locks.backup_locks(tx) == {kept, moved}
+    node.on_view((p, q, x), 1.0)  # the originator is gone: in doubt
+    node.on_messages([(p, encode_payload([topo(6, [(p, x), (p, q)], (p, q, x))]))], 1.1)
+    assert node.store is not None and not node.store.has_segment(1)
+    assert [d.tx for d in node.tx_in_doubt()] == [tx]
+    with pytest.raises(ValueError, match=re.escape(repr([kept]))):
+        node.tx_resolve(tx, True, 2.0)  # a key it still holds needs its version
+    version = (5 << 40) | 7
+    assert node.tx_resolve(tx, True, 2.0, {kept: version})
+    assert node.tx.state_of(tx) == TxState.COMMITTED and node.tx_in_doubt() == []
+    assert node.tx.locks.empty()
+    assert node.store.get(0, kept) == (version, b"1")

@@ -140,6 +140,25 @@ def test_new_owner_crash_mid_rebalance_keeps_every_segment_owned() -> None:
     assert set(owner_set(p.topology.current)) == {m(0), m(1), m(2)}  # type: ignore[union-attr]
 
 
+def test_new_owner_crash_mid_rebalance_keeps_num_owners_owners_that_hold_the_data() -> None:
+    # Simulation seed 4100076: with the dead new owner removed, the pending CH named one owner for its segments;
+    # the rebalance ended there and the current owners it replaced dropped the data. Live current owners stay.
+    p = joined(3)
+    p.on_view([m(0), m(1), m(2), m(3)], 1.0)
+    t = p.on_statuses({m(3): MemberStatus(1.0, False, None)}, 1.0)[-1][1]
+    fetched = t.segments_to_fetch(m(3))
+    assert fetched
+    t2 = p.on_view([m(0), m(1), m(2)], 2.0)[0][1]
+    assert t2.pending is not None
+    for s in range(SEGS):
+        assert len(t2.pending.owners_of(s)) == 2, s
+        assert set(t2.pending.owners_of(s)) <= set(t.current.owners_of(s)) | set(t.pending.owners_of(s)), s  # type: ignore[union-attr]
+    seen = confirm_all(p)
+    ended = next(tt for tt in seen if tt.phase == Phase.NO_REBALANCE)
+    for s in fetched:  # the copies the rebalance ends with are the current owners', who had the data
+        assert set(ended.current.owners_of(s)) == set(t.current.owners_of(s)), s
+
+
 def test_leave_request_moves_the_members_segments_away() -> None:
     p = joined(4)
     out = p.on_statuses({m(2): MemberStatus(1.0, True, p.topology)}, 1.0)

@@ -485,6 +485,19 @@ class TestTxTable:
         with pytest.raises(ValueError, match="not PREPARED"):
             t.resolve(tx, False, 3.0)
 
+    def test_resolve_needs_no_version_for_a_key_the_member_holds_no_more(self) -> None:
+        t, store = table(B)
+        tx = tid(1)
+        t.on_message(O1, prepare(tx, [b"k1", b"k2"], lock=()), 0.0)
+        t.on_view([A, B], 1.0)
+        v = make_version(1, 7)
+        with pytest.raises(ValueError, match="no version"):
+            t.resolve(tx, True, 2.0, {b"k1": v})  # k2 is still ours: its version is needed
+        t.resolve(tx, True, 2.0, {b"k1": v}, not_held=[b"k2"])
+        assert store.applied == [(tx, ((b"k1", v, b"vk1"),))]  # nothing written for k2
+        assert t.state_of(tx) == TxState.COMMITTED and t.report(tx).writes == ((b"k1", b"vk1"),)
+        assert t.locks.empty()
+
     def test_finished_records_expire(self) -> None:
         t, _ = table(completed_retention="60s")
         tx = tid(1)

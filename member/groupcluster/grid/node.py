@@ -1353,6 +1353,13 @@ class GridNode:
                 self._out_xfers.clear()
         for s in keep:
             store.add_segment(s)
+        if dropping and not self.tx.locks.empty():
+            # Locks go with ownership, whatever the phase and whether the copy is dropped yet: a member that is no
+            # write owner of a segment gets no commit carrying the versions of its keys, so a committed
+            # transaction's lock still waiting for one there would be held for good (a lock promoted in a
+            # partition of our own, then a merged topology that continued the other side's rebalance without us).
+            gone = sorted(self.tx.locks.segments() - keep - set(dropped_segments))
+            dropped_segments += gone
         self._tx_install(old, t, dropped_segments)
         # Writes we applied under another topology: push them to this topology's write owners, unless the write
         # went to all of them already (then its round goes on, for them only: see _kept_owners).
@@ -2299,6 +2306,7 @@ class GridNode:
         vs.update(versions or {})
         t = self.topology
         keys = sorted({k for k, _ in rep.writes} | set(self.tx.locks.held_by(tx)) | set(self.tx.locks.backup_locks(tx)))
+        not_held: list[bytes] = []
         if commit:
             missing = [k for k, _ in rep.writes if k not in vs]
             if missing and t is not None:
@@ -2306,13 +2314,21 @@ class GridNode:
                 for k in missing:
                     if r.primary[segment_of(k, t.num_segments)]:
                         vs[k] = self._tx_stamp(k)
-            still = sorted(k for k, _ in rep.writes if k not in vs)
+            # A written key whose segment we hold no more is not written here: its owners have it, and its
+            # version may have left with the members that knew it (the originator's decision reached us only
+            # after we were in doubt, and was ignored then, while the key moved on by state transfer).
+            store = self.store
+            n = t.num_segments if t is not None else 0
+            not_held = [
+                k for k, _ in rep.writes if k not in vs and (store is None or not store.has_segment(segment_of(k, n)))
+            ]
+            still = sorted(k for k, _ in rep.writes if k not in vs and k not in not_held)
             if still:
                 raise ValueError(
                     f"transaction {tx}: no version for written keys {still!r}: resolve on their write primary "
                     "first, or pass the versions other members report"
                 )
-        out = self.tx.resolve(tx, commit, now, vs if commit else None)
+        out = self.tx.resolve(tx, commit, now, vs if commit else None, not_held=not_held)
         out += self.txc.resolved_here(tx, commit, now)
         if t is not None:
             r = self._routes(t)
@@ -2324,7 +2340,7 @@ class GridNode:
                     if owner == self.address:
                         continue
                     dests.add(owner)
-                    if commit and k in writes:
+                    if commit and k in writes and k in vs:
                         per_dest.setdefault(owner, []).append((k, vs[k], writes[k]))
             for dest in sorted(dests):
                 if commit:

@@ -652,7 +652,15 @@ class RebalancePlanner:
     ) -> tuple[ConsistentHash, ConsistentHash | None]:
         """Give every segment at least one owner after removing the dead, preferring members with the data."""
         live = [m for m in self.members if self.members[m].capacity > 0] or list(self.members)
+        keepers = set(self._owner_candidates())
         for s in range(len(cur)):
+            if pend is not None and len(pend[s]) < self.num_owners:
+                # A new owner died: the rebalance would end with fewer copies than num_owners, and the current
+                # owners it replaced would drop theirs, so one more crash before the next rebalance completes
+                # loses acknowledged writes (a new owner cut off mid-rebalance and back: the other one crashed).
+                # Live current owners hold the data (every phase writes to them): they stay owners instead.
+                room = self.num_owners - len(pend[s])
+                pend[s] += tuple(x for x in cur[s] if x not in pend[s] and x in keepers)[:room]
             if pend is not None and not pend[s]:
                 pend[s] = cur[s]
             if not cur[s]:

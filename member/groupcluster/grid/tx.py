@@ -255,6 +255,11 @@ class LockTable:
     def locked_keys(self) -> frozenset[bytes]:
         return frozenset(k for k, lock in self._locks.items() if lock.holders)
 
+    def segments(self) -> frozenset[int]:
+        """The segments of the keys held or recorded as backup locks here."""
+        seg = self._segment_of
+        return frozenset(seg(k) for keys in (*self._held.values(), *self._backup.values()) for k in keys)
+
     def empty(self) -> bool:
         """Nothing held, waited for or recorded as a backup lock (the checkers' "no lock held forever")."""
         return not self._locks and not self._held and not self._requests and not self._backup
@@ -750,13 +755,21 @@ class TxTable:
         return out
 
     def resolve(
-        self, tx: TxId, commit: bool, now: float, versions: Mapping[bytes, int] | None = None
+        self,
+        tx: TxId,
+        commit: bool,
+        now: float,
+        versions: Mapping[bytes, int] | None = None,
+        *,
+        not_held: Iterable[bytes] = (),
     ) -> list[TxOutput]:
         """An operator's (or a resolver's) decision for a PREPARED transaction, normally an in-doubt one.
         Committing needs a version for every written key: the ones stamped here are known, the others come
         from ``versions`` (collected from the primaries' :meth:`in_doubt`, or stamped anew by the current
         primary when the stamping one is gone). Decide with :func:`termination_decision` and resolve every
-        participant the same way."""
+        participant the same way. ``not_held``: written keys whose segments this member holds no more; they
+        need no version and are not written here (their owners store them), and a commit drops them from the
+        record, so no lock waits for their version."""
         rec = self._txs.get(tx)
         if rec is None or rec.state != TxState.PREPARED:
             state = "unknown" if rec is None else rec.state.name
@@ -765,9 +778,11 @@ class TxTable:
         if commit:
             vs = dict(rec.versions)
             vs.update(versions or {})
-            missing = sorted(k for k in rec.writes if k not in vs)
+            gone = set(not_held)
+            missing = sorted(k for k in rec.writes if k not in vs and k not in gone)
             if missing:
                 raise ValueError(f"transaction {tx}: no version for written keys {missing!r}")
+            rec.writes = {k: v for k, v in rec.writes.items() if k in vs or k not in gone}
             writes = tuple((k, vs[k], v) for k, v in sorted(rec.writes.items()))
             rec.versions = {k: vs[k] for k in rec.writes}
             self._apply(tx, writes)
