@@ -199,6 +199,17 @@ class Unsuspect(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class VerifySuspect(Event):
+    """Down to failure detection: verify ``members`` now (ARE_YOU_ALIVE), without waiting for their silence.
+
+    Another member acts on their death (a successor's flush): our own detector, on a longer timeout, would
+    take seconds to agree. Those that do not answer are reported as :class:`Suspect`; answering ones are not.
+    """
+
+    members: tuple[Address, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class MergeNeeded(Event):
     """MERGE saw several coordinators (or inconsistent views); GMS decides whether to lead a merge."""
 
