@@ -306,6 +306,7 @@ def test_the_successor_of_a_crashed_coordinator_is_followed_before_we_suspect_th
     successor_start(h)
     assert probes_and_flush(h) == ([P1.endpoint], [])  # P1 verified now, not after our own 4 s of silence
     assert h.metric("flush.flushes_refused") == 0
+    assert h.layer("flush").describe_state()["awaiting_successor"] == str(P2)
     h.advance(0.5)  # P1 does not answer
     events = h.take_events()
     assert Suspect(P1) in events and any(isinstance(e, Block) for e in events)

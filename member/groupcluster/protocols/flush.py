@@ -503,4 +503,5 @@ class Flush(Layer):
             "latched": self.latched,
             "queued": len(self.queue),
             "round": None if self.round is None else str(self.round.flush_id),
+            "awaiting_successor": None if self.successor_start is None else str(self.successor_start[0]),
         }
