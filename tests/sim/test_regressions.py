@@ -39,6 +39,10 @@ MERGE_CUT = (
     "a member listed in two subgroups (its JOIN_REQ reached both coordinators) kept a stale window after a flushed "
     "merge; the next flush fetched its other-subgroup messages and delivered them in the merged view"
 )
+HELD_FOREIGN = (
+    "FLUSH held next-view multicasts of a member whose view never reached us, then released them in another "
+    "view of ours that did not contain the sender"
+)
 
 # (seed, scenario, what the seed found)
 REGRESSIONS: list[tuple[int, Scenario, str]] = [
@@ -67,6 +71,7 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (78, VSYNC, FLUSH_GUARD),
     (93, VSYNC, FLUSH_GUARD),
     (4100000, VSYNC, MERGE_CUT),
+    (200000958, VSYNC, HELD_FOREIGN),
 ]
 
 

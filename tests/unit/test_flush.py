@@ -227,6 +227,24 @@ def test_next_view_multicasts_arriving_before_our_view_are_delivered_after_it() 
     assert [m.payload for m in h.take_delivered()] == [b"m1"]
 
 
+def test_held_next_view_multicasts_of_a_sender_outside_the_view_we_install_are_dropped() -> None:
+    """Sim seed 200000958 (vsync): P2 installed the view after our completed flush, which never reached us;
+    we held its multicasts, later installed another view without P2 and delivered them there (the members of
+    that view never had them)."""
+    h = member()
+    start(h)
+    h.take_sent()
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h.receive(P2, [mcast(1)])  # sent in the next view
+    h.receive(P1, [mcast(1)])
+    assert h.take_delivered() == []
+    h.install_view([P1, ME], seq=3)  # not the view P2 sent in
+    assert [(m.src, m.payload) for m in h.take_delivered()] == [(P1, b"m1")]
+    assert h.metric("flush.held_dropped") == 1
+
+
 def test_a_start_flush_for_a_view_not_yet_installed_waits_for_that_view() -> None:
     """Sim seed 23 (vsync): START_FLUSH (unicast) overtook the VIEW (multicast). Joining the new view's flush
     from the old view un-held the old round and delivered next-view messages in the old view."""

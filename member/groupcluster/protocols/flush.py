@@ -272,7 +272,7 @@ class Flush(Layer):
             self.successor_start = None  # it flushed the view before
             self.cancel_timer("successor")
             self.above.up_event(event)
-            self._release_held()
+            self._release_held(event.view.members)
             self._unblock("view installed")
             early, self.early_start = self.early_start, None
             if early is not None and early[1].view_id == event.view.view_id:
@@ -444,9 +444,23 @@ class Flush(Layer):
         self._send(r.coordinator, FlushHeader(FLUSH_COMPLETED, r.flush_id))
         return True
 
-    def _release_held(self) -> None:
-        if self.held:
-            held, self.held = self.held, []
+    def _release_held(self, members: tuple[Address, ...] | None = None) -> None:
+        """Deliver the held next-view multicasts; at a view change only those of its members.
+
+        A held multicast was sent in a view that followed our completed flush. If its sender is not in the view
+        we install now, that view is another one (ours after the next view never reached us, say): the message
+        belongs to a view we never installed and is dropped, as NAKACK drops the stream of a removed member.
+        """
+        if not self.held:
+            return
+        held, self.held = self.held, []
+        if members is not None:
+            kept = set(members)
+            out = [m for m in held if m.src in kept]
+            if len(out) < len(held):
+                self.count("held_dropped", len(held) - len(out))
+            held = out
+        if held:
             self.above.up(held)
 
     def _unblock(self, reason: str) -> None:
