@@ -10,7 +10,7 @@ import pytest
 from groupcluster.sim import checkers
 from groupcluster.sim.history import History, HistoryEvent
 
-from .procs import FD_FLAGS, Members, before, free_port, loopback_hosts, view_of, wait_until
+from .procs import FD_FLAGS, FD_TIMEOUT, MemberProcess, Members, before, free_port, loopback_hosts, view_of, wait_until
 
 
 def test_survivors_of_a_crash_agree_on_old_view_deliveries(members: Members) -> None:
@@ -133,3 +133,59 @@ def test_channel_flush_blocks_everyone_and_ends_in_a_new_view_of_the_same_member
             await fifo.leave()
 
     asyncio.run(main())
+
+
+def _counters(proc: MemberProcess) -> dict[str, int]:
+    st = proc.status()
+    assert st is not None, f"{proc.name} has no status"
+    return dict(st["metrics"])
+
+
+def test_the_successor_takes_over_by_one_flush_before_the_other_survivor_suspects_the_coordinator(
+    members: Members,
+) -> None:
+    """SIGKILL the coordinator of three: the next member suspects it first and flushes the other survivor,
+    whose own failure detector would take seconds longer (its timeout is 3 s longer, so the START_FLUSH
+    always comes first). The survivor must not refuse the successor and be excluded (each survivor in a
+    view of one until a merge): it verifies the coordinator at once and both install one 2-member view."""
+    hosts = loopback_hosts(3)
+    port = free_port(hosts, "udp")
+    everyone = ",".join(f"{h}:{port}" for h in hosts)
+    slow_fd = ("--set", f"fd.timeout={FD_TIMEOUT + 3.0}")
+    procs: list[MemberProcess] = []
+    for i, host in enumerate(hosts):
+        # One at a time, so the view is [m1, m2, m3]: m1 coordinates, m2 succeeds it, m3 detects slowly.
+        extra = slow_fd if i == 2 else ()
+        procs.append(
+            members.start(f"m{i + 1}", f"{host}:{port}", "--hosts", everyone, "--stack", "vsync", *FD_FLAGS, *extra)
+        )
+        wait_until(f"a view of {i + 1}", lambda n=i + 1: all(len(view_of(p) or ()) == n for p in procs), 60, members)
+    coordinator, successor, slow = procs
+    addrs = [p.address() for p in procs]
+    assert view_of(successor) == addrs, "members joined in start order"
+    before_kill = {p.name: _counters(p) for p in (successor, slow)}
+    coordinator.kill()
+
+    wait_until(
+        "both survivors in one view without the coordinator",
+        lambda: all(view_of(p) == addrs[1:] for p in (successor, slow)),
+        30,
+        members,
+        [successor, slow],
+    )
+    time.sleep(1.5)  # a refused flush would show within start_flush_timeout; a later view would show too
+
+    def delta(proc: MemberProcess, name: str) -> int:
+        return _counters(proc).get(name, 0) - before_kill[proc.name].get(name, 0)
+
+    for p in (successor, slow):
+        assert view_of(p) == addrs[1:], members.describe()
+        for bad in ("flush.flushes_refused", "gms.excluded", "gms.orphaned", "flush.flushes_failed"):
+            assert delta(p, bad) == 0, f"{p.name}: {bad}\n{members.describe()}"
+    assert delta(successor, "flush.flushes_started") == 1 and delta(successor, "flush.flushes_completed") == 1
+    # The race did happen: the slow survivor got the START_FLUSH before it suspected the coordinator.
+    assert delta(slow, "flush.successor_starts_verified") == 1 and delta(slow, "fd.verify_requested") == 1
+    # Neither survivor passed through another view on the way (a view of one, then a merge).
+    for p in (successor, slow):
+        views = [ev.data["members"] for ev in p.history() if ev.kind == "view"]
+        assert views[-1] == addrs[1:] and views[-2] == addrs, f"{p.name} views: {views}"

@@ -35,6 +35,14 @@ EARLY_CONVERGENCE = (
 FLUSH_FIFO = "FLUSH held next-view multicasts while a superseding round let later ones through (FIFO break)"
 FLUSH_LIVELOCK = "two would-be coordinators superseded each other's flush rounds forever (nobody unblocked)"
 FLUSH_GUARD = "GMS waited forever on a flush whose round a merge view had voided"
+MERGE_CUT = (
+    "a member listed in two subgroups (its JOIN_REQ reached both coordinators) kept a stale window after a flushed "
+    "merge; the next flush fetched its other-subgroup messages and delivered them in the merged view"
+)
+HELD_FOREIGN = (
+    "FLUSH held next-view multicasts of a member whose view never reached us, then released them in another "
+    "view of ours that did not contain the sender"
+)
 
 # (seed, scenario, what the seed found)
 REGRESSIONS: list[tuple[int, Scenario, str]] = [
@@ -62,6 +70,8 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (9750, VSYNC, FLUSH_LIVELOCK),
     (78, VSYNC, FLUSH_GUARD),
     (93, VSYNC, FLUSH_GUARD),
+    (4100000, VSYNC, MERGE_CUT),
+    (200000958, VSYNC, HELD_FOREIGN),
 ]
 
 

@@ -6,7 +6,7 @@ import msgpack
 import pytest
 from groupcluster.core import protocol_ids
 from groupcluster.core.errors import ConfigError, WireError
-from groupcluster.core.events import Disconnect, Suspect, Unsuspect
+from groupcluster.core.events import Disconnect, Suspect, Unsuspect, VerifySuspect
 from groupcluster.core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Message
 from groupcluster.protocols.fd import ARE_YOU_ALIVE, HEARTBEAT, I_AM_ALIVE, FdHeader
 
@@ -102,6 +102,28 @@ def test_i_am_alive_reply_cancels_verification():
     h.advance(5.0)
     assert h.take_events(Suspect) == []
     assert h.metric("fd.verify_cancelled") == 1
+
+
+def test_verify_suspect_asks_at_once_and_suspects_only_the_silent() -> None:
+    """FLUSH asks when a successor's flush removes members this detector has no reason to doubt yet."""
+    h = make(timeout="10s", verify_timeout="500ms")
+    h.install_view([P1, P2, ME, P3])
+    h.advance(0.2)
+    h.take_sent()
+    assert h.control(VerifySuspect((P1, P2, PEERS[6]))) is None  # PEERS[6] is no member: ignored
+    probes = sorted(ep for ep, hdr in sent_with(h.take_sent(), FD) if hdr.kind == ARE_YOU_ALIVE)
+    assert probes == sorted([P1.endpoint, P2.endpoint])
+    h.control(VerifySuspect((P1,)))  # already being verified: not asked twice
+    assert [hdr for _, hdr in sent_with(h.take_sent(), FD) if hdr.kind == ARE_YOU_ALIVE] == []
+    h.advance(0.2)
+    h.receive(P2, [fd_msg(I_AM_ALIVE, dest=ME)])
+    h.advance(0.4)
+    assert h.take_events(Suspect) == [Suspect(P1)]
+    assert h.metric("fd.verify_requested") == 2
+    h.control(VerifySuspect((P1,)))  # suspected already: nothing more to ask
+    h.advance(1.0)
+    assert h.take_events(Suspect) == []
+    assert [hdr for _, hdr in sent_with(h.take_sent(), FD) if hdr.kind == ARE_YOU_ALIVE] == []
 
 
 def test_any_traffic_counts_as_sign_of_life_and_is_passed_up():

@@ -6,12 +6,13 @@ import pytest
 from groupcluster.core import protocol_ids
 from groupcluster.core.digest import Digest
 from groupcluster.core.errors import WireError
-from groupcluster.core.events import Block, FlushCompleted, FlushFailed, FlushRequest, Unblock, ViewChange
-from groupcluster.core.message import Message
+from groupcluster.core.events import Block, FlushCompleted, FlushFailed, FlushRequest, Suspect, Unblock, ViewChange
+from groupcluster.core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Message
 from groupcluster.core.view import View, ViewId
 from groupcluster.protocols import flush as _flush  # noqa: F401
 from groupcluster.protocols import nakack as _nakack  # noqa: F401
 from groupcluster.protocols import unicast as _unicast  # noqa: F401
+from groupcluster.protocols.fd import ARE_YOU_ALIVE, HEARTBEAT, I_AM_ALIVE, FdHeader
 from groupcluster.protocols.flush import FLUSH_COMPLETED, FLUSH_OK, FLUSH_TARGET, START_FLUSH, FlushHeader
 from groupcluster.protocols.nakack import MSG, XMIT_RSP, NakAckHeader
 from groupcluster.protocols.unicast import DATA, UnicastHeader
@@ -226,6 +227,24 @@ def test_next_view_multicasts_arriving_before_our_view_are_delivered_after_it() 
     assert [m.payload for m in h.take_delivered()] == [b"m1"]
 
 
+def test_held_next_view_multicasts_of_a_sender_outside_the_view_we_install_are_dropped() -> None:
+    """Sim seed 200000958 (vsync): P2 installed the view after our completed flush, which never reached us;
+    we held its multicasts, later installed another view without P2 and delivered them there (the members of
+    that view never had them)."""
+    h = member()
+    start(h)
+    h.take_sent()
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h.receive(P2, [mcast(1)])  # sent in the next view
+    h.receive(P1, [mcast(1)])
+    assert h.take_delivered() == []
+    h.install_view([P1, ME], seq=3)  # not the view P2 sent in
+    assert [(m.src, m.payload) for m in h.take_delivered()] == [(P1, b"m1")]
+    assert h.metric("flush.held_dropped") == 1
+
+
 def test_a_start_flush_for_a_view_not_yet_installed_waits_for_that_view() -> None:
     """Sim seed 23 (vsync): START_FLUSH (unicast) overtook the VIEW (multicast). Joining the new view's flush
     from the old view un-held the old round and delivered next-view messages in the old view."""
@@ -260,3 +279,94 @@ def test_completion_counts_only_what_reached_the_application() -> None:
     h.receive(P2, [mcast(1), mcast(2)])
     assert [m.payload for m in h.take_delivered()] == [b"m1", b"m2"]
     assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+
+
+# With failure detection below (as in the vsync stack): slow to suspect on its own (timeout 4 s), quick to verify.
+WITH_FD = [{"layer": "fd", "interval": "1s", "timeout": "4s", "verify_timeout": "500ms"}, *SPEC]
+SUCCESSION_VIEW = ViewId(1, P1)  # [P1, P2, ME]: P1 coordinates, P2 is next
+
+
+def fd_msg(kind: int) -> Message:
+    return Message(ME, flags=NO_RELIABILITY | NO_FLOW_CONTROL, headers={protocol_ids.FD: FdHeader(kind)})
+
+
+def survivor() -> LayerHarness:
+    """ME, third in [P1, P2, ME]; P1 (the coordinator) has just crashed and ME has not noticed."""
+    h = LayerHarness(WITH_FD)
+    h.install_view([P1, P2, ME])
+    h.advance(1.5)
+    h.receive(P2, [fd_msg(HEARTBEAT)])
+    h.take_sent()
+    h.take_events()
+    return h
+
+
+def successor_start(h: LayerHarness, fid: tuple = (P2, 1)) -> None:
+    # P2 suspected P1 first and took over: its flush leaves P1 out.
+    hdr = FlushHeader(START_FLUSH, fid, participants=(P2, ME), view_id=SUCCESSION_VIEW)
+    h.receive(P2, [control(P2, hdr)])
+
+
+def probes_and_flush(h: LayerHarness) -> tuple[list, list[tuple[tuple[str, int], FlushHeader]]]:
+    """What left since the last look: endpoints asked ARE_YOU_ALIVE, and flush control."""
+    sent = h.take_sent()
+    fd = protocol_ids.FD
+    probes = [ep for ep, m in sent if fd in m.headers and m.headers[fd].kind == ARE_YOU_ALIVE]
+    return probes, [(ep, m.headers[protocol_ids.FLUSH]) for ep, m in sent if protocol_ids.FLUSH in m.headers]
+
+
+def test_the_successor_of_a_crashed_coordinator_is_followed_before_we_suspect_the_coordinator() -> None:
+    """Real processes, SIGKILL of the coordinator: the next member's START_FLUSH came 0.2-0.8 s before the
+    other survivor's detector suspected the coordinator. It was refused, the flush failed, the successor
+    excluded the survivor and each went on in a view of one until a merge. Now the survivor verifies the
+    coordinator at once and joins the successor's flush when it suspects it too."""
+    h = survivor()
+    successor_start(h)
+    assert probes_and_flush(h) == ([P1.endpoint], [])  # P1 verified now, not after our own 4 s of silence
+    assert h.metric("flush.flushes_refused") == 0
+    assert h.layer("flush").describe_state()["awaiting_successor"] == str(P2)
+    h.advance(0.5)  # P1 does not answer
+    events = h.take_events()
+    assert Suspect(P1) in events and any(isinstance(e, Block) for e in events)
+    oks = [(ep, hdr) for ep, hdr in flush_sent(h) if hdr.kind == FLUSH_OK]
+    assert [ep for ep, _ in oks] == [P2.endpoint] and oks[0][1].flush_id == (P2, 1)
+    # P2 coordinates the round from here: its target completes it, and its view (without P1) ends it.
+    target = Digest({P2: (0, 0), ME: (0, 0)})
+    h.receive(P2, [control(P2, FlushHeader(FLUSH_TARGET, (P2, 1), participants=(P2, ME), digest=target))])
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h.install_view([P2, ME], seq=2)
+    assert any(isinstance(e, Unblock) for e in h.take_events())
+    assert h.metric("flush.flushes_refused") == 0 and h.metric("flush.successor_starts_verified") == 1
+
+
+def test_a_successor_acting_on_a_false_suspicion_is_refused_and_the_coordinator_still_flushes_us() -> None:
+    """P2 alone thinks P1 is dead (a link between them is down). We hear P1, so following P2 would split a
+    healthy group: P2's flush is refused once the wait ends, and P1's own flush goes on."""
+    h = survivor()
+    successor_start(h)
+    assert probes_and_flush(h) == ([P1.endpoint], [])
+    h.advance(0.2)
+    h.receive(P1, [fd_msg(I_AM_ALIVE)])
+    h.advance(1.5)
+    assert not any(isinstance(e, Block | Suspect) for e in h.take_events())
+    assert flush_sent(h) == [] and h.metric("flush.flushes_refused") == 1
+    start(h, participants=(P1, P2, ME), view_id=SUCCESSION_VIEW)
+    assert [(ep, hdr.kind) for ep, hdr in flush_sent(h)] == [(P1.endpoint, FLUSH_OK)]
+
+
+@pytest.mark.parametrize(
+    "view, src, participants",
+    [
+        ((P1, P2, ME), P2, (P1, P2, ME)),  # it still flushes P1 itself: P1 outranks it
+        ((P1, ME, P2), P2, (P2, ME)),  # we come before it and are alive
+        ((P1, P2, ME), P3, (P3, ME)),  # not in our view
+    ],
+)
+def test_a_flush_from_a_member_that_would_not_coordinate_is_refused_at_once(view, src, participants) -> None:
+    h = LayerHarness(WITH_FD)
+    h.install_view(list(view))
+    h.take_sent()
+    hdr = FlushHeader(START_FLUSH, (src, 1), participants=participants, view_id=ViewId(1, view[0]))
+    h.receive(src, [control(src, hdr)])
+    assert h.metric("flush.flushes_refused") == 1
+    assert probes_and_flush(h) == ([], [])

@@ -30,7 +30,7 @@ from groupcluster.protocols.unicast import DATA, UnicastHeader
 
 from .harness import ME, PEERS, LayerHarness, sent_with
 
-P1, P2, P3 = PEERS[0], PEERS[1], PEERS[2]
+P1, P2, P3, P4 = PEERS[0], PEERS[1], PEERS[2], PEERS[3]
 GID = protocol_ids.GMS
 SPEC = [
     {"layer": "probe"},
@@ -266,3 +266,19 @@ def test_explicit_flush_at_the_coordinator_flushes_then_installs_a_view_of_the_s
     h.control(FlushCompleted(req.flush_id))
     views = [hdr.view for _, hdr in gms_sent(h) if hdr.kind == VIEW]
     assert views and views[-1].members == (ME, P1, P2) and views[-1].view_id.seq == 4
+
+
+@pytest.mark.parametrize("spec, start", [(FLUSHING, 6), (SPEC, 0)])
+def test_a_flushed_merge_view_moves_windows_up_to_its_digest(spec: list, start: int) -> None:
+    """Sim seed 4100000 (vsync): P3's JOIN_REQ reached our coordinator and another one; it joined the other
+    group, sent 1..6 there, and the merge listed it in both subgroups. After a flushed merge we must start at
+    its subgroup's cut, not at our stale window (a later flush would fetch and deliver 1..6 in the merged
+    view); without a flush the digest is no cut and our window keeps its place."""
+    h = participant((P1, ME, P2, P3), spec)
+    assert h.layer("nakack").windows[P3].delivered == 0
+    merged = View(ViewId(5, P1), (P1, ME, P2, P3, P4), ((P1, ME, P2, P3), (P4, P3)))
+    digest = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0), P3: (6, 6), P4: (2, 2)})
+    hdr = GmsHeader(VIEW, view=merged, digest=digest)
+    h.receive(P1, [Message(None, headers={GID: hdr, protocol_ids.NAKACK: NakAckHeader(MSG, 1)})])
+    assert [e.view for e in h.take_events(ViewChange)] == [merged]
+    assert h.layer("nakack").windows[P3].delivered == start

@@ -187,3 +187,25 @@ def test_a_member_that_comes_back_is_not_redelivered_what_we_already_delivered()
     h.install_view([ME, P2, P1], seq=3)
     h.receive(P1, [mcast(2), mcast(3), mcast(4)])
     assert payloads(h.take_delivered()) == [b"m4"]
+
+
+def test_a_flushed_merge_cut_moves_a_lagging_window_up_and_an_unflushed_one_keeps_it() -> None:
+    """Simulator seed 4100000 (vsync): a member listed in two subgroups (its JOIN_REQ reached both
+    coordinators) sent 1..3 in the other subgroup's view; our window for it stayed at its join point, and the
+    next flush fetched those messages for us and delivered them in the merged view."""
+    from groupcluster.core.events import MergeDigest
+
+    flushed = make()
+    flushed.receive(P1, [mcast(5)])  # sent in the merged view, overtook the view
+    flushed.control(MergeDigest(Digest({P1: (3, 3), P2: (0, 0)}), cut=True))
+    assert flushed.control(GetDigest())[P1] == (3, 5)
+    assert payloads(flushed.take_delivered()) == []
+    flushed.receive(P1, [mcast(2), mcast(4)])
+    assert payloads(flushed.take_delivered()) == [b"m4", b"m5"]
+    assert flushed.metric("nakack.merge_windows_raised") == 1
+
+    # Without a flush the cut is only what the subgroup coordinators had delivered: we fetch the rest.
+    plain = make()
+    plain.control(MergeDigest(Digest({P1: (3, 3)})))
+    plain.receive(P1, [mcast(1), mcast(2), mcast(3)])
+    assert payloads(plain.take_delivered()) == [b"m1", b"m2", b"m3"]

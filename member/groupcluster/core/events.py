@@ -61,9 +61,16 @@ class SetDigest(Event):
 
 @dataclass(frozen=True, slots=True)
 class MergeDigest(Event):
-    """Add windows for members new to us after a merge, starting after their digest entries."""
+    """Add windows for members new to us after a merge, starting after their digest entries.
+
+    ``cut``: the digest is the flushed cut of every subgroup (FLUSH ran before the merge), so a window that
+    lags behind its entry moves up to it too: what lies between was sent in a view we were not in, or was not
+    delivered by our own subgroup's flush. Without a flush the entries are only what the subgroup
+    coordinators had delivered, and a lagging window keeps its place to fetch what it still misses.
+    """
 
     digest: Digest
+    cut: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +196,17 @@ class Suspect(Event):
 @dataclass(frozen=True, slots=True)
 class Unsuspect(Event):
     member: Address
+
+
+@dataclass(frozen=True, slots=True)
+class VerifySuspect(Event):
+    """Down to failure detection: verify ``members`` now (ARE_YOU_ALIVE), without waiting for their silence.
+
+    Another member acts on their death (a successor's flush): our own detector, on a longer timeout, would
+    take seconds to agree. Those that do not answer are reported as :class:`Suspect`; answering ones are not.
+    """
+
+    members: tuple[Address, ...]
 
 
 @dataclass(frozen=True, slots=True)

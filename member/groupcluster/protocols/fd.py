@@ -6,7 +6,8 @@ view member silent for ``timeout`` is asked ARE_YOU_ALIVE directly; if nothing a
 ``verify_timeout`` it is reported up as :class:`Suspect` — once, until a new view that still contains it has
 been installed and it stayed silent for ``timeout`` again. Hearing from a suspected member reports
 :class:`Unsuspect`. Heartbeats and probes bypass reliability and flow control: a retransmitted heartbeat says
-nothing about the present, and flow control must never delay one.
+nothing about the present, and flow control must never delay one. A layer above may ask for members to be
+verified at once (:class:`VerifySuspect`: FLUSH does when a successor's flush says they are gone).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..core import protocol_ids
 from ..core.address import Address
 from ..core.config import param
 from ..core.errors import ConfigError
-from ..core.events import Disconnect, Event, Suspect, Unsuspect, ViewChange
+from ..core.events import Disconnect, Event, Suspect, Unsuspect, VerifySuspect, ViewChange
 from ..core.layer import Layer, register_layer
 from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
 from ..core.validate import as_int, as_list
@@ -142,6 +143,12 @@ class FailureDetection(Layer):
             self._on_view(event.view.members)
         elif isinstance(event, Disconnect):
             self._leave_view()
+        elif isinstance(event, VerifySuspect):
+            for m in event.members:
+                if m in self.last_heard and m not in self.verifying and m not in self._reported:
+                    self.count("verify_requested")
+                    self._start_verify(m)
+            return None
         return self.below.down_event(event)
 
     def _on_view(self, members: tuple[Address, ...]) -> None:
@@ -197,12 +204,15 @@ class FailureDetection(Layer):
         verifying, reported = self.verifying, self._reported
         for m, heard in self.last_heard.items():
             if heard <= deadline and m not in verifying and m not in reported:
-                self.verifying[m] = self.now
-                self._watch.add(m)
-                self.count("verify_started")
                 self.ctx.log.info("no sign of life from %s for %.3fs; verifying", m, self.now - heard)
-                self.below.down(Message(m, flags=_FLAGS, headers={_PID: _HEADERS[ARE_YOU_ALIVE]}))
-                self.set_timer(("verify", m), self.config.verify_timeout)
+                self._start_verify(m)
+
+    def _start_verify(self, m: Address) -> None:
+        self.verifying[m] = self.now
+        self._watch.add(m)
+        self.count("verify_started")
+        self.below.down(Message(m, flags=_FLAGS, headers={_PID: _HEADERS[ARE_YOU_ALIVE]}))
+        self.set_timer(("verify", m), self.config.verify_timeout)
 
     def _verify_expired(self, member: Address) -> None:
         started = self.verifying.pop(member, None)

@@ -25,6 +25,11 @@ the latch for a member's own multicasts closes in the same step in which block()
 FLUSH_OK leaves, so every old-view multicast of a member precedes its digest. Multicasts sent later wait in
 the layer and are sent in the new view. Unicasts always pass (virtual synchrony concerns multicasts).
 A new coordinator restarts a flush with a new flush id, which supersedes the old one everywhere. A member
+flushes only for the member it would follow as coordinator (seed 000: the next member restarts the flush
+when the coordinator crashes). Its failure detector may not suspect the crashed coordinator yet when the
+successor's START_FLUSH comes: it then has the coordinator verified at once (:class:`VerifySuspect`) and
+joins the flush as soon as it suspects it too, within ``successor_timeout``; if the coordinator answers, the
+successor acted on a false suspicion and is refused, so it cannot split a healthy group. A member
 blocked longer than ``timeout`` without a new view asks GMS (:class:`FlushAbandoned`) to move it into a view
 of its own, since the others may have installed a view that never reached it; MERGE brings it back.
 GMS also flushes each subgroup before a merge (START_FLUSH carries the view it flushes, so a start that
@@ -57,6 +62,7 @@ from ..core.events import (
     Suspect,
     Unblock,
     Unsuspect,
+    VerifySuspect,
     ViewChange,
 )
 from ..core.layer import Layer, register_layer, split_batch
@@ -138,6 +144,12 @@ class FlushConfig:
         "2s", "duration", doc="a participant that has not confirmed FLUSH_TARGET (FLUSH_COMPLETED) by then is reported"
     )
     retry_timeout: float = param("100ms", "duration", doc="after a failed round, wait this long before flushing again")
+    successor_timeout: float = param(
+        "1.5s",
+        "duration",
+        doc="a successor's START_FLUSH waits this long for our failure detector to confirm the members it removes "
+        "(above fd.verify_timeout, below start_flush_timeout); unconfirmed, it is refused",
+    )
     enable_reconciliation: bool = param(
         True, "bool", doc="deliver what any participant delivered (off: only the latch, no virtual synchrony)"
     )
@@ -192,6 +204,8 @@ class Flush(Layer):
         self.check_due = False
         # A START_FLUSH for a view we have not installed yet (it overtook the VIEW): run it once we have.
         self.early_start: tuple[Address, FlushHeader] | None = None
+        # A START_FLUSH from a successor of members we do not suspect yet: run once we suspect them too.
+        self.successor_start: tuple[Address, FlushHeader] | None = None
 
     # -- application side ----------------------------------------------------------------------------
     def down(self, msg: Message) -> None:
@@ -241,14 +255,24 @@ class Flush(Layer):
             return
         if isinstance(event, Suspect):
             self.suspects.add(event.member)
-        elif isinstance(event, Unsuspect):
+            self.above.up_event(event)
+            waiting = self.successor_start
+            if waiting is not None and self.view is not None and self._senior(self.view) == waiting[0]:
+                # We suspect every member before the successor now: it is the one we follow.
+                self.successor_start = None
+                self.cancel_timer("successor")
+                self._on_start(*waiting)
+            return
+        if isinstance(event, Unsuspect):
             self.suspects.discard(event.member)
         if isinstance(event, ViewChange):
             self.view = event.view
             self.suspects &= set(event.view.members)
             self.coordinating = None
+            self.successor_start = None  # it flushed the view before
+            self.cancel_timer("successor")
             self.above.up_event(event)
-            self._release_held()
+            self._release_held(event.view.members)
             self._unblock("view installed")
             early, self.early_start = self.early_start, None
             if early is not None and early[1].view_id == event.view.view_id:
@@ -321,8 +345,9 @@ class Flush(Layer):
         if me not in hdr.participants:
             return
         # Only the member our membership layer would follow may flush us: the first member of our view we do
-        # not suspect. Two members that both think they coordinate (after an asymmetric partition) must not
-        # take turns superseding each other's rounds forever; the other one's flush fails and it moves on.
+        # not suspect (or a successor, once we suspect the members it removes too). Two members that both think
+        # they coordinate (after an asymmetric partition) must not take turns superseding each other's rounds
+        # forever; the other one's flush fails and it moves on.
         view = self.view
         if view is None or hdr.view_id != view.view_id:
             # A flush of another view: one we have not installed yet (the unicast START_FLUSH overtook the
@@ -331,9 +356,20 @@ class Flush(Layer):
             self.count("flush_starts_deferred")
             self.early_start = (src, hdr)
             return
-        senior = next((m for m in view.members if m not in self.suspects), None)
-        if src != senior:
-            self.count("flushes_refused")
+        if src != self._senior(view):
+            disputed = self._disputed(view, src, hdr.participants)
+            if not disputed:
+                self.count("flushes_refused")
+                return
+            # src succeeds members we still think alive: it saw them die first (the coordinator crashed, and our
+            # detector is slower). Refusing would exclude us from the successor's view, so we ask our detector
+            # to verify them now and follow src once we suspect them too. If they answer, src's view is the
+            # split of one member's false suspicion: refused when the wait ends, and the group stays whole.
+            if self.successor_start is None or self.successor_start[1].flush_id != hdr.flush_id:
+                self.count("successor_starts_verified")
+                self.below.down_event(VerifySuspect(disputed))
+                self.set_timer("successor", self.config.successor_timeout)
+            self.successor_start = (src, hdr)
             return
         r = self.round
         if r is not None and r.flush_id == hdr.flush_id:
@@ -349,6 +385,30 @@ class Flush(Layer):
         self.above.up_event(Block())
         if self.config.block_ok == "auto":
             self._block_done()
+
+    def _senior(self, view: View) -> Address | None:
+        """The member our membership layer follows: the first of the view that we do not suspect."""
+        return next((m for m in view.members if m not in self.suspects), None)
+
+    def _disputed(self, view: View, src: Address, participants: tuple[Address, ...]) -> tuple[Address, ...]:
+        """The members we do not suspect that ``src`` removes to be coordinator; empty if it is no successor.
+
+        ``src`` is the successor of every member before it in the view that we suspect or that its flush leaves
+        out (it suspects them): the member the membership layer will follow once they are removed. A member
+        before it that it still flushes (or we ourselves) outranks it, whatever anyone suspects.
+        """
+        if src not in view.members or src not in participants:
+            return ()
+        me = self.local_address
+        disputed = []
+        for m in view.members:
+            if m == src:
+                break
+            if m == me or m in participants:
+                return ()
+            if m not in self.suspects:
+                disputed.append(m)
+        return tuple(disputed)
 
     def _block_done(self) -> None:
         r = self.round
@@ -384,9 +444,23 @@ class Flush(Layer):
         self._send(r.coordinator, FlushHeader(FLUSH_COMPLETED, r.flush_id))
         return True
 
-    def _release_held(self) -> None:
-        if self.held:
-            held, self.held = self.held, []
+    def _release_held(self, members: tuple[Address, ...] | None = None) -> None:
+        """Deliver the held next-view multicasts; at a view change only those of its members.
+
+        A held multicast was sent in a view that followed our completed flush. If its sender is not in the view
+        we install now, that view is another one (ours after the next view never reached us, say): the message
+        belongs to a view we never installed and is dropped, as NAKACK drops the stream of a removed member.
+        """
+        if not self.held:
+            return
+        held, self.held = self.held, []
+        if members is not None:
+            kept = set(members)
+            out = [m for m in held if m.src in kept]
+            if len(out) < len(held):
+                self.count("held_dropped", len(held) - len(out))
+            held = out
+        if held:
             self.above.up(held)
 
     def _unblock(self, reason: str) -> None:
@@ -409,6 +483,12 @@ class Flush(Layer):
         self.count("unblocked")
 
     def on_timer(self, key: object) -> None:
+        if key == "successor":
+            waiting, self.successor_start = self.successor_start, None
+            if waiting is not None:
+                self.count("flushes_refused")
+                self.ctx.log.info("refusing the flush of %s: the members it removes answer us", waiting[0])
+            return
         if key == "blocked":
             self.count("block_timeouts")
             self.ctx.log.warning("blocked by a flush for %.1fs without a new view: unblocking", self.config.timeout)
@@ -437,4 +517,5 @@ class Flush(Layer):
             "latched": self.latched,
             "queued": len(self.queue),
             "round": None if self.round is None else str(self.round.flush_id),
+            "awaiting_successor": None if self.successor_start is None else str(self.successor_start[0]),
         }

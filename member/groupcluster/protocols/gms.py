@@ -562,7 +562,8 @@ class Gms(Layer):
                 self._continue_alone("excluded", f"excluded by view {view}")
             return
         if digest is not None:
-            self.below.down_event(MergeDigest(digest))
+            # After a flushed merge the digest is every subgroup's cut: windows behind it move up to it.
+            self.below.down_event(MergeDigest(digest, cut=self.config.use_flush and view.is_merge))
         self._install(view)
         if src != me:
             self._send(src, GmsHeader(VIEW_ACK, view_id=view.view_id))

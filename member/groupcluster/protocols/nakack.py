@@ -191,7 +191,7 @@ class NakAck(Layer):
             self._set_digest(event.digest, replace=True)
             return None
         elif isinstance(event, MergeDigest):
-            self._set_digest(event.digest, replace=False)
+            self._set_digest(event.digest, replace=False, raise_lagging=event.cut)
             return None
         elif isinstance(event, Stability):
             self._on_stability(event.stable)
@@ -269,7 +269,7 @@ class NakAck(Layer):
             delivered = floor
         return Window(delivered, received)
 
-    def _set_digest(self, digest: Digest, *, replace: bool) -> None:
+    def _set_digest(self, digest: Digest, *, replace: bool, raise_lagging: bool = False) -> None:
         me = self.local_address
         if replace:
             for m in [m for m in self.windows if m != me]:
@@ -277,8 +277,18 @@ class NakAck(Layer):
         for m, (delivered, received) in digest.items():
             if m == me:
                 continue
-            if m not in self.windows:
+            w = self.windows.get(m)
+            if w is None:
                 self.windows[m] = self._new_window(m, delivered, received)
+            elif raise_lagging and delivered > w.delivered:
+                # As JGroups' NAKACK2.mergeDigest: a window never goes back, but one behind the merge cut moves
+                # up to it (a member listed in two subgroups sent those messages in the other one's view).
+                self.count("merge_windows_raised")
+                for s in [s for s in w.buffer if s <= delivered]:
+                    w.buffered_bytes -= len(w.buffer.pop(s).payload)
+                w.delivered = delivered
+                w.received = max(w.received, received, delivered)
+                self.drain_due = True  # what is buffered beyond the cut was sent in the new view
         if me not in self.windows:
             self.windows[me] = Window(self.seqno)
 
