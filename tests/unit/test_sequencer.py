@@ -269,13 +269,32 @@ def test_a_member_reports_undelivered_batches_and_they_are_delivered_after_the_r
     assert payloads(h.take_delivered()) == [(C, b"x"), (P1, b"y")]
 
 
-def test_replays_of_an_epoch_this_member_was_not_in_are_skipped() -> None:
+def test_a_replay_of_an_epoch_this_member_was_not_in_is_delivered_at_its_position_and_not_again_later() -> None:
+    # The member joined after epoch 4, whose coordinator sequenced P2's message 30 without committing it. In
+    # epoch 10 (P2 partitioned away) the coordinator replays that batch and then sequences its own message.
     h = harness()
-    view = h.install_view([C, ME], seq=5)
-    other = ViewId(4, P2)  # the other side of a merge
-    raw = pack([[P2.to_wire(), 1, [b"theirs"]]])
-    h.receive(C, [Message(None, raw, headers={PID: SequencerHeader(BCAST, view.view_id, 1, 0, (other, 7))})])
-    h.receive(C, [commit(view.view_id, 1)])
+    v10 = h.install_view([C, ME, P1], seq=10).view_id
+    old = ViewId(4, C)
+    replay = pack([[P2.to_wire(), 30, [b"152"]]])
+    h.receive(C, [Message(None, replay, headers={PID: SequencerHeader(BCAST, v10, 1, 0, (old, 67))})])
+    h.receive(C, [bcast(v10, 2, 1, [(C, 59, [b"203"])]), commit(v10, 2)])
+    # Delivered where C and P1 (which were in epoch 4) deliver it: before 203.
+    assert payloads(h.take_delivered()) == [(P2, b"152"), (C, b"203")]
+    assert h.metric("sequencer.batches_skipped") == 0
+    # P2 comes back; it never delivered 152, so its forward-table sends it again with what followed.
+    v12 = h.install_view([P1, ME, C, P2], seq=12).view_id
+    h.receive(P1, [bcast(v12, 1, 0, [(P2, 30, [b"152", b"160"])]), commit(v12, 1)])
+    assert payloads(h.take_delivered()) == [(P2, b"160")]  # 152 is not delivered a second time, after 203
+    assert h.metric("sequencer.duplicates") == 1
+
+
+def test_a_replay_of_an_epoch_this_member_delivered_already_is_skipped() -> None:
+    h, epoch = member_in_view()
+    h.receive(C, [bcast(epoch, 1, 0, [(P1, 1, [b"p1"])]), commit(epoch, 1)])
+    assert payloads(h.take_delivered()) == [(P1, b"p1")]
+    v2 = h.install_view([C, ME], seq=2).view_id
+    raw = pack([[P1.to_wire(), 1, [b"p1"]]])
+    h.receive(C, [Message(None, raw, headers={PID: SequencerHeader(BCAST, v2, 1, 0, (epoch, 1))}), commit(v2, 1)])
     assert h.take_delivered() == []
     assert h.metric("sequencer.batches_skipped") == 1
 
@@ -293,6 +312,19 @@ def test_the_new_coordinator_replays_reported_batches_then_sequences_only_what_t
     assert [m.headers[PID].replay for m in bcasts] == [(old, 1), None]
     assert runs_of(bcasts[0]) == [(P1, 1, [b"p1", b"p2"])]
     assert runs_of(bcasts[1]) == [(P1, 3, [b"p3"])]  # p1, p2 are not sequenced a second time
+    h.receive(P1, [ack(new, 2)])
+    assert payloads(h.take_delivered()) == [(P1, b"p1"), (P1, b"p2"), (P1, b"p3")]
+
+
+def test_a_replay_is_not_sequenced_again_from_the_forward_table_of_a_sender_that_was_not_in_its_epoch() -> None:
+    h = harness()
+    new = h.install_view([ME, P1], seq=5).view_id
+    old = ViewId(4, P2)  # neither of us was in it; P1 holds one of its batches (a replay it did not deliver)
+    raw = pack([[P1.to_wire(), 1, [b"p1", b"p2"]]])
+    h.receive(P1, [sync_msg(new, epochs=[new], batches=[(old, 3, raw)], fwd=[1, [b"p1", b"p2", b"p3"]], fwd_seq=3)])
+    bcasts = [m for _, m in sent_kind(h, BCAST)]
+    assert [m.headers[PID].replay for m in bcasts] == [(old, 3), None]
+    assert runs_of(bcasts[1]) == [(P1, 3, [b"p3"])]  # the replay delivers p1, p2 to P1 as to everyone
     h.receive(P1, [ack(new, 2)])
     assert payloads(h.take_delivered()) == [(P1, b"p1"), (P1, b"p2"), (P1, b"p3")]
 

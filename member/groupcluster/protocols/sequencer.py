@@ -29,9 +29,11 @@ Where this goes beyond seed 004, and why (``docs/total-order.md`` has the argume
   epoch that sequenced them and their number there), its forward-table, and the epochs it has been in. The
   coordinator waits for every member's SYNC (members that never send one are removed by the next view, which
   restarts the sync), then re-multicasts the union of those batches in (epoch, number) order, then the
-  forward-tables' messages, then new traffic. A replayed batch of epoch E is delivered only by members that
-  were in E (after a merge, each side finishes its own epochs; the other side has no order to agree with),
-  and a forwarded message that such a replay will deliver to its sender is not sequenced a second time.
+  forward-tables' messages, then new traffic. A replayed batch is delivered by every member of the view that
+  has not delivered it (members of its epoch skip it by number, others drop what their received-table has):
+  a member that skipped it could deliver its messages later in another position, when their sender, absent
+  from this view, forwards them again. A forwarded message that a replay delivers to its sender is not
+  sequenced a second time.
 
 * **Gaps.** A member's SYNC announces its highest forward seqno, so the coordinator knows where its next
   FORWARD must start; one that starts later (forwards were lost, e.g. while the receiver was not coordinator
@@ -765,12 +767,17 @@ class Sequencer(Layer):
                 del per_epoch[first]
             if not per_epoch:
                 del self.pending[e]
-        if e not in self.epochs_seen or b <= self.delivered_in.get(e, 0):
-            # A replay of an epoch we were not in (the other side of a merge, or before we joined), or one we
-            # delivered already.
-            self.count("batches_skipped")
-            return
-        self.delivered_in[e] = b
+        if e in self.epochs_seen:
+            # Batches of an epoch we were in reach us in seq order, so a watermark tells which we delivered.
+            if b <= self.delivered_in.get(e, 0):
+                self.count("batches_skipped")
+                return
+            self.delivered_in[e] = b
+        # A replay of an epoch we were not in (the other side of a merge, or before we joined) is delivered too,
+        # minus what the received-table says we have: every member of this view that lacks its messages delivers
+        # them here, at this position. Skipping them would let us deliver them later in another position: their
+        # sender, if it was not here to take the replay, still has them in its forward-table and forwards them
+        # again in a later epoch, where the members that delivered them here discard them and we would not.
         me = self.local_address
         high = self.high
         for origin, start, items in batch.runs:
@@ -1062,11 +1069,11 @@ class Sequencer(Layer):
             self._flush_batch()
             self._bcast(batch.raw, replay=ident)
             self.count("batches_replayed")
-            e = ident[0]
             for origin, start, items in batch.runs:
-                # The sender was in that epoch: the replay delivers these to it, so its forward-table copies
-                # must not be sequenced again (they would reach others in a second position).
-                if e in sync.epochs.get(origin, ()):
+                # The sender is in this view: the replay delivers these to it (whatever epochs it was in), so
+                # its forward-table copies must not be sequenced again (they would reach others in a second
+                # position).
+                if origin in sync.epochs:
                     last = start + len(items) - 1
                     if last > seeded.get(origin, 0):
                         seeded[origin] = last
