@@ -19,6 +19,7 @@ from groupcluster.core.message import NO_RELIABILITY, OOB, Message
 from groupcluster.core.stack import resolve_config
 from groupcluster.core.view import ViewId
 from groupcluster.protocols import frag as _frag  # noqa: F401  (registers the FRAG header)
+from groupcluster.protocols import sequencer
 from groupcluster.protocols.frag import FragHeader
 from groupcluster.protocols.sequencer import (
     ACK,
@@ -327,6 +328,64 @@ def test_a_replay_is_not_sequenced_again_from_the_forward_table_of_a_sender_that
     assert runs_of(bcasts[1]) == [(P1, 3, [b"p3"])]  # the replay delivers p1, p2 to P1 as to everyone
     h.receive(P1, [ack(new, 2)])
     assert payloads(h.take_delivered()) == [(P1, b"p1"), (P1, b"p2"), (P1, b"p3")]
+
+
+# ---- the received-table: senders that left ---------------------------------------------------------------
+
+
+def restarted(i: int) -> Address:
+    """The i-th incarnation of one endpoint: every restart is a new member."""
+    return Address("127.0.0.1", 9000, 1000 + i)
+
+
+def test_after_many_members_joined_and_left_the_received_table_holds_only_current_members(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sequencer, "_MAX_RETIRED", 8)
+    h = harness()
+    seq = 0
+    for i in range(40):
+        x = restarted(i)
+        seq += 1
+        vid = h.install_view([C, ME, x], seq=seq).view_id
+        h.receive(C, [bcast(vid, 1, 0, [(x, 1, [b"hello"]), (C, i + 1, [b"c"])]), commit(vid, 1)])
+        seq += 1
+        h.install_view([C, ME], seq=seq)  # x crashed: its next incarnation joins next time
+    assert len(h.take_delivered()) == 80
+    layer = h.layer("sequencer")
+    assert set(layer.high) == {C}
+    assert list(layer.retired) == [restarted(i) for i in range(32, 40)]  # bounded: the oldest are forgotten
+    assert h.metric("sequencer.retired_forgotten") == 32
+
+
+def test_a_member_that_comes_back_with_its_address_finds_its_entry_again_nothing_twice() -> None:
+    h = harness()
+    v1 = h.install_view([C, ME, P1]).view_id
+    h.receive(C, [bcast(v1, 1, 0, [(P1, 1, [b"a", b"b"])]), commit(v1, 1)])
+    assert payloads(h.take_delivered()) == [(P1, b"a"), (P1, b"b")]
+    h.install_view([C, ME], seq=2)  # P1 is cut off
+    layer = h.layer("sequencer")
+    assert layer.high == {} and layer.retired == {P1: 2}
+    # The partition heals; P1 never got a and b delivered itself, so its forward-table has them sequenced again.
+    v3 = h.install_view([C, ME, P1], seq=3).view_id
+    assert layer.high[P1] == 2 and P1 not in layer.retired
+    h.receive(C, [bcast(v3, 1, 0, [(P1, 1, [b"a", b"b", b"c"])]), commit(v3, 1)])
+    assert payloads(h.take_delivered()) == [(P1, b"c")]
+    assert h.metric("sequencer.duplicates") == 2
+
+
+def test_a_replay_brings_nothing_twice_from_a_sender_outside_the_view() -> None:
+    h = harness()
+    v1 = h.install_view([C, ME, P1]).view_id
+    h.receive(C, [bcast(v1, 1, 0, [(P1, 1, [b"a"])]), commit(v1, 1)])
+    v2 = h.install_view([C, ME], seq=2).view_id
+    # A batch of an epoch we were not in that also holds P1's a (sequenced a second time on another side).
+    raw = pack([[P1.to_wire(), 1, [b"a", b"b"]]])
+    replay = Message(None, raw, headers={PID: SequencerHeader(BCAST, v2, 1, 0, (ViewId(1, P2), 4))})
+    h.receive(C, [replay, commit(v2, 1)])
+    assert payloads(h.take_delivered()) == [(P1, b"a"), (P1, b"b")]  # a from v1, then only b
+    layer = h.layer("sequencer")
+    assert layer.high == {} and layer.retired == {P1: 2}
 
 
 def test_a_sync_that_overtakes_the_view_is_kept_for_it() -> None:

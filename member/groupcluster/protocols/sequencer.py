@@ -5,8 +5,9 @@ UNICAST below) to the coordinator of its view, each tagged with its own *forward
 multicasts them (through NAKACK below: one reliable FIFO stream from one sender is a total order) in
 *batches*, and every member delivers them in that order with ``msg.src`` set to the original sender. What a
 member forwarded stays in its *forward-table* until it delivered it; a per-sender *received-table* (highest
-forward seqno delivered) discards copies that come back after a failover. Messages with ``NO_RELIABILITY``
-and unicasts pass straight through.
+forward seqno delivered) discards copies that come back after a failover; entries of senders that left the view
+are kept aside, bounded, for when they or their old batches return. Messages with ``NO_RELIABILITY`` and
+unicasts pass straight through.
 
 Batching is what makes it cheap: everything a member multicasts in one driver step travels to the
 coordinator as one FORWARD message (up to ``max_batch_size``), and everything the coordinator sequences in
@@ -82,6 +83,7 @@ _ITEM_OVERHEAD = 8  # rough msgpack bytes per item, for cutting batches
 _MAX_FUTURE_SYNCS = 4096  # senders whose SYNC for a view we have not installed yet is kept
 _MAX_ADDRESSES = 8192  # interned origin addresses
 _MAX_OWN_RUNS = 1024  # own batches awaiting their loopback (it comes in the same step: a bound, not a need)
+_MAX_RETIRED = 4096  # received-table entries of senders outside our view (see _retire_senders), as NAKACK's
 _new_message = object.__new__
 
 BatchId = tuple[ViewId, int]
@@ -517,7 +519,11 @@ class Sequencer(Layer):
         # Received but not delivered, by original identity, across epochs (what a SYNC reports).
         self.pending: dict[ViewId, dict[int, _Batch]] = {}
         self.delivered_in: dict[ViewId, int] = {}  # per original epoch: highest batch seq delivered
-        self.high: dict[Address, int] = {}  # received-table: per original sender, highest forward seqno delivered
+        # The received-table: per original sender in our view, the highest forward seqno delivered; senders
+        # outside it are in ``retired`` (see _retire_senders), least recently delivered first.
+        self.high: dict[Address, int] = {}
+        self.retired: dict[Address, int] = {}
+        self.members: frozenset[Address] = frozenset()
         self.fwd_seq = 0
         # Own multicasts not delivered yet, in forward-seqno order: fwd_table[i] has seqno fwd_first + i. Their
         # seqnos are contiguous (only delivery removes them, from the front), so a deque does: a dict popped at
@@ -781,7 +787,10 @@ class Sequencer(Layer):
         me = self.local_address
         high = self.high
         for origin, start, items in batch.runs:
-            h = high.get(origin, 0)
+            h = high.get(origin)
+            member = h is not None or origin in self.members
+            if h is None:
+                h = 0 if member else self.retired.get(origin, 0)
             n = len(items)
             if start > h:
                 first = 0
@@ -815,12 +824,49 @@ class Sequencer(Layer):
                 else:
                     self._fragment(origin, frag, msg, out)
             last = start + n - 1
-            high[origin] = last
+            if member:
+                high[origin] = last
+            else:
+                self._retire(origin, last)
             if origin == me:
                 self._forget_own(last)
         if len(self.delivered_in) > MAX_EPOCHS:
             for old in list(self.delivered_in)[: len(self.delivered_in) - MAX_EPOCHS]:
                 del self.delivered_in[old]
+
+    def _retire_senders(self, view: View) -> None:
+        """Keep ``high`` to the members of ``view``: entries of senders that left move to ``retired``, those of
+        members that came back (same address: a partition healed) move back.
+
+        Why an entry cannot simply be dropped when its sender leaves the view: leaving the view is also what a
+        member that is only cut off does (a crash and a partition look the same from here), and it comes back
+        with the same address. Its forward-table still holds what it did not deliver itself, some of which we
+        delivered while it was away (a replay its side never took): that is sequenced again, and only this
+        entry tells us it is a duplicate. Replays of old batches held by members that were away bring its
+        messages back too. So nothing local shows that a departed sender's messages can no longer reach us; its
+        entry is kept, out of the way, and ``retired`` is bounded: past ``_MAX_RETIRED`` departed senders the
+        one delivered from least recently is forgotten (a restart is a new address, so without a bound the
+        table would grow with every restart). Forgetting one could deliver a message twice only if that
+        sender, or a batch holding its messages, came back after that many others left since; losing a message
+        it cannot: an entry only ever suppresses deliveries."""
+        members = frozenset(view.members)
+        self.members = members
+        high, retired = self.high, self.retired
+        for gone in [s for s in high if s not in members]:
+            self._retire(gone, high.pop(gone))
+        for member in view.members:
+            if member not in high:
+                back = retired.pop(member, None)
+                if back is not None:
+                    high[member] = back
+
+    def _retire(self, sender: Address, last: int) -> None:
+        retired = self.retired
+        retired.pop(sender, None)
+        retired[sender] = last
+        if len(retired) > _MAX_RETIRED:
+            del retired[next(iter(retired))]
+            self.count("retired_forgotten")
 
     def _fragment(self, origin: Address, frag: Any, msg: Message, out: list[Message]) -> None:
         key = (origin, frag.frag_id)
@@ -872,6 +918,7 @@ class Sequencer(Layer):
     def _on_view(self, view: View) -> None:
         me = self.local_address
         self.view = view
+        self._retire_senders(view)
         epoch = view.view_id
         self.epoch = epoch
         self.coord = view.coordinator
