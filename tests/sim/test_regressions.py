@@ -102,12 +102,17 @@ ALONE_ORDER = (
     "checker: a member excluded and alone ordered its own message first; compared with a crashed member's order "
     "from while they were apart (crashed-prefix now compares deliveries made together or after the crash)"
 )
+FOREIGN_REPLAY = (
+    "a replay of an epoch a member was not in was skipped by it while the others delivered it; the absent sender "
+    "forwarded the message again later and that member alone delivered it, in a second position"
+)
 REGRESSIONS += [
     (78, TOTAL_ORDER, STRAYS_DROPPED),
     (465, TOTAL_ORDER, FRAGMENTS_SPLIT),
     (65, TOTAL_ORDER, ALONE_ORDER),
     (183, TOTAL_ORDER, ALONE_ORDER),
     (224, TOTAL_ORDER, ALONE_ORDER),
+    (810034, TOTAL_ORDER, FOREIGN_REPLAY),
 ]
 
 

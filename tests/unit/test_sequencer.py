@@ -19,6 +19,7 @@ from groupcluster.core.message import NO_RELIABILITY, OOB, Message
 from groupcluster.core.stack import resolve_config
 from groupcluster.core.view import ViewId
 from groupcluster.protocols import frag as _frag  # noqa: F401  (registers the FRAG header)
+from groupcluster.protocols import sequencer
 from groupcluster.protocols.frag import FragHeader
 from groupcluster.protocols.sequencer import (
     ACK,
@@ -269,13 +270,32 @@ def test_a_member_reports_undelivered_batches_and_they_are_delivered_after_the_r
     assert payloads(h.take_delivered()) == [(C, b"x"), (P1, b"y")]
 
 
-def test_replays_of_an_epoch_this_member_was_not_in_are_skipped() -> None:
+def test_a_replay_of_an_epoch_this_member_was_not_in_is_delivered_at_its_position_and_not_again_later() -> None:
+    # The member joined after epoch 4, whose coordinator sequenced P2's message 30 without committing it. In
+    # epoch 10 (P2 partitioned away) the coordinator replays that batch and then sequences its own message.
     h = harness()
-    view = h.install_view([C, ME], seq=5)
-    other = ViewId(4, P2)  # the other side of a merge
-    raw = pack([[P2.to_wire(), 1, [b"theirs"]]])
-    h.receive(C, [Message(None, raw, headers={PID: SequencerHeader(BCAST, view.view_id, 1, 0, (other, 7))})])
-    h.receive(C, [commit(view.view_id, 1)])
+    v10 = h.install_view([C, ME, P1], seq=10).view_id
+    old = ViewId(4, C)
+    replay = pack([[P2.to_wire(), 30, [b"152"]]])
+    h.receive(C, [Message(None, replay, headers={PID: SequencerHeader(BCAST, v10, 1, 0, (old, 67))})])
+    h.receive(C, [bcast(v10, 2, 1, [(C, 59, [b"203"])]), commit(v10, 2)])
+    # Delivered where C and P1 (which were in epoch 4) deliver it: before 203.
+    assert payloads(h.take_delivered()) == [(P2, b"152"), (C, b"203")]
+    assert h.metric("sequencer.batches_skipped") == 0
+    # P2 comes back; it never delivered 152, so its forward-table sends it again with what followed.
+    v12 = h.install_view([P1, ME, C, P2], seq=12).view_id
+    h.receive(P1, [bcast(v12, 1, 0, [(P2, 30, [b"152", b"160"])]), commit(v12, 1)])
+    assert payloads(h.take_delivered()) == [(P2, b"160")]  # 152 is not delivered a second time, after 203
+    assert h.metric("sequencer.duplicates") == 1
+
+
+def test_a_replay_of_an_epoch_this_member_delivered_already_is_skipped() -> None:
+    h, epoch = member_in_view()
+    h.receive(C, [bcast(epoch, 1, 0, [(P1, 1, [b"p1"])]), commit(epoch, 1)])
+    assert payloads(h.take_delivered()) == [(P1, b"p1")]
+    v2 = h.install_view([C, ME], seq=2).view_id
+    raw = pack([[P1.to_wire(), 1, [b"p1"]]])
+    h.receive(C, [Message(None, raw, headers={PID: SequencerHeader(BCAST, v2, 1, 0, (epoch, 1))}), commit(v2, 1)])
     assert h.take_delivered() == []
     assert h.metric("sequencer.batches_skipped") == 1
 
@@ -295,6 +315,79 @@ def test_the_new_coordinator_replays_reported_batches_then_sequences_only_what_t
     assert runs_of(bcasts[1]) == [(P1, 3, [b"p3"])]  # p1, p2 are not sequenced a second time
     h.receive(P1, [ack(new, 2)])
     assert payloads(h.take_delivered()) == [(P1, b"p1"), (P1, b"p2"), (P1, b"p3")]
+
+
+def test_a_replay_is_not_sequenced_again_from_the_forward_table_of_a_sender_whose_sync_omits_its_epoch() -> None:
+    # A sender's messages are sequenced only in epochs it installed, but a SYNC names only the last MAX_EPOCHS
+    # of them: whether the replay reaches the sender does not depend on that list any more.
+    h = harness()
+    new = h.install_view([ME, P1], seq=5).view_id
+    old = ViewId(4, P2)  # P1 holds one of its batches, undelivered; its SYNC does not name it
+    raw = pack([[P1.to_wire(), 1, [b"p1", b"p2"]]])
+    h.receive(P1, [sync_msg(new, epochs=[new], batches=[(old, 3, raw)], fwd=[1, [b"p1", b"p2", b"p3"]], fwd_seq=3)])
+    bcasts = [m for _, m in sent_kind(h, BCAST)]
+    assert [m.headers[PID].replay for m in bcasts] == [(old, 3), None]
+    assert runs_of(bcasts[1]) == [(P1, 3, [b"p3"])]  # the replay delivers p1, p2 to P1 as to everyone
+    h.receive(P1, [ack(new, 2)])
+    assert payloads(h.take_delivered()) == [(P1, b"p1"), (P1, b"p2"), (P1, b"p3")]
+
+
+# ---- the received-table: senders that left ---------------------------------------------------------------
+
+
+def restarted(i: int) -> Address:
+    """The i-th incarnation of one endpoint: every restart is a new member."""
+    return Address("127.0.0.1", 9000, 1000 + i)
+
+
+def test_after_many_members_joined_and_left_the_received_table_holds_only_current_members(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sequencer, "_MAX_RETIRED", 8)
+    h = harness()
+    seq = 0
+    for i in range(40):
+        x = restarted(i)
+        seq += 1
+        vid = h.install_view([C, ME, x], seq=seq).view_id
+        h.receive(C, [bcast(vid, 1, 0, [(x, 1, [b"hello"]), (C, i + 1, [b"c"])]), commit(vid, 1)])
+        seq += 1
+        h.install_view([C, ME], seq=seq)  # x crashed: its next incarnation joins next time
+    assert len(h.take_delivered()) == 80
+    layer = h.layer("sequencer")
+    assert set(layer.high) == {C}
+    assert list(layer.retired) == [restarted(i) for i in range(32, 40)]  # bounded: the oldest are forgotten
+    assert h.metric("sequencer.retired_forgotten") == 32
+
+
+def test_a_member_that_comes_back_with_its_address_finds_its_entry_again_nothing_twice() -> None:
+    h = harness()
+    v1 = h.install_view([C, ME, P1]).view_id
+    h.receive(C, [bcast(v1, 1, 0, [(P1, 1, [b"a", b"b"])]), commit(v1, 1)])
+    assert payloads(h.take_delivered()) == [(P1, b"a"), (P1, b"b")]
+    h.install_view([C, ME], seq=2)  # P1 is cut off
+    layer = h.layer("sequencer")
+    assert layer.high == {} and layer.retired == {P1: 2}
+    # The partition heals; P1 never got a and b delivered itself, so its forward-table has them sequenced again.
+    v3 = h.install_view([C, ME, P1], seq=3).view_id
+    assert layer.high[P1] == 2 and P1 not in layer.retired
+    h.receive(C, [bcast(v3, 1, 0, [(P1, 1, [b"a", b"b", b"c"])]), commit(v3, 1)])
+    assert payloads(h.take_delivered()) == [(P1, b"c")]
+    assert h.metric("sequencer.duplicates") == 2
+
+
+def test_a_replay_brings_nothing_twice_from_a_sender_outside_the_view() -> None:
+    h = harness()
+    v1 = h.install_view([C, ME, P1]).view_id
+    h.receive(C, [bcast(v1, 1, 0, [(P1, 1, [b"a"])]), commit(v1, 1)])
+    v2 = h.install_view([C, ME], seq=2).view_id
+    # A batch of an epoch we were not in that also holds P1's a (sequenced a second time on another side).
+    raw = pack([[P1.to_wire(), 1, [b"a", b"b"]]])
+    replay = Message(None, raw, headers={PID: SequencerHeader(BCAST, v2, 1, 0, (ViewId(1, P2), 4))})
+    h.receive(C, [replay, commit(v2, 1)])
+    assert payloads(h.take_delivered()) == [(P1, b"a"), (P1, b"b")]  # a from v1, then only b
+    layer = h.layer("sequencer")
+    assert layer.high == {} and layer.retired == {P1: 2}
 
 
 def test_a_sync_that_overtakes_the_view_is_kept_for_it() -> None:

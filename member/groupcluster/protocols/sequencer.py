@@ -5,8 +5,9 @@ UNICAST below) to the coordinator of its view, each tagged with its own *forward
 multicasts them (through NAKACK below: one reliable FIFO stream from one sender is a total order) in
 *batches*, and every member delivers them in that order with ``msg.src`` set to the original sender. What a
 member forwarded stays in its *forward-table* until it delivered it; a per-sender *received-table* (highest
-forward seqno delivered) discards copies that come back after a failover. Messages with ``NO_RELIABILITY``
-and unicasts pass straight through.
+forward seqno delivered) discards copies that come back after a failover; entries of senders that left the view
+are kept aside, bounded, for when they or their old batches return. Messages with ``NO_RELIABILITY`` and
+unicasts pass straight through.
 
 Batching is what makes it cheap: everything a member multicasts in one driver step travels to the
 coordinator as one FORWARD message (up to ``max_batch_size``), and everything the coordinator sequences in
@@ -29,9 +30,11 @@ Where this goes beyond seed 004, and why (``docs/total-order.md`` has the argume
   epoch that sequenced them and their number there), its forward-table, and the epochs it has been in. The
   coordinator waits for every member's SYNC (members that never send one are removed by the next view, which
   restarts the sync), then re-multicasts the union of those batches in (epoch, number) order, then the
-  forward-tables' messages, then new traffic. A replayed batch of epoch E is delivered only by members that
-  were in E (after a merge, each side finishes its own epochs; the other side has no order to agree with),
-  and a forwarded message that such a replay will deliver to its sender is not sequenced a second time.
+  forward-tables' messages, then new traffic. A replayed batch is delivered by every member of the view that
+  has not delivered it (members of its epoch skip it by number, others drop what their received-table has):
+  a member that skipped it could deliver its messages later in another position, when their sender, absent
+  from this view, forwards them again. A forwarded message that a replay delivers to its sender is not
+  sequenced a second time.
 
 * **Gaps.** A member's SYNC announces its highest forward seqno, so the coordinator knows where its next
   FORWARD must start; one that starts later (forwards were lost, e.g. while the receiver was not coordinator
@@ -80,6 +83,7 @@ _ITEM_OVERHEAD = 8  # rough msgpack bytes per item, for cutting batches
 _MAX_FUTURE_SYNCS = 4096  # senders whose SYNC for a view we have not installed yet is kept
 _MAX_ADDRESSES = 8192  # interned origin addresses
 _MAX_OWN_RUNS = 1024  # own batches awaiting their loopback (it comes in the same step: a bound, not a need)
+_MAX_RETIRED = 4096  # received-table entries of senders outside our view (see _retire_senders), as NAKACK's
 _new_message = object.__new__
 
 BatchId = tuple[ViewId, int]
@@ -515,7 +519,11 @@ class Sequencer(Layer):
         # Received but not delivered, by original identity, across epochs (what a SYNC reports).
         self.pending: dict[ViewId, dict[int, _Batch]] = {}
         self.delivered_in: dict[ViewId, int] = {}  # per original epoch: highest batch seq delivered
-        self.high: dict[Address, int] = {}  # received-table: per original sender, highest forward seqno delivered
+        # The received-table: per original sender in our view, the highest forward seqno delivered; senders
+        # outside it are in ``retired`` (see _retire_senders), least recently delivered first.
+        self.high: dict[Address, int] = {}
+        self.retired: dict[Address, int] = {}
+        self.members: frozenset[Address] = frozenset()
         self.fwd_seq = 0
         # Own multicasts not delivered yet, in forward-seqno order: fwd_table[i] has seqno fwd_first + i. Their
         # seqnos are contiguous (only delivery removes them, from the front), so a deque does: a dict popped at
@@ -765,16 +773,24 @@ class Sequencer(Layer):
                 del per_epoch[first]
             if not per_epoch:
                 del self.pending[e]
-        if e not in self.epochs_seen or b <= self.delivered_in.get(e, 0):
-            # A replay of an epoch we were not in (the other side of a merge, or before we joined), or one we
-            # delivered already.
-            self.count("batches_skipped")
-            return
-        self.delivered_in[e] = b
+        if e in self.epochs_seen:
+            # Batches of an epoch we were in reach us in seq order, so a watermark tells which we delivered.
+            if b <= self.delivered_in.get(e, 0):
+                self.count("batches_skipped")
+                return
+            self.delivered_in[e] = b
+        # A replay of an epoch we were not in (the other side of a merge, or before we joined) is delivered too,
+        # minus what the received-table says we have: every member of this view that lacks its messages delivers
+        # them here, at this position. Skipping them would let us deliver them later in another position: their
+        # sender, if it was not here to take the replay, still has them in its forward-table and forwards them
+        # again in a later epoch, where the members that delivered them here discard them and we would not.
         me = self.local_address
         high = self.high
         for origin, start, items in batch.runs:
-            h = high.get(origin, 0)
+            h = high.get(origin)
+            member = h is not None or origin in self.members
+            if h is None:
+                h = 0 if member else self.retired.get(origin, 0)
             n = len(items)
             if start > h:
                 first = 0
@@ -808,12 +824,49 @@ class Sequencer(Layer):
                 else:
                     self._fragment(origin, frag, msg, out)
             last = start + n - 1
-            high[origin] = last
+            if member:
+                high[origin] = last
+            else:
+                self._retire(origin, last)
             if origin == me:
                 self._forget_own(last)
         if len(self.delivered_in) > MAX_EPOCHS:
             for old in list(self.delivered_in)[: len(self.delivered_in) - MAX_EPOCHS]:
                 del self.delivered_in[old]
+
+    def _retire_senders(self, view: View) -> None:
+        """Keep ``high`` to the members of ``view``: entries of senders that left move to ``retired``, those of
+        members that came back (same address: a partition healed) move back.
+
+        Why an entry cannot simply be dropped when its sender leaves the view: leaving the view is also what a
+        member that is only cut off does (a crash and a partition look the same from here), and it comes back
+        with the same address. Its forward-table still holds what it did not deliver itself, some of which we
+        delivered while it was away (a replay its side never took): that is sequenced again, and only this
+        entry tells us it is a duplicate. Replays of old batches held by members that were away bring its
+        messages back too. So nothing local shows that a departed sender's messages can no longer reach us; its
+        entry is kept, out of the way, and ``retired`` is bounded: past ``_MAX_RETIRED`` departed senders the
+        one delivered from least recently is forgotten (a restart is a new address, so without a bound the
+        table would grow with every restart). Forgetting one could deliver a message twice only if that
+        sender, or a batch holding its messages, came back after that many others left since; losing a message
+        it cannot: an entry only ever suppresses deliveries."""
+        members = frozenset(view.members)
+        self.members = members
+        high, retired = self.high, self.retired
+        for gone in [s for s in high if s not in members]:
+            self._retire(gone, high.pop(gone))
+        for member in view.members:
+            if member not in high:
+                back = retired.pop(member, None)
+                if back is not None:
+                    high[member] = back
+
+    def _retire(self, sender: Address, last: int) -> None:
+        retired = self.retired
+        retired.pop(sender, None)
+        retired[sender] = last
+        if len(retired) > _MAX_RETIRED:
+            del retired[next(iter(retired))]
+            self.count("retired_forgotten")
 
     def _fragment(self, origin: Address, frag: Any, msg: Message, out: list[Message]) -> None:
         key = (origin, frag.frag_id)
@@ -865,6 +918,7 @@ class Sequencer(Layer):
     def _on_view(self, view: View) -> None:
         me = self.local_address
         self.view = view
+        self._retire_senders(view)
         epoch = view.view_id
         self.epoch = epoch
         self.coord = view.coordinator
@@ -1062,11 +1116,11 @@ class Sequencer(Layer):
             self._flush_batch()
             self._bcast(batch.raw, replay=ident)
             self.count("batches_replayed")
-            e = ident[0]
             for origin, start, items in batch.runs:
-                # The sender was in that epoch: the replay delivers these to it, so its forward-table copies
-                # must not be sequenced again (they would reach others in a second position).
-                if e in sync.epochs.get(origin, ()):
+                # The sender is in this view: the replay delivers these to it (whatever epochs it was in), so
+                # its forward-table copies must not be sequenced again (they would reach others in a second
+                # position).
+                if origin in sync.epochs:
                     last = start + len(items) - 1
                     if last > seeded.get(origin, 0):
                         seeded[origin] = last
