@@ -486,7 +486,7 @@ class RebalancePlanner:
             self.may_start_grid = True
             self.initial_size = 1
             return self._update()
-        if t is None or t.availability == Availability.AVAILABLE:
+        if t is None or t.availability == Availability.AVAILABLE or not self.members:
             return []
         # The members present become the stable set (fixed by the topology made here): counted against the old
         # one, a majority of it missing for good would keep any later split of this grid degraded.
