@@ -7,8 +7,10 @@ from typing import Any
 import pytest
 from groupcluster.sim.checkers import HistoryFormatError
 from groupcluster.sim.grid_checkers import (
+    LIVENESS_BOUND,
     check_grid_expired,
     check_grid_fresh_reads,
+    check_grid_liveness,
     check_grid_lost_writes,
     check_grid_replicas,
     parse,
@@ -293,3 +295,90 @@ def test_a_removal_while_two_groups_take_writes_is_concurrent_with_their_writes(
     # Without a window after the expiry one primary holds every acknowledged write: v2 replaced the entry.
     calm = (parts[0], op(5.0, 5.5, "2", "put", "k", "v2", member="b"), parts[3])
     assert [v.property for v in check_grid_fresh_reads(hist(*calm, mode="allow_read_writes"))] == ["grid-fresh-reads"]
+
+
+def view(t: float, members: str, seq: int, *, creator: str | None = None) -> list[HistoryEvent]:
+    """Every member of ``members`` installs the view ``seq`` of exactly them."""
+    vid = [seq, creator or members[0]]
+    return [ev(t, m, "view", view_id=vid, members=list(members), merge=False) for m in members]
+
+
+def topo(t: float, members: str, tid: int, availability: str) -> list[HistoryEvent]:
+    return [
+        ev(t, m, "grid_topology", topology_id=tid, phase="NO_REBALANCE", availability=availability) for m in members
+    ]
+
+
+def coordinator_killed(*tail: list[HistoryEvent], lost: str = "c", owners: str = "abc") -> History:
+    """Three members (2 owners) whole on topology 3; ``lost`` crash; the survivors each form a view of one and
+    degrade; the faults stop at t=12 and the survivors merge at t=13 into a view of them both, still degraded."""
+    survivors = "".join(m for m in "abc" if m not in lost)
+    parts: list[list[HistoryEvent]] = [
+        [ev(0.0, m, "start", slot=i) for i, m in enumerate("abc")],
+        view(0.5, "abc", 1),
+        topo(1.0, "abc", 3, "AVAILABLE"),
+        [ev(2.0, "-", "grid_whole", topology_id=3, owners=list(owners))],
+        [ev(3.0, m, "crash") for m in lost],
+        *(view(4.0, m, 2 + i) for i, m in enumerate(survivors)),
+        topo(4.5, survivors, 4, "DEGRADED"),
+        [ev(12.0, "-", "grid_heal")],
+        view(13.0, survivors, 9),
+        topo(13.5, survivors, 10, "DEGRADED"),
+        *tail,
+    ]
+    return hist(*parts)
+
+
+def test_liveness_catches_a_grid_that_needed_forcing_though_it_lost_one_member_of_three() -> None:
+    # The real-process report: the coordinator of three (2 owners) SIGKILLed, the survivors degraded alone,
+    # merged, and stayed degraded until the operator forced them available.
+    h = coordinator_killed(
+        [ev(20.0, "a", "grid_force_available", topology_id=10)],
+        topo(20.5, "ab", 11, "AVAILABLE"),
+    )
+    out = check_grid_liveness(h)
+    assert [v.property for v in out] == ["grid-liveness", "grid-liveness"]
+    assert "forced available at t=20.000" in out[0].detail and "1 of the 3 owners" in out[0].detail
+    assert "(c)" in out[0].detail
+    assert f"more than {LIVENESS_BOUND:g}s after the group converged at t=13.000" in out[1].detail
+    # Never forced, never available: degraded to the end.
+    out = check_grid_liveness(coordinator_killed())
+    assert len(out) == 1 and "still degraded at the end of the history (a, b)" in out[0].detail
+
+
+def test_liveness_accepts_a_grid_available_by_itself_after_the_merge() -> None:
+    assert check_grid_liveness(coordinator_killed(topo(14.5, "ab", 11, "AVAILABLE"))) == []
+    # Just within the bound after the group converged.
+    assert check_grid_liveness(coordinator_killed(topo(13.0 + LIVENESS_BOUND, "ab", 11, "AVAILABLE"))) == []
+    late = coordinator_killed(topo(13.1 + LIVENESS_BOUND, "ab", 11, "AVAILABLE"))
+    assert [v.property for v in check_grid_liveness(late)] == ["grid-liveness"]
+    # The group splits once more after the heal (a wrong suspicion): the side of one rightly degrades until it
+    # merges back, and the bound counts from the group's last convergence.
+    again = (view(20.0, "a", 20), topo(20.1, "a", 12, "DEGRADED"), view(30.0, "ab", 21))
+    ok = coordinator_killed(topo(14.5, "ab", 11, "AVAILABLE"), *again, topo(31.0, "ab", 13, "AVAILABLE"))
+    assert check_grid_liveness(ok) == []
+    stuck = coordinator_killed(topo(14.5, "ab", 11, "AVAILABLE"), *again, topo(31.0, "b", 13, "DEGRADED"))
+    assert [v.detail[:35] for v in check_grid_liveness(stuck)] == ["still degraded at the end of the hi"]
+
+
+def test_liveness_asks_nothing_when_data_or_the_majority_may_be_gone() -> None:
+    def forced(survivors: str) -> tuple[list[HistoryEvent], ...]:
+        return [ev(20.0, survivors[0], "grid_force_available", topology_id=10)], topo(20.5, survivors, 11, "AVAILABLE")
+
+    # Two of three lost with 2 owners: a segment may have lost both copies; forcing is the operator's call.
+    assert check_grid_liveness(coordinator_killed(*forced("a"), lost="bc")) == []
+    # One of two owners lost: half of the stable topology, which may be going on without us.
+    assert check_grid_liveness(coordinator_killed(*forced("ac"), lost="b", owners="ab")) == []
+    # A member that joined after the grid was last whole is not counted against it: still one of three lost,
+    # so the forced call and the late availability are violations.
+    extra = [ev(5.0, "d", "start", slot=3), ev(6.0, "d", "crash")]
+    assert len(check_grid_liveness(coordinator_killed(extra, *forced("ab")))) == 2
+
+
+def test_liveness_needs_the_simulators_events() -> None:
+    # Hand-written or real-process histories without grid_whole / grid_heal make no claim.
+    h = coordinator_killed()
+    bare = History([e for e in h.events if e.kind not in ("grid_whole", "grid_heal")])
+    assert check_grid_liveness(bare) == []
+    with pytest.raises(HistoryFormatError, match="owners must be a list"):
+        check_grid_liveness(hist([ev(1.0, "-", "grid_whole", topology_id=3, owners="abc")]))

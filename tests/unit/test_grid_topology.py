@@ -274,6 +274,136 @@ def test_losing_half_the_stable_members(mode: PartitionHandling) -> None:
     assert set(owner_set(p.topology.current)) == {m(0), m(1), m(5)}  # type: ignore[union-attr]
 
 
+def _planner(n: int, owners: int) -> RebalancePlanner:
+    view = [m(i) for i in range(n)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=owners)
+    p.on_statuses({x: MemberStatus(1.0, False, None) for x in view}, 0.0)
+    return p
+
+
+def _recover(view: list[Address], tops: dict[Address, CacheTopology], *, owners: int = 2) -> RebalancePlanner:
+    """A coordinator of ``view`` recovering from the topologies its members report (after a merge view)."""
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=owners, merge=True)
+    p.on_statuses({x: MemberStatus(1.0, False, tops[x]) for x in view}, 1.0)
+    return p
+
+
+def test_crash_of_one_of_three_degrades_only_a_side_without_a_majority() -> None:
+    # A view of the two survivors is a majority of the stable topology and holds every segment: available.
+    p = joined(3)
+    t0 = p.topology
+    assert t0 is not None
+    t = p.on_view([m(0), m(1)], 1.0)[0][1]
+    assert t.availability == Availability.AVAILABLE
+    # A survivor alone (its view lost the other one too): half of the stable members or more are missing,
+    # and they may go on without it, so it degrades, as does the other one on its own.
+    for x in (m(0), m(1)):
+        alone = RebalancePlanner([x], num_segments=SEGS, num_owners=2)
+        t = alone.on_statuses({x: MemberStatus(1.0, False, t0)}, 1.0)[-1][1]
+        assert t.availability == Availability.DEGRADED and set(t.stable_members) == {m(0), m(1), m(2)}
+
+
+def test_merge_of_two_degraded_singletons_after_a_crash_is_available_by_itself() -> None:
+    # The coordinator of three members (2 owners) is killed; the two survivors each form a view of one, degrade,
+    # then merge. No segment lost both owners and the two are a majority of the stable three: available again
+    # without the operator, then rebalanced to two owners per segment on the survivors.
+    t0 = joined(3).topology
+    assert t0 is not None
+    a, b = (RebalancePlanner([x], num_segments=SEGS, num_owners=2) for x in (m(1), m(2)))
+    ta = a.on_statuses({m(1): MemberStatus(1.0, False, t0)}, 1.0)[-1][1]
+    tb = b.on_statuses({m(2): MemberStatus(1.0, False, t0)}, 1.0)[-1][1]
+    assert ta.availability == tb.availability == Availability.DEGRADED
+    p = _recover([m(1), m(2)], {m(1): ta, m(2): tb})
+    t = p.topology
+    assert t is not None and t.availability == Availability.AVAILABLE
+    assert t.topology_id > max(ta.topology_id, tb.topology_id)
+    assert p.segments_lost == 0
+    for s in range(SEGS):
+        assert set(t.current.owners_of(s)) <= set(t0.current.owners_of(s)) - {m(0)}  # who holds the data
+    confirm_all(p)
+    final = p.topology
+    assert final is not None and final.phase == Phase.NO_REBALANCE and final.availability == Availability.AVAILABLE
+    assert all(set(o) == {m(1), m(2)} for o in final.current.owner_map())
+    assert set(final.stable_members) == {m(1), m(2)} and final.stable_id == final.topology_id
+
+
+def test_a_minority_never_becomes_available_by_itself() -> None:
+    # 3 owners on 3 members: the one left alone holds every segment, but it is a minority of the stable set;
+    # the other two may be a majority going on without it. Joiners do not make up for the missing members.
+    p = _planner(3, owners=3)
+    t0 = p.topology
+    assert t0 is not None
+    alone = RebalancePlanner([m(0)], num_segments=SEGS, num_owners=3)
+    t = alone.on_statuses({m(0): MemberStatus(1.0, False, t0)}, 1.0)[-1][1]
+    assert t.availability == Availability.DEGRADED and not any(t.missing_owner(s) is False for s in range(SEGS))
+    view = [m(0)]
+    for j in (5, 6, 7):
+        view.append(m(j))
+        out = alone.on_view(view, 2.0) + alone.on_statuses({m(j): MemberStatus(1.0, False, None)}, 2.0)
+        assert all(x.availability == Availability.DEGRADED and not x.rebalancing for _, x in out)
+    assert alone.topology is not None and alone.topology.availability == Availability.DEGRADED
+    # One more of the stable members back makes a majority: available, and rebalanced over everyone.
+    view.append(m(1))
+    alone.on_view(view, 3.0)
+    out = alone.on_statuses({m(1): MemberStatus(1.0, False, t0)}, 3.0)
+    assert out and alone.topology.availability == Availability.AVAILABLE  # type: ignore[union-attr]
+
+
+def test_a_segment_that_lost_every_owner_stays_degraded() -> None:
+    # Five members, 2 owners: the two owners of one segment crash. The other three are a majority, but that
+    # segment's data is gone until one of them comes back: degraded, also after joins and merges of others.
+    p = joined(5)
+    t0 = p.topology
+    assert t0 is not None
+    lost = t0.current.owners_of(0)
+    rest = [x for x in t0.members if x not in lost]
+    t = p.on_view(rest, 1.0)[-1][1]
+    assert t.availability == Availability.DEGRADED
+    view = [*rest, m(9)]
+    p.on_view(view, 2.0)
+    p.on_statuses({m(9): MemberStatus(1.0, False, None)}, 2.0)
+    assert p.topology is not None and p.topology.availability == Availability.DEGRADED
+    merged = _recover(view, {x: p.topology for x in view})
+    assert merged.topology is not None and merged.topology.availability == Availability.DEGRADED
+    # One of the segment's owners is back (the partition healed): available again.
+    merged.on_view([*view, lost[1]], 3.0)
+    out = merged.on_statuses({lost[1]: MemberStatus(1.0, False, t0)}, 3.0)
+    assert out and merged.topology.availability == Availability.AVAILABLE  # type: ignore[union-attr]
+
+
+def test_majority_after_repeated_splits_counts_against_the_newest_stable_set() -> None:
+    # 3 owners on five members. {3, 4} split off (degraded, stable: all five); {0, 1, 2}, a majority, rebalance
+    # and fix the stable set {0, 1, 2}; then 0 splits off alone (degraded). 0 merges with {3, 4}: a majority
+    # of the first stable set, but a minority of the newest one, whose majority {1, 2} is available right now.
+    # So the merged side stays degraded, although it continues the topology of {3, 4} (the highest id).
+    p = _planner(5, owners=3)
+    t0 = p.topology
+    assert t0 is not None
+    assert p.on_view([m(0), m(1), m(2)], 1.0)[0][1].availability == Availability.AVAILABLE
+    confirm_all(p)
+    ta = p.topology
+    assert ta is not None and set(ta.stable_members) == {m(0), m(1), m(2)} and ta.stable_id > t0.stable_id
+    side = RebalancePlanner([m(3), m(4)], num_segments=SEGS, num_owners=3)
+    side.on_statuses({x: MemberStatus(1.0, False, t0) for x in (m(3), m(4))}, 1.0)
+    for i in range(ta.topology_id):  # members come and go on that side: its ids run past the other side's
+        side.on_view([m(3), m(4), m(8)] if i % 2 == 0 else [m(3), m(4)], 1.0)
+        side.on_statuses({m(8): MemberStatus(1.0, False, None)}, 1.0)
+    tb = side.topology
+    assert tb is not None and tb.availability == Availability.DEGRADED and tb.topology_id > ta.topology_id + 1
+    assert p.on_view([m(1), m(2)], 2.0)[0][1].availability == Availability.AVAILABLE
+    alone = RebalancePlanner([m(0)], num_segments=SEGS, num_owners=3)
+    t = alone.on_statuses({m(0): MemberStatus(1.0, False, ta)}, 2.0)[-1][1]
+    assert t.availability == Availability.DEGRADED
+    merged = _recover([m(0), m(3), m(4)], {m(0): t, m(3): tb, m(4): tb}, owners=3)
+    tm = merged.topology
+    assert tm is not None and tm.availability == Availability.DEGRADED
+    assert set(tm.stable_members) == {m(0), m(1), m(2)} and tm.stable_id == ta.stable_id
+    # The whole group merges: available.
+    everyone = [m(i) for i in range(5)]
+    tops = {m(0): t, m(1): p.topology, m(2): p.topology, m(3): tb, m(4): tb}
+    assert _recover(everyone, tops, owners=3).topology.availability == Availability.AVAILABLE  # type: ignore[union-attr]
+
+
 def test_force_available_accepts_the_loss() -> None:
     p = joined(2)
     p.on_view([m(0)], 1.0)
@@ -360,8 +490,13 @@ def test_topology_and_status_wire_round_trip_and_validation() -> None:
     bad[9], bad[10] = 1, t.topology_id  # the re-stamp id lies below the topology's own
     with pytest.raises(WireError, match=r"topology\.restamp"):
         CacheTopology.from_wire(bad)
-    with pytest.raises(WireError, match="expected 11 items, got 9"):
+    with pytest.raises(WireError, match="expected 12 items, got 9"):
         CacheTopology.from_wire(t.to_wire()[:9])
+    assert t.stable_id and CacheTopology.from_wire(t.to_wire()).stable_id == t.stable_id
+    bad = msgpack.unpackb(msgpack.packb(t.to_wire()), raw=False)
+    bad[11] = t.topology_id + 1  # a stable set fixed after the topology that carries it
+    with pytest.raises(WireError, match=r"topology\.stable_id"):
+        CacheTopology.from_wire(bad)
 
 
 def _grid(first: int, n: int, now: float) -> RebalancePlanner:

@@ -55,7 +55,9 @@ from .tx_messages import (
 #    deadlines"), so an owner does not apply a write its client has given up on.
 # 7: entries may expire (docs/grid.md, "Expiry"): CMD and BACKUP gain an expiry field (a Unix time, 0.0:
 #    none), CMD_BATCH and BACKUP_BATCH an expiry column, and a transfer chunk an expiry column (nil: none).
-GRID_FORMAT_VERSION = 7
+# 8: topologies carry the id of the topology that fixed their stable set (CacheTopology.stable_id): after a
+#    merge of degraded partitions the coordinator counts the majority against the newest one.
+GRID_FORMAT_VERSION = 8
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12

@@ -105,6 +105,11 @@ class CacheTopology:
     # The topology id under which the members re-stamp what they held before the last merge of grids that never
     # met (0: none so far): above every id either grid used, below the merged group's. See GridNode._install.
     restamp: int = 0
+    # The id of the topology that fixed ``stable_members`` (the end of a rebalance, a new grid, or the operator's
+    # forced availability). After a merge of partitions that all degraded, the coordinator counts the majority
+    # against the newest stable set any of them reports (the highest id), as Infinispan's PreferConsistency
+    # strategy does: a side that went on alone fixed a newer one.
+    stable_id: int = 0
     _member_set: frozenset[Address] = field(default=frozenset(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -251,11 +256,12 @@ class CacheTopology:
             None if self.pending is None else self.pending.to_wire(),
             self.grid_id,
             self.restamp,
+            self.stable_id,
         ]
 
     @classmethod
     def from_wire(cls, data: Any, field_name: str = "topology") -> CacheTopology:
-        items = as_list(data, field_name, 11, exact=11)
+        items = as_list(data, field_name, 12, exact=12)
         tid = as_int(items[0], f"{field_name}.topology_id", 1, MAX_INT)
         rid = as_int(items[1], f"{field_name}.rebalance_id", 0, MAX_INT)
         phase = Phase(as_int(items[2], f"{field_name}.phase", 0, 3))
@@ -275,7 +281,8 @@ class CacheTopology:
             raise WireError(f"{field_name}.members: a member is listed twice")
         grid_id = as_int(items[9], f"{field_name}.grid_id", 0, MAX_INT)
         restamp = as_int(items[10], f"{field_name}.restamp", 0, tid - 1)
-        return cls(tid, rid, phase, current, pending, members, avail, stable, mode, grid_id, restamp)
+        stable_id = as_int(items[11], f"{field_name}.stable_id", 0, tid)
+        return cls(tid, rid, phase, current, pending, members, avail, stable, mode, grid_id, restamp, stable_id)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -479,10 +486,11 @@ class RebalancePlanner:
             self.may_start_grid = True
             self.initial_size = 1
             return self._update()
-        if t is None or t.availability == Availability.AVAILABLE:
+        if t is None or t.availability == Availability.AVAILABLE or not self.members:
             return []
-        self.topology = replace(t, stable_members=tuple(m for m in t.stable_members if m in self.members))
-        return self._update()
+        # The members present become the stable set (fixed by the topology made here): counted against the old
+        # one, a majority of it missing for good would keep any later split of this grid degraded.
+        return self._available_again(t, tuple(m for m in t.stable_members if m in self.members))
 
     # -- recovery -------------------------------------------------------------------------------------------
     def _maybe_finish_recovery(self, now: float) -> list[Output]:
@@ -522,7 +530,22 @@ class RebalancePlanner:
                 for m, cap in zip(ch.members, ch.capacities, strict=True):
                     if m in self.view and m not in self.members:
                         self.members[m] = _Info(cap, False)
-            self.topology = replace(base, grid_id=self.grid_id, restamp=self.restamp)
+            stable: CacheTopology = base
+            if base.availability == Availability.DEGRADED:
+                # Every partition degraded: count the majority against the newest stable set any member of this
+                # grid reports (Infinispan's maxStableTopology), not the one of the topology we continue. A side
+                # that stayed available fixed a newer one before it split again, and a majority of an older set
+                # could be a minority of the newer one, while a majority of that goes on elsewhere. (With an
+                # available partition its topology and stable set are the newest: only a majority stays so.)
+                same = [t for t in tops if t.grid_id == base.grid_id]
+                stable = max(same, key=lambda t: (t.stable_id, t.topology_id))
+            self.topology = replace(
+                base,
+                grid_id=self.grid_id,
+                restamp=self.restamp,
+                stable_members=stable.stable_members,
+                stable_id=stable.stable_id,
+            )
             out = self._update()
             if not out:
                 # Announce even an unchanged topology under a new id above every id anyone reported, so all
@@ -549,32 +572,23 @@ class RebalancePlanner:
         holders = set(t.current.members) | (set(t.pending.members) if t.pending is not None else set())
         dead = {m for m in holders | set(t.members) if m not in live}
         if t.availability == Availability.DEGRADED:
-            if not set(t.stable_members) <= live:
+            if self._stays_degraded(t, live):
                 if set(t.members) != live:
                     out.append((None, self._set(self._bump(t, members=self._member_tuple()))))
                 return out
-            # Every member of the last stable topology is back (a merge healed the partition).
-            cur = self._fill(t.current.without(dead), None, Phase.NO_REBALANCE)[0]
-            t = self._set(self._new(t.rebalance_id, Phase.NO_REBALANCE, cur, None, stable=t.stable_members))
-            out.append((None, t))
-            dead = set()
+            return self._available_again(t, t)
         if dead:
             if self._loses_partition(t, dead):
                 cur_ch = t.current if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) else t.pending
                 assert cur_ch is not None
                 deg = self._new(
-                    t.rebalance_id,
-                    Phase.NO_REBALANCE,
-                    cur_ch,
-                    None,
-                    stable=t.stable_members,
-                    availability=Availability.DEGRADED,
+                    t.rebalance_id, Phase.NO_REBALANCE, cur_ch, None, stable=t, availability=Availability.DEGRADED
                 )
                 return [(None, self._set(deg))]
             cur_map, pend_map = self._fill(
                 t.current.without(dead), t.pending.without(dead) if t.pending is not None else None, t.phase
             )
-            t = self._set(self._new(t.rebalance_id, t.phase, cur_map, pend_map, stable=t.stable_members))
+            t = self._set(self._new(t.rebalance_id, t.phase, cur_map, pend_map, stable=t))
             self.confirmed = set()  # confirmations name a topology id: members confirm the new one again
             out.append((None, t))
         if t.phase == Phase.NO_REBALANCE and t.availability == Availability.AVAILABLE:
@@ -634,10 +648,40 @@ class RebalancePlanner:
         self.rebalances_started += 1
         self.max_rebalance_id = max(self.max_rebalance_id, t.rebalance_id) + 1
         self.confirmed = set()
-        nt = self._new(self.max_rebalance_id, Phase.READ_OLD_WRITE_ALL, t.current, target, stable=t.stable_members)
+        nt = self._new(self.max_rebalance_id, Phase.READ_OLD_WRITE_ALL, t.current, target, stable=t)
         return self._set(nt)
 
     # -- helpers --------------------------------------------------------------------------------------------
+    def _stays_degraded(self, t: CacheTopology, live: set[Address]) -> bool:
+        """Whether the degraded ``t`` must stay so with the members ``live`` (Infinispan's PreferConsistency
+        after a merge): some segment has no member holding its data here (what it held is lost until one comes
+        back), or half or more of the last stable topology's members are missing (from the inside a crash and
+        a partition look the same: the missing ones may be a majority going on without us). Otherwise no
+        data is lost, and no other side can be available too (two majorities of one stable set overlap, and
+        a member that left for another side reports a newer stable set, see _finish_recovery): the grid
+        is available again by itself, and a rebalance brings every segment back to num_owners."""
+        if self.mode == PartitionHandling.ALLOW_READ_WRITES:
+            return False
+        stable = set(t.stable_members)
+        missing = stable - live
+        if missing and 2 * len(missing) >= len(stable):
+            return True  # the same count as _loses_partition: what degrades a grid keeps it so
+        return any(not any(m in live for m in t.data_holders(s)) for s in range(t.num_segments))
+
+    def _available_again(self, t: CacheTopology, stable: CacheTopology | tuple[Address, ...]) -> list[Output]:
+        """Leave degraded mode with the members present (``stable``: ``t`` to keep its stable set, or the new
+        one), then rebalance."""
+        live = set(self.members)
+        holders = set(t.current.members) | (set(t.pending.members) if t.pending is not None else set())
+        dead = {m for m in holders | set(t.members) if m not in live}
+        cur = self._fill(t.current.without(dead), None, Phase.NO_REBALANCE)[0]
+        t = self._set(self._new(t.rebalance_id, Phase.NO_REBALANCE, cur, None, stable=stable))
+        out: list[Output] = [(None, t)]
+        nxt = self._start_rebalance(t)
+        if nxt is not None:
+            out.append((None, nxt))
+        return out
+
     def _loses_partition(self, t: CacheTopology, dead: set[Address]) -> bool:
         if self.mode == PartitionHandling.ALLOW_READ_WRITES:
             return False
@@ -723,21 +767,29 @@ class RebalancePlanner:
         current: ConsistentHash,
         pending: ConsistentHash | None,
         *,
-        stable: Iterable[Address],
+        stable: CacheTopology | Iterable[Address],
         availability: Availability = Availability.AVAILABLE,
     ) -> CacheTopology:
+        """A topology with the next id; ``stable``: a topology whose stable set (and its id) it keeps, or the
+        members of a stable set this topology fixes."""
+        tid = self._next_id()
+        if isinstance(stable, CacheTopology):
+            stable_members, stable_id = stable.stable_members, stable.stable_id
+        else:
+            stable_members, stable_id = tuple(stable), tid
         return CacheTopology(
-            self._next_id(),
+            tid,
             rebalance_id,
             phase,
             current,
             pending,
             self._member_tuple(),
             availability,
-            tuple(stable),
+            stable_members,
             self.mode,
             self.grid_id,
             self.restamp,
+            stable_id,
         )
 
     def _bump(self, t: CacheTopology, **changes: Any) -> CacheTopology:

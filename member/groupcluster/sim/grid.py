@@ -33,6 +33,10 @@ grid_leave          (the member asked the grid to move its data away)
 grid_merge          ``phase`` start/end: from a merge view until the member's entries reached the merged
                     group's owners (the merge policy at work)
 grid_force_available ``topology_id``: the simulated operator ended a degraded mode that could not end alone
+grid_whole          ``topology_id``, ``owners`` (member ``-``): the grid is whole (:meth:`GridRun.grid_whole`: one
+                    view of every live member, one balanced, available topology everywhere, no rebalance) on this
+                    topology, whose owners are ``owners``; recorded each time it becomes whole on another topology
+grid_heal           (member ``-``) the faults stop: the network heals, paused members resume
 grid_split          ``phase`` start/end (member ``-``): a fault that can cut members off began / the group is
                     whole again; reads (and in ``allow_read_writes`` writes) overlapping it may see either side
 grid_converged      (member ``-``) the grid converged after healing; GETs after it are the final reads
@@ -51,7 +55,7 @@ from ..core.message import Message
 from ..core.view import View
 from ..grid.messages import DELETE, GET, OP_NAMES, PUT
 from ..grid.node import GridConfig, GridNode, OpResult
-from ..grid.topology import Availability, PartitionHandling, Phase
+from ..grid.topology import Availability, PartitionHandling, Phase, owner_set
 from .checkers import Violation
 from .faults import FaultPlan
 from .scenario import Scenario, _Run
@@ -262,6 +266,7 @@ class GridRun(_Run):
         self.final_started = False
         self.final_deadline = 0.0
         self.group_since: float | None = None  # the group's view converged (liveness phase)
+        self.whole_topology = 0  # the topology of the last grid_whole event
         self.grid_stats = {
             "ops": 0,
             "ops_ok": 0,
@@ -289,6 +294,7 @@ class GridRun(_Run):
     def schedule(self) -> None:
         self.history.add(0.0, "-", "grid_config", **self.setup.to_json())
         super().schedule()
+        self.loop.after(POLL, self._poll_whole)
         rate = self.sc.capacity_changes
         if rate > 0:
             t = self.capacity_rng.expovariate(rate)
@@ -327,9 +333,29 @@ class GridRun(_Run):
             len(t0.current.owners_of(s)) == k and set(t0.current.owners_of(s)) <= live for s in range(t0.num_segments)
         )
 
+    def _note_whole(self) -> bool:
+        """Whether the grid is whole now; records ``grid_whole`` when it is, on a topology not recorded yet (the
+        grid-liveness checker counts the members lost for good from the last one before the heal)."""
+        if not self.grid_whole():
+            return False
+        t = self._apps()[0].grid.topology
+        assert t is not None
+        if t.topology_id != self.whole_topology:
+            self.whole_topology = t.topology_id
+            names = {n.address: n.name for n in self.world.nodes if n is not None}
+            owners = sorted(names.get(m, str(m)) for m in owner_set(t.current))
+            self.history.add(self.loop.now, "-", "grid_whole", topology_id=t.topology_id, owners=owners)
+        return True
+
+    def _poll_whole(self) -> None:
+        if self.healed:
+            return
+        self._note_whole()
+        self.loop.after(POLL, self._poll_whole)
+
     def _may_expose(self, count: int) -> bool:
         """Whether ``count`` more members may be lost now without risking acknowledged data."""
-        if self.exposed and not self.exposures and self.grid_whole():
+        if self.exposed and not self.exposures and self._note_whole():
             self.exposed = 0
         if self.exposed + count > self.setup.num_owners - 1:
             return False
@@ -615,6 +641,7 @@ class GridRun(_Run):
     # -- liveness ----------------------------------------------------------------------------------------------
     def _heal(self) -> None:
         self.exposures.clear()
+        self.history.add(self.loop.now, "-", "grid_heal")
         super()._heal()
 
     def _pending_ops(self) -> int:
@@ -622,8 +649,10 @@ class GridRun(_Run):
 
     def _operator(self) -> None:
         """Play the operator after healing: a grid degraded for good (owners of the last stable topology are
-        gone: they crashed, or left when the group excluded them) is forced available, as docs/grid.md says
-        an operator must do. Only once the group itself has converged and settled."""
+        gone, and the members left cannot end it themselves: a segment lost every copy, or they are not a
+        majority of that topology) is forced available, as docs/grid.md says an operator must do. Only once
+        the group itself has converged and settled; the grid-liveness checker says when the grid should not
+        have needed it."""
         if self.group_since is None or self.loop.now - self.group_since < self.sc.settle_time:
             return
         apps = self._apps()

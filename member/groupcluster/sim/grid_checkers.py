@@ -24,6 +24,21 @@ write that started after the deadline and ended before a read began hides it fro
   store holds an entry whose lifespan ended more than ``EXPIRY_GRACE`` before (the removal's recheck interval,
   plus slack).
 
+* ``grid-liveness`` — availability comes back by itself when nothing forbids it (docs/guarantees.md). The
+  simulator records ``grid_whole`` (the grid was whole, with ``owners`` owning its segments) and ``grid_heal``
+  (the faults stop). The members *lost for good* are the owners of the last ``grid_whole`` before the heal that
+  crashed or left the group after it: an address never comes back (a restart is a new member, with an empty
+  store), and the history does not tell a leave that handed its data off from one that took it along, so every
+  leave counts (which only ever asks less of the grid). With ``k = min(num_owners, owners)`` copies of every
+  segment at that moment, when fewer than ``k`` and fewer than half of the owners were lost for good, no segment
+  lost every copy and the members left are a majority of that topology: no other side can be available. Then
+  nobody may force the grid available (no ``grid_force_available``), and from at most ``LIVENESS_BOUND``
+  virtual seconds after the group last converged (every live member in one view of exactly the live members,
+  after the heal, to the end of the history) to the end, every live member that holds a topology holds an
+  available one.
+  Histories without ``grid_whole`` and ``grid_heal`` events (hand-written ones, real-process chaos runs) make
+  no claim here.
+
 **Partitions** (``grid_split`` windows recorded by the simulator, and any time the live members' views
 differ): a member that was cut off may serve a read before it notices, in every mode, so a GET overlapping
 such a window counts as started when the window opened. In ``allow_read_writes`` mode both sides also take
@@ -47,6 +62,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from .checkers import STACK_CHECKERS, HistoryFormatError, HistoryIndex, Violation, _field, _str
 from .history import History, HistoryEvent
@@ -56,6 +72,10 @@ INF = math.inf
 # primary when it expired looks again after EXPIRY_RECHECK (grid/node.py), plus slack for the removal to reach
 # every copy.
 EXPIRY_GRACE = 1.5
+# How long after the group converged the grid may still be degraded when it should not be: a merge view's
+# coordinator waits for every member's status (recovery_timeout, 1 s in the simulation) and then broadcasts;
+# the simulated operator steps in only after settle_time (6 s), so a grid it had to rescue misses this.
+LIVENESS_BOUND = 5.0
 ALLOW_READ_WRITES = "allow_read_writes"
 MODES = ("deny_read_writes", "allow_reads", "allow_read_writes")
 
@@ -507,11 +527,117 @@ def check_grid_expired(history: History | HistoryIndex) -> list[Violation]:
     return out
 
 
+def check_grid_liveness(history: History | HistoryIndex | Iterable[HistoryEvent]) -> list[Violation]:
+    """A grid that lost fewer than num_owners members for good, and fewer than half of its owners, is available
+    again by itself within ``LIVENESS_BOUND`` of the group converging after the heal (see the module docstring)."""
+    events = history.events if isinstance(history, HistoryIndex | History) else list(history)
+    num_owners = 2
+    heal: float | None = None
+    whole: HistoryEvent | None = None
+    for pos, ev in enumerate(events):
+        if ev.kind == "grid_config":
+            raw = ev.data.get("num_owners", num_owners)
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+                raise HistoryFormatError(f"history event #{pos} (grid_config): num_owners must be a positive integer")
+            num_owners = raw
+        elif ev.kind == "grid_heal" and heal is None:
+            heal = ev.t
+        elif ev.kind == "grid_whole" and heal is None:
+            owners = ev.data.get("owners")
+            if not isinstance(owners, list) or not all(isinstance(o, str) for o in owners):
+                raise HistoryFormatError(f"history event #{pos} (grid_whole): owners must be a list of members")
+            whole = ev
+    if heal is None or whole is None:
+        return []
+    owners = set(whole.data["owners"])
+    lost = sorted(
+        {ev.member for ev in events if ev.kind in ("crash", "left") and ev.t >= whole.t and ev.member in owners}
+    )
+    k = min(num_owners, len(owners))
+    if len(lost) >= k or 2 * len(lost) >= len(owners):
+        return []
+    premise = (
+        f"{len(lost)} of the {len(owners)} owners of the grid whole at t={whole.t:.3f} "
+        f"(topology {whole.data.get('topology_id')}) lost for good ({', '.join(lost) or 'none'}), "
+        f"{num_owners} owners per segment"
+    )
+    out = [
+        Violation(
+            "grid-liveness",
+            ev.member,
+            f"forced available at t={ev.t:.3f} (topology {ev.data.get('topology_id')}), though {premise}: "
+            "the grid should have become available by itself",
+        )
+        for ev in events
+        if ev.kind == "grid_force_available" and ev.t >= whole.t
+    ]
+    live: set[str] = set()
+    views: dict[str, tuple[Any, frozenset[str]]] = {}
+    avail: dict[str, bool] = {}
+    converged: float | None = None
+    since: float | None = None  # every live member holding a topology holds an available one, from then on
+    for ev in events:
+        kind, member = ev.kind, ev.member
+        if kind in ("start", "restart"):
+            live.add(member)
+        elif kind in ("crash", "left"):
+            live.discard(member)
+            views.pop(member, None)
+            avail.pop(member, None)
+        elif kind == "view":
+            members = ev.data.get("members")
+            if isinstance(members, list):
+                views[member] = (repr(ev.data.get("view_id")), frozenset(str(m) for m in members))
+        elif kind == "grid_topology":
+            avail[member] = ev.data.get("availability") == "AVAILABLE"
+        else:
+            continue
+        # The group converges (again: it may still split after the heal, e.g. a member its failure detector
+        # suspected wrongly, and a side of one rightly degrades until it merges back).
+        together = ev.t >= heal and bool(live) and all(m in views for m in live)
+        if together:
+            ids = {views[m] for m in live}
+            together = len(ids) == 1 and next(iter(ids))[1] == frozenset(live)
+        if not together:
+            converged = None
+        elif converged is None:
+            converged = ev.t
+        ok = all(avail.get(m, True) for m in live)
+        if not ok:
+            since = None
+        elif since is None:
+            since = ev.t
+    if converged is None:
+        return out  # the group did not end converged: the convergence checks report that
+    deadline = converged + LIVENESS_BOUND
+    if since is None:
+        degraded = sorted(m for m in live if not avail.get(m, True))
+        out.append(
+            Violation(
+                "grid-liveness",
+                "-",
+                f"still degraded at the end of the history ({', '.join(degraded)}), though {premise}; "
+                f"the group converged at t={converged:.3f}",
+            )
+        )
+    elif since > deadline:
+        out.append(
+            Violation(
+                "grid-liveness",
+                "-",
+                f"available again only at t={since:.3f}, more than {LIVENESS_BOUND:g}s after the group "
+                f"converged at t={converged:.3f}, though {premise}",
+            )
+        )
+    return out
+
+
 GRID_CHECKERS = {
     "grid-fresh-reads": check_grid_fresh_reads,
     "grid-lost-write": check_grid_lost_writes,
     "grid-replicas-equal": check_grid_replicas,
     "grid-expired": check_grid_expired,
+    "grid-liveness": check_grid_liveness,
 }
 
 STACK_CHECKERS["grid"] = dict(GRID_CHECKERS)
