@@ -191,7 +191,7 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
         "apiVersion": "groupcluster.io/v1alpha1",
         "kind": "GroupCluster",
         "metadata": {"name": "broken", "namespace": ns},
-        "spec": {"replicas": 1, "auth": {"existingSecret": "partial"}},
+        "spec": {"replicas": 1, "numOwners": 1, "auth": {"existingSecret": "partial"}},
     }
     kube.kubectl("apply", "-f", "-", input=json.dumps(broken))
     # The API server rejects settings that contradict each other, with the CRD's message.
