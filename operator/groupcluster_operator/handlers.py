@@ -33,7 +33,7 @@ import kopf
 from . import builders
 from .auth import RANDOM_BYTES, AuthMaterial, AuthSecretError, read_auth_secret
 from .kubeapi import ApiError, KubeApi
-from .model import CLUSTER_LABEL, GROUP, LEAVE_ANNOTATION, PLURAL, VERSION, ClusterSpec, SpecError
+from .model import CLUSTER_LABEL, GROUP, LEAVE_ANNOTATION, PLURAL, STOP_ANNOTATION, VERSION, ClusterSpec, SpecError
 from .planner import CreatePod, DeletePod, MemberReport, Plan, PodState, RequestLeave, invalid_status, plan
 from .release import FINALIZER, release_finalizers
 
@@ -252,6 +252,14 @@ async def _ensure_auth(api: KubeApi, spec: ClusterSpec, uid: str, keyed_members:
     return state
 
 
+def _pod_ref(spec: ClusterSpec, name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": spec.namespace}}
+
+
+def _annotate(key: str) -> dict[str, Any]:
+    return {"metadata": {"annotations": {key: _now()}}}
+
+
 async def _execute(
     api: KubeApi, spec: ClusterSpec, uid: str, step: Plan, pods: dict[str, PodState], spec_hash: str, token: str | None
 ) -> list[str]:
@@ -265,12 +273,19 @@ async def _execute(
                 )
                 await api.create(pod_manifest)
             elif isinstance(action, DeletePod):
+                pod = pods[action.pod]
+                if not pod.finished and not pod.leave_requested:
+                    # Says "the operator stopped it" to the planner (not someone else's deletion to replace).
+                    try:
+                        await api.merge_patch(_pod_ref(spec, pod.name), _annotate(STOP_ANNOTATION))
+                    except ApiError as exc:
+                        if exc.status != 404:
+                            raise
                 await api.delete_pod(spec.namespace, action.pod, action.grace_seconds)
             elif isinstance(action, RequestLeave):
                 pod = pods[action.pod]
                 # The annotation first: it is what says "leaving" to the planner, across operator restarts.
-                ref = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod.name, "namespace": spec.namespace}}
-                await api.merge_patch(ref, {"metadata": {"annotations": {LEAVE_ANNOTATION: _now()}}})
+                await api.merge_patch(_pod_ref(spec, pod.name), _annotate(LEAVE_ANNOTATION))
                 status, error = await request_leave(pod, spec.http_port, token)
                 if status == 401:
                     # The member holds another admin token (the Secret was edited after it started; it runs an

@@ -25,6 +25,9 @@ CLUSTER_LABEL = "groupcluster.io/cluster"
 ORDINAL_LABEL = "groupcluster.io/ordinal"
 SPEC_HASH_ANNOTATION = "groupcluster.io/spec-hash"
 LEAVE_ANNOTATION = "groupcluster.io/leave-requested"
+# Set on a live member pod just before the operator deletes it (a stranded joiner, the last member at scale 0, a
+# pod that cannot start): a pod deleted without it or a leave request was deleted by someone else.
+STOP_ANNOTATION = "groupcluster.io/stopped-by-operator"
 # How a pod's member authenticates frames (off | mac | aead): members that differ cannot form one group, so the
 # planner never mixes them (see planner rule 0).
 AUTH_MODE_ANNOTATION = "groupcluster.io/auth-mode"

@@ -63,6 +63,7 @@ from .model import (
     LEAVE_ANNOTATION,
     ORDINAL_LABEL,
     SPEC_HASH_ANNOTATION,
+    STOP_ANNOTATION,
     ClusterSpec,
 )
 
@@ -131,6 +132,7 @@ class PodState:
     deleting: bool = False  # deletionTimestamp is set
     spec_hash: str = ""
     leave_requested: bool = False
+    stopped_by_operator: bool = False  # the operator deleted it (not a leave, not someone else)
     exit_code: int | None = None
     reason: str = ""  # the container's termination reason, e.g. OOMKilled, Error
     auth_mode: str | None = None  # off | mac | aead (the pod's annotation); None: unknown
@@ -203,6 +205,7 @@ class PodState:
             deleting=bool(meta.get("deletionTimestamp")),
             spec_hash=str(annotations.get(SPEC_HASH_ANNOTATION, "")),
             leave_requested=LEAVE_ANNOTATION in annotations,
+            stopped_by_operator=STOP_ANNOTATION in annotations,
             exit_code=exit_code,
             reason=reason,
             # A pod of ours without the annotation was made by an operator that predates spec.auth: no auth.
@@ -542,11 +545,20 @@ def plan(
     desired = spec.replicas
     fail = Failures.from_status(previous.get("failures"), spec_hash)
     names = {p.name for p in pods}
-    # Pods the last step saw deleted by someone else (not a leave the operator asked for), and those now gone.
-    was_deleted = [
+    # Pods deleted by someone else (kubectl delete pod, a drain): neither a leave the operator asked for nor a
+    # deletion of its own. A pod that had died before its deletion is not one (the operator deletes those); the
+    # last step's word is kept, since a deleted member that left is Succeeded too.
+    was_deleted = {
         str(m.get("pod")) for m in previous.get("members") or () if isinstance(m, Mapping) and m.get("deleted")
-    ]
-    deleted_before = [name for name in was_deleted if name not in names]
+    }
+    deleted_by_others = {
+        p.name
+        for p in obs.terminating
+        if not p.leave_requested
+        and not p.stopped_by_operator
+        and (p.phase not in ("Succeeded", "Failed") or p.name in was_deleted)
+    }
+    deleted_before = sorted(name for name in was_deleted if name not in names)
 
     # 1. finished pods: delete (and say why they finished); unexpected exits in a row are paced.
     finished = []
@@ -587,7 +599,7 @@ def plan(
             r = reports.get(p.name)
             if r is not None and r.joined and not r.leaving:
                 out.actions.append(RequestLeave(p.name, "a leave was asked for but the member is not leaving"))
-        deleted = [p for p in obs.terminating if not p.leave_requested]
+        deleted = [p for p in obs.terminating if p.name in deleted_by_others]
         going = [p.name for p in obs.leaving + obs.terminating if p not in deleted]
         waits = [f"{', '.join(going)} to leave"] if going else []
         if deleted:
@@ -728,7 +740,9 @@ def plan(
         out.events.append(Event("Warning", "GridDegraded", grid_text))
     if out.phase == "Running":
         fail = Failures(spec_hash=spec_hash)  # Ready again: the next exit is replaced at once
-    out.status = _status(spec, spec_hash, pods, reports, obs, ready, out, prev, now, degraded, reason, fail)
+    out.status = _status(
+        spec, spec_hash, pods, reports, obs, ready, out, prev, now, degraded, reason, fail, deleted_by_others
+    )
     return out
 
 
@@ -800,6 +814,7 @@ def _status(
     degraded: list[str],
     degraded_reason: str,
     failures: Failures,
+    deleted_by_others: set[str],
 ) -> dict[str, Any]:
     n = len(obs.active)
     members = []
@@ -814,7 +829,7 @@ def _status(
                 "ready": _member_ready(p, reports),
                 "leaving": p.leave_requested or p.deleting,
                 # Deleted by someone else (kubectl delete pod, a drain): its replacement says so.
-                "deleted": p.deleting and not p.leave_requested,
+                "deleted": p.name in deleted_by_others,
                 "viewId": (r.view_id or "") if r else "",
                 "segmentsOwned": r.segments_owned if r else 0,
                 "entries": r.entries if r else 0,

@@ -690,3 +690,23 @@ def test_pod_state_reads_the_termination_message_the_waiting_reason_and_the_sche
         },
     }
     assert PodState.from_pod(unscheduled).stuck == "Unschedulable: 0/1 nodes"
+
+
+def test_only_pods_deleted_by_someone_else_count_as_deleted() -> None:
+    pods, reports = cluster(3)
+    # The operator's own deletions: a dead member's pod, one it stopped itself (annotated first).
+    pods[1] = PodState(**{**pods[1].__dict__, "deleting": True, "phase": "Failed", "ready": False})
+    pods[2] = PodState(**{**pods[2].__dict__, "deleting": True, "stopped_by_operator": True})
+    step = plan(spec(3), pods, reports)
+    assert step.events == [] and not any(m["deleted"] for m in step.status["members"])
+    assert step.message == "waiting for demo-1, demo-2 to leave"
+    # Deleted by a user: once it left and its pod is Succeeded (still terminating), it is still "deleted".
+    pods, reports = cluster(3)
+    pods[2] = PodState(**{**pods[2].__dict__, "deleting": True})
+    first = plan(spec(3), pods, reports)
+    pods[2] = PodState(**{**pods[2].__dict__, "phase": "Succeeded", "ready": False})
+    second = plan(spec(3), pods, reports, previous_status=first.status)
+    assert {m["pod"]: m["deleted"] for m in second.status["members"]}["demo-2"] is True
+    del pods[2], reports["demo-2"]
+    third = plan(spec(3), pods, reports, previous_status=second.status)
+    assert third.actions == [CreatePod(2, "replacing demo-2 (pod deleted): 2 of 3 members", 3)]
