@@ -575,7 +575,8 @@ def plan(
         if new and current:
             fail.count += 1
             fail.last_pod, fail.last_reason, fail.last_time = p.name, what, now
-        wait = fail.wait_seconds(now) if current else 0
+        # No back-off where nothing replaces it (replicas 0): the failed pod just goes.
+        wait = fail.wait_seconds(now) if current and desired else 0
         if new:
             times = f"; {fail.count} exits in a row" if current and fail.count > 1 else ""
             when = f"replacing it in {wait} s (back-off)" if wait else "replacing it"
