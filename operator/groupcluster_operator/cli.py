@@ -83,6 +83,18 @@ class QuietTimers(logging.Filter):
         return not (text.startswith("Timer ") and text.endswith(" succeeded."))
 
 
+class SecondSignal(logging.Filter):
+    """Drops asyncio's ERROR for a second SIGTERM/SIGINT while kopf stops: kopf's signal handler sets a future
+    that the first signal already set. The operator is stopping either way; nothing failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (
+            isinstance(exc, asyncio.InvalidStateError)
+            and record.getMessage().startswith("Exception in callback Future.set_result(<Signals.")
+        )
+
+
 def quiet_logging() -> None:
     """At INFO the operator logs its steps, not the noise of the libraries under it."""
     if logging.getLogger().level > logging.INFO:
@@ -91,13 +103,24 @@ def quiet_logging() -> None:
     objects = logging.getLogger("kopf.objects")
     if not any(isinstance(f, QuietTimers) for f in objects.filters):
         objects.addFilter(QuietTimers())
+    if not any(isinstance(f, SecondSignal) for f in logging.getLogger("asyncio").filters):
+        logging.getLogger("asyncio").addFilter(SecondSignal())
     # kopf's liveness endpoint is an aiohttp server: its access log would log every probe.
     if logging.getLogger("aiohttp.access").getEffectiveLevel() < logging.WARNING:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-async def crd_problem(api: Any) -> str | None:
-    """Why the operator cannot serve GroupClusters (the CRD is not served), or None."""
+# How long the start-up check waits for the API server to serve a GroupCluster list (a CRD installed moments
+# ago: its storage answers 429 "storage is (re)initializing" for a few seconds, which kopf would log as ERRORs).
+SERVED_WAIT = 60.0
+
+
+async def crd_problem(api: Any, namespaces: list[str] | None = None, wait: float = SERVED_WAIT) -> str | None:
+    """Why the operator cannot serve GroupClusters, or None once it can list them where it watches.
+
+    The CRD must be served (kopf reads it once at start: its CRD scans are off), and GroupClusters listable in
+    each watched namespace (``None``: cluster-wide). Answers that only mean "not yet" are waited out.
+    """
     from .kubeapi import ApiError
     from .model import GROUP, PLURAL, VERSION
 
@@ -112,6 +135,24 @@ async def crd_problem(api: Any) -> str | None:
             f"the API server does not serve {PLURAL}.{GROUP}/{VERSION}: install the CRD first "
             "(`kubectl apply -f crds/`, or the Helm chart), then start the operator"
         )
+    base = f"/apis/{GROUP}/{VERSION}"
+    paths = [f"{base}/{PLURAL}"] if namespaces is None else [f"{base}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    for path in paths:
+        while True:
+            try:
+                await api.request("GET", path, params={"limit": "1"})
+                break
+            except ApiError as exc:
+                where = "cluster-wide" if namespaces is None else f"in namespace {path.split('/')[5]}"
+                if exc.status in (401, 403):
+                    return f"cannot list {PLURAL} {where} (check the operator's RBAC): {exc}"
+                if exc.status not in (0, 429) and exc.status < 500:
+                    return f"cannot list {PLURAL} {where}: {exc}"
+                if loop.time() > deadline:
+                    return f"the API server does not serve {PLURAL} {where} yet after {wait:.0f} s: {exc}"
+            await asyncio.sleep(1.0)
     return None
 
 
@@ -141,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
     handlers.register(args.interval)
 
     async def main() -> int:
-        problem = await crd_problem(api)
+        problem = await crd_problem(api, None if args.all_namespaces else namespaces)
         if problem:
             await api.close()
             print(f"groupcluster operator: error: {problem}", file=sys.stderr)

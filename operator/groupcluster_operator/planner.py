@@ -548,9 +548,8 @@ def plan(
     # Pods deleted by someone else (kubectl delete pod, a drain): neither a leave the operator asked for nor a
     # deletion of its own. A pod that had died before its deletion is not one (the operator deletes those); the
     # last step's word is kept, since a deleted member that left is Succeeded too.
-    was_deleted = {
-        str(m.get("pod")) for m in previous.get("members") or () if isinstance(m, Mapping) and m.get("deleted")
-    }
+    before = {str(m.get("pod")): m for m in previous.get("members") or () if isinstance(m, Mapping)}
+    was_deleted = {name for name, m in before.items() if m.get("deleted")}
     deleted_by_others = {
         p.name
         for p in obs.terminating
@@ -558,7 +557,12 @@ def plan(
         and not p.stopped_by_operator
         and (p.phase not in ("Succeeded", "Failed") or p.name in was_deleted)
     }
-    deleted_before = sorted(name for name in was_deleted if name not in names)
+    # Members of the last step that are gone though the operator neither asked them to leave nor deleted them
+    # (the status marks those as leaving): deleted by someone else, seen terminating or not (a member that
+    # leaves quickly on SIGTERM can be gone before the next step).
+    vanished = sorted(
+        name for name, m in before.items() if name not in names and (m.get("deleted") or not m.get("leaving"))
+    )
 
     # 1. finished pods: delete (and say why they finished); unexpected exits in a row are paced.
     finished = []
@@ -593,6 +597,13 @@ def plan(
     outdated = [p for p in obs.active if p.spec_hash != spec_hash]
     n = len(obs.active)
     waiting_join: list[PodState] = []
+
+    for name in vanished:
+        if name not in was_deleted:
+            replaced = "a new member replaces it" if n < desired else "it is not replaced"
+            out.events.append(
+                Event("Normal", "MemberDeleted", f"member pod {name} was deleted (not by the operator); {replaced}")
+            )
 
     # 2. leaves and terminations in progress: let them finish.
     if obs.leaving or obs.terminating:
@@ -654,8 +665,8 @@ def plan(
         reason = f"scaling up: {n} of {desired} members"
         if obs.finished and any(not (p.leave_requested and p.phase == "Succeeded") for p in obs.finished):
             reason = f"replacing a member that died: {n} of {desired} members"
-        elif deleted_before:
-            reason = f"replacing {', '.join(deleted_before)} (pod deleted): {n} of {desired} members"
+        elif vanished:
+            reason = f"replacing {', '.join(vanished)} (pod deleted): {n} of {desired} members"
         out.actions.append(CreatePod(ordinal, reason, _initial_cluster_size(ready)))
         out.events.append(Event("Normal", "MemberCreated", f"creating member pod {spec.name}-{ordinal} ({reason})"))
         out.phase, out.message = "ScalingUp", reason
@@ -741,8 +752,11 @@ def plan(
         out.events.append(Event("Warning", "GridDegraded", grid_text))
     if out.phase == "Running":
         fail = Failures(spec_hash=spec_hash)  # Ready again: the next exit is replaced at once
+    # Pods this step asks to leave or deletes count as leaving from now on: gone at the next step, they are not
+    # someone else's deletion.
+    going = {a.pod for a in out.actions if isinstance(a, RequestLeave | DeletePod)}
     out.status = _status(
-        spec, spec_hash, pods, reports, obs, ready, out, prev, now, degraded, reason, fail, deleted_by_others
+        spec, spec_hash, pods, reports, obs, ready, out, prev, now, degraded, reason, fail, deleted_by_others, going
     )
     return out
 
@@ -816,6 +830,7 @@ def _status(
     degraded_reason: str,
     failures: Failures,
     deleted_by_others: set[str],
+    going: set[str],
 ) -> dict[str, Any]:
     n = len(obs.active)
     members = []
@@ -828,7 +843,7 @@ def _status(
                 "pod": p.name,
                 "address": r.address if r else "",
                 "ready": _member_ready(p, reports),
-                "leaving": p.leave_requested or p.deleting,
+                "leaving": p.leave_requested or p.deleting or p.name in going,
                 # Deleted by someone else (kubectl delete pod, a drain): its replacement says so.
                 "deleted": p.name in deleted_by_others,
                 "viewId": (r.view_id or "") if r else "",

@@ -96,18 +96,35 @@ def test_stop_deployment_scales_to_zero_and_waits_for_the_pods() -> None:
     assert [c[1] for c in api.calls if c[0] == "LIST"] == ["ops:app=op,tier=x"] * 3
 
 
-def test_the_operator_refuses_to_start_without_the_crd() -> None:
+def test_the_operator_waits_for_a_new_crd_and_refuses_to_start_without_one() -> None:
     class Discovery:
-        def __init__(self, answer: Any) -> None:
-            self.answer = answer
+        """Discovery answers ``answer``; lists answer ``lists`` in turn (an exception is raised), then items."""
 
-        async def request(self, method: str, path: str) -> Any:
-            assert (method, path) == ("GET", GC)
+        def __init__(self, answer: Any, *lists: Exception) -> None:
+            self.answer = answer
+            self.lists = list(lists)
+            self.listed: list[str] = []
+
+        async def request(self, method: str, path: str, params: Any = None) -> Any:
+            if path != GC:
+                self.listed.append(path)
+                if self.lists:
+                    raise self.lists.pop(0)
+                return {"items": []}
             if isinstance(self.answer, Exception):
                 raise self.answer
             return self.answer
 
-    assert asyncio.run(crd_problem(Discovery({"resources": [{"name": "groupclusters"}]}))) is None
+    served = {"resources": [{"name": "groupclusters"}]}
+    assert asyncio.run(crd_problem(Discovery(served), ["a", "b"])) is None
+    # A CRD installed moments ago: its storage answers 429 for a while; that is waited out, not logged.
+    api = Discovery(served, ApiError(429, "storage is (re)initializing"))
+    assert asyncio.run(crd_problem(api, None)) is None
+    assert api.listed == [f"{GC}/groupclusters"] * 2
+    problem = asyncio.run(crd_problem(Discovery(served, ApiError(403, "forbidden")), ["shop"]))
+    assert problem is not None and problem.startswith("cannot list groupclusters in namespace shop (check the")
+    problem = asyncio.run(crd_problem(Discovery(served, *[ApiError(429, "later")] * 5), ["shop"], wait=0.5))
+    assert problem is not None and "does not serve groupclusters in namespace shop yet" in problem
     problem = asyncio.run(crd_problem(Discovery(ApiError(404, "not found"))))
     assert problem is not None and "install the CRD first" in problem
     problem = asyncio.run(crd_problem(Discovery(ApiError(403, "forbidden"))))
