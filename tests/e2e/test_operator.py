@@ -350,7 +350,7 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     while waited + failure_backoff(allowed) <= age:
         waited += failure_backoff(allowed)
         allowed += 1
-    assert age > 60 and 3 <= st["failures"]["count"] <= allowed + 1 < age / 10, (age, allowed, st["failures"])
+    assert age > 30 and 3 <= st["failures"]["count"] <= allowed + 1 < age / 4, (age, allowed, st["failures"])
     assert "is not the project's image" in st["failures"]["lastReason"], st["failures"]
     ready = _condition(gc, "Ready")
     if st["phase"] == "Failing":  # in a back-off (else a new member is being tried right now)
