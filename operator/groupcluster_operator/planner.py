@@ -548,8 +548,8 @@ def plan(
     # Pods deleted by someone else (kubectl delete pod, a drain): neither a leave the operator asked for nor a
     # deletion of its own. A pod that had died before its deletion is not one (the operator deletes those); the
     # last step's word is kept, since a deleted member that left is Succeeded too.
-    before = {str(m.get("pod")): m for m in previous.get("members") or () if isinstance(m, Mapping)}
-    was_deleted = {name for name, m in before.items() if m.get("deleted")}
+    last_members = {str(m.get("pod")): m for m in previous.get("members") or () if isinstance(m, Mapping)}
+    was_deleted = {name for name, m in last_members.items() if m.get("deleted")}
     deleted_by_others = {
         p.name
         for p in obs.terminating
@@ -561,7 +561,7 @@ def plan(
     # (the status marks those as leaving): deleted by someone else, seen terminating or not (a member that
     # leaves quickly on SIGTERM can be gone before the next step).
     vanished = sorted(
-        name for name, m in before.items() if name not in names and (m.get("deleted") or not m.get("leaving"))
+        name for name, m in last_members.items() if name not in names and (m.get("deleted") or not m.get("leaving"))
     )
 
     # 1. finished pods: delete (and say why they finished); unexpected exits in a row are paced.
@@ -623,7 +623,7 @@ def plan(
                         "Normal",
                         "MemberDeleted",
                         f"member pod {p.name} is being deleted: its member hands its data off and leaves; "
-                        + ("a new member replaces it" if n < desired or not desired else "it is not replaced"),
+                        + ("a new member replaces it" if n < desired else "it is not replaced"),
                     )
                 )
         out.message = "waiting for " + " and ".join(waits)
@@ -647,14 +647,15 @@ def plan(
         if stuck:
             out.phase = "Failing"
             out.message = "; ".join(f"{p.name} cannot start: {p.stuck}" for p in stuck)
-            before = prev.get("Ready") or {}
+            ready_before = prev.get("Ready") or {}
+            reported = str(ready_before.get("message") or "") if ready_before.get("reason") == "MemberFailing" else ""
             for p in stuck:
                 if p.spec_hash != spec_hash:
                     # It never joined (nothing to hand off), and it waits for the spec the user just changed.
                     why = "it cannot start and runs an old spec; a member on the new spec replaces it"
                     out.actions.append(DeletePod(p.name, why, grace_seconds=5))
                     out.events.append(Event("Normal", "MemberReplaced", f"deleting member pod {p.name}: {why}"))
-                elif before.get("reason") != "MemberFailing" or p.name not in str(before.get("message") or ""):
+                elif f"{p.name} cannot start:" not in reported:
                     out.events.append(Event("Warning", "MemberFailing", f"member pod {p.name} cannot start: {p.stuck}"))
         else:
             waiting_join = starting
