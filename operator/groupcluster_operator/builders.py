@@ -196,6 +196,9 @@ def build_member_pod(
         "imagePullPolicy": spec.image_pull_policy,
         "args": member_args(spec, initial_cluster_size=initial_cluster_size),
         "env": env,
+        # A member that exits with an error leaves the end of its log as the termination message: the operator
+        # shows it in the GroupCluster's status (why the member failed, without kubectl logs).
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [
             {"name": "member", "containerPort": spec.member_port, "protocol": _protocol(spec)},
             {"name": "http", "containerPort": spec.http_port, "protocol": "TCP"},
@@ -311,16 +314,16 @@ def build_headless_service(spec: ClusterSpec, uid: str) -> Manifest:
 
 
 def build_pod_disruption_budget(spec: ClusterSpec, uid: str) -> Manifest:
-    """Voluntary disruptions (drains) may take at most max(1, numOwners-1) members at once.
+    """Voluntary disruptions (drains) may take at most numOwners-1 members at once (and never the last one).
 
     Evicted members still leave gracefully (SIGTERM hands their segments off first); the budget keeps drains
-    from taking more members than the data has copies.
+    from taking every owner of a segment at once. See :attr:`ClusterSpec.max_unavailable` for 1 owner.
     """
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(spec, uid, spec.name),
-        "spec": {"maxUnavailable": spec.max_leaving, "selector": {"matchLabels": selector_labels(spec)}},
+        "spec": {"maxUnavailable": spec.max_unavailable, "selector": {"matchLabels": selector_labels(spec)}},
     }
 
 

@@ -5,6 +5,11 @@ By default it watches its own namespace only (what the Helm chart's namespaced R
 option grants that). Credentials: the pod's service account in a cluster, else ``--kubeconfig`` /
 ``$KUBECONFIG``. ``GROUPCLUSTER_MEMBER_IMAGE`` (or ``--member-image``) is the image of members whose
 GroupCluster names none: the chart sets it to the operator's own image.
+
+kopf runs with its cluster-wide scans off (namespaces and CRDs): a namespaced install may not list them, so
+the operator checks at start that the GroupCluster CRD is served and exits with a message when it is not.
+On exit it removes its finalizer from the GroupClusters (:mod:`groupcluster_operator.release`);
+``--hand-over DEPLOYMENT`` (the chart's pre-delete hook) stops that Deployment first, then does the same.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import logging
 import os
 import sys
+from typing import Any
 
 from groupcluster.core.errors import ConfigError
 
@@ -54,10 +60,100 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="serve kopf's liveness probe here, e.g. http://0.0.0.0:8081/healthz",
     )
+    parser.add_argument(
+        "--hand-over",
+        metavar="DEPLOYMENT",
+        help="do not run: scale the operator Deployment DEPLOYMENT (in the operator's namespace) to 0, wait for its "
+        "pods to exit, remove the operator's finalizer from the GroupClusters it watched, and exit (the Helm "
+        "chart's pre-delete hook; the clusters keep running without an operator)",
+    )
 
 
 def _own_namespace(api_namespace: str | None) -> str:
     return os.environ.get("POD_NAMESPACE") or api_namespace or "default"
+
+
+class QuietTimers(logging.Filter):
+    """Drops kopf's "Timer 'reconcile' succeeded." at INFO: one line per GroupCluster every interval."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        text = record.getMessage()
+        return not (text.startswith("Timer ") and text.endswith(" succeeded."))
+
+
+class SecondSignal(logging.Filter):
+    """Drops asyncio's ERROR for a second SIGTERM/SIGINT while kopf stops: kopf's signal handler sets a future
+    that the first signal already set. The operator is stopping either way; nothing failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (
+            isinstance(exc, asyncio.InvalidStateError)
+            and record.getMessage().startswith("Exception in callback Future.set_result(<Signals.")
+        )
+
+
+def quiet_logging() -> None:
+    """At INFO the operator logs its steps, not the noise of the libraries under it."""
+    if logging.getLogger().level > logging.INFO:
+        # The operator's steps are its output: show them.
+        logging.getLogger("groupcluster_operator").setLevel(logging.INFO)
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, QuietTimers) for f in objects.filters):
+        objects.addFilter(QuietTimers())
+    if not any(isinstance(f, SecondSignal) for f in logging.getLogger("asyncio").filters):
+        logging.getLogger("asyncio").addFilter(SecondSignal())
+    # kopf's liveness endpoint is an aiohttp server: its access log would log every probe.
+    if logging.getLogger("aiohttp.access").getEffectiveLevel() < logging.WARNING:
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+# How long the start-up check waits for the API server to serve a GroupCluster list (a CRD installed moments
+# ago: its storage answers 429 "storage is (re)initializing" for a few seconds, which kopf would log as ERRORs).
+SERVED_WAIT = 60.0
+
+
+async def crd_problem(api: Any, namespaces: list[str] | None = None, wait: float = SERVED_WAIT) -> str | None:
+    """Why the operator cannot serve GroupClusters, or None once it can list them where it watches.
+
+    The CRD must be served (kopf reads it once at start: its CRD scans are off), and GroupClusters listable in
+    each watched namespace (``None``: cluster-wide). Answers that only mean "not yet" are waited out.
+    """
+    from .kubeapi import ApiError
+    from .model import GROUP, PLURAL, VERSION
+
+    try:
+        found = await api.request("GET", f"/apis/{GROUP}/{VERSION}")
+    except ApiError as exc:
+        if exc.status != 404:
+            return f"cannot read the API server's discovery of {GROUP}/{VERSION}: {exc}"
+        found = None
+    if not any(r.get("name") == PLURAL for r in (found or {}).get("resources") or ()):
+        return (
+            f"the API server does not serve {PLURAL}.{GROUP}/{VERSION}: install the CRD first "
+            "(`kubectl apply -f crds/`, or the Helm chart), then start the operator"
+        )
+    base = f"/apis/{GROUP}/{VERSION}"
+    paths = [f"{base}/{PLURAL}"] if namespaces is None else [f"{base}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    for path in paths:
+        while True:
+            try:
+                await api.request("GET", path, params={"limit": "1"})
+                break
+            except ApiError as exc:
+                where = "cluster-wide" if namespaces is None else f"in namespace {path.split('/')[5]}"
+                if exc.status in (401, 403):
+                    return f"cannot list {PLURAL} {where} (check the operator's RBAC): {exc}"
+                if exc.status not in (0, 429) and exc.status < 500:
+                    return f"cannot list {PLURAL} {where}: {exc}"
+                if loop.time() > deadline:
+                    return f"the API server does not serve {PLURAL} {where} yet after {wait:.0f} s: {exc}"
+            await asyncio.sleep(1.0)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,29 +161,39 @@ def run(args: argparse.Namespace) -> int:
 
     from . import handlers
     from .kubeapi import KubeApi
+    from .release import hand_over
 
-    if logging.getLogger().level > logging.INFO:
-        # The operator's steps are its output: show them (kopf's own INFO lines, one per timer run, are noise).
-        logging.getLogger("groupcluster_operator").setLevel(logging.INFO)
+    quiet_logging()
     try:
         api = KubeApi.auto(args.kubeconfig)
     except ConfigError as exc:
         print(f"groupcluster operator: error: {exc}", file=sys.stderr)
         return 2
+    namespaces = [] if args.all_namespaces else (args.namespaces or [_own_namespace(api.namespace)])
+    where = "all namespaces" if args.all_namespaces else ", ".join(namespaces)
+    if args.hand_over:
+        own = _own_namespace(api.namespace)
+        return asyncio.run(hand_over(api, own, args.hand_over, None if args.all_namespaces else namespaces))
     handlers.CONFIG.api = api
     handlers.CONFIG.kubeconfig = args.kubeconfig
     handlers.CONFIG.interval = args.interval
     handlers.CONFIG.default_image = args.member_image
+    handlers.CONFIG.namespaces = None if args.all_namespaces else namespaces
     handlers.register(args.interval)
-    namespaces = [] if args.all_namespaces else (args.namespaces or [_own_namespace(api.namespace)])
-    where = "all namespaces" if args.all_namespaces else ", ".join(namespaces)
-    print(f"groupcluster operator: watching GroupClusters in {where} at {api.server}", flush=True)
-    asyncio.run(
-        kopf.operator(
+
+    async def main() -> int:
+        problem = await crd_problem(api, None if args.all_namespaces else namespaces)
+        if problem:
+            await api.close()
+            print(f"groupcluster operator: error: {problem}", file=sys.stderr)
+            return 2
+        print(f"groupcluster operator: watching GroupClusters in {where} at {api.server}", flush=True)
+        await kopf.operator(
             standalone=True,
             clusterwide=bool(args.all_namespaces),
             namespaces=namespaces,
             liveness_endpoint=args.liveness,
         )
-    )
-    return 0
+        return 0
+
+    return asyncio.run(main())

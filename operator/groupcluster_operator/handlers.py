@@ -12,7 +12,9 @@ keys that is part of the members' spec hash (an edited Secret rolls the members,
 
 Deleting a GroupCluster needs little: everything it created (the Secret too) carries an owner reference, so
 the garbage collector removes it; :func:`on_delete` only stops the member pods promptly (the data is
-discarded with the resource, there is nobody to hand it to).
+discarded with the resource, there is nobody to hand it to). kopf's finalizer (``groupcluster.io/operator``)
+is what lets it run first; :func:`cleanup` removes that finalizer when the operator stops
+(:mod:`groupcluster_operator.release`), so a GroupCluster never waits for an operator that is gone.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ import kopf
 from . import builders
 from .auth import RANDOM_BYTES, AuthMaterial, AuthSecretError, read_auth_secret
 from .kubeapi import ApiError, KubeApi
-from .model import CLUSTER_LABEL, GROUP, LEAVE_ANNOTATION, PLURAL, VERSION, ClusterSpec, SpecError
-from .planner import CreatePod, DeletePod, MemberReport, Plan, PodState, RequestLeave, plan
+from .model import CLUSTER_LABEL, GROUP, LEAVE_ANNOTATION, PLURAL, STOP_ANNOTATION, VERSION, ClusterSpec, SpecError
+from .planner import CreatePod, DeletePod, MemberReport, Plan, PodState, RequestLeave, invalid_status, plan
+from .release import FINALIZER, release_finalizers
 
 log = logging.getLogger("groupcluster_operator")
 
@@ -65,6 +68,7 @@ class OperatorConfig:
     http: aiohttp.ClientSession | None = None
     ensured: dict[str, tuple[float, str]] = field(default_factory=dict)  # uid -> (when, spec hash)
     auth: dict[str, _AuthState] = field(default_factory=dict)  # uid -> the Secret as last read
+    namespaces: list[str] | None = None  # what the operator watches (None: every namespace)
 
 
 CONFIG = OperatorConfig()
@@ -83,14 +87,28 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
-    settings.persistence.finalizer = f"{GROUP}/operator"
+    settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.INFO
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
+    # No cluster-wide scans of namespaces and CRDs: the operator watches the namespaces it was given (or all,
+    # with one cluster-wide watch), and `groupcluster operator` checks the CRD before kopf starts. With the
+    # scans on, a namespaced install (a Role, no ClusterRole) had kopf retry the forbidden cluster-wide lists for
+    # about 50 s, logging an ERROR for each attempt, before it reconciled anything.
+    settings.scanning.disabled = True
 
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
+    """On exit: hand the GroupClusters over (no finalizer left for a gone operator), close the clients."""
+    if CONFIG.api is not None:
+        try:
+            released = await release_finalizers(CONFIG.api, CONFIG.namespaces)
+        except ApiError as exc:
+            log.warning("could not remove the operator's finalizer from the GroupClusters on exit: %s", exc)
+        else:
+            if released:
+                log.info("released %d GroupCluster(s) on exit: %s", len(released), ", ".join(released))
     if CONFIG.http is not None:
         await CONFIG.http.close()
         CONFIG.http = None
@@ -162,7 +180,7 @@ def _now() -> str:
 async def _ensure_supporting(api: KubeApi, spec: ClusterSpec, uid: str) -> None:
     when, done_hash = CONFIG.ensured.get(uid, (0.0, ""))
     loop = asyncio.get_running_loop()
-    spec_hash = spec.pod_hash() + str(spec.num_owners)
+    spec_hash = spec.pod_hash() + str(spec.max_unavailable)
     if done_hash == spec_hash and loop.time() - when < ENSURE_EVERY:
         return
     for manifest in builders.build_supporting_objects(spec, uid):
@@ -234,6 +252,14 @@ async def _ensure_auth(api: KubeApi, spec: ClusterSpec, uid: str, keyed_members:
     return state
 
 
+def _pod_ref(spec: ClusterSpec, name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": spec.namespace}}
+
+
+def _annotate(key: str) -> dict[str, Any]:
+    return {"metadata": {"annotations": {key: _now()}}}
+
+
 async def _execute(
     api: KubeApi, spec: ClusterSpec, uid: str, step: Plan, pods: dict[str, PodState], spec_hash: str, token: str | None
 ) -> list[str]:
@@ -247,12 +273,19 @@ async def _execute(
                 )
                 await api.create(pod_manifest)
             elif isinstance(action, DeletePod):
+                pod = pods[action.pod]
+                if not pod.finished and not pod.leave_requested:
+                    # Says "the operator stopped it" to the planner (not someone else's deletion to replace).
+                    try:
+                        await api.merge_patch(_pod_ref(spec, pod.name), _annotate(STOP_ANNOTATION))
+                    except ApiError as exc:
+                        if exc.status != 404:
+                            raise
                 await api.delete_pod(spec.namespace, action.pod, action.grace_seconds)
             elif isinstance(action, RequestLeave):
                 pod = pods[action.pod]
                 # The annotation first: it is what says "leaving" to the planner, across operator restarts.
-                ref = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod.name, "namespace": spec.namespace}}
-                await api.merge_patch(ref, {"metadata": {"annotations": {LEAVE_ANNOTATION: _now()}}})
+                await api.merge_patch(_pod_ref(spec, pod.name), _annotate(LEAVE_ANNOTATION))
                 status, error = await request_leave(pod, spec.http_port, token)
                 if status == 401:
                     # The member holds another admin token (the Secret was edited after it started; it runs an
@@ -288,8 +321,11 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     except SpecError as exc:
         if current_status.get("message") != str(exc):
             kopf.warn(body, reason="InvalidSpec", message=str(exc))
-        patch.status["phase"] = "Invalid"
-        patch.status["message"] = str(exc)
+            log.warning("%s/%s: InvalidSpec: %s", meta.get("namespace"), meta.get("name"), exc)
+        invalid = invalid_status(str(exc), current_status.get("conditions") or (), _now())
+        invalid["observedGeneration"] = meta.get("generation")
+        for key, value in _changed(invalid, current_status).items():
+            patch.status[key] = value
         return
     await _ensure_supporting(api, spec, uid)
     raw_pods = await api.list_pods(spec.namespace, spec.selector)
@@ -311,7 +347,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         pods,
         reports,
         spec_hash=spec_hash,
-        previous_conditions=current_status.get("conditions") or (),
+        previous_status=current_status,
         now=_now(),
         auth_problem=auth.problem if auth is not None else None,
     )

@@ -25,6 +25,9 @@ CLUSTER_LABEL = "groupcluster.io/cluster"
 ORDINAL_LABEL = "groupcluster.io/ordinal"
 SPEC_HASH_ANNOTATION = "groupcluster.io/spec-hash"
 LEAVE_ANNOTATION = "groupcluster.io/leave-requested"
+# Set on a live member pod just before the operator deletes it (a stranded joiner, the last member at scale 0, a
+# pod that cannot start): a pod deleted without it or a leave request was deleted by someone else.
+STOP_ANNOTATION = "groupcluster.io/stopped-by-operator"
 # How a pod's member authenticates frames (off | mac | aead): members that differ cannot form one group, so the
 # planner never mixes them (see planner rule 0).
 AUTH_MODE_ANNOTATION = "groupcluster.io/auth-mode"
@@ -289,6 +292,17 @@ class ClusterSpec:
                 raise SpecError(f"spec.stack.set: key {key!r} should look like layer.key (e.g. fd.timeout)")
             if key in AUTH_MANAGED_PARAMS:
                 raise SpecError(f"spec.stack.set: {key} is managed by spec.auth (the operator's Secret); remove it")
+        # More copies than members: the PodDisruptionBudget (numOwners-1 at once) could let a drain evict every
+        # member, and the grid holds fewer copies than asked. 0 stays allowed: it stops the cluster.
+        owners = [("spec.numOwners", out.num_owners)] + [
+            (f"spec.caches ({c.name}).numOwners", c.num_owners) for c in out.caches if c.num_owners is not None
+        ]
+        for where, count in owners:
+            if out.replicas and count > out.replicas:
+                raise SpecError(
+                    f"{where}: {count} copies of every segment need at least {count} members, but spec.replicas is "
+                    f"{out.replicas}; lower numOwners or raise replicas (0 stops the cluster and is always allowed)"
+                )
         if INITIAL_SIZE_PARAM in out.grid:
             raise SpecError(
                 f"spec.grid.{INITIAL_SIZE_PARAM}: set by the operator for each member pod (1 for the first, one more "
@@ -316,6 +330,17 @@ class ClusterSpec:
         # A distributed named cache with fewer owners bounds it too (replicated caches have every member).
         owners = [self.num_owners] + [c.num_owners or 2 for c in self.caches if c.mode == "distributed"]
         return max(1, min(owners) - 1)
+
+    @property
+    def max_unavailable(self) -> int:
+        """The PodDisruptionBudget's maxUnavailable: a drain never takes every owner of a segment at once.
+
+        numOwners-1 evictions leave one copy of every segment, and never more than replicas-1, so one member
+        always stays. With one owner (or one member) it is still 1, not 0: an evicted member hands its segments
+        off before it stops (SIGTERM), so one eviction at a time is safe, while 0 would block every drain forever.
+        """
+        owners = [self.num_owners] + [c.num_owners or 2 for c in self.caches if c.mode == "distributed"]
+        return max(1, min(min(owners) - 1, self.replicas - 1))
 
     @property
     def auth_secret_name(self) -> str:

@@ -9,14 +9,19 @@ last one stopped.
 The rules, in the order they are checked:
 
 1. A member pod that finished (it left, or its process died) is deleted; one that died unexpectedly is
-   reported as a Warning event, and the steps below replace it.
+   reported as a Warning event, and the steps below replace it. Unexpected exits in a row are counted (the
+   status' ``failures``, reset once the cluster is Ready or the spec changes): the first is replaced at
+   once, later ones after a back-off (:func:`failure_backoff`), and meanwhile the failed pod is kept, so its
+   state and log can be read, and no new pod is created (phase ``Failing``).
 2. While any member is leaving (a leave was asked for) or any pod is terminating, nothing else starts: the
    leave must finish first (its data handed off). A leaving member that says it is not leaving (the request
    was lost) is asked again.
 3. While a pod is starting (not ready: not joined yet, or its state transfer not finished), wait. A new
-   member counts as ready only then, so pods are added one at a time. One exception: a join-only member (see
-   below) that is the only pod left and reports no grid topology can never start: it is deleted, and rule 4
-   then creates a cluster's first member in its place.
+   member counts as ready only then, so pods are added one at a time. A starting pod that cannot start (its
+   image cannot be pulled, it cannot be scheduled, ...) makes the phase ``Failing`` with the reason; if it
+   runs an old spec (the user fixed the image, say) it is deleted, so the fix is not stuck behind it. One
+   exception: a join-only member (see below) that is the only pod left and reports no grid topology can never
+   start: it is deleted, and rule 4 then creates a cluster's first member in its place.
 4. Fewer members than wanted: create one (the lowest free ordinal).
 5. More members than wanted: once the group is well formed and no rebalance runs, ask up to
    ``max(1, numOwners-1)`` members to leave, preferring members on an old spec, then members that are not the
@@ -46,6 +51,8 @@ Two guards override the rules above (the cluster is reported Degraded, with a Wa
 
 from __future__ import annotations
 
+import datetime
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,8 +63,60 @@ from .model import (
     LEAVE_ANNOTATION,
     ORDINAL_LABEL,
     SPEC_HASH_ANNOTATION,
+    STOP_ANNOTATION,
     ClusterSpec,
 )
+
+# Container waiting reasons that will not go away by waiting (the kubelet retries pulls on its own, but the
+# spec must change): the planner reports them instead of "waiting to join".
+STUCK_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "CrashLoopBackOff",
+        "PreStartHookError",
+        "PostStartHookError",
+    }
+)
+# Back-off between replacements of members that keep exiting: 5 s doubling to 5 minutes (the kubelet's
+# CrashLoopBackOff runs from 10 s to 5 minutes); the first exit is replaced at once.
+FAILURE_BACKOFF_START = 5
+FAILURE_BACKOFF_MAX = 300
+# Status and event texts quote pods' messages: keep them to a line.
+MAX_TEXT = 300
+
+
+def _brief(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def failure_backoff(count: int) -> int:
+    """Seconds before a member is replaced after ``count`` unexpected exits in a row (0: at once).
+
+    A single exit (a crash, a killed process, a lost node) says nothing about the next member, so it is replaced
+    at once; from the second in a row on, the image or the settings are the likelier cause, and creating pods as
+    fast as they die only floods the cluster with them.
+    """
+    if count <= 1:
+        return 0
+    return int(min(FAILURE_BACKOFF_START * 2 ** (count - 2), FAILURE_BACKOFF_MAX))
+
+
+def _parse_time(text: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    except (TypeError, ValueError):
+        return None
+
+
+def _format_time(when: datetime.datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- inputs ------------------------------------------------------------------------------------------------------
@@ -73,14 +132,39 @@ class PodState:
     deleting: bool = False  # deletionTimestamp is set
     spec_hash: str = ""
     leave_requested: bool = False
+    stopped_by_operator: bool = False  # the operator deleted it (not a leave, not someone else)
     exit_code: int | None = None
     reason: str = ""  # the container's termination reason, e.g. OOMKilled, Error
     auth_mode: str | None = None  # off | mac | aead (the pod's annotation); None: unknown
     initial_cluster_size: int = 1  # the grid's initial_cluster_size its member started with (the annotation)
+    message: str = ""  # the container's termination message (the end of its log: FallbackToLogsOnError)
+    waiting_reason: str = ""  # why the container is not running yet, e.g. ContainerCreating, ImagePullBackOff
+    waiting_message: str = ""
+    unschedulable: str = ""  # the scheduler's message while the pod cannot be placed on a node
 
     @property
     def finished(self) -> bool:
         return self.phase in ("Succeeded", "Failed") and not self.deleting
+
+    @property
+    def stuck(self) -> str:
+        """Why this pod cannot start (empty while it is merely starting): a pull error, a config error, ..."""
+        if self.finished or self.deleting:
+            return ""
+        if self.waiting_reason in STUCK_REASONS:
+            detail = f": {self.waiting_message}" if self.waiting_message else ""
+            return _brief(f"{self.waiting_reason}{detail}")
+        if self.unschedulable:
+            return _brief(f"Unschedulable: {self.unschedulable}")
+        return ""
+
+    @property
+    def exit_text(self) -> str:
+        """How the member ended, e.g. ``exit code 1 (Error): ValueError: ...`` (the last line of its message)."""
+        how = f"exit code {self.exit_code}" if self.exit_code is not None else self.phase.lower()
+        why = f" ({self.reason})" if self.reason else ""
+        lines = [line.strip() for line in self.message.splitlines() if line.strip()]
+        return _brief(f"{how}{why}: {lines[-1]}" if lines else f"{how}{why}")
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> PodState:
@@ -99,11 +183,19 @@ class PodState:
             initial_size = max(1, int(annotations.get(INITIAL_SIZE_ANNOTATION, "1")))
         except ValueError:
             initial_size = 1
-        exit_code, reason = None, ""
+        exit_code, reason, message, waiting_reason, waiting_message = None, "", "", "", ""
         for cs in status.get("containerStatuses") or ():
-            term = ((cs or {}).get("state") or {}).get("terminated")
+            state = (cs or {}).get("state") or {}
+            term = state.get("terminated")
             if term:
-                exit_code, reason = term.get("exitCode"), term.get("reason") or ""
+                exit_code, reason, message = term.get("exitCode"), term.get("reason") or "", term.get("message") or ""
+            waiting = state.get("waiting")
+            if waiting:
+                waiting_reason, waiting_message = waiting.get("reason") or "", waiting.get("message") or ""
+        unschedulable = ""
+        for c in status.get("conditions") or ():
+            if c and (c.get("type"), c.get("status"), c.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
+                unschedulable = c.get("message") or "no node can take the pod"
         return cls(
             name=str(meta.get("name")),
             ordinal=ordinal,
@@ -113,11 +205,16 @@ class PodState:
             deleting=bool(meta.get("deletionTimestamp")),
             spec_hash=str(annotations.get(SPEC_HASH_ANNOTATION, "")),
             leave_requested=LEAVE_ANNOTATION in annotations,
+            stopped_by_operator=STOP_ANNOTATION in annotations,
             exit_code=exit_code,
             reason=reason,
             # A pod of ours without the annotation was made by an operator that predates spec.auth: no auth.
             auth_mode=annotations.get(AUTH_MODE_ANNOTATION) or ("off" if SPEC_HASH_ANNOTATION in annotations else None),
             initial_cluster_size=initial_size,
+            message=str(message),
+            waiting_reason=str(waiting_reason),
+            waiting_message=str(waiting_message),
+            unschedulable=str(unschedulable),
         )
 
 
@@ -142,6 +239,8 @@ class MemberReport:
     max_entries: int = 0  # its max_entries bound (spec.grid.max_entries; 0: none)
     nbytes: int = 0  # key and value bytes of its live entries
     max_bytes: int = 0  # its max_bytes bound (spec.grid.max_bytes; 0: none)
+    num_segments: int = 0  # segments of its topology (0: no routing table)
+    segments_unavailable: int = 0  # segments of its topology with no owner among the live members
 
     @classmethod
     def from_status(cls, body: Mapping[str, Any]) -> MemberReport:
@@ -152,6 +251,11 @@ class MemberReport:
         store = grid.get("store") or {}
         vid = view.get("id")
         view_id = f"{vid[1]}|{vid[0]}" if isinstance(vid, list) and len(vid) == 2 else None
+        # The routing table lists, per segment, the owners among the topology's members (the live ones): an
+        # empty list is a segment nobody can serve (a degraded grid that lost every copy of it).
+        routing = body.get("routing") or {}
+        owners = routing.get("owners") if isinstance(routing, Mapping) else None
+        owners = owners if isinstance(owners, list) else []
         return cls(
             address=str(body.get("address") or ""),
             joined=bool(body.get("joined")),
@@ -170,6 +274,8 @@ class MemberReport:
             max_entries=int(store.get("max_entries") or 0),
             nbytes=int(store.get("bytes") or 0),
             max_bytes=int(store.get("max_bytes") or 0),
+            num_segments=int(routing.get("num_segments") or len(owners)) if owners else 0,
+            segments_unavailable=sum(1 for o in owners if not o),
         )
 
 
@@ -231,8 +337,10 @@ class _Observed:
     well_formed: bool
     view_id: str | None
     rebalancing: bool
-    degraded_reasons: list[str]
+    degraded_reasons: list[str]  # members that do not answer
     coordinator_pod: str | None
+    grid_degraded: MemberReport | None  # the report (the coordinator's if it says so) of a degraded topology
+    pod_of: dict[str, str]  # member address -> pod name
 
 
 def _observe(pods: Sequence[PodState], reports: Mapping[str, MemberReport | None]) -> _Observed:
@@ -254,13 +362,12 @@ def _observe(pods: Sequence[PodState], reports: Mapping[str, MemberReport | None
     for p in live:
         if p.phase == "Running" and p.ip and got.get(p.name) is None and p.ready:
             degraded.append(f"member {p.name} does not answer on its HTTP API")
-    for r in joined.values():
-        if r.availability not in (None, "AVAILABLE"):
-            degraded.append(f"the grid is {r.availability} (a partition may have lost owners)")
-            break
     coordinators = {r.coordinator for r in joined.values() if r.coordinator}
     by_address = {r.address: n for n, r in joined.items()}
     coordinator_pod = by_address.get(next(iter(coordinators))) if len(coordinators) == 1 else None
+    # The coordinator decides the topology: its word counts first; any member's, if it gave none.
+    reporting = sorted(joined.items(), key=lambda item: item[0] != coordinator_pod)
+    grid_degraded = next((r for _, r in reporting if r.availability not in (None, "AVAILABLE")), None)
     return _Observed(
         active=active,
         leaving=leaving,
@@ -271,6 +378,8 @@ def _observe(pods: Sequence[PodState], reports: Mapping[str, MemberReport | None
         rebalancing=rebalancing,
         degraded_reasons=degraded,
         coordinator_pod=coordinator_pod,
+        grid_degraded=grid_degraded,
+        pod_of=by_address,
     )
 
 
@@ -289,16 +398,14 @@ def _initial_cluster_size(ready: Sequence[PodState]) -> int:
     return len(ready) + 1
 
 
-def _stranded_joiner(
-    pods: Sequence[PodState], obs: _Observed, reports: Mapping[str, MemberReport | None]
-) -> PodState | None:
-    """A join-only member that can never start: the only pod left, and it says it holds no grid topology.
+def _stranded_joiner(obs: _Observed, reports: Mapping[str, MemberReport | None]) -> PodState | None:
+    """A join-only member that can never start: the only member left, and it says it holds no grid topology.
 
     It would need ``initial_cluster_size`` members without a topology, and the planner adds no pod while one
     is starting: without this it would wait forever. It must say so itself (answer with no topology): one that
     does not answer may hold the last copies (it joined, then everybody else died), and is left alone.
     """
-    if len(pods) != 1 or len(obs.active) != 1:
+    if len(obs.active) != 1 or obs.leaving or obs.terminating:
         return None
     (p,) = obs.active
     r = reports.get(p.name)
@@ -326,6 +433,92 @@ def free_ordinal(pods: Iterable[PodState]) -> int:
     return n
 
 
+@dataclass
+class Failures:
+    """Unexpected member exits in a row (the status' ``failures``): what paces their replacement.
+
+    ``seen`` names the failed pods already counted (they stay while a back-off runs), so each exit counts once.
+    The count starts afresh when the spec changes (a new image may well fix it) and once the cluster is Ready.
+    """
+
+    count: int = 0
+    last_pod: str = ""
+    last_reason: str = ""
+    last_time: str = ""
+    seen: tuple[str, ...] = ()
+    spec_hash: str = ""
+
+    @classmethod
+    def from_status(cls, raw: Any, spec_hash: str) -> Failures:
+        if not isinstance(raw, Mapping):
+            return cls(spec_hash=spec_hash)
+        seen = tuple(str(n) for n in raw.get("failedPods") or ())
+        if raw.get("specHash") != spec_hash:
+            return cls(seen=seen, spec_hash=spec_hash)
+        count = raw.get("count")
+        return cls(
+            count=count if type(count) is int and count > 0 else 0,
+            last_pod=str(raw.get("lastPod") or ""),
+            last_reason=str(raw.get("lastReason") or ""),
+            last_time=str(raw.get("lastTime") or ""),
+            seen=seen,
+            spec_hash=spec_hash,
+        )
+
+    def retry_at(self) -> datetime.datetime | None:
+        """When the next replacement may be created (None: at once)."""
+        last = _parse_time(self.last_time)
+        delay = failure_backoff(self.count)
+        return None if last is None or not delay else last + datetime.timedelta(seconds=delay)
+
+    def wait_seconds(self, now: str) -> int:
+        at, current = self.retry_at(), _parse_time(now)
+        if at is None or current is None:
+            return 0
+        return max(0, math.ceil((at - current).total_seconds()))
+
+    def to_status(self) -> dict[str, Any]:
+        at = self.retry_at()
+        return {
+            "count": self.count,
+            "lastPod": self.last_pod,
+            "lastReason": self.last_reason,
+            "lastTime": self.last_time,
+            "retryAfter": _format_time(at) if at is not None else "",
+            "failedPods": list(self.seen),
+            "specHash": self.spec_hash,
+        }
+
+
+def _grid_degraded_text(spec: ClusterSpec, r: MemberReport) -> str:
+    """Why the grid is degraded and what that means, from the (coordinator's) report."""
+    total = r.num_segments or spec.num_segments
+    if r.segments_unavailable:
+        what = (
+            f"{r.segments_unavailable} of {total} segments have no owner left (their data is gone unless the "
+            "members that held them come back)"
+        )
+    else:
+        what = "every segment still has an owner, but too many members left at once to rule out a network partition"
+    effect = {
+        "DenyReadWrites": "reads and writes are refused",
+        "AllowReads": "writes are refused",
+    }.get(spec.partition_handling, "reads and writes go on")
+    return (
+        f"the grid is degraded: {what}; {effect} (partitionHandling {spec.partition_handling}) and new members "
+        "cannot receive data until the missing members return or availability is forced (POST "
+        "/v1/force-available on the coordinator, see docs/operator.md)"
+    )
+
+
+def _short_view(view_id: str | None, size: int, pod_of: Mapping[str, str]) -> str:
+    """``demo-0|7, 3 members``: the view's creator as a pod name (its address if no pod has it), its sequence."""
+    if not view_id:
+        return ""
+    creator, _, seq = view_id.rpartition("|")
+    return f"{pod_of.get(creator, creator)}|{seq}, {size} member{'s' if size != 1 else ''}"
+
+
 def plan(
     spec: ClusterSpec,
     pods: Sequence[PodState],
@@ -333,32 +526,84 @@ def plan(
     *,
     spec_hash: str | None = None,
     previous_conditions: Sequence[Mapping[str, Any]] = (),
+    previous_status: Mapping[str, Any] | None = None,
     now: str = "",
     auth_problem: str | None = None,
 ) -> Plan:
-    """The next step for one GroupCluster (see the module docstring for the rules and the guards)."""
+    """The next step for one GroupCluster (see the module docstring for the rules and the guards).
+
+    ``previous_status`` is the status the last step wrote (its conditions, unless ``previous_conditions`` are
+    given, its failure count, its members); ``now`` is the time as ``YYYY-MM-DDTHH:MM:SSZ``.
+    """
     spec_hash = spec_hash or spec.pod_hash()
+    previous = previous_status or {}
+    if not previous_conditions:
+        previous_conditions = previous.get("conditions") or ()
+    prev = {str(c.get("type")): c for c in previous_conditions if isinstance(c, Mapping)}
     obs = _observe(pods, reports)
     out = Plan()
     desired = spec.replicas
+    fail = Failures.from_status(previous.get("failures"), spec_hash)
+    names = {p.name for p in pods}
+    # Pods deleted by someone else (kubectl delete pod, a drain): neither a leave the operator asked for nor a
+    # deletion of its own. A pod that had died before its deletion is not one (the operator deletes those); the
+    # last step's word is kept, since a deleted member that left is Succeeded too.
+    last_members = {str(m.get("pod")): m for m in previous.get("members") or () if isinstance(m, Mapping)}
+    was_deleted = {name for name, m in last_members.items() if m.get("deleted")}
+    deleted_by_others = {
+        p.name
+        for p in obs.terminating
+        if not p.leave_requested
+        and not p.stopped_by_operator
+        and (p.phase not in ("Succeeded", "Failed") or p.name in was_deleted)
+    }
+    # Members of the last step that are gone though the operator neither asked them to leave nor deleted them
+    # (the status marks those as leaving): deleted by someone else, seen terminating or not (a member that
+    # leaves quickly on SIGTERM can be gone before the next step).
+    vanished = sorted(
+        name for name, m in last_members.items() if name not in names and (m.get("deleted") or not m.get("leaving"))
+    )
 
-    # 1. finished pods: delete (and say why they finished).
+    # 1. finished pods: delete (and say why they finished); unexpected exits in a row are paced.
+    finished = []
     for p in obs.finished:
+        finished.append(p.name)
         if p.leave_requested and p.phase == "Succeeded":
             out.actions.append(DeletePod(p.name, "left the group after handing its data off"))
             out.events.append(Event("Normal", "MemberLeft", f"member {p.name} left the group; deleting its pod"))
-        else:
-            how = f"exit code {p.exit_code}" if p.exit_code is not None else p.phase.lower()
-            why = f" ({p.reason})" if p.reason else ""
-            out.actions.append(DeletePod(p.name, f"member exited unexpectedly: {how}{why}"))
+            continue
+        what = p.exit_text
+        new = p.name not in fail.seen
+        # An exit on an old spec says nothing about the current one: it is replaced at once, not counted.
+        current = p.spec_hash == spec_hash
+        if new and current:
+            fail.count += 1
+            fail.last_pod, fail.last_reason, fail.last_time = p.name, what, now
+        # No back-off where nothing replaces it (replicas 0): the failed pod just goes.
+        wait = fail.wait_seconds(now) if current and desired else 0
+        if new:
+            times = f"; {fail.count} exits in a row" if current and fail.count > 1 else ""
+            when = f"replacing it in {wait} s (back-off)" if wait else "replacing it"
             out.events.append(
-                Event("Warning", "MemberDied", f"member {p.name} exited unexpectedly ({how}{why}); replacing it")
+                Event("Warning", "MemberDied", f"member {p.name} exited unexpectedly ({what}){times}; {when}")
             )
+        if not wait:
+            out.actions.append(DeletePod(p.name, f"member exited unexpectedly: {what}"))
+        # Else the failed pod stays until the back-off ends: `kubectl describe` and `kubectl logs` still work.
+    fail.seen = tuple(finished)
 
     ready = [p for p in obs.active if _member_ready(p, reports)]
     starting = [p for p in obs.active if not _member_ready(p, reports)]
     outdated = [p for p in obs.active if p.spec_hash != spec_hash]
     n = len(obs.active)
+    waiting_join: list[PodState] = []
+
+    for name in vanished:
+        if name not in was_deleted:
+            replaced = "a new member replaces it" if n < desired else "it is not replaced"
+            out.events.append(
+                Event("Normal", "MemberDeleted", f"member pod {name} was deleted (not by the operator); {replaced}")
+            )
 
     # 2. leaves and terminations in progress: let them finish.
     if obs.leaving or obs.terminating:
@@ -366,11 +611,25 @@ def plan(
             r = reports.get(p.name)
             if r is not None and r.joined and not r.leaving:
                 out.actions.append(RequestLeave(p.name, "a leave was asked for but the member is not leaving"))
-        names = ", ".join(p.name for p in obs.leaving + obs.terminating)
-        out.message = f"waiting for {names} to leave"
+        deleted = [p for p in obs.terminating if p.name in deleted_by_others]
+        going = [p.name for p in obs.leaving + obs.terminating if p not in deleted]
+        waits = [f"{', '.join(going)} to leave"] if going else []
+        if deleted:
+            waits.append(f"{', '.join(p.name for p in deleted)} to stop (pod deleted; it hands its data off first)")
+        for p in deleted:
+            if p.name not in was_deleted:
+                out.events.append(
+                    Event(
+                        "Normal",
+                        "MemberDeleted",
+                        f"member pod {p.name} is being deleted: its member hands its data off and leaves; "
+                        + ("a new member replaces it" if n < desired else "it is not replaced"),
+                    )
+                )
+        out.message = "waiting for " + " and ".join(waits)
         out.phase = "ScalingDown" if n >= desired or obs.leaving else "ScalingUp"
     # 3. starting pods: one join at a time (a stranded join-only member is replaced by a first member).
-    elif stranded := _stranded_joiner(pods, obs, reports):
+    elif stranded := _stranded_joiner(obs, reports):
         why = (
             f"it was created to join a running grid (initial_cluster_size={stranded.initial_cluster_size}) but "
             "no other member is left, so it can never start one"
@@ -383,14 +642,32 @@ def plan(
         out.phase = "ScalingUp" if desired else "ScalingDown"
         out.message = f"deleting the stranded join-only member {stranded.name}"
     elif starting:
-        out.message = f"waiting for {', '.join(p.name for p in starting)} to join and receive its data"
+        stuck = [p for p in starting if p.stuck]
         out.phase = "ScalingUp" if n <= desired else "ScalingDown"
+        if stuck:
+            out.phase = "Failing"
+            out.message = "; ".join(f"{p.name} cannot start: {p.stuck}" for p in stuck)
+            ready_before = prev.get("Ready") or {}
+            reported = str(ready_before.get("message") or "") if ready_before.get("reason") == "MemberFailing" else ""
+            for p in stuck:
+                if p.spec_hash != spec_hash:
+                    # It never joined (nothing to hand off), and it waits for the spec the user just changed.
+                    why = "it cannot start and runs an old spec; a member on the new spec replaces it"
+                    out.actions.append(DeletePod(p.name, why, grace_seconds=5))
+                    out.events.append(Event("Normal", "MemberReplaced", f"deleting member pod {p.name}: {why}"))
+                elif f"{p.name} cannot start:" not in reported:
+                    out.events.append(Event("Warning", "MemberFailing", f"member pod {p.name} cannot start: {p.stuck}"))
+        else:
+            waiting_join = starting
+            out.message = f"waiting for {', '.join(p.name for p in starting)} to join and receive its data"
     # 4. too few members: add one.
     elif n < desired:
         ordinal = free_ordinal(pods)
         reason = f"scaling up: {n} of {desired} members"
         if obs.finished and any(not (p.leave_requested and p.phase == "Succeeded") for p in obs.finished):
             reason = f"replacing a member that died: {n} of {desired} members"
+        elif vanished:
+            reason = f"replacing {', '.join(vanished)} (pod deleted): {n} of {desired} members"
         out.actions.append(CreatePod(ordinal, reason, _initial_cluster_size(ready)))
         out.events.append(Event("Normal", "MemberCreated", f"creating member pod {spec.name}-{ordinal} ({reason})"))
         out.phase, out.message = "ScalingUp", reason
@@ -409,13 +686,14 @@ def plan(
             out.message = "waiting for the group to agree on one view and the rebalance to finish before a leave"
         else:
             count = min(n - desired, spec.max_leaving)
-            for p in choose_leavers(obs.active, count, spec_hash, obs.coordinator_pod):
+            leavers = choose_leavers(obs.active, count, spec_hash, obs.coordinator_pod)
+            for p in leavers:
                 why = "runs an old spec (rolling update)" if p.spec_hash != spec_hash else f"scaling down to {desired}"
                 out.actions.append(RequestLeave(p.name, why))
                 out.events.append(
                     Event("Normal", "MemberLeaving", f"asking member {p.name} to leave gracefully: {why}")
                 )
-            out.message = f"{len(out.actions)} member(s) leaving: {n} -> {desired}"
+            out.message = f"asking {', '.join(p.name for p in leavers)} to leave: {n} -> {desired} members"
     # 6. the right number but an old spec: surge one new member (rule 5 then retires an old one).
     elif outdated and desired > 0:
         out.phase = "Updating"
@@ -428,7 +706,7 @@ def plan(
             out.events.append(Event("Normal", "MemberCreated", f"creating member pod {spec.name}-{ordinal} ({reason})"))
             out.message = reason
     else:
-        if desired == 0 and not pods:
+        if desired == 0 and not [p for p in pods if not p.finished]:
             out.phase, out.message = "Stopped", "no members (replicas 0)"
         elif obs.rebalancing:
             out.phase, out.message = "Rebalancing", "the grid is moving segments"
@@ -437,8 +715,25 @@ def plan(
         else:
             out.phase, out.message = "Running", f"{n} member(s) in view {obs.view_id}"
 
+    # The back-off after exits in a row: no new pod until it ends (the failed pods stay until then too).
+    wait = fail.wait_seconds(now)
+    if wait and any(isinstance(a, CreatePod) for a in out.actions):
+        out.actions = [a for a in out.actions if not isinstance(a, CreatePod)]
+        out.events = [e for e in out.events if e.reason != "MemberCreated"]
+        out.phase = "Failing"
+        out.message = (
+            f"{fail.count} member exits in a row, the last {fail.last_pod}: {fail.last_reason}; "
+            f"next attempt in {wait} s"
+        )
+
     blocked = _guards(spec, obs, out, auth_problem)
     degraded = blocked + obs.degraded_reasons
+    grid_text = _grid_degraded_text(spec, obs.grid_degraded) if obs.grid_degraded is not None else ""
+    if grid_text:
+        degraded.append(grid_text)
+        if waiting_join:
+            # Not "waiting to join": a joiner gets no data from a degraded grid; the reason above says why.
+            out.message = ""
     if degraded:
         out.phase = "Degraded"
         out.message = "; ".join(degraded) + (f"; {out.message}" if out.message else "")
@@ -447,12 +742,23 @@ def plan(
         reason = "AuthSecretInvalid"
     elif blocked:
         reason = "AuthSettingsDiffer"
+    elif grid_text:
+        reason = "GridDegraded"
+    before = prev.get("Degraded") or {}
     if blocked:
         # One Warning per new problem, not one per reconciliation (every few seconds).
-        before = next((c for c in previous_conditions if isinstance(c, Mapping) and c.get("type") == "Degraded"), {})
         if before.get("status") != "True" or before.get("message") != "; ".join(degraded):
             out.events.append(Event("Warning", reason, "; ".join(blocked)))
-    out.status = _status(spec, spec_hash, pods, reports, obs, ready, out, previous_conditions, now, degraded, reason)
+    elif grid_text and (before.get("reason") != "GridDegraded" or grid_text not in str(before.get("message") or "")):
+        out.events.append(Event("Warning", "GridDegraded", grid_text))
+    if out.phase == "Running":
+        fail = Failures(spec_hash=spec_hash)  # Ready again: the next exit is replaced at once
+    # Pods this step asks to leave or deletes count as leaving from now on: gone at the next step, they are not
+    # someone else's deletion.
+    going = {a.pod for a in out.actions if isinstance(a, RequestLeave | DeletePod)}
+    out.status = _status(
+        spec, spec_hash, pods, reports, obs, ready, out, prev, now, degraded, reason, fail, deleted_by_others, going
+    )
     return out
 
 
@@ -492,6 +798,25 @@ def _condition(
     return cond
 
 
+def ready_condition(phase: str, message: str, previous: Mapping[str, Mapping[str, Any]], now: str) -> dict[str, Any]:
+    """``Ready``: True only in phase Running (every replica a ready member of one view, the grid available and
+    balanced, nothing to do); otherwise its reason is the phase (``MemberFailing`` for Failing, ``InvalidSpec``
+    for Invalid) and its message the status message. What ``kubectl wait --for=condition=Ready`` waits for."""
+    if phase == "Running":
+        return _condition("Ready", True, "AllMembersReady", message, previous, now)
+    reason = {"Failing": "MemberFailing", "Invalid": "InvalidSpec"}.get(phase, phase)
+    return _condition("Ready", False, reason, message, previous, now)
+
+
+def invalid_status(message: str, previous_conditions: Sequence[Mapping[str, Any]], now: str) -> dict[str, Any]:
+    """The status of a GroupCluster whose spec the operator cannot use: phase Invalid, Ready False, the rest
+    of the conditions as they were (nothing is done, so nothing they say changed)."""
+    prev = {str(c.get("type")): c for c in previous_conditions if isinstance(c, Mapping)}
+    ready = ready_condition("Invalid", message, prev, now)
+    others = [dict(c) for c in previous_conditions if isinstance(c, Mapping) and c.get("type") != "Ready"]
+    return {"phase": "Invalid", "message": message, "conditions": [ready, *others]}
+
+
 def _status(
     spec: ClusterSpec,
     spec_hash: str,
@@ -500,12 +825,14 @@ def _status(
     obs: _Observed,
     ready: list[PodState],
     out: Plan,
-    previous_conditions: Sequence[Mapping[str, Any]],
+    prev: Mapping[str, Mapping[str, Any]],
     now: str,
     degraded: list[str],
     degraded_reason: str,
+    failures: Failures,
+    deleted_by_others: set[str],
+    going: set[str],
 ) -> dict[str, Any]:
-    prev = {str(c.get("type")): c for c in previous_conditions if isinstance(c, Mapping)}
     n = len(obs.active)
     members = []
     for p in sorted(pods, key=lambda p: p.ordinal):
@@ -517,7 +844,9 @@ def _status(
                 "pod": p.name,
                 "address": r.address if r else "",
                 "ready": _member_ready(p, reports),
-                "leaving": p.leave_requested or p.deleting,
+                "leaving": p.leave_requested or p.deleting or p.name in going,
+                # Deleted by someone else (kubectl delete pod, a drain): its replacement says so.
+                "deleted": p.name in deleted_by_others,
                 "viewId": (r.view_id or "") if r else "",
                 "segmentsOwned": r.segments_owned if r else 0,
                 "entries": r.entries if r else 0,
@@ -543,7 +872,9 @@ def _status(
             full.append(f"{p.name} holds {r.nbytes} of {r.max_bytes} bytes")
     scaling_up = any(isinstance(a, CreatePod) for a in out.actions) or (n < spec.replicas)
     scaling_down = bool(obs.leaving) or n > spec.replicas
+    view_size = len(obs.active) + len(obs.leaving) if obs.well_formed else 0
     conditions = [
+        ready_condition(out.phase, out.message, prev, now),
         _condition(
             "WellFormed",
             obs.well_formed,
@@ -600,8 +931,10 @@ def _status(
         "message": out.message,
         "replicas": n,
         "readyReplicas": len(ready),
+        "ready": f"{len(ready)}/{spec.replicas}",
         "selector": spec.selector,
         "viewId": obs.view_id or "",
+        "view": _short_view(obs.view_id, view_size, obs.pod_of),
         "coordinator": obs.coordinator_pod or "",
         "members": members,
         "rebalance": {
@@ -610,6 +943,7 @@ def _status(
             "segmentsFetched": sum(r.segments_fetched for r in joined),
             "topologyId": max(topo) if topo else 0,
         },
+        "failures": failures.to_status(),
         "specHash": spec_hash,
         "conditions": conditions,
     }

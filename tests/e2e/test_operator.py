@@ -1,15 +1,22 @@
 """The operator end to end on the real local control plane (scripts/local-kube).
 
-The Helm chart is installed (the operator runs as a pod of the project's image on the local node), a
-GroupCluster of 3 is applied, 10,000 keys are written through the members' HTTP API, the cluster is scaled
-to 5 with ``kubectl scale``, a member process is killed and replaced, the cluster is scaled to 2, and every
-key is read back after each step. An invalid GroupCluster is rejected by the API server, deleting the
-GroupCluster removes what it owned, and ``helm uninstall`` leaves nothing behind. A second test shows the
-members' Kubernetes discovery naming the missing permission when RBAC forbids it.
+The Helm chart is installed with its defaults (namespaced: a Role, no ClusterRole; the operator runs as a pod
+of the project's image on the local node) and reconciles at once, without an ERROR in its log. A GroupCluster
+with an image that cannot run is applied first and stays in the background: its members are replaced with a
+back-off and the reason reaches its status. A GroupCluster of 3 is applied and waited for with ``kubectl wait
+--for=condition=Ready``, 10,000 keys are written through the members' HTTP API, the cluster is scaled to 5
+with ``kubectl scale``, a member process is killed and replaced, a member pod is deleted and replaced, the
+cluster is scaled to 2 (not to 1: numOwners 2 needs 2 members), and every key is read back after each step.
+Then a member of the 2 is killed: the grid is degraded, which the status, an event and the operator log say.
+An invalid GroupCluster is rejected by the API server, deleting the GroupCluster removes what it owned, and
+``helm uninstall`` hands the broken GroupCluster over (it can then be deleted without an operator) and leaves
+nothing behind. A second test shows the members' Kubernetes discovery naming the missing permission when RBAC
+forbids it.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -19,6 +26,7 @@ from typing import Any
 
 import pytest
 from groupcluster.grid.client import GridClient
+from groupcluster_operator.planner import failure_backoff
 
 from .conftest import Kube, wait_for
 
@@ -96,21 +104,58 @@ def _check_all_keys(kube: Kube, ns: str, expected: dict[bytes, bytes], when: str
     assert not missing, f"{when}: {len(missing)} of {len(expected)} keys lost or wrong, e.g. {missing[:3]}"
 
 
-def _events(kube: Kube, ns: str, reason: str) -> list[dict[str, Any]]:
+def _events(kube: Kube, ns: str, reason: str, name: str | None = None) -> list[dict[str, Any]]:
     items = kube.json("get", "events", "-n", ns, "--field-selector", f"reason={reason}")["items"]
-    return [e for e in items if e["involvedObject"].get("kind") == "GroupCluster"]
+    return [
+        e
+        for e in items
+        if e["involvedObject"].get("kind") == "GroupCluster" and name in (None, e["involvedObject"].get("name"))
+    ]
+
+
+def _condition(gc: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in (gc.get("status") or {}).get("conditions") or () if c["type"] == kind), {})
+
+
+def _time(text: str) -> datetime.datetime:
+    return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+
+
+# kopf's retries of a forbidden request: 1+1+2+3+5+8+13+21 s. A namespaced operator that still scanned
+# namespaces and CRDs cluster-wide waited out this whole schedule before it reconciled anything.
+KOPF_RETRY_SECONDS = 54
+# From the operator's start to its first step: Python and kopf starting, one discovery request, one list of
+# pods, one create, on a 2-core machine shared with other jobs. Far below the retry schedule above.
+FIRST_STEP_BOUND = 30
 
 
 def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> None:
     ns = namespace
     lint = kube.helm("lint", str(CHART))
     assert "0 chart(s) failed" in lint.stdout and "[WARNING]" not in lint.stdout, lint.stdout
+    # values.schema.json: a misspelt value is refused, naming it, instead of being ignored.
+    typo = kube.helm("template", "gco", str(CHART), "--set", "image.repositry=x", check=False)
+    assert typo.returncode != 0 and "repositry" in typo.stderr and "not allowed" in typo.stderr, typo.stderr
     kube.helm("install", "gco", str(CHART), "-n", ns, "--set", "operator.interval=1", "--wait", "--timeout", "120s")
     kube.kubectl("wait", "--for=condition=Established", "crd/groupclusters.groupcluster.io", "--timeout=60s")
     (op,) = kube.json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator")["items"]
     assert op["spec"]["serviceAccountName"] == "gco-groupcluster"
+    # The default install is namespaced: a Role, no ClusterRole.
+    assert kube.json("get", "role", "gco-groupcluster", "-n", ns)["rules"]
+    assert kube.kubectl("get", "clusterrole", "gco-groupcluster", check=False).returncode != 0
     explain = kube.kubectl("explain", "groupcluster.spec.numOwners").stdout
     assert "Copies of every segment" in explain
+
+    # An image that cannot run (the local node runs only the project's image without a command): every member
+    # exits at once. It stays while the rest of the test runs, so its back-off has time to grow.
+    broken = {
+        "apiVersion": "groupcluster.io/v1alpha1",
+        "kind": "GroupCluster",
+        "metadata": {"name": "broken", "namespace": ns},
+        "spec": {"replicas": 1, "numOwners": 1, "image": "registry.invalid/nosuch:1"},
+    }
+    kube.kubectl("apply", "-f", "-", input=json.dumps(broken))
+    broken_applied = time.monotonic()
 
     manifest = {
         "apiVersion": "groupcluster.io/v1alpha1",
@@ -124,7 +169,24 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
         },
     }
     kube.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+    # The Ready condition: kubectl can wait for it.
+    kube.kubectl("wait", "--for=condition=Ready", "groupcluster/demo", "-n", ns, "--timeout=150s", timeout=180)
     gc = _wait_settled(kube, ns, 3)
+    # The operator's first step came right after its start, not after kopf's retries of forbidden cluster-wide
+    # scans (which took the ~54 s of KOPF_RETRY_SECONDS before anything happened).
+    started = _time(op["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
+    first_pod = min(
+        _time(p["metadata"]["creationTimestamp"]) for p in _member_pods(kube, ns) + _member_pods(kube, ns, "broken")
+    )
+    first_step = (first_pod - started).total_seconds()
+    assert first_step < FIRST_STEP_BOUND < KOPF_RETRY_SECONDS, f"first member pod {first_step:.0f} s after the start"
+    print(f"operator start -> first member pod: {first_step:.0f} s")
+    # READY as ready/wanted, the view short and readable; the full view id stays in the status.
+    table = kube.kubectl("get", "groupcluster", "demo", "-n", ns).stdout.splitlines()
+    assert table[0].split()[:4] == ["NAME", "READY", "PHASE", "VIEW"], table
+    assert table[1].split()[1:3] == ["3/3", "Running"] and "3 members" in table[1], table
+    assert gc["status"]["view"].startswith("demo-") and gc["status"]["view"].endswith(", 3 members")
+    assert _condition(gc, "Ready")["reason"] == "AllMembersReady"
     # Members after the first are join-only: each was created while k members were ready, with k+1, so a
     # failed join cannot start a second, empty grid (docs/operator.md). The first may start the grid alone.
     assert _initial_sizes(kube, ns) == {"demo-0": "1", "demo-1": "2", "demo-2": "3"}
@@ -191,11 +253,55 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     (replacement,) = set(sizes) - survivors
     assert sizes[replacement] == "5", f"{replacement} should have joined the 4 members left: {sizes}"
 
+    # A member pod deleted by hand: it hands its data off and leaves, and the operator says it replaces it
+    # (not "scaling up").
+    gc = _gc(kube, ns)
+    deleted = next(p for p in _member_pods(kube, ns) if p["metadata"]["name"] != gc["status"]["coordinator"])
+    name = deleted["metadata"]["name"]
+    kube.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
+    wait_for("a MemberDeleted event", lambda: _events(kube, ns, "MemberDeleted"), 60, 1.0)
+    wait_for(
+        f"pod {name} replaced",
+        lambda: (
+            all(p["metadata"]["uid"] != deleted["metadata"]["uid"] for p in _member_pods(kube, ns))
+            and _settled(kube, ns, 5)
+        ),
+        150,
+        1.0,
+    )
+    created = [e["message"] for e in _events(kube, ns, "MemberCreated", "demo")]
+    assert any(f"replacing {name} (pod deleted)" in m for m in created), created
+    _check_all_keys(kube, ns, expected, "after a member pod was deleted and replaced")
+
     kube.kubectl("scale", "groupcluster/demo", "-n", ns, "--replicas=2")
     gc = _wait_settled(kube, ns, 2, timeout=200)
     assert {m["pod"] for m in gc["status"]["members"]} == {p["metadata"]["name"] for p in _member_pods(kube, ns)}
     _check_all_keys(kube, ns, expected, "after scaling down to 2")
     assert len(_events(kube, ns, "MemberLeft")) >= 3  # each of the leaves was graceful
+    # Fewer members than copies is refused (scale subresource included), naming the rule; 2 stay.
+    res = kube.kubectl("scale", "groupcluster/demo", "-n", ns, "--replicas=1", check=False)
+    assert res.returncode != 0 and "numOwners must not exceed replicas" in res.stderr, res.stderr
+    assert kube.json("get", "pdb", "demo", "-n", ns)["spec"]["maxUnavailable"] == 1
+
+    # One of the last two members dies: the survivor holds every segment but only half of the last stable
+    # members, so the grid is degraded (docs/operator.md, "Known limits"). The status says so, not "waiting for
+    # a member to join".
+    victim = next(p for p in _member_pods(kube, ns) if p["metadata"]["name"] != gc["status"]["coordinator"])
+    for pid in kube.pod_pids(victim["metadata"]["uid"]):
+        os.kill(pid, signal.SIGKILL)
+
+    def grid_degraded() -> dict[str, Any] | None:
+        gc = _gc(kube, ns)
+        cond = _condition(gc, "Degraded")
+        return gc if cond.get("status") == "True" and cond.get("reason") == "GridDegraded" else None
+
+    gc = wait_for("the Degraded condition with reason GridDegraded", grid_degraded, 90, 1.0)
+    st = gc["status"]
+    assert st["phase"] == "Degraded" and st["message"].startswith("the grid is degraded: every segment still has")
+    assert "to join" not in st["message"] and "reads and writes are refused" in st["message"], st["message"]
+    assert _condition(gc, "Ready")["status"] == "False"
+    warned = _events(kube, ns, "GridDegraded", "demo")
+    assert warned and all(e["type"] == "Warning" and "force-available" in e["message"] for e in warned), warned
 
     # The API server rejects an invalid GroupCluster, naming each bad field.
     bad = {
@@ -233,10 +339,55 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
         1.0,
     )
 
+    # The broken GroupCluster, all along: its members were replaced with a back-off (without one this machine
+    # made ~26 pods in 54 s, one per exit), and the reason is in its status, its Ready condition and events.
+    gc = _gc(kube, ns, "broken")
+    st, age = gc["status"], time.monotonic() - broken_applied
+    print(f"broken GroupCluster: {st['failures']['count']} member exits in {age:.0f} s")
+    # The schedule allows this many exits in `age` seconds (5 s doubling from the second on; +1 for the one that
+    # may be starting); without a back-off it would be one every second or two.
+    allowed, waited = 1, 0
+    while waited + failure_backoff(allowed) <= age:
+        waited += failure_backoff(allowed)
+        allowed += 1
+    assert age > 30 and 3 <= st["failures"]["count"] <= allowed + 1 < age / 4, (age, allowed, st["failures"])
+    assert "is not the project's image" in st["failures"]["lastReason"], st["failures"]
+    ready = _condition(gc, "Ready")
+    if st["phase"] == "Failing":  # in a back-off (else a new member is being tried right now)
+        assert ready["reason"] == "MemberFailing" and "next attempt in" in st["message"], st
+        assert st["failures"]["failedPods"] and st["failures"]["retryAfter"]
+    assert ready["status"] == "False"
+    died = _events(kube, ns, "MemberDied", "broken")
+    assert died and all(e["type"] == "Warning" for e in died)
+    assert any("StartError" in e["message"] and "exits in a row" in e["message"] for e in died), died
+    assert len(_member_pods(kube, ns, "broken")) <= 2  # a failed pod kept for inspection, perhaps its successor
+
+    # The operator's log at the chart's default level: its steps and warnings, no ERROR, none of kopf's per-run
+    # "Timer ... succeeded" lines, no access-log line per liveness probe.
+    log = kube.pod_log_file(ns, op["metadata"]["name"], "operator").read_text(errors="replace")
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert not errors, "\n".join(errors[:5])
+    assert "Timer 'reconcile' succeeded" not in log
+    assert "aiohttp.access" not in log
+    assert f"{ns}/demo: GridDegraded: the grid is degraded" in log and f"{ns}/broken: MemberDied:" in log
+
+    # helm uninstall with a GroupCluster left: the pre-delete hook stops the operator and hands the cluster
+    # over; it keeps its objects (nothing deletes them) and is no longer blocked by the operator's finalizer.
     kube.helm("uninstall", "gco", "-n", ns, "--wait", "--timeout", "120s")
+    gc = _gc(kube, ns, "broken")
+    assert "groupcluster.io/operator" not in (gc["metadata"].get("finalizers") or []), gc["metadata"]
+    assert kube.json("get", "svc", "broken", "-n", ns)["metadata"]["name"] == "broken"
+    kube.kubectl("delete", "groupcluster", "broken", "-n", ns, "--timeout=30s", timeout=60)
+    wait_for(
+        "the handed-over GroupCluster's objects to be garbage-collected",
+        lambda: not kube.json("get", kinds, "-n", ns, "-l", f"{CLUSTER_LABEL}=broken")["items"],
+        90,
+        1.0,
+    )
 
     def leftovers() -> list[str]:
-        items = kube.json("get", "deployments,replicasets,pods,services,roles,rolebindings,serviceaccounts", "-n", ns)
+        kinds = "deployments,replicasets,jobs,pods,services,roles,rolebindings,serviceaccounts"
+        items = kube.json("get", kinds, "-n", ns)
         names = [f"{i['kind']}/{i['metadata']['name']}" for i in items["items"]]
         # The namespace's own default account is Kubernetes', not the chart's.
         return [n for n in names if n != "ServiceAccount/default"]

@@ -1,7 +1,8 @@
 """spec.auth end to end on the real local control plane: the operator's Secret and members that need it.
 
-The chart is installed (the operator runs as a pod with the chart's RBAC: get/create on secrets, nothing
-more), a GroupCluster of 3 with ``auth.kvToken`` is applied, and then:
+The chart is installed cluster-wide (``rbac.clusterWide``: a ClusterRole, the operator watches every namespace;
+tests/e2e/test_operator.py covers the namespaced default; both get/create on secrets, nothing more), a
+GroupCluster of 3 with ``auth.kvToken`` is applied, and then:
 
 * the Secret ``demo-auth`` exists with ``cluster-secret``, ``admin-token`` and ``kv-token`` and an owner
   reference to the GroupCluster, and the members formed one view with authenticated frames;
@@ -13,7 +14,8 @@ more), a GroupCluster of 3 with ``auth.kvToken`` is applied, and then:
 * ``auth.encrypt`` without ``auth.enabled`` is rejected by the API server;
 * a GroupCluster whose ``existingSecret`` lacks ``admin-token`` is Degraded with a message naming the Secret
   and the key, gets no pod, and gets its pod once the key is added;
-* deleting the GroupCluster removes the Secret (garbage collection through the owner reference).
+* deleting the GroupCluster removes the Secret (garbage collection through the owner reference);
+* the cluster-wide operator logged no ERROR (no namespace list either: it needs none).
 """
 
 from __future__ import annotations
@@ -79,8 +81,15 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
     kube: Kube, namespace: str
 ) -> None:
     ns = namespace
-    kube.helm("install", "gca", str(CHART), "-n", ns, "--set", "operator.interval=1", "--wait", "--timeout", "120s")
+    kube.helm(
+        "install", "gca", str(CHART), "-n", ns, "--set", "operator.interval=1", "--set", "rbac.clusterWide=true",
+        "--wait", "--timeout", "120s",
+    )  # fmt: skip
     kube.kubectl("wait", "--for=condition=Established", "crd/groupclusters.groupcluster.io", "--timeout=60s")
+    rules = kube.json("get", "clusterrole", "gca-groupcluster")["rules"]
+    assert not [r for r in rules if "namespaces" in r["resources"]], rules
+    (op,) = kube.json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator")["items"]
+    assert "--all-namespaces" in op["spec"]["containers"][0]["args"]
     manifest = {
         "apiVersion": "groupcluster.io/v1alpha1",
         "kind": "GroupCluster",
@@ -191,7 +200,7 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
         "apiVersion": "groupcluster.io/v1alpha1",
         "kind": "GroupCluster",
         "metadata": {"name": "broken", "namespace": ns},
-        "spec": {"replicas": 1, "auth": {"existingSecret": "partial"}},
+        "spec": {"replicas": 1, "numOwners": 1, "auth": {"existingSecret": "partial"}},
     }
     kube.kubectl("apply", "-f", "-", input=json.dumps(broken))
     # The API server rejects settings that contradict each other, with the CRD's message.
@@ -227,4 +236,7 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
         90,
         1.0,
     )
+    log = kube.pod_log_file(ns, op["metadata"]["name"], "operator").read_text(errors="replace")
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert not errors, "\n".join(errors[:5])
     kube.helm("uninstall", "gca", "-n", ns, "--wait", "--timeout", "120s")

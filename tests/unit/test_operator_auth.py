@@ -165,7 +165,7 @@ def test_a_bad_secret_stops_creating_and_leaving_and_reports_degraded_once() -> 
     # No leave either (it needs the Secret's token); a pod that finished is still cleaned up.
     pods, reports = members(4, s)
     pods[3] = PodState("demo-3", 3, "Failed", exit_code=1, spec_hash=s.pod_hash(), auth_mode="mac")
-    step = plan(spec(1), pods, reports, auth_problem=problem)
+    step = plan(spec(2), pods, reports, auth_problem=problem)
     assert [type(a) for a in step.actions] == [DeletePod]
     # Fixed: creation resumes.
     assert plan(s, [], {}).actions == [CreatePod(0, "scaling up: 0 of 3 members", 1)]

@@ -10,7 +10,7 @@ import pytest
 from groupcluster.grid.node import GridConfig
 from groupcluster.runtime import member_cli
 from groupcluster_operator import builders
-from groupcluster_operator.model import ClusterSpec
+from groupcluster_operator.model import ClusterSpec, SpecError
 from groupcluster_operator.planner import MemberReport, PodState, plan
 
 UID = "0000-uid"
@@ -229,10 +229,25 @@ def test_headless_service_publishes_members_before_they_are_ready() -> None:
     assert {p["name"]: p["protocol"] for p in svc["spec"]["ports"]} == {"http": "TCP", "member": "UDP"}
 
 
-def test_disruption_budget_follows_num_owners() -> None:
-    assert builders.build_pod_disruption_budget(spec(numOwners=2), UID)["spec"]["maxUnavailable"] == 1
-    assert builders.build_pod_disruption_budget(spec(numOwners=4), UID)["spec"]["maxUnavailable"] == 3
-    assert builders.build_pod_disruption_budget(spec(numOwners=1), UID)["spec"]["maxUnavailable"] == 1
+def test_disruption_budget_never_lets_a_drain_take_every_owner_of_a_segment() -> None:
+    def budget(**fields: Any) -> int:
+        return int(builders.build_pod_disruption_budget(spec(**fields), UID)["spec"]["maxUnavailable"])
+
+    assert budget(replicas=3, numOwners=2) == 1
+    assert budget(replicas=5, numOwners=4) == 3
+    assert budget(replicas=3, numOwners=3) == 2  # never all 3: one member (one copy) stays
+    # One owner: still one eviction at a time (the evicted member hands its segments off on SIGTERM); 0 would
+    # block every drain of the node forever.
+    assert budget(replicas=3, numOwners=1) == 1
+    assert budget(replicas=1, numOwners=1) == 1
+    # A named distributed cache with fewer copies bounds it too.
+    assert budget(replicas=5, numOwners=4, caches=[{"name": "few", "numOwners": 2}]) == 1
+    # Bypassing the API server's rule (numOwners > replicas): the operator refuses the spec outright.
+    with pytest.raises(SpecError, match=r"spec\.numOwners: 4 copies .* spec\.replicas is 3"):
+        spec(replicas=3, numOwners=4)
+    with pytest.raises(SpecError, match=r"spec\.caches \(wide\)\.numOwners"):
+        spec(replicas=2, caches=[{"name": "wide", "numOwners": 3}])
+    assert spec(replicas=0, numOwners=4).num_owners == 4  # 0 stops the cluster: always allowed
 
 
 def test_member_rbac_is_least_privilege() -> None:

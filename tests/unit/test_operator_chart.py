@@ -3,6 +3,7 @@ what the operator does. (``helm lint`` and a real install run in tests/e2e/test_
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -40,7 +41,23 @@ def test_crd_has_scale_status_printer_columns_and_described_fields() -> None:
         "labelSelectorPath": ".status.selector",
     }
     assert "status" in version["subresources"]
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Replicas", "Ready", "View", "Phase", "Age"]
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
+        "Ready",
+        "Phase",
+        "View",
+        "Age",
+    ]
+    assert columns["Ready"]["jsonPath"] == ".status.ready" and columns["View"]["jsonPath"] == ".status.view"
+    status_props = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    for column in columns.values():
+        field = column["jsonPath"].split(".")
+        if field[1] == "status":
+            assert field[2] in status_props, f"column {column['name']}: status.{field[2]} is not in the schema"
+    # numOwners above replicas (0 aside) is refused by the API server, naming the field.
+    rules = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"]
+    owners = next(r for r in rules if r.get("fieldPath") == ".numOwners")
+    assert "self.numOwners <= self.replicas" in owners["rule"] and "self.replicas == 0" in owners["rule"]
     spec_props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     for name in ("replicas", "image", "resources", "numOwners", "numSegments", "partitionHandling", "stack"):
         assert spec_props[name].get("description"), f"spec.{name} has no description (kubectl explain)"
@@ -130,7 +147,7 @@ def test_values_are_documented() -> None:
     """Every value of the chart's own settings has a comment right above it (Kubernetes objects passed through,
     like resources or podSecurityContext, are documented as a whole)."""
     lines = (CHART / "values.yaml").read_text().splitlines()
-    own_sections = {"image", "rbac", "serviceAccount", "operator"}
+    own_sections = {"image", "rbac", "serviceAccount", "operator", "uninstall"}
     undocumented, section = [], ""
     for i, line in enumerate(lines):
         m = re.match(r"^( *)([A-Za-z]\w*):\s*(\S.*)?$", line)
@@ -143,3 +160,41 @@ def test_values_are_documented() -> None:
             undocumented.append(line.strip())
     assert not undocumented, f"values without a comment: {undocumented}"
     assert yaml.safe_load("\n".join(lines))["rbac"]["clusterWide"] is False  # namespaced by default
+
+
+def _check(schema: dict[str, Any], value: Any, where: str) -> list[str]:
+    """The part of JSON Schema the chart's schema uses: type, enum, properties, additionalProperties."""
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "integer": int, "number": (int, float)}
+    kind = schema.get("type")
+    if (kind and not isinstance(value, kinds[kind])) or (kind in ("integer", "number") and isinstance(value, bool)):
+        return [f"{where}: {value!r} is not of type {kind}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: {value!r} not in {schema['enum']}"]
+    problems = []
+    if isinstance(value, dict):
+        props = schema.get("properties") or {}
+        for key, item in value.items():
+            if key in props:
+                problems += _check(props[key], item, f"{where}.{key}")
+            elif schema.get("additionalProperties") is False:
+                problems.append(f"{where}.{key}: not in the schema")
+    return problems
+
+
+def test_values_schema_knows_every_value_and_refuses_unknown_keys() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert _check(schema, values, "values") == []
+    # Every key of the chart's own sections is in the schema, and the schema has no key the values lack.
+    props = schema["properties"]
+    assert set(props) - {"global"} == set(values)
+    for section in ("image", "rbac", "serviceAccount", "operator", "uninstall"):
+        assert props[section]["additionalProperties"] is False
+        assert set(props[section]["properties"]) == set(values[section]), section
+    assert schema["additionalProperties"] is False
+    # What a typo looks like (helm refuses such values with the schema's message; the e2e test runs helm).
+    typo = {**values, "image": {**values["image"], "repositry": "x"}}
+    assert _check(schema, typo, "values") == ["values.image.repositry: not in the schema"]
+    assert _check(schema, {**values, "operator": {"interval": "2s"}}, "values") == [
+        "values.operator.interval: '2s' is not of type number"
+    ]

@@ -10,10 +10,13 @@ from groupcluster_operator.model import ClusterSpec, SpecError
 from groupcluster_operator.planner import (
     CreatePod,
     DeletePod,
+    Failures,
     MemberReport,
     PodState,
     RequestLeave,
     choose_leavers,
+    failure_backoff,
+    invalid_status,
     plan,
 )
 
@@ -153,6 +156,7 @@ def test_a_settled_cluster_does_nothing_and_reports_well_formed() -> None:
     assert st["viewId"] == VIEW and st["coordinator"] == "demo-0"
     conds = {c["type"]: c["status"] for c in st["conditions"]}
     assert conds == {
+        "Ready": "True",
         "WellFormed": "True",
         "Rebalancing": "False",
         "ScalingUp": "False",
@@ -181,7 +185,7 @@ def test_scale_down_with_two_owners_asks_one_member_at_a_time_never_the_coordina
 
 def test_scale_down_never_has_more_than_num_owners_minus_one_leaving() -> None:
     pods, reports = cluster(6)
-    step = plan(spec(1, numOwners=3), pods, reports)
+    step = plan(spec(3, numOwners=3), pods, reports)
     assert [a.pod for a in step.actions if isinstance(a, RequestLeave)] == ["demo-5", "demo-4"]
     # While they leave, nobody else is asked, even though 3 more must go.
     leaving = [
@@ -191,7 +195,7 @@ def test_scale_down_never_has_more_than_num_owners_minus_one_leaving() -> None:
         r = reports[name]
         assert r is not None
         reports[name] = MemberReport(**{**r.__dict__, "leaving": True})
-    step = plan(spec(1, numOwners=3), leaving, reports)
+    step = plan(spec(3, numOwners=3), leaving, reports)
     assert step.actions == []
     assert "demo-4" in step.message and "demo-5" in step.message
 
@@ -221,9 +225,11 @@ def test_a_member_that_left_is_deleted_and_the_next_one_may_go() -> None:
         reports[f"demo-{i}"] = MemberReport(
             address=addr(i), view_id="v8", view_members=members, coordinator=addr(0), segments_owned=256
         )
-    step = plan(spec(1), pods, reports)
+    step = plan(spec(2), pods, reports)
     assert step.actions[0] == DeletePod("demo-3", "left the group after handing its data off")
-    assert step.actions[1:] == [RequestLeave("demo-2", "scaling down to 1")]
+    assert step.actions[1:] == [RequestLeave("demo-2", "scaling down to 2")]
+    # One member asked to leave (the other action deletes the pod of the one that left): says so.
+    assert step.message == "asking demo-2 to leave: 3 -> 2 members"
     assert [e.reason for e in step.events] == ["MemberLeft", "MemberLeaving"]
 
 
@@ -418,3 +424,309 @@ def test_the_pod_hash_ignores_replicas_but_not_the_image() -> None:
     assert spec(3).pod_hash() == spec(5).pod_hash()
     assert spec(3).pod_hash() != spec(3, image="groupcluster:v2").pod_hash()
     assert spec(3).pod_hash() != spec(3, stack={"set": {"fd.timeout": "5s"}}).pod_hash()
+
+
+def conditions(step: Any) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in step.status["conditions"]}
+
+
+def test_ready_condition_ready_column_and_a_short_view() -> None:
+    pods, reports = cluster(3)
+    step = plan(spec(3), pods, reports, now="2026-01-01T00:00:00Z")
+    ready = conditions(step)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("True", "AllMembersReady")
+    assert step.status["ready"] == "3/3"
+    # The view's creator (10.0.0.10:7800#1) is demo-0's member: the column names the pod, the sequence, the size.
+    assert step.status["view"] == "demo-0|7, 3 members" and step.status["viewId"] == VIEW
+    # One member short: not Ready, the reason is the phase and the message says what happens.
+    pods, reports = cluster(2)
+    step = plan(spec(3), pods, reports)
+    ready = conditions(step)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "ScalingUp") and ready["message"] == step.message
+    assert step.status["ready"] == "2/3"
+    # Members that disagree: no view to show.
+    pods, reports = cluster(3)
+    reports["demo-2"] = MemberReport(address=addr(2), view_id="10.0.0.12:7800#3|1", view_members=(addr(2),))
+    assert plan(spec(3), pods, reports).status["view"] == ""
+
+
+def test_an_invalid_spec_makes_ready_false_and_keeps_the_other_conditions() -> None:
+    pods, reports = cluster(3)
+    before = plan(spec(3), pods, reports, now="2026-01-01T00:00:00Z").status["conditions"]
+    st = invalid_status("spec.numOwners: 4 copies ...", before, "2026-01-01T00:01:00Z")
+    assert st["phase"] == "Invalid"
+    ready = st["conditions"][0]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "InvalidSpec")
+    assert ready["lastTransitionTime"] == "2026-01-01T00:01:00Z"
+    assert [c["type"] for c in st["conditions"]] == [c["type"] for c in before]
+
+
+SOLO = spec(1, numOwners=1)
+
+
+def failed(name: str, ordinal: int, message: str = "", reason: str = "StartError", code: int = 128) -> PodState:
+    """A member pod of SOLO (one member, one owner) whose container ended."""
+    return PodState(
+        name=name,
+        ordinal=ordinal,
+        phase="Failed",
+        exit_code=code,
+        reason=reason,
+        message=message,
+        spec_hash=SOLO.pod_hash(),
+    )
+
+
+def test_failure_backoff_doubles_from_the_second_exit_in_a_row() -> None:
+    assert [failure_backoff(n) for n in range(1, 10)] == [0, 5, 10, 20, 40, 80, 160, 300, 300]
+
+
+def test_members_that_keep_exiting_are_replaced_with_a_back_off_and_the_reason_in_the_status() -> None:
+    msg = "Traceback (most recent call last):\n  ...\nValueError: bad image for groupcluster\n"
+    # The first exit: replaced at once (a crash says nothing about the next member).
+    step = plan(SOLO, [failed("demo-0", 0, msg)], {}, now="2026-01-01T00:00:00Z")
+    assert step.actions == [
+        DeletePod(
+            "demo-0", "member exited unexpectedly: exit code 128 (StartError): ValueError: bad image for groupcluster"
+        ),
+        CreatePod(1, "replacing a member that died: 0 of 1 members", 1),
+    ]
+    (died,) = [e for e in step.events if e.reason == "MemberDied"]
+    assert died.type == "Warning" and "ValueError: bad image" in died.message and "replacing it" in died.message
+    st = step.status
+    assert st["failures"]["count"] == 1 and st["failures"]["lastPod"] == "demo-0"
+    assert st["failures"]["retryAfter"] == ""
+    # The replacement exits too: the second in a row waits 5 s, and its pod stays (describe, logs) meanwhile.
+    step = plan(SOLO, [failed("demo-1", 1, msg)], {}, previous_status=st, now="2026-01-01T00:00:02Z")
+    assert step.actions == []
+    assert step.phase == "Failing"
+    assert step.message == (
+        "2 member exits in a row, the last demo-1: exit code 128 (StartError): ValueError: bad image for groupcluster; "
+        "next attempt in 5 s"
+    )
+    ready = conditions(step)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "MemberFailing") and "ValueError" in ready["message"]
+    assert [e.reason for e in step.events] == ["MemberDied"] and "2 exits in a row" in step.events[0].message
+    st = step.status
+    assert st["failures"]["retryAfter"] == "2026-01-01T00:00:07Z" and st["failures"]["failedPods"] == ["demo-1"]
+    # Still waiting: the same failed pod is not counted again and no second event is posted.
+    step = plan(SOLO, [failed("demo-1", 1, msg)], {}, previous_status=st, now="2026-01-01T00:00:05Z")
+    assert step.actions == [] and step.events == [] and step.status["failures"]["count"] == 2
+    assert step.message.endswith("next attempt in 2 s")
+    # The back-off ended: the failed pod goes and a new member is tried (another ordinal: the old one still
+    # terminates).
+    step = plan(SOLO, [failed("demo-1", 1, msg)], {}, previous_status=st, now="2026-01-01T00:00:07Z")
+    assert [type(a) for a in step.actions] == [DeletePod, CreatePod]
+    assert step.actions[1] == CreatePod(0, "replacing a member that died: 0 of 1 members", 1)
+    st = step.status
+    # It exits as well: the third waits 10 s.
+    step = plan(SOLO, [failed("demo-0", 0, msg)], {}, previous_status=st, now="2026-01-01T00:00:09Z")
+    assert step.actions == [] and step.status["failures"]["count"] == 3
+    assert step.status["failures"]["retryAfter"] == "2026-01-01T00:00:19Z"
+
+
+def test_a_spec_change_or_a_ready_cluster_resets_the_failure_count() -> None:
+    st = {
+        "failures": {
+            "count": 4,
+            "lastPod": "demo-3",
+            "lastReason": "exit code 1 (Error)",
+            "lastTime": "2026-01-01T00:00:00Z",
+            "failedPods": ["demo-3"],
+            "specHash": SOLO.pod_hash(),
+        }
+    }
+    pods = [failed("demo-3", 3)]
+    # Same spec: waiting (20 s after the 4th).
+    assert plan(SOLO, pods, {}, previous_status=st, now="2026-01-01T00:00:01Z").phase == "Failing"
+    # The user changed the image: the failed pod (old spec) is replaced at once and the count starts afresh.
+    fixed = spec(1, numOwners=1, image="groupcluster:v2")
+    step = plan(fixed, pods, {}, previous_status=st, now="2026-01-01T00:00:01Z")
+    assert [type(a) for a in step.actions] == [DeletePod, CreatePod]
+    assert step.status["failures"]["count"] == 0 and step.status["failures"]["specHash"] == fixed.pod_hash()
+    # A Ready cluster forgets earlier exits: the next one is replaced at once.
+    pods2, reports = cluster(3)
+    earlier = {"failures": {**st["failures"], "failedPods": [], "specHash": HASH}}
+    assert Failures.from_status(earlier["failures"], HASH).count == 4
+    step = plan(spec(3), pods2, reports, previous_status=earlier)
+    assert step.phase == "Running" and step.status["failures"]["count"] == 0
+
+
+def test_a_pod_that_cannot_start_makes_the_phase_failing_with_the_kubelet_reason() -> None:
+    pods, reports = cluster(2)
+    pull = PodState(
+        name="demo-2",
+        ordinal=2,
+        phase="Pending",
+        spec_hash=HASH,
+        waiting_reason="ImagePullBackOff",
+        waiting_message='Back-off pulling image "nosuch/image:1"',
+    )
+    step = plan(spec(3), [*pods, pull], reports, now="2026-01-01T00:00:00Z")
+    assert step.actions == [] and step.phase == "Failing"
+    assert step.message == 'demo-2 cannot start: ImagePullBackOff: Back-off pulling image "nosuch/image:1"'
+    assert "to join" not in step.message
+    ready = conditions(step)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "MemberFailing")
+    (ev,) = step.events
+    assert (ev.type, ev.reason) == ("Warning", "MemberFailing") and "nosuch/image:1" in ev.message
+    # Reported once: the next step (the kubelet now says ErrImagePull) posts no second event.
+    again = PodState(**{**pull.__dict__, "waiting_reason": "ErrImagePull"})
+    step = plan(spec(3), [*pods, again], reports, previous_status=step.status)
+    assert step.events == [] and step.message.startswith("demo-2 cannot start: ErrImagePull")
+    # A pod that is merely being created is not stuck.
+    creating = PodState(**{**pull.__dict__, "waiting_reason": "ContainerCreating", "waiting_message": ""})
+    step = plan(spec(3), [*pods, creating], reports)
+    assert step.phase == "ScalingUp" and step.message == "waiting for demo-2 to join and receive its data"
+    # The user fixed the image: the stuck pod (old spec) is deleted, so the fix is not stuck behind it.
+    step = plan(spec(3, image="groupcluster:v2"), [*pods, pull], reports)
+    assert DeletePod("demo-2", "it cannot start and runs an old spec; a member on the new spec replaces it", 5) in (
+        step.actions
+    )
+    # The scheduler's word counts too.
+    pending = PodState(
+        name="demo-2", ordinal=2, spec_hash=HASH, unschedulable="0/3 nodes are available: Insufficient memory"
+    )
+    step = plan(spec(3), [*pods, pending], reports)
+    assert step.message == "demo-2 cannot start: Unschedulable: 0/3 nodes are available: Insufficient memory"
+
+
+def routing(owners: list[list[int]]) -> dict[str, Any]:
+    return {"num_segments": len(owners), "owners": owners}
+
+
+def test_a_degraded_grid_is_a_condition_an_event_and_the_message_with_the_segments_it_lost() -> None:
+    pods, reports = cluster(2, availability="DEGRADED", num_segments=8, segments_unavailable=3)
+    joiner = PodState(name="demo-2", ordinal=2, phase="Running", ip="10.0.0.12", spec_hash=HASH)
+    reports["demo-2"] = MemberReport(address=addr(2), view_id=VIEW, grid_ready=False)
+    step = plan(spec(3), [*pods, joiner], reports, now="2026-01-01T00:00:00Z")
+    assert step.phase == "Degraded"
+    assert step.message.startswith("the grid is degraded: 3 of 8 segments have no owner left")
+    assert "reads and writes are refused (partitionHandling DenyReadWrites)" in step.message
+    assert "to join" not in step.message
+    degraded = conditions(step)["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "GridDegraded") and "3 of 8" in degraded["message"]
+    assert conditions(step)["Ready"]["reason"] == "Degraded"
+    (ev,) = step.events
+    assert (ev.type, ev.reason) == ("Warning", "GridDegraded") and "3 of 8 segments" in ev.message
+    # Once per change: the same state again posts nothing, a different count posts again.
+    assert plan(spec(3), [*pods, joiner], reports, previous_status=step.status).events == []
+    pods, reports = cluster(2, availability="DEGRADED", num_segments=8, segments_unavailable=0)
+    step2 = plan(spec(2), pods, reports, previous_status=step.status)
+    assert [e.reason for e in step2.events if e.reason == "GridDegraded"] == ["GridDegraded"]
+    assert "every segment still has an owner, but too many members left at once" in step2.message
+    # AllowReads: the message says what is refused.
+    assert (
+        "writes are refused (partitionHandling AllowReads)"
+        in plan(spec(2, partitionHandling="AllowReads"), pods, reports).message
+    )
+
+
+def test_member_report_counts_segments_without_a_live_owner_from_the_routing_table() -> None:
+    body = {
+        "address": addr(0),
+        "joined": True,
+        "view": {"id": [7, addr(0)], "members": [addr(0)]},
+        "grid": {"availability": "DEGRADED", "ready": True},
+        "routing": routing([[0], [], [0], []]),
+    }
+    r = MemberReport.from_status(body)
+    assert (r.availability, r.num_segments, r.segments_unavailable) == ("DEGRADED", 4, 2)
+    assert MemberReport.from_status({**body, "routing": None}).segments_unavailable == 0
+
+
+def test_a_deleted_pod_is_waited_for_and_its_replacement_says_so() -> None:
+    pods, reports = cluster(3)
+    pods[1] = PodState(**{**pods[1].__dict__, "deleting": True})
+    step = plan(spec(3), pods, reports)
+    assert step.message == "waiting for demo-1 to stop (pod deleted; it hands its data off first)"
+    assert [(e.reason, e.type) for e in step.events] == [("MemberDeleted", "Normal")]
+    assert {m["pod"]: m["deleted"] for m in step.status["members"]}["demo-1"] is True
+    assert plan(spec(3), pods, reports, previous_status=step.status).events == []  # once
+    # Gone: the new member replaces it (not "scaling up").
+    pods, reports = cluster(3)
+    del pods[1], reports["demo-1"]
+    step = plan(spec(3), pods, reports, previous_status=step.status)
+    assert step.actions == [CreatePod(1, "replacing demo-1 (pod deleted): 2 of 3 members", 3)]
+
+
+def test_pod_state_reads_the_termination_message_the_waiting_reason_and_the_scheduler() -> None:
+    pod = {
+        "metadata": {"name": "demo-1", "labels": {"groupcluster.io/ordinal": "1"}},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "state": {
+                        "terminated": {
+                            "exitCode": 2,
+                            "reason": "Error",
+                            "message": "groupcluster member: error: --set fd.timeout: bad duration 'x'\n\n",
+                        }
+                    }
+                }
+            ],
+        },
+    }
+    st = PodState.from_pod(pod)
+    assert st.exit_text == "exit code 2 (Error): groupcluster member: error: --set fd.timeout: bad duration 'x'"
+    long = PodState(name="p", ordinal=0, phase="Failed", exit_code=1, message="x" * 1000)
+    assert len(long.exit_text) == 300 and long.exit_text.endswith("...")
+    waiting = {
+        "metadata": {"name": "demo-2"},
+        "status": {
+            "phase": "Pending",
+            "containerStatuses": [{"state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}],
+        },
+    }
+    assert PodState.from_pod(waiting).stuck == "ErrImagePull: not found"
+    unscheduled = {
+        "metadata": {"name": "demo-2"},
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1 nodes"}
+            ],
+        },
+    }
+    assert PodState.from_pod(unscheduled).stuck == "Unschedulable: 0/1 nodes"
+
+
+def test_only_pods_deleted_by_someone_else_count_as_deleted() -> None:
+    pods, reports = cluster(3)
+    # The operator's own deletions: a dead member's pod, one it stopped itself (annotated first).
+    pods[1] = PodState(**{**pods[1].__dict__, "deleting": True, "phase": "Failed", "ready": False})
+    pods[2] = PodState(**{**pods[2].__dict__, "deleting": True, "stopped_by_operator": True})
+    step = plan(spec(3), pods, reports)
+    assert step.events == [] and not any(m["deleted"] for m in step.status["members"])
+    assert step.message == "waiting for demo-1, demo-2 to leave"
+    # Deleted by a user: once it left and its pod is Succeeded (still terminating), it is still "deleted".
+    pods, reports = cluster(3)
+    pods[2] = PodState(**{**pods[2].__dict__, "deleting": True})
+    first = plan(spec(3), pods, reports)
+    pods[2] = PodState(**{**pods[2].__dict__, "phase": "Succeeded", "ready": False})
+    second = plan(spec(3), pods, reports, previous_status=first.status)
+    assert {m["pod"]: m["deleted"] for m in second.status["members"]}["demo-2"] is True
+    del pods[2], reports["demo-2"]
+    third = plan(spec(3), pods, reports, previous_status=second.status)
+    assert third.actions == [CreatePod(2, "replacing demo-2 (pod deleted): 2 of 3 members", 3)]
+
+
+def test_a_member_pod_gone_between_two_steps_was_deleted_unless_the_operator_removed_it() -> None:
+    pods, reports = cluster(3)
+    first = plan(spec(3), pods, reports)
+    # demo-1 was deleted and left on SIGTERM before any step saw it terminating.
+    del pods[1], reports["demo-1"]
+    step = plan(spec(3), pods, reports, previous_status=first.status)
+    assert step.actions == [CreatePod(1, "replacing demo-1 (pod deleted): 2 of 3 members", 3)]
+    (ev,) = [e for e in step.events if e.reason == "MemberDeleted"]
+    assert ev.message == "member pod demo-1 was deleted (not by the operator); a new member replaces it"
+    # A member the operator asked to leave is marked leaving in the status of that very step: gone later, it
+    # is no deletion.
+    pods, reports = cluster(3, coordinator=0)
+    asked = plan(spec(2), pods, reports)
+    assert asked.actions == [RequestLeave("demo-2", "scaling down to 2")]
+    assert {m["pod"]: m["leaving"] for m in asked.status["members"]}["demo-2"] is True
+    del pods[2], reports["demo-2"]
+    step = plan(spec(2), pods, reports, previous_status=asked.status)
+    assert [e.reason for e in step.events] == [] and not step.actions

@@ -33,6 +33,19 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/* The operator's namespaces: every one, or the release namespace plus watchNamespaces. */}}
+{{- define "groupcluster.watchArgs" -}}
+{{- if .Values.rbac.clusterWide -}}
+- --all-namespaces
+{{- else -}}
+{{- range $i, $ns := prepend .Values.watchNamespaces $.Release.Namespace | uniq }}
+{{- if $i }}
+{{ end -}}
+- --namespace={{ $ns }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "groupcluster.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
