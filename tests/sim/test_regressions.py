@@ -175,7 +175,13 @@ STATE_APPLIED_APART = (
     "checker: multicasts that an excluded joiner applied alone (and the donor while it still counted the joiner "
     "in) were compared on the donor's side only (both sides now leave out what the other applied apart)"
 )
+STATE_COVERED_FIRST = (
+    "a joiner passed a batch's covered multicasts up before the fresh ones ahead of them: a sender's multicast its "
+    "donor's cut had a hole for (sent in a sequencer epoch the donor was not in) went up after that sender's "
+    "later ones in the state (FIFO and total order broke)"
+)
 REGRESSIONS += [
+    (201000856, TOTAL_ORDER, STATE_COVERED_FIRST),
     (4100072, VSYNC, STATE_SPLIT_TAIL),
     (4100167, VSYNC, STATE_SPLIT_TAIL),
     (810035, TOTAL_ORDER, STATE_APPLIED_APART),
