@@ -180,3 +180,26 @@ REGRESSIONS += [
     (173, TOTAL_ORDER, "a joiner whose every donor crashed held its deliveries forever; alone now it starts empty"),
     (287, TOTAL_ORDER, "a joiner that left before its state came delivered its own last multicasts after Left"),
 ]
+
+# ---- state transfer: the checker's stretch "together" after the cut, found by sweeps of both presets ------------
+STATE_SPLIT_TAIL = (
+    "checker: a joiner that missed the donor's last multicasts of their view, then went alone into a view of its "
+    "own applying nothing there and merged back, was compared past the split (its stretch now ends at that view)"
+)
+STATE_APPLIED_APART = (
+    "checker: multicasts that an excluded joiner applied alone (and the donor while it still counted the joiner "
+    "in) were compared on the donor's side only (both sides now leave out what the other applied apart)"
+)
+STATE_COVERED_FIRST = (
+    "a joiner passed a batch's covered multicasts up before the fresh ones ahead of them: a sender's multicast its "
+    "donor's cut had a hole for (sent in a sequencer epoch the donor was not in) went up after that sender's "
+    "later ones in the state (FIFO and total order broke)"
+)
+REGRESSIONS += [
+    (201000856, TOTAL_ORDER, STATE_COVERED_FIRST),
+    (4100072, VSYNC, STATE_SPLIT_TAIL),
+    (4100167, VSYNC, STATE_SPLIT_TAIL),
+    (810035, TOTAL_ORDER, STATE_APPLIED_APART),
+    (810096, TOTAL_ORDER, STATE_APPLIED_APART),
+    (4100090, TOTAL_ORDER, STATE_APPLIED_APART),
+]

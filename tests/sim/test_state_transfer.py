@@ -118,6 +118,62 @@ def test_partition_messages_of_a_merged_joiner_are_not_counted_as_divergence() -
     assert check_state_transfer(h) == []
 
 
+def test_a_tail_the_joiner_missed_before_a_split_is_not_counted_as_lost_at_the_cut() -> None:
+    # Vsync: after a good cut the joiner misses the donor's last multicast of the shared view (a one-way cut),
+    # moves alone into a view of its own applying nothing there, and merges back. Members moving to different
+    # next views may deliver different sets: the comparison ends at the joiner's view without the donor.
+    h = history(
+        *BASE,
+        *transfer(2),
+        deliver(D, S, "3"),
+        deliver(J, S, "3"),
+        deliver(D, S, "4"),
+        view(D, 3, [D, S]),
+        view(J, 3, [J]),
+        view(D, 4, [D, S, J]),
+        view(J, 4, [D, S, J]),
+        deliver(D, S, "5"),
+        deliver(J, S, "5"),
+    )
+    assert check_state_transfer(h) == []
+
+
+def test_a_message_the_joiner_applied_while_apart_is_not_counted_as_lost_at_the_cut() -> None:
+    # Total order: after a good cut the joiner is excluded and, alone, applies the donor's multicast of their
+    # shared view; the donor, still counting the joiner in, applies it too. The joiner's stretch together with
+    # the donor starts after the merge, so that message is compared on neither side.
+    h = history(
+        *BASE,
+        *transfer(2),
+        view(J, 3, [J]),
+        deliver(J, D, "d1"),
+        deliver(D, D, "d1"),
+        view(D, 4, [D, S, J]),
+        view(J, 4, [D, S, J]),
+        deliver(D, D, "d2"),
+        deliver(J, D, "d2"),
+        deliver(D, S, "3"),
+        deliver(J, S, "3"),
+    )
+    assert check_state_transfer(h) == []
+
+
+def test_a_message_lost_at_the_cut_is_caught_when_the_joiner_parts_from_the_donor_later() -> None:
+    h = history(
+        *BASE,
+        *transfer(2),
+        deliver(D, S, "3"),
+        deliver(D, S, "4"),
+        deliver(J, S, "4"),
+        view(J, 3, [J]),
+        view(J, 4, [D, S, J]),
+        deliver(J, S, "5"),
+        deliver(D, S, "5"),
+    )
+    [v] = check_state_transfer(h)
+    assert v.member == J and "applied '4'" in v.detail and "applied '3'" in v.detail
+
+
 def test_the_checker_runs_for_the_stacks_with_the_state_layer() -> None:
     assert STACK_CHECKERS["vsync"]["state-transfer"] is check_state_transfer
     assert STACK_CHECKERS["total-order"]["state-transfer"] is check_state_transfer

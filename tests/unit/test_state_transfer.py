@@ -321,6 +321,27 @@ def test_replay_keeps_messages_and_views_in_their_order() -> None:
     assert names == ["SetState", "Deliver", "ViewChange", "Deliver"]
 
 
+def test_covered_and_fresh_messages_of_one_batch_go_up_in_stream_order() -> None:
+    # The donor never had P1's 3 (a hole in its cut: P1 sent it in an epoch the donor was not in), so the joiner
+    # applies 3 on top of the state while 4 is covered: 3, then 4 as covered, then 6, as the stream has them.
+    d, j = pair([DONOR, JOINER, P1])
+    d.receive(P1, [mcast(1), mcast(2), mcast(4), mcast(5)])
+    move(j, d)
+    answer_gets(d, b"s")
+    for _ in range(4):
+        if not (move(d, j) + move(j, d)):
+            break
+    assert j.take_events(SetState)
+    j.take_delivered()
+    j.stack.receive(j.now, encode_messages(CLUSTER, P1, [mcast(3), mcast(4), mcast(6)]))
+    outs = [o for o in j.stack.drain() if type(o).__name__ in ("Deliver", "StateCovered")]
+    assert [(type(o).__name__, [m.payload for m in o.messages]) for o in outs] == [
+        ("Deliver", [b"m3"]),
+        ("StateCovered", [b"m4"]),
+        ("Deliver", [b"m6"]),
+    ]
+
+
 def test_the_founder_has_no_state_to_fetch() -> None:
     h = stack(DONOR)
     h.control(RequestState())

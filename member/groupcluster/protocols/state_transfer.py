@@ -448,6 +448,9 @@ class StateTransfer(Layer):
                         out, covered = [], []
                         self._on_req(msg.src, hdr)  # type: ignore[arg-type]
                 elif out is not None:
+                    if covered:
+                        self._pass_up([], covered)
+                        covered = []
                     out.append(msg)
                 continue
             src = msg.src
@@ -460,17 +463,30 @@ class StateTransfer(Layer):
             if seq == delivered.get(src, 0) + 1:  # type: ignore[arg-type]
                 delivered[src] = seq  # type: ignore[index]
                 if out is not None:
+                    if covered:
+                        self._pass_up([], covered)
+                        covered = []
                     out.append(msg)
                 continue
             verdict = self._apply(src, seq)  # type: ignore[arg-type]
             if verdict is FRESH:
                 if out is not None:
+                    if covered:
+                        self._pass_up([], covered)
+                        covered = []
                     out.append(msg)
                 continue
             if out is None:
                 out = batch[:k]
             if verdict is COVERED:
+                # Covered ones go up at their place in the stream, between the deliveries around them: a joiner
+                # applies a sender's multicast the donor's cut has a hole for (sent in an epoch the donor was
+                # not in) before that sender's later ones the state holds, so they must not overtake it.
+                if out:
+                    self.above.up(out)
+                    out = []
                 covered.append(msg)
+        # At most one of the two is not empty here: each one went up when the other kind followed it.
         self._pass_up(batch if out is None else out, covered)
         if self.waiting:
             self._check_waiting()

@@ -761,18 +761,31 @@ def check_state_transfer(history: History | HistoryIndex) -> list[Violation]:
                 contents[m] = set(logs[m])
                 transfers.append((m, str(donor), n, pos, get_pos))
     for joiner, donor, n, _set_pos, _get_pos in transfers:
+        j_log, d_log = logs.get(joiner, []), logs.get(donor, [])
+        # Each side's stretch together with the other after the cut (see _together), before any filtering.
+        j_run = _together(idx, joiner, donor, j_log, positions.get(joiner, []), n)
+        d_run = _together(idx, donor, joiner, d_log, positions.get(donor, []), n)
+        j_kept, d_kept = set(j_run), set(d_run)
+        # A message one side applied after the cut, but outside its stretch together, says nothing about the
+        # cut: the joiner applied it while apart from the donor (a sequencer delivers a view's leftovers in the
+        # joiner's view of its own; the donor applies the same message while still counting the joiner in),
+        # or the donor applied it after the two parted. It is left out on both sides.
+        j_apart = set(j_log[n:]) - j_kept
+        d_apart = set(d_log[n:]) - d_kept
+        d_all = contents.get(donor, set())
+        j_all = contents.get(joiner, set())
         # The joiner's side counts only messages the donor applied too: after a merge, a joiner that was apart
         # from the donor finishes its partition's messages, which the donor never sees (no loss: divergence).
-        ours = _together(idx, joiner, donor, logs.get(joiner, []), positions.get(joiner, []), n, contents.get(donor))
+        ours = _per_sender(key for key in j_run if key in d_all and key not in d_apart)
         # The donor's side counts only messages the joiner could have had: sent in a view the joiner installed
         # (or applied by it). A sequencer replays an epoch the joiner was never in to the donor after a merge.
         joiner_views = {vid for _pos, vid, _m in idx.views.get(joiner, [])}
-        could = {
+        theirs = _per_sender(
             key
-            for key in logs.get(donor, [])[n:]
-            if key in contents.get(joiner, ()) or (idx.sends.get(key) and idx.sends[key].view in joiner_views)
-        }
-        theirs = _together(idx, donor, joiner, logs.get(donor, []), positions.get(donor, []), n, could)
+            for key in d_run
+            if (key in j_all and key not in j_apart)
+            or (key not in j_all and idx.sends.get(key) and idx.sends[key].view in joiner_views)
+        )
         for sender in sorted(set(ours) & set(theirs)):
             a, b = ours[sender], theirs[sender]
             k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
@@ -789,6 +802,13 @@ def check_state_transfer(history: History | HistoryIndex) -> list[Violation]:
     return out
 
 
+def _per_sender(keys: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for sender, msg in keys:
+        out.setdefault(sender, []).append(msg)
+    return out
+
+
 def _together(
     idx: HistoryIndex,
     member: str,
@@ -796,31 +816,31 @@ def _together(
     log: list[tuple[str, str]],
     positions: list[int],
     start: int,
-    keep: set[tuple[str, str]] | None = None,
-) -> dict[str, list[str]]:
-    """Per sender, the messages of ``log[start:]`` that ``member`` applied while ``other`` was in its view:
-    from the first such one up to the first one applied after a view without ``other`` (a joiner that was
-    apart from the donor before the merge that brought them together applies its partition's messages
-    first; across a partition the two states diverge by nature, so neither part is compared)."""
+) -> list[tuple[str, str]]:
+    """The messages of ``log[start:]`` that ``member`` applied while ``other`` was in its view: from the first
+    such one up to the first view without ``other`` installed after it (a joiner that was apart from the donor
+    before the merge that brought them together applies its partition's messages first; across a partition
+    the two states diverge by nature, so neither part is compared — nor what follows a later merge, even if
+    ``member`` applied nothing while apart: it may have missed the tail of the view before the split, which
+    the other applied, and virtual synchrony asks for the same messages only of members that move to the same
+    next view)."""
     view_pos = idx.view_positions.get(member, [])
     views = idx.views.get(member, [])
     end = idx.ended.get(member, len(idx.events))
-    out: dict[str, list[str]] = {}
-    started = False
+    out: list[tuple[str, str]] = []
+    checked = -1  # once started: the last view index known to hold ``other`` since the first compared message
     for k in range(start, len(log)):
         pos = positions[k]
         if pos >= end:
             break
         v = bisect.bisect_right(view_pos, pos) - 1
-        with_other = v >= 0 and other in views[v][2]
-        if not with_other:
-            if started:
-                break
-            continue
-        started = True
-        if keep is None or log[k] in keep:
-            sender, msg = log[k]
-            out.setdefault(sender, []).append(msg)
+        if checked < 0:
+            if v < 0 or other not in views[v][2]:
+                continue
+        elif any(other not in views[i][2] for i in range(checked + 1, v + 1)):
+            break
+        checked = v
+        out.append(log[k])
     return out
 
 
