@@ -72,6 +72,7 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (93, VSYNC, FLUSH_GUARD),
     (4100000, VSYNC, MERGE_CUT),
     (200000958, VSYNC, HELD_FOREIGN),
+    (201000546, VSYNC, MERGE_CUT),
 ]
 
 
@@ -202,4 +203,9 @@ REGRESSIONS += [
     (810035, TOTAL_ORDER, STATE_APPLIED_APART),
     (810096, TOTAL_ORDER, STATE_APPLIED_APART),
     (4100090, TOTAL_ORDER, STATE_APPLIED_APART),
+    # Found by the fresh sweeps of the flush and sequencer fixes, judged correct by the same two checker changes.
+    (200000521, VSYNC, STATE_SPLIT_TAIL + " or " + STATE_APPLIED_APART),
+    (200001326, VSYNC, STATE_SPLIT_TAIL + " or " + STATE_APPLIED_APART),
+    (202000377, TOTAL_ORDER, STATE_APPLIED_APART),
+    (202000760, TOTAL_ORDER, STATE_APPLIED_APART),
 ]
