@@ -47,7 +47,10 @@ def test_200_grid_tx_seeds() -> None:
     assert total["grid_ops_ok"] > 20 * 200, total
     assert sum(r.stats.get("grid_tx_resolved", 0) for r in results) >= 5
     auto = sum(r.stats.get("grid_tx_auto_commit", 0) + r.stats.get("grid_tx_auto_rollback", 0) for r in results)
-    assert auto >= 10, auto  # counted on the members alive at the end (a coordinator that crashed took its own)
+    # Counted on the members alive at the end (a coordinator that crashed took its own). The flush fixes (a
+    # crashed coordinator's successor is followed, a flushed merge's cut) left fewer transactions in doubt in
+    # these seeds: 8, against 20 before them.
+    assert auto >= 5, auto
     assert sum(r.stats.get("grid_tx_reason_conflict", 0) for r in results) > 100
     assert sum(r.stats.get("grid_tx_reason_lock_timeout", 0) for r in results) > 100
     assert sum(r.stats["crashes"] for r in results) > 20
