@@ -19,7 +19,7 @@ from groupcluster.sim.scenario import Scenario
 from . import seedruns
 
 # Pinned, not the current defaults: a seed replays its original run only with its scenario.
-GRID = Scenario(stack="grid", safety_time=12.0, send_rate=3.0)
+GRID = Scenario(stack="grid", safety_time=12.0, send_rate=3.0, startup_faults=False)
 
 STARTUP_SPLIT = (
     "members that started apart formed two grids that both took writes; on the merge the other grid's "
@@ -232,7 +232,7 @@ def test_a_leave_keeps_two_members_that_hold_data() -> None:
 
 # Seeds with lifespans (docs/grid.md, "Expiry"; ``--deadlines 0.5 --lifespans 0.3``), found by the first sweep
 # of seeds 200-1199 with expiry in place.
-LIFESPANS = Scenario(stack="grid", safety_time=12.0, send_rate=3.0, deadlines=0.5, lifespans=0.3)
+LIFESPANS = Scenario(stack="grid", safety_time=12.0, send_rate=3.0, deadlines=0.5, lifespans=0.3, startup_faults=False)
 EXPIRY_OF_DROPPED_SEGMENTS = (
     "a member cut off alone wrote an entry with a lifespan, and on the merge pushed it without its expiry: the "
     "segment was dropped before the push read the expiry back (now: expiries are taken with the entries); the "
@@ -258,7 +258,7 @@ def test_grid_lifespan_regression_seeds_pass() -> None:
 # seeds 0-49: the scenario, not the grid. Members at capacity 0 own nothing, so a grid with fewer members with
 # capacity than num_owners has fewer copies of each segment; the scenario's convergence check still expected
 # num_owners owners per segment and the grid never "converged" (now: min(num_owners, members with capacity)).
-CAPACITIES = Scenario(stack="grid", safety_time=12.0, send_rate=3.0, capacity_changes=1.0)
+CAPACITIES = Scenario(stack="grid", safety_time=12.0, send_rate=3.0, capacity_changes=1.0, startup_faults=False)
 FEWER_COPIES = "fewer members with capacity than owners: the check expected num_owners copies (grid-convergence)"
 CAPACITY_REGRESSIONS = [(35, CAPACITIES, FEWER_COPIES), (44, CAPACITIES, FEWER_COPIES)]
 

@@ -45,7 +45,9 @@ def test_200_grid_tx_seeds() -> None:
     assert total["grid_tx_ok"] > 20 * 200, total
     assert total["grid_tx_failed"] > 5 * 200, total
     assert total["grid_ops_ok"] > 20 * 200, total
-    assert sum(r.stats.get("grid_tx_resolved", 0) for r in results) >= 5
+    # Resolutions by the simulated operator are rare: 2 to 7 in a range of 200 seeds (7 in 0-199 before the startup
+    # faults, 3 and 2 in 200-399 and 400-599; 2 in 0-199 with them).
+    assert sum(r.stats.get("grid_tx_resolved", 0) for r in results) >= 2
     auto = sum(r.stats.get("grid_tx_auto_commit", 0) + r.stats.get("grid_tx_auto_rollback", 0) for r in results)
     # Counted on the members alive at the end (a coordinator that crashed took its own). The flush fixes (a
     # crashed coordinator's successor is followed, a flushed merge's cut) left fewer transactions in doubt in

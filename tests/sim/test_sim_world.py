@@ -6,7 +6,7 @@ import random
 
 import pytest
 from groupcluster.core.errors import ConfigError
-from groupcluster.sim.faults import FAULT_KINDS, draw_plan
+from groupcluster.sim.faults import FAULT_KINDS, draw_plan, draw_startup
 from groupcluster.sim.history import History
 from groupcluster.sim.loop import EventLoop
 from groupcluster.sim.network import LinkConfig, Network
@@ -151,7 +151,7 @@ def test_faults_break_the_toy_stack_which_has_no_reliability() -> None:
 
 
 def test_fault_plans_cover_every_kind_and_vary() -> None:
-    plans = [draw_plan(random.Random(s), 5) for s in range(500)]
+    plans = [draw_startup(random.Random(f"startup-{s}"), draw_plan(random.Random(s), 5), 5, 25.0) for s in range(500)]
     seen = {k for p in plans for k in p.kinds()}
     assert seen == set(FAULT_KINDS)
     assert sum(1 for p in plans if len(p.kinds()) >= 9) > 0

@@ -1,12 +1,19 @@
 """MERGE: notice that the group is split (several coordinators) and tell GMS, which runs the merge.
 
 Every member (as in JGroups MERGE3) sends an INFO — its view id and its coordinator — at random intervals to
-every endpoint discovery knows, members of other partitions included. A coordinator that hears of another
-coordinator whose view differs from its own reports it with :class:`MergeNeeded` at the next check; GMS lets
-the lowest coordinator lead the merge. A participant whose own coordinator keeps announcing a different view
-(for ``orphan_after``) was dropped without hearing of it — the view that excluded it was lost, or its
-coordinator never installed the view that made it coordinator — so it reports its coordinator, and GMS
-continues alone until a merge brings it back.
+every endpoint discovery knows, members of other partitions included, and to every member of another view it
+heard from or of lately (the senders of such INFOs and the coordinators they name; the first time at once).
+Host lists can be one-sided — a member started with a list that does not name us — and whichever side hears
+first, the other must hear back: the merge leader (the lowest coordinator) must learn of every other
+coordinator, and a member must hear its coordinator announce a view without it. JGroups gets the same from
+INFOs teaching the receiver the sender's physical address.
+
+A coordinator that hears of another coordinator whose view differs from its own reports it with
+:class:`MergeNeeded` at the next check; GMS lets the lowest coordinator lead the merge. Participants report
+nothing of other groups: their coordinator hears of them through the INFOs they make others send. A
+participant whose own coordinator keeps announcing a different view (for ``orphan_after``) was dropped without
+hearing of it — the view that excluded it was lost, or its coordinator never installed the view that made it
+coordinator — so it reports its coordinator, and GMS continues alone until a merge brings it back.
 """
 
 from __future__ import annotations
@@ -52,6 +59,13 @@ class MergeConfig:
     orphan_after: float = param(
         "2s", "duration", doc="our coordinator announced another view for this long: we were dropped"
     )
+    forget_after: float = param(
+        "6s", "duration", doc="stop sending INFO to a member of another view not heard from or of for this long"
+    )
+
+
+# Bound on the members of other views we send INFO to: peers must not make us remember an unbounded set.
+MAX_HEARD = 256
 
 
 @register_layer
@@ -64,6 +78,9 @@ class Merge(Layer):
         super().__init__(config, ctx)
         self.view: View | None = None
         self.seen: dict[Address, ViewId] = {}
+        # Members of other views (INFO senders, the coordinators they named) -> when last heard from or of; our
+        # INFO rounds go to them too.
+        self.heard: dict[Address, float] = {}
         # (our view id, first time) when our coordinator announced another view while we are a participant.
         self.coord_moved: tuple[ViewId, float] | None = None
 
@@ -97,12 +114,34 @@ class Merge(Layer):
         view = self.view
         if view is None or hdr.view_id == view.view_id:
             return
+        if sender != self.local_address:
+            self._heard_of(sender)
+        coord = hdr.coordinator
+        if coord != self.local_address and coord != view.coordinator and coord != sender:
+            self._heard_of(coord)
         if self._is_coordinator:
             if hdr.coordinator != self.local_address:
                 self.seen[hdr.coordinator] = hdr.view_id
         elif sender == view.coordinator:
             moved = self.coord_moved
             self.coord_moved = moved if moved is not None and moved[0] == view.view_id else (view.view_id, self.now)
+
+    def _heard_of(self, member: Address) -> None:
+        """Remember ``member`` (of another view) as a target of our INFO rounds; the first time, if discovery
+        does not know its endpoint, tell it about us right away.
+
+        Whoever of two members hears of the other first, both then know of each other: of two coordinators the
+        lower one leads the merge, and it may be the one whose host list did not name the other.
+        """
+        heard = self.heard
+        first = member not in heard
+        if first and len(heard) >= MAX_HEARD:
+            del heard[min(heard, key=heard.__getitem__)]
+            self.count("heard_evicted")
+        heard[member] = self.now
+        if first and self.view is not None and member.endpoint not in self._hosts():
+            self.count("info_to_new_peer")
+            self._send_to(member, MergeHeader(self.view.view_id, self.view.coordinator))
 
     def on_timer(self, key: object) -> None:
         if key == "info":
@@ -125,18 +164,32 @@ class Merge(Layer):
                 self.coord_moved = None
                 self.above.up_event(MergeNeeded((self.view.coordinator,)))
             self.seen.clear()
+            horizon = self.now - self.config.forget_after
+            for coord in [c for c, t in self.heard.items() if t < horizon]:
+                del self.heard[coord]
             self.set_timer("check", self.config.check_interval)
 
+    def _hosts(self) -> tuple[tuple[str, int], ...]:
+        return self.below.down_event(GetHosts()) or ()
+
+    def _send_to(self, dest: Address, hdr: MergeHeader) -> None:
+        self.below.down(Message(dest, flags=NO_RELIABILITY | NO_FLOW_CONTROL, headers={protocol_ids.MERGE: hdr}))
+
     def _send_info(self) -> None:
-        if self.view is None:
+        view = self.view
+        if view is None:
             return
-        hosts = self.below.down_event(GetHosts()) or ()
+        hosts = self._hosts()
         me = self.local_address.endpoint
-        hdr = MergeHeader(self.view.view_id, self.view.coordinator)
+        hdr = MergeHeader(view.view_id, view.coordinator)
         for host, port in hosts:
-            if (host, port) == me:
-                continue
-            self.below.down(
-                Message(Address(host, port), flags=NO_RELIABILITY | NO_FLOW_CONTROL, headers={protocol_ids.MERGE: hdr})
-            )
+            if (host, port) != me:
+                self._send_to(Address(host, port), hdr)
+        # Members of other views whose endpoints discovery does not know (it knows whom our host list names, who
+        # asked us and our view): without this a coordinator that sorts below us would never hear of us, nor a
+        # member still in a view of ours that we never installed hear us announce another.
+        known = set(hosts)
+        for member in sorted(self.heard):
+            if member.endpoint not in known and member.endpoint != me:
+                self._send_to(member, hdr)
         self.count("info_sent")

@@ -70,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-faults", action="store_true", help="a clean network and no member faults")
     parser.add_argument(
+        "--no-startup-faults",
+        action="store_true",
+        help="leave out the startup faults (partial host lists, staggered starts, shuffled endpoints): the "
+        "other faults of a seed stay as they are",
+    )
+    parser.add_argument(
         "--deadlines",
         type=float,
         default=0.0,
@@ -164,6 +170,8 @@ def replay_command(args: argparse.Namespace, seed: int) -> str:
         parts += ["--send-rate", f"{args.send_rate:g}"]
     if args.no_faults:
         parts.append("--no-faults")
+    if args.no_startup_faults:
+        parts.append("--no-startup-faults")
     if args.deadlines:
         parts += ["--deadlines", f"{args.deadlines:g}"]
     if args.lifespans:
@@ -226,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
             stack=args.stack,
             overrides=parse_overrides(args.set),
             faults=not args.no_faults,
+            startup_faults=not args.no_startup_faults,
             safety_time=args.safety_time,
             send_rate=args.send_rate,
             deadlines=args.deadlines,

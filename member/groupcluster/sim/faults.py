@@ -2,10 +2,14 @@
 
 Every kind is on for about half of the seeds, independently, so a few hundred seeds cover every kind and
 many combinations. Intensities are drawn per seed too (loss up to 30 %, pauses up to a few seconds, ...).
+
+The startup kinds (:data:`STARTUP_KINDS`: partial host lists, staggered starts, shuffled endpoints) are drawn by
+:func:`draw_startup` from a generator of their own, so switching them on or off changes no other draw of a seed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import asdict, dataclass, fields
 
@@ -23,7 +27,12 @@ FAULT_KINDS = (
     "late-join",
     "update-hosts",
     "big-messages",
+    "partial-hosts",
+    "staggered-start",
+    "endpoint-order",
 )
+# The kinds :func:`draw_startup` adds: how members are configured and started rather than what hits them later.
+STARTUP_KINDS = ("partial-hosts", "staggered-start", "endpoint-order")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +57,14 @@ class FaultPlan:
     late_joiners: int = 0
     update_hosts_rate: float = 0.0
     big_message_fraction: float = 0.0
+    # Startup faults (draw_startup). partial_hosts: the share of slot pairs in which only the later slot lists
+    # the earlier one in its initial_hosts (1.0: slot i lists exactly slots 0..i); the other pairs list each
+    # other. start_spread: members that are not late joiners start at random within this many seconds instead
+    # of together. shuffled_endpoints: slots get the endpoints in a random order, so address order (merge
+    # leaders, coordinators) does not follow slot order (host lists, who is never a late joiner).
+    partial_hosts: float = 0.0
+    start_spread: float = 0.0
+    shuffled_endpoints: bool = False
 
     def kinds(self) -> list[str]:
         """The fault kinds this plan switches on, in :data:`FAULT_KINDS` order."""
@@ -64,6 +81,9 @@ class FaultPlan:
             "late-join": self.late_joiners > 0,
             "update-hosts": self.update_hosts_rate > 0,
             "big-messages": self.big_message_fraction > 0,
+            "partial-hosts": self.partial_hosts > 0,
+            "staggered-start": self.start_spread > 0,
+            "endpoint-order": self.shuffled_endpoints,
         }
         return [k for k in FAULT_KINDS if on[k]]
 
@@ -71,11 +91,13 @@ class FaultPlan:
         parts = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if value:
+            if value is True:
+                parts.append(f.name)
+            elif value:
                 parts.append(f"{f.name}={value:.3g}" if isinstance(value, float) else f"{f.name}={value}")
         return " ".join(parts) or "no faults"
 
-    def to_json(self) -> dict[str, float]:
+    def to_json(self) -> dict[str, float | bool]:
         return asdict(self)
 
 
@@ -128,4 +150,28 @@ def draw_plan(rng: random.Random, members: int) -> FaultPlan:
         late_joiners=late_joiners if late else 0,
         update_hosts_rate=update_hosts_rate if update_hosts else 0.0,
         big_message_fraction=big_message_fraction if big else 0.0,
+    )
+
+
+def draw_startup(rng: random.Random, plan: FaultPlan, members: int, safety_time: float = 25.0) -> FaultPlan:
+    """Add the startup kinds to ``plan``, each on for about half of the seeds; ``rng`` is theirs alone (every
+    draw happens whether or not the kind is on, like :func:`draw_plan`). Starts spread over at most half the
+    safety phase, so the other faults still hit a group that has formed."""
+
+    def on() -> bool:
+        return rng.random() < 0.5
+
+    partial = on()
+    # Half of the partial seeds get the pure prefix: the first slot lists only itself.
+    partial_hosts = 1.0 if rng.random() < 0.5 else rng.uniform(0.2, 1.0)
+    stagger = on()
+    start_spread = rng.uniform(0.5, max(0.5, min(8.0, safety_time / 2)))
+    shuffled = on()
+    if members < 2:
+        return plan
+    return dataclasses.replace(
+        plan,
+        partial_hosts=partial_hosts if partial else 0.0,
+        start_spread=start_spread if stagger else 0.0,
+        shuffled_endpoints=shuffled,
     )

@@ -10,8 +10,8 @@ A run has two phases on the virtual clock:
    and unicasts a few messages, which must reach every live member within ``deliver_deadline``.
 
 Everything random comes from one ``random.Random(seed)`` (sub-generators are drawn from it in a fixed
-order), and nothing reads the real clock, so a seed replays exactly: :func:`check_determinism` runs a seed
-twice and compares the histories.
+order; the startup faults use a generator of their own, seeded from the seed too), and nothing reads the real
+clock, so a seed replays exactly: :func:`check_determinism` runs a seed twice and compares the histories.
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from ..core.stack import resolve_config
 from ..stacks import PRESETS, load_stack_file, preset
 from . import grid_checkers, grid_tx_checkers  # noqa: F401  (register the grid stacks' checkers)
 from .checkers import Violation, check_all
-from .faults import FaultPlan, draw_plan
+from .faults import FaultPlan, draw_plan, draw_startup
 from .history import History
 from .loop import EventLoop
 from .network import Link, LinkConfig, Network
-from .world import LEAVING, PAUSED, RUNNING, AppFactory, Node, World
+from .world import LEAVING, PAUSED, RUNNING, AppFactory, Node, World, slot_endpoint
 
 # ``--stack grid``: the data grid (:mod:`groupcluster.sim.grid`) on the group stack a grid member runs.
 GRID_STACK = "grid"
@@ -60,6 +60,9 @@ class Scenario:
     # Per-layer parameter overrides {layer: {key: value}} on top of the stack (e.g. faster timeouts).
     overrides: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     faults: bool = True
+    # The startup kinds of the fault plan (partial host lists, staggered starts, shuffled endpoints; sim/faults.py)
+    # on top of the others. Pinned regression scenarios set False: their seeds were found without them.
+    startup_faults: bool = True
     safety_time: float = 25.0
     converge_deadline: float = 60.0
     # The converged view must stay unchanged this long before liveness traffic starts: suspicions raised
@@ -202,8 +205,16 @@ class _Run:
         world_rng = random.Random(root.getrandbits(64))
         self.work_rng = random.Random(root.getrandbits(64))
         self.fault_rng = random.Random(root.getrandbits(64))
-        self.plan = self._adjust_plan(draw_plan(plan_rng, scenario.members) if scenario.faults else FaultPlan())
+        plan = draw_plan(plan_rng, scenario.members) if scenario.faults else FaultPlan()
+        # The startup faults draw from a generator of their own, not from ``root``: with them off every other
+        # draw of the seed is what it was before they existed, and with them on only the startup differs.
+        startup_rng = random.Random(f"startup-{seed}")
+        if scenario.faults and scenario.startup_faults:
+            plan = draw_startup(startup_rng, plan, scenario.members, scenario.safety_time)
+        self.plan = self._adjust_plan(plan)
         self.root = root  # later draws (a subclass's) come after these, so they shift nothing above
+        order_rng, hosts_rng = (random.Random(startup_rng.getrandbits(64)) for _ in range(2))
+        self.start_rng = random.Random(startup_rng.getrandbits(64))
         self.loop = EventLoop()
         plan = self.plan
         self.clean_link = LinkConfig(delay=plan.delay, jitter=plan.jitter)
@@ -221,9 +232,18 @@ class _Run:
             cluster=scenario.cluster,
             logger=logger,
             app_factory=self._app_factory(),
+            endpoints=self._endpoints(order_rng),
         )
         self.spec = build_spec(scenario.stack, self.world.endpoints, scenario.overrides)
         resolve_config(self.spec)  # a bad configuration fails here, once, with the key named
+        # Per-slot stacks when the host lists are partial (keyed by endpoint: a restart gets its slot's list).
+        self.host_lists = self._host_lists(hosts_rng)
+        self.slot_specs = {
+            ep: build_spec(scenario.stack, hosts, scenario.overrides) for ep, hosts in self.host_lists.items()
+        }
+        for slot, ep in enumerate(self.world.endpoints):
+            if ep in self.host_lists:
+                self.world.start_fields[slot] = {"hosts": [f"{h}:{p}" for h, p in self.host_lists[ep]]}
         if plan.loss:
             # Per-link loss: every directed link draws its own rate up to the plan's worst.
             for src in self.world.endpoints:
@@ -250,7 +270,36 @@ class _Run:
         self.done = False
 
     def _spec_for(self, address: Address, endpoints: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
-        return self.spec
+        return self.slot_specs.get(address.endpoint, self.spec)
+
+    def _endpoints(self, rng: random.Random) -> list[tuple[str, int]]:
+        """The slots' endpoints: in slot order, or shuffled (``shuffled_endpoints``) so that the address order
+        of members differs from the order of their slots."""
+        endpoints = [slot_endpoint(i) for i in range(self.sc.members)]
+        if self.plan.shuffled_endpoints:
+            rng.shuffle(endpoints)
+        return endpoints
+
+    def _host_lists(self, rng: random.Random) -> dict[tuple[str, int], list[tuple[str, int]]]:
+        """Each slot's initial_hosts when they are partial (``partial_hosts``; empty: every slot lists all).
+
+        In every pair of slots at least the later one lists the earlier one, so any two members, whoever else is
+        alive, have a static way to reach each other: a real group started with these lists can always become
+        one, and the convergence check keeps expecting one view. (Lists in which two live members can reach
+        neither each other nor anyone alive who knows both would leave them apart in reality too; they are not
+        drawn.)
+        """
+        share = self.plan.partial_hosts
+        if not share:
+            return {}
+        eps = self.world.endpoints
+        n = len(eps)
+        lists: list[list[tuple[str, int]]] = [[eps[i], *eps[:i]] for i in range(n)]
+        for i in range(n):
+            for j in range(i + 1, n):
+                if rng.random() >= share:
+                    lists[i].append(eps[j])  # this pair lists each other
+        return {eps[i]: sorted(lists[i]) for i in range(n)}
 
     def _adjust_plan(self, plan: FaultPlan) -> FaultPlan:
         return plan
@@ -269,6 +318,9 @@ class _Run:
         late = set(rng.sample(slots[1:], min(plan.late_joiners, len(slots) - 1))) if plan.late_joiners else set()
         for slot in slots:
             t = rng.uniform(1.0, max(1.0, self.safety_end * 0.7)) if slot in late else rng.uniform(0.0, 0.3)
+            if plan.start_spread and slot not in late:
+                # Drawn after the usual draw, from the startup generator: the fault generator's stream stays.
+                t = self.start_rng.uniform(0.0, plan.start_spread)
             self.pending_starts += 1
             loop.at(t, self._start, slot)
         for slot in slots:

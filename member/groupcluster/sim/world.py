@@ -1,6 +1,7 @@
 """Simulated members: stacks bound to virtual endpoints, driven on the virtual clock, recorded into a history.
 
-A *slot* is a machine: a fixed endpoint ``("10.0.0.<i>", 7800)``. At most one member runs in a slot at a time;
+A *slot* is a machine: a fixed endpoint (``("10.0.0.<i+1>", 7800)`` for slot i unless the scenario shuffles them).
+At most one member runs in a slot at a time;
 each member started there gets a fresh incarnation from a counter, so a restart or a rejoin after a leave is
 a new :class:`~groupcluster.core.address.Address`. The world turns stack outputs into network frames and
 history events, keeps each stack's next timer on the event loop, and injects member faults:
@@ -150,9 +151,12 @@ class World:
         cluster: str = "sim",
         logger: logging.Logger | None = None,
         app_factory: AppFactory | None = None,
+        endpoints: Sequence[tuple[str, int]] | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"members: need at least 1, got {slots}")
+        if endpoints is not None and (len(endpoints) != slots or len(set(endpoints)) != slots):
+            raise ValueError(f"endpoints: need {slots} distinct endpoints, got {list(endpoints)}")
         self.loop = loop
         self.network = network
         self.history = history
@@ -161,13 +165,16 @@ class World:
         self.rng = rng
         self.cluster = cluster
         self.log = logger or logging.getLogger("groupcluster.sim")
-        self.endpoints = [slot_endpoint(i) for i in range(slots)]
+        # Slot i is slot_endpoint(i) unless the scenario hands the endpoints out in another order.
+        self.endpoints = list(endpoints) if endpoints is not None else [slot_endpoint(i) for i in range(slots)]
         self.nodes: list[Node | None] = [None] * slots
         self._previous: list[str | None] = [None] * slots  # the last member that ran in each slot
         self._incarnations = itertools.count(1)
         self._msg_ids = itertools.count(1)
         self._names: dict[Address, str] = {}
         self.errors: list[Violation] = []
+        # Extra fields of a slot's start/restart events (the scenario records partial host lists there).
+        self.start_fields: dict[int, dict[str, Any]] = {}
         self.stats: Counter[str] = Counter()
         # Hooks for the scenario: a member finished leaving (or failed to join); a message was delivered.
         self.on_gone: Callable[[Node, str], None] | None = None
@@ -211,10 +218,11 @@ class World:
         self.network.attach(node.endpoint, lambda data, node=node: self._on_frame(node, data))
         self.stats["started"] += 1
         previous = self._previous[slot]
+        extra = self.start_fields.get(slot, {})
         if previous is None:
-            self.history.add(self.loop.now, node.name, "start", slot=slot)
+            self.history.add(self.loop.now, node.name, "start", slot=slot, **extra)
         else:
-            self.history.add(self.loop.now, node.name, "restart", slot=slot, previous=previous)
+            self.history.add(self.loop.now, node.name, "restart", slot=slot, previous=previous, **extra)
         self._previous[slot] = node.name
         self._step(node, stack.start)
         if node.uses_state and node.app is None and node.state != GONE:
