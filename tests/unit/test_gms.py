@@ -282,3 +282,16 @@ def test_a_flushed_merge_view_moves_windows_up_to_its_digest(spec: list, start: 
     h.receive(P1, [Message(None, headers={GID: hdr, protocol_ids.NAKACK: NakAckHeader(MSG, 1)})])
     assert [e.view for e in h.take_events(ViewChange)] == [merged]
     assert h.layer("nakack").windows[P3].delivered == start
+
+
+def test_answers_naming_us_as_coordinator_do_not_make_us_ask_ourselves_to_join() -> None:
+    """A member that was named successor in a view it never installed (its coordinator left) hears, when it
+    rediscovers, that it is coordinator; asking itself to join was rejected forever. It founds its own group
+    instead, and MERGE brings the members holding that view back."""
+    h = LayerHarness(SPEC)
+    h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P3, ME, None, False),)))
+    h.stack._end_step()
+    h._collect()
+    assert not [ep for ep, hdr in gms_sent(h) if hdr.kind == JOIN_REQ]
+    joined = h.take_events(Joined)
+    assert len(joined) == 1 and joined[0].view.members == (ME,)

@@ -385,7 +385,13 @@ class Gms(Layer):
         if self.state != "joining":
             return
         me = self.local_address
-        coords = Counter(r.coordinator for r in event.responses if r.coordinator is not None and r.address != me)
+        # An answer naming us as coordinator comes from a view we never installed (its coordinator named us its
+        # successor and left): a join request to ourselves is rejected forever, so such answers count as none.
+        coords = Counter(
+            r.coordinator
+            for r in event.responses
+            if r.coordinator is not None and r.coordinator != me and r.address != me
+        )
         if coords:
             # The coordinator most responders name; ties go to the lowest address (deterministic).
             best = max(coords.values())
