@@ -597,6 +597,23 @@ class TestTxTable:
         assert store.data[k2] == (make_version(1, 6), b"x2")
         assert t.state_of(tx) == TxState.COMMITTED and t.locks.empty()
 
+    def test_an_own_completed_commit_releases_a_key_a_backup_in_doubt_pushed_without_its_version(self) -> None:
+        # This member committed tx as the owner of k1 (its originator, its coordinator done); a backup of k2 that
+        # was cut off in doubt pushes k2's write without a version when this member becomes k2's primary. Held
+        # until a commit brings the version, k2 stayed locked for good: the originator's commit was complete
+        # and nothing else sends one. settle_own releases it.
+        t, store = table(A)
+        tx = tid(1, A)
+        k1, k2 = b"k1", b"k2"
+        t.on_message(A, TxCommit(tx, 1, 1, ((k1, make_version(1, 5), b"x1"),)), 0.0)
+        info = TxLockInfo(1, (seg(k2),), (TxRecordInfo(tx, 1, INFO_PREPARED, True, (k2,), ((k2, b"x2"),), ()),))
+        t.import_lock_info(info, 1.0)
+        assert t.locks.held_by(tx) == {k2}  # a commit of the originator may still bring k2's version
+        assert t.settle_own(tx, 2.0) == []
+        assert t.locks.empty() and t.state_of(tx) == TxState.COMMITTED
+        assert k2 not in store.data  # nothing applied: the key's owners have the write
+        assert t.report(tx).writes == ()  # the dropped write is no longer waited for
+
 
 class TestAutomaticResolution:
     """The view coordinator's resolver (TxResolver) and the decision rule (resolution)."""

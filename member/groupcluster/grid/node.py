@@ -2566,6 +2566,10 @@ class GridNode:
             self._tx_awaiting.pop(seg, None)
         self.metrics["grid.tx_lock_info_in"] += 1
         self._tx_out(self.tx.on_message(src, info, self._now))
+        for r in info.records:
+            if r.tx.origin == self.address and self.txc.state_of(r.tx) is None:
+                # Our own commit, completed: no commit of ours brings a version any more (TxTable.settle_own).
+                self._tx_out(self.tx.settle_own(r.tx, self._now))
         self._tx_stamp_orphans()
         self._tx_gauge()
 

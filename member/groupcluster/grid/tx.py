@@ -979,6 +979,23 @@ class TxTable:
         self._granted(self.locks.drop_segments(segs - set(self._forward)), now, out)
         return out
 
+    def settle_own(self, tx: TxId, now: float) -> list[TxOutput]:
+        """This member is ``tx``'s originator and completed its commit: every owner of its keys in the newest
+        topology acknowledged it, and owners since took the keys by state transfer. A write waiting here for its
+        version (pushed without one by a backup that missed the decision: cut off, in doubt) is therefore in
+        place or superseded, and no commit will bring the version: its key is released and the write dropped
+        from the record."""
+        rec = self._txs.get(tx)
+        out: list[TxOutput] = []
+        if rec is None or rec.state != TxState.COMMITTED:
+            return out
+        waiting = self._unapplied(rec)
+        if waiting:
+            for k in waiting:
+                del rec.writes[k]
+            self._release_applied(rec, now, out)
+        return out
+
     def forget_applied(self, segments: Iterable[int]) -> None:
         """This member's copy of ``segments`` is gone (dropped, or emptied for a fresh state transfer): the
         committed writes it applied there went with it. A transfer into the emptied copy may come from an owner
