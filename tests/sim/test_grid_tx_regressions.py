@@ -103,6 +103,22 @@ RESOLVE_KEY_NOT_HELD = (
     "key whose segment the member holds no more needs no version there)"
 )
 
+REFETCH_AFTER_COMMIT = (
+    "a backup applied a commit of c5, then lost c5's segment (a topology dropped it, the next gave it back: "
+    "emptied for a fresh transfer); the transfer came from an owner the commit had not reached yet, with c5's "
+    "older value, and the originator's repeated commit was taken as a duplicate (c5 on record as applied): two "
+    "owners kept different values for good (now a committed record forgets what a dropped or emptied copy "
+    "lost, and a repeated commit or pushed lock information applies it again; grid/tx.py, forget_applied)"
+)
+
+OWN_COMMIT_DONE = (
+    "a backup of c2 cut off before the commit reached it (in doubt, then primary in a grid of its own) pushed "
+    "c2's write without a version at the merge to the new primary, the transaction's originator, which held c2 "
+    "for a commit to bring the version; its own commit was complete (every owner had acknowledged it), so none "
+    "came, and the pusher left with its in-doubt record: c2 locked for good (now the originator releases such "
+    "keys of its completed commits; grid/tx.py, settle_own)"
+)
+
 # (seed, scenario, what the seed found). Seeds 104 and 143 found TWO_GRIDS on the first sweep; the fault choice
 # changed since (crashes and pauses prefer originators in the middle of a commit), so their runs are not the
 # same any more: 212 (a later transaction's write beaten at the merge) and 220 (the counters' total broken by
@@ -124,6 +140,8 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (912, GRID_TX, RESOLVED_ON_THE_ORIGINATOR),
     (4100123, GRID_TX, LOCK_WITHOUT_OWNERSHIP),
     (203001472, GRID_TX, RESOLVE_KEY_NOT_HELD),
+    (895672000093, GRID_TX, REFETCH_AFTER_COMMIT),
+    (207000288, GRID_TX, OWN_COMMIT_DONE),
 ]
 
 

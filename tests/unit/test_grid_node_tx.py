@@ -17,7 +17,7 @@ import re
 import pytest
 from groupcluster.core.address import Address
 from groupcluster.grid.consistent_hash import ConsistentHash, segment_of
-from groupcluster.grid.messages import GET, PUT, Topology, decode_payload, encode_payload
+from groupcluster.grid.messages import GET, PUT, EntryChunk, Fetch, Topology, XferData, decode_payload, encode_payload
 from groupcluster.grid.node import (
     REASON_CONFLICT,
     REASON_LOCKED,
@@ -760,3 +760,47 @@ def test_an_in_doubt_commit_needs_no_version_for_a_key_whose_segment_the_member_
     assert node.tx.state_of(tx) == TxState.COMMITTED and node.tx_in_doubt() == []
     assert node.tx.locks.empty()
     assert node.store.get(0, kept) == (version, b"1")
+
+
+def test_a_repeated_commit_is_applied_again_into_a_copy_emptied_for_a_fresh_transfer() -> None:
+    # Simulation grid-tx seed 895672000093: x applied a commit of key k, then a topology took k's segment from x
+    # and the next one gave it back (a new owner: its copy emptied for a fresh transfer). The transfer came from
+    # an owner the commit had not reached yet, with k's older value; the originator's repeated commit, meant for
+    # the new owners, was taken as a duplicate (k's version was on record as applied), so x kept the old value
+    # while the other owners had the committed one, for good.
+    o, p, x = (Address(f"10.0.0.{i}", 7800, i) for i in (1, 2, 3))
+    k = next(f"c{i}".encode() for i in range(100) if segment_of(f"c{i}".encode(), 2) == 1)
+    caps = {o: 1.0, p: 1.0, x: 1.0}
+    members = (o, p, x)
+
+    def topo(tid: int, current: list[tuple[Address, ...]], pending: list[tuple[Address, ...]] | None) -> Topology:
+        ch = ConsistentHash.from_owner_map(2, 2, current, caps)
+        ph = Phase.NO_REBALANCE if pending is None else Phase.READ_OLD_WRITE_ALL
+        new = None if pending is None else ConsistentHash.from_owner_map(2, 2, pending, caps)
+        return Topology(CacheTopology(tid, tid, ph, ch, new, members, Availability.AVAILABLE, members))
+
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 2, "num_owners": 2}))
+    node.on_view(members, 0.0)
+    node.on_messages([(o, encode_payload([topo(5, [(o, p), (p, x)], None)]))], 0.1)
+    old, new = (4 << 40) | 1, (5 << 40) | 2
+    tx = TxId(o, 1)
+    commit = TxCommit(tx, 1, 5, ((k, new, b"new"),))
+    node.on_messages([(o, encode_payload([commit]))], 0.2)
+    assert node.store is not None and node.store.get(1, k) == (new, b"new")
+    node.on_messages([(o, encode_payload([topo(6, [(o, p), (p, o)], None)]))], 0.3)
+    assert not node.store.has_segment(1)
+    node.on_messages([(o, encode_payload([topo(7, [(o, p), (p, o)], [(o, p), (p, x)])]))], 0.4)
+    assert node.store.get(1, k) is None
+    ((source, fetch),) = [
+        (out.dest, m)
+        for out in node.take_outbox()
+        for m in decode_payload(out.payload)
+        if isinstance(m, Fetch) and 1 in m.segments
+    ]
+    # The source has not got the commit yet: its copy carries k's older value.
+    stale = XferData(fetch.xfer_id, 1, EntryChunk([k], [old], [b"old"]), (1,), True)
+    node.on_messages([(source, encode_payload([stale]))], 0.5)
+    node.tick(0.5)  # transfer data waits for a step of its own
+    assert node.store.get(1, k) == (old, b"old")
+    node.on_messages([(o, encode_payload([TxCommit(tx, 1, 7, ((k, new, b"new"),))]))], 0.6)
+    assert node.store.get(1, k) == (new, b"new")

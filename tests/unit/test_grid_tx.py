@@ -569,6 +569,51 @@ class TestTxTable:
         out = backup.on_message(O1, TxRollback(t1, 1, 1), 2.0)
         assert any(isinstance(m, TxVote) and m.tx == t2 and m.code == YES for m in sends(out))
 
+    def test_a_repeated_commit_applies_again_what_a_dropped_copy_lost(self) -> None:
+        # The member's copy of a segment went (dropped, or emptied for a fresh transfer) after it applied a
+        # commit there; the copy a transfer then brought may predate the commit. A repeat of the commit, or
+        # pushed lock information, must apply its writes again, for the lost keys only.
+        t, store = table(B)
+        tx = tid(1)
+        k1, k2 = b"k1", b"k2"
+        writes = ((k1, make_version(1, 5), b"x1"), (k2, make_version(1, 6), b"x2"))
+        t.on_message(O1, TxCommit(tx, 1, 1, writes), 0.0)
+        assert len(store.applied) == 1
+        t.forget_applied([seg(k1)])
+        store.data[k1] = (make_version(1, 2), b"stale")  # the transfer's older copy
+        out = t.on_message(O1, TxCommit(tx, 1, 1, writes), 1.0)
+        assert store.applied[-1] == (tx, (writes[0],))
+        assert store.data[k1] == (make_version(1, 5), b"x1")
+        assert sends(out) == [TxAck(tx, 1, ACK_OK, 1)]
+        t.on_message(O1, TxCommit(tx, 1, 1, writes), 2.0)
+        assert len(store.applied) == 2  # applied again once, not at every repeat
+        # pushed lock information of a pusher still prepared brings the write back too
+        t.forget_applied([seg(k2)])
+        store.data[k2] = (make_version(1, 3), b"stale")
+        info = TxLockInfo(
+            1, (seg(k2),), (TxRecordInfo(tx, 1, INFO_PREPARED, False, (k2,), ((k2, b"x2"),), ((k2, writes[1][1]),)),)
+        )
+        t.import_lock_info(info, 3.0)
+        assert store.data[k2] == (make_version(1, 6), b"x2")
+        assert t.state_of(tx) == TxState.COMMITTED and t.locks.empty()
+
+    def test_an_own_completed_commit_releases_a_key_a_backup_in_doubt_pushed_without_its_version(self) -> None:
+        # This member committed tx as the owner of k1 (its originator, its coordinator done); a backup of k2 that
+        # was cut off in doubt pushes k2's write without a version when this member becomes k2's primary. Held
+        # until a commit brings the version, k2 stayed locked for good: the originator's commit was complete
+        # and nothing else sends one. settle_own releases it.
+        t, store = table(A)
+        tx = tid(1, A)
+        k1, k2 = b"k1", b"k2"
+        t.on_message(A, TxCommit(tx, 1, 1, ((k1, make_version(1, 5), b"x1"),)), 0.0)
+        info = TxLockInfo(1, (seg(k2),), (TxRecordInfo(tx, 1, INFO_PREPARED, True, (k2,), ((k2, b"x2"),), ()),))
+        t.import_lock_info(info, 1.0)
+        assert t.locks.held_by(tx) == {k2}  # a commit of the originator may still bring k2's version
+        assert t.settle_own(tx, 2.0) == []
+        assert t.locks.empty() and t.state_of(tx) == TxState.COMMITTED
+        assert k2 not in store.data  # nothing applied: the key's owners have the write
+        assert t.report(tx).writes == ()  # the dropped write is no longer waited for
+
 
 class TestAutomaticResolution:
     """The view coordinator's resolver (TxResolver) and the decision rule (resolution)."""

@@ -1312,6 +1312,7 @@ class GridNode:
         store.keep_tombstones = True
         keep = t.segments_to_keep(me)
         dropped_segments: list[int] = []
+        emptied: list[int] = []  # segments whose copy was dropped or emptied here
         dropping = t.availability == Availability.AVAILABLE and self._merge_from is None
         if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) and dropping:
             # Old copies go only once no topology in use can still read them (see docs/grid.md). Never on a
@@ -1330,6 +1331,7 @@ class GridNode:
                         self._event(EVENT_DEPARTED, s, list(data.ver), list(data.ver.values()), list(data.val.values()))
                 self.metrics["grid.entries_dropped"] += store.remove_segment(s)
                 dropped_segments.append(s)
+                emptied.append(s)
         if t.phase == Phase.READ_OLD_WRITE_ALL:
             if t.rebalance_id != self._xfer_rebalance:
                 self._cancel_in_xfers()
@@ -1341,6 +1343,7 @@ class GridNode:
                 # A new owner's old copy may be stale (it missed writes while not an owner): start empty.
                 store.clear_segment(s)
                 self._fetch_started.add(s)
+                emptied.append(s)
             # Streams from sources that are no longer current owners of their segments restart elsewhere.
             for xid, xf in list(self._in_xfers.items()):
                 if xf.source not in t.members or any(xf.source not in t.current.owners_of(s) for s in xf.remaining):
@@ -1353,6 +1356,10 @@ class GridNode:
                 self._out_xfers.clear()
         for s in keep:
             store.add_segment(s)
+        if emptied:
+            # Committed transactions' writes there went with the copy: a repeated commit applies them again (a
+            # transfer into the emptied copy may come from an owner the commit has not reached yet).
+            self.tx.forget_applied(emptied)
         if dropping and not self.tx.locks.empty():
             # Locks go with ownership, whatever the phase and whether the copy is dropped yet: a member that is no
             # write owner of a segment gets no commit carrying the versions of its keys, so a committed
@@ -2559,6 +2566,10 @@ class GridNode:
             self._tx_awaiting.pop(seg, None)
         self.metrics["grid.tx_lock_info_in"] += 1
         self._tx_out(self.tx.on_message(src, info, self._now))
+        for r in info.records:
+            if r.tx.origin == self.address and self.txc.state_of(r.tx) is None:
+                # Our own commit, completed: no commit of ours brings a version any more (TxTable.settle_own).
+                self._tx_out(self.tx.settle_own(r.tx, self._now))
         self._tx_stamp_orphans()
         self._tx_gauge()
 

@@ -527,6 +527,7 @@ class _Record:
         "imported",
         "in_doubt",
         "lock_keys",
+        "lost",
         "pending",
         "prepared_attempt",
         "reads",
@@ -561,6 +562,9 @@ class _Record:
         self.expires = 0.0  # finished: forgotten at this time
         self.decided = False  # finished by a decision (commit, rollback message, resolve), not on local grounds
         self.imported = False  # known here only through pushed lock information
+        # Committed keys whose applied write this member's copy lost since (the segment was dropped or emptied
+        # for a fresh transfer): ``versions`` still names them, but a repeated commit must apply them again.
+        self.lost: set[bytes] = set()
         # The request a lock wait will answer: 0 the prepare, n the lock request n, None nothing waits.
         self.pending: int | None = None
         # The members of the view when it prepared here (or its lock information came): a resolver rolls an
@@ -879,8 +883,11 @@ class TxTable:
                 # apply those it lacks (the property test found a new primary that skipped them and served
                 # the old value).
                 vs = dict(r.versions)
-                missing = tuple((k, vs[k], v) for k, v in r.writes if k in vs and k not in rec.versions)
+                missing = tuple(
+                    (k, vs[k], v) for k, v in r.writes if k in vs and (k not in rec.versions or k in rec.lost)
+                )
                 if missing:
+                    rec.lost.difference_update(k for k, _, _ in missing)
                     rec.versions.update((k, ver) for k, ver, _ in missing)
                     self._apply(r.tx, missing)
                 # Writes pushed without a version (the pusher was a backup) cannot be applied yet: keep their
@@ -971,6 +978,37 @@ class TxTable:
         # import_lock_info drops them): dropping first would pass on nothing (the property test found it).
         self._granted(self.locks.drop_segments(segs - set(self._forward)), now, out)
         return out
+
+    def settle_own(self, tx: TxId, now: float) -> list[TxOutput]:
+        """This member is ``tx``'s originator and completed its commit: every owner of its keys in the newest
+        topology acknowledged it, and owners since took the keys by state transfer. A write waiting here for its
+        version (pushed without one by a backup that missed the decision: cut off, in doubt) is therefore in
+        place or superseded, and no commit will bring the version: its key is released and the write dropped
+        from the record."""
+        rec = self._txs.get(tx)
+        out: list[TxOutput] = []
+        if rec is None or rec.state != TxState.COMMITTED:
+            return out
+        waiting = self._unapplied(rec)
+        if waiting:
+            for k in waiting:
+                del rec.writes[k]
+            self._release_applied(rec, now, out)
+        return out
+
+    def forget_applied(self, segments: Iterable[int]) -> None:
+        """This member's copy of ``segments`` is gone (dropped, or emptied for a fresh state transfer): the
+        committed writes it applied there went with it. A transfer into the emptied copy may come from an owner
+        that has not applied the commit yet, so a repeated commit (the originator drives it to this topology's
+        owners) must apply those writes again instead of taking them as done; newest version wins, so a copy
+        that does carry them is unharmed."""
+        segs = frozenset(segments)
+        if not segs:
+            return
+        segment_of = self._segment_of
+        for rec in self._txs.values():
+            if rec.state == TxState.COMMITTED and rec.versions:
+                rec.lost.update(k for k in rec.versions if segment_of(k) in segs)
 
     def promote(self, segments: Iterable[int]) -> None:
         """This member (a backup) became the primary of ``segments``: its backup locks there become locks."""
@@ -1148,8 +1186,9 @@ class TxTable:
             elif rec.state == TxState.COMMITTED:
                 # A repeat, maybe under a newer topology that made this member the owner of more of the keys
                 # (the property test found a new owner that had committed only its old keys): apply those.
-                new = tuple(w for w in msg.writes if w[0] not in rec.versions)
+                new = tuple(w for w in msg.writes if w[0] not in rec.versions or w[0] in rec.lost)
                 if new:
+                    rec.lost.difference_update(k for k, _, _ in new)
                     rec.versions.update((k, v) for k, v, _ in new)
                     self._apply(msg.tx, new)
                     self._release_applied(rec, now, out)
