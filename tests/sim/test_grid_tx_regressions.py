@@ -14,6 +14,7 @@ from . import seedruns
 
 # Pinned, not the current defaults: a seed replays its original run only with its scenario.
 GRID_TX = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0, startup_faults=False)
+GRID_TX_CAPACITY = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0, capacity_changes=1.0, startup_faults=False)
 
 TWO_GRIDS = (
     "checker: a member cut off into a grid of its own (or members that started apart) committed a transaction "
@@ -119,6 +120,14 @@ OWN_COMMIT_DONE = (
     "keys of its completed commits; grid/tx.py, settle_own)"
 )
 
+REPEAT_AFTER_TRANSFER = (
+    "capacity changes: 10.0.0.5 applied t7's commit of u10 as an owner, dropped u10's segment in the next "
+    "topology, and became its owner again by state transfer from an owner that had not got the commit yet; the "
+    "originator's repeat under that topology was ignored, the record saying u10 was applied already, and the "
+    "other owners then left the segment: the committed write lost (now a dropped or emptied copy marks the "
+    "record's keys lost, and a repeated commit applies them again: REFETCH_AFTER_COMMIT's fix)"
+)
+
 # (seed, scenario, what the seed found). Seeds 104 and 143 found TWO_GRIDS on the first sweep; the fault choice
 # changed since (crashes and pauses prefer originators in the middle of a commit), so their runs are not the
 # same any more: 212 (a later transaction's write beaten at the merge) and 220 (the counters' total broken by
@@ -140,6 +149,7 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (912, GRID_TX, RESOLVED_ON_THE_ORIGINATOR),
     (4100123, GRID_TX, LOCK_WITHOUT_OWNERSHIP),
     (203001472, GRID_TX, RESOLVE_KEY_NOT_HELD),
+    (895672000490, GRID_TX_CAPACITY, REPEAT_AFTER_TRANSFER),
     (895672000093, GRID_TX, REFETCH_AFTER_COMMIT),
     (207000288, GRID_TX, OWN_COMMIT_DONE),
 ]
