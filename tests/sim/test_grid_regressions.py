@@ -265,3 +265,17 @@ CAPACITY_REGRESSIONS = [(35, CAPACITIES, FEWER_COPIES), (44, CAPACITIES, FEWER_C
 
 def test_grid_capacity_regression_seeds_pass() -> None:
     seedruns.replay_regressions(CAPACITY_REGRESSIONS)
+
+
+# Capacity changes with startup faults on (the default).
+CAPACITIES_STARTUP = Scenario(stack="grid", safety_time=12.0, send_rate=3.0, capacity_changes=1.0)
+REFETCHING_OWNER = (
+    "an old owner acknowledged a write, was dropped by the balanced topology and made an owner again by the next "
+    "rebalance; it cleared its copy to fetch it from a source the write had not reached yet, and the primary kept "
+    "the write's round (no write owner was new) instead of re-driving it (grid-lost-write, grid-replicas-equal)"
+)
+CAPACITY_STARTUP_REGRESSIONS = [(439946000233, CAPACITIES_STARTUP, REFETCHING_OWNER)]
+
+
+def test_grid_capacity_startup_regression_seeds_pass() -> None:
+    seedruns.replay_regressions(CAPACITY_STARTUP_REGRESSIONS)

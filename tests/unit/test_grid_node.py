@@ -742,14 +742,16 @@ def test_write_cut_off_by_a_degraded_topology_is_redriven_once_available() -> No
     assert [(b.key, b.version, b.value) for b in redriven] == [(b"k", version, b"v")]
 
 
-def _phase_topology(tid: int, phase: Phase, cur: tuple[Address, ...], new: tuple[Address, ...] | None) -> CacheTopology:
+def _phase_topology(
+    tid: int, phase: Phase, cur: tuple[Address, ...], new: tuple[Address, ...] | None, rebalance_id: int = 1
+) -> CacheTopology:
     """A one-segment topology: ``cur`` owns it, ``new`` will (None: no rebalance)."""
     members = tuple(dict.fromkeys((*cur, *(new or ()))))
     caps = {m: 1.0 for m in members}
     cur_ch = ConsistentHash.from_owner_map(1, 2, [cur], caps)
     new_ch = ConsistentHash.from_owner_map(1, 2, [new], caps) if new is not None else None
     return CacheTopology(
-        tid, 1, phase, cur_ch, new_ch, members, Availability.AVAILABLE, cur, PartitionHandling.ALLOW_READS
+        tid, rebalance_id, phase, cur_ch, new_ch, members, Availability.AVAILABLE, cur, PartitionHandling.ALLOW_READS
     )
 
 
@@ -806,6 +808,33 @@ def test_a_write_keeps_its_round_across_phase_changes_that_add_no_owner() -> Non
     }
     assert {d: b.topology_id for d, b in sent.items()} == {z: 9, w: 9}
     assert node.metrics["grid.writes_redriven"] == 1 and node.take_results() == []
+
+
+def test_a_write_is_redriven_when_an_owner_that_acknowledged_it_starts_fetching_the_segment() -> None:
+    # Found by grid simulation seed 439946000233 (capacity changes): y acknowledged a write as an old owner,
+    # the balanced topology dropped y, and a new rebalance made y an owner again. y cleared its copy to fetch
+    # it from a source the write had not reached yet; the primary kept the round (no write owner was new) and
+    # the acknowledged write was lost on y. An owner that starts fetching makes the write go out again.
+    x, y, z = member(1), member(2), member(3)
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 1, "num_owners": 2}))
+    node.on_view((x, y, z), 0.0)
+
+    def install(t: CacheTopology, now: float) -> None:
+        node.on_messages([(x, encode_payload([Topology(t)]))], now)
+
+    install(_phase_topology(5, Phase.READ_NEW_WRITE_ALL, (x, y), (x, z)), 0.1)
+    node.take_outbox()
+    node.put(b"k", b"v", 0.2)
+    rounds = {o.dest: m.topology_id for o in node.take_outbox() for m in unbatched(decode_payload(o.payload))}
+    assert rounds == {y: 5, z: 5}
+    install(_phase_topology(6, Phase.NO_REBALANCE, (x, z), None), 0.3)  # drops y: the round goes on for z
+    assert node.metrics["grid.writes_redriven"] == 0
+    install(_phase_topology(7, Phase.READ_OLD_WRITE_ALL, (x, z), (x, y), rebalance_id=2), 0.4)  # y fetches
+    sent = {
+        o.dest: m for o in node.take_outbox() for m in unbatched(decode_payload(o.payload)) if isinstance(m, Backup)
+    }
+    assert {d: b.topology_id for d, b in sent.items()} == {y: 7, z: 7}
+    assert node.metrics["grid.writes_redriven"] == 1
 
 
 def test_a_backup_applies_an_earlier_round_only_while_its_owners_and_view_are_unchanged() -> None:

@@ -469,6 +469,13 @@ class _Routes:
         self.primary = [r.primary for r in table]
 
 
+def _fetching(t: CacheTopology, seg: int) -> set[Address]:
+    """Owners that pull ``seg`` in ``t`` (pending but not current owners): their copy starts empty."""
+    if t.pending is None:
+        return set()
+    return set(t.pending.owners_of(seg)) - set(t.current.owners_of(seg))
+
+
 class _InXfer:
     __slots__ = ("remaining", "source")
 
@@ -1581,18 +1588,24 @@ class GridNode:
 
         Then the topology change says nothing new about that write: a backup still an owner under ``t``
         applies a Backup of ``tid`` and acknowledges it as of ``tid``, and the primary keeps waiting for that
-        round (for ``t``'s owners only) instead of re-driving it. No new owner appeared, so no state-transfer
-        snapshot can miss the write. The phase changes that end a rebalance keep the write owners (read old,
-        read all, read new: write all in each) or drop the old ones (the balanced topology), and each re-drove
-        every write in flight: a second round trip behind members busy installing the next topology, the
-        slowest writes of a rebalance (issue 4). A topology that adds an owner (a joiner's first) or changes
-        the primary re-drives as before; so does a write whose topology we did not install since the last view
-        change."""
+        round (for ``t``'s owners only) instead of re-driving it. No new owner appeared, nor an owner that starts
+        fetching the segment, so no state-transfer snapshot can miss the write. The phase changes that end a
+        rebalance keep the write owners (read old, read all, read new: write all in each) or drop the old ones
+        (the balanced topology), and each re-drove every write in flight: a second round trip behind members
+        busy installing the next topology, the slowest writes of a rebalance (issue 4). A topology that adds an
+        owner (a joiner's first), makes an owner fetch the segment, or changes the primary re-drives as before;
+        so does a write whose topology we did not install since the last view change."""
         old = self._recent_routes.get(tid)
         if old is None:
             return None
         before, now = old.write[seg], self._routes(t).write[seg]
         if not now or not before or now[0] != before[0]:
+            return None
+        if _fetching(t, seg) - (_fetching(old.topology, seg) if old.topology.rebalance_id == t.rebalance_id else set()):
+            # An owner that fetches ``seg`` under ``t`` but did not under ``tid`` clears its copy when it installs
+            # the topology that makes it fetch, which may be after it acknowledged our write (an owner under
+            # ``tid``, dropped in between, owner again), and its snapshot source may not have the write yet: that
+            # acknowledgement says nothing, so the write is re-driven to ``t``'s owners.
             return None
         if now == before or set(now) <= set(before):
             return now
