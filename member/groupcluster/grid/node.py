@@ -1592,7 +1592,7 @@ class GridNode:
         fetching the segment, so no state-transfer snapshot can miss the write. The phase changes that end a
         rebalance keep the write owners (read old, read all, read new: write all in each) or drop the old ones
         (the balanced topology), and each re-drove every write in flight: a second round trip behind members
-        busy installing the next topology, the slowest writes of a rebalance (issue 4). A topology that adds an
+        busy installing the next topology, the slowest writes of a rebalance. A topology that adds an
         owner (a joiner's first), makes an owner fetch the segment, or changes the primary re-drives as before;
         so does a write whose topology we did not install since the last view change."""
         old = self._recent_routes.get(tid)

@@ -25,8 +25,8 @@ the latch for a member's own multicasts closes in the same step in which block()
 FLUSH_OK leaves, so every old-view multicast of a member precedes its digest. Multicasts sent later wait in
 the layer and are sent in the new view. Unicasts always pass (virtual synchrony concerns multicasts).
 A new coordinator restarts a flush with a new flush id, which supersedes the old one everywhere. A member
-flushes only for the member it would follow as coordinator (seed 000: the next member restarts the flush
-when the coordinator crashes). Its failure detector may not suspect the crashed coordinator yet when the
+flushes only for the member it would follow as coordinator (the next member restarts the flush when the
+coordinator crashes). Its failure detector may not suspect the crashed coordinator yet when the
 successor's START_FLUSH comes: it then has the coordinator verified at once (:class:`VerifySuspect`) and
 joins the flush as soon as it suspects it too, within ``successor_timeout``; if the coordinator answers, the
 successor acted on a false suspicion and is refused, so it cannot split a healthy group. A member
