@@ -8,6 +8,8 @@ GroupCluster names none: the chart sets it to the operator's own image.
 
 kopf runs with its cluster-wide scans off (namespaces and CRDs): a namespaced install may not list them, so
 the operator checks at start that the GroupCluster CRD is served and exits with a message when it is not.
+``--peering NAME`` (the chart sets it) lets several replicas run: one reconciles, the others stand by and take
+over when it dies (:mod:`groupcluster_operator.peering`); without it the operator runs alone (kopf standalone).
 On exit it removes its finalizer from the GroupClusters (:mod:`groupcluster_operator.release`);
 ``--hand-over DEPLOYMENT`` (the chart's pre-delete hook) stops that Deployment first, then does the same.
 """
@@ -54,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--interval", type=_positive, default=2.0, metavar="SECONDS", help="reconcile every N seconds (default 2)"
+    )
+    parser.add_argument(
+        "--peering",
+        metavar="NAME",
+        default=os.environ.get("GROUPCLUSTER_PEERING", ""),
+        help="run as one of several replicas peering through kopf's peering object NAME: the oldest live replica "
+        "reconciles, the others stand by (needs kopf's peering CRDs: crds/kopf-peering.yaml; env "
+        "GROUPCLUSTER_PEERING). Default: run alone",
     )
     parser.add_argument(
         "--liveness",
@@ -161,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
 
     from . import handlers
     from .kubeapi import KubeApi
+    from .peering import LIFETIME, peering_problem, start_priority
     from .release import hand_over
 
     quiet_logging()
@@ -179,17 +190,40 @@ def run(args: argparse.Namespace) -> int:
     handlers.CONFIG.interval = args.interval
     handlers.CONFIG.default_image = args.member_image
     handlers.CONFIG.namespaces = None if args.all_namespaces else namespaces
+    handlers.CONFIG.peering = args.peering or None
     handlers.register(args.interval)
+    # Taken before anything slow: the replica started first must rank first.
+    priority = start_priority()
 
     async def main() -> int:
-        problem = await crd_problem(api, None if args.all_namespaces else namespaces)
+        watched = None if args.all_namespaces else namespaces
+        problem = await crd_problem(api, watched)
+        if problem is None and args.peering:
+            problem = await peering_problem(api, args.peering, watched)
         if problem:
             await api.close()
             print(f"groupcluster operator: error: {problem}", file=sys.stderr)
             return 2
         print(f"groupcluster operator: watching GroupClusters in {where} at {api.server}", flush=True)
+        if not args.peering:
+            await kopf.operator(
+                standalone=True,
+                clusterwide=bool(args.all_namespaces),
+                namespaces=namespaces,
+                liveness_endpoint=args.liveness,
+            )
+            return 0
+        identity = os.environ.get("POD_NAME") or None
+        print(
+            f"groupcluster operator: peering {args.peering!r} (priority {priority}): reconciling only while no "
+            f"older replica lives, else standing by (a dead one is replaced within {LIFETIME} s)",
+            flush=True,
+        )
         await kopf.operator(
-            standalone=True,
+            standalone=False,
+            peering_name=args.peering,
+            priority=priority,
+            identity=identity,
             clusterwide=bool(args.all_namespaces),
             namespaces=namespaces,
             liveness_endpoint=args.liveness,

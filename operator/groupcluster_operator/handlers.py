@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from . import builders
+from . import builders, peering
 from .auth import RANDOM_BYTES, AuthMaterial, AuthSecretError, read_auth_secret
 from .kubeapi import ApiError, KubeApi
 from .model import CLUSTER_LABEL, GROUP, LEAVE_ANNOTATION, PLURAL, STOP_ANNOTATION, VERSION, ClusterSpec, SpecError
@@ -69,6 +69,8 @@ class OperatorConfig:
     ensured: dict[str, tuple[float, str]] = field(default_factory=dict)  # uid -> (when, spec hash)
     auth: dict[str, _AuthState] = field(default_factory=dict)  # uid -> the Secret as last read
     namespaces: list[str] | None = None  # what the operator watches (None: every namespace)
+    peering: str | None = None  # kopf's peering object of the replicas (None: the operator runs alone)
+    active: bool = False  # this replica has reconciled since it started (with peering: it is the one at work)
 
 
 CONFIG = OperatorConfig()
@@ -96,6 +98,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # scans on, a namespaced install (a Role, no ClusterRole) had kopf retry the forbidden cluster-wide lists for
     # about 50 s, logging an ERROR for each attempt, before it reconciled anything.
     settings.scanning.disabled = True
+    # With --peering: how long a killed replica's keep-alive counts before a standby takes over.
+    settings.peering.lifetime = peering.LIFETIME
 
 
 @kopf.on.cleanup()
@@ -183,6 +187,7 @@ async def _ensure_supporting(api: KubeApi, spec: ClusterSpec, uid: str) -> None:
     spec_hash = spec.pod_hash() + str(spec.max_unavailable)
     if done_hash == spec_hash and loop.time() - when < ENSURE_EVERY:
         return
+    await _replace_old_headless_service(api, spec, uid)
     for manifest in builders.build_supporting_objects(spec, uid):
         if await api.ensure(manifest):
             log.info("%s/%s: created %s %s", spec.namespace, spec.name, manifest["kind"], manifest["metadata"]["name"])
@@ -191,6 +196,25 @@ async def _ensure_supporting(api: KubeApi, spec: ClusterSpec, uid: str) -> None:
     if current is not None and current.get("spec", {}).get("maxUnavailable") != pdb["spec"]["maxUnavailable"]:
         await api.merge_patch(pdb, {"spec": {"maxUnavailable": pdb["spec"]["maxUnavailable"]}})
     CONFIG.ensured[uid] = (loop.time(), spec_hash)
+
+
+async def _replace_old_headless_service(api: KubeApi, spec: ClusterSpec, uid: str) -> None:
+    """Delete this cluster's headless Service that still holds the cluster's name (older operators named it so):
+    that name is now the client Service's, and a Service cannot stop being headless in place."""
+    client = builders.build_client_service(spec, uid)
+    current = await api.get(client)
+    if current is None or (current.get("spec") or {}).get("clusterIP") != "None":
+        return
+    if not any(ref.get("uid") == uid for ref in (current.get("metadata") or {}).get("ownerReferences") or ()):
+        return  # not ours: ensure() leaves it alone
+    await api.delete(client)
+    log.info(
+        "%s/%s: replaced the headless Service %s by the client Service of that name (headless now: %s)",
+        spec.namespace,
+        spec.name,
+        spec.name,
+        builders.headless_service_name(spec),
+    )
 
 
 def _secret_ref(spec: ClusterSpec) -> dict[str, Any]:
@@ -311,6 +335,11 @@ def _changed(status: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
 
 async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     api = _api()
+    if not CONFIG.active:
+        CONFIG.active = True
+        if CONFIG.peering:
+            # kopf runs timers only while no older replica of the peering lives: this one is at work now.
+            log.info("active replica of peering %r: reconciling", CONFIG.peering)
     meta = body.get("metadata") or {}
     uid = str(meta.get("uid"))
     current_status = dict(body.get("status") or {})
@@ -362,6 +391,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         log.warning("%s/%s: %s", spec.namespace, spec.name, msg)
     status = dict(step.status)
     status["observedGeneration"] = meta.get("generation")
+    status["clientService"] = builders.client_service_name(spec)
     for key, value in _changed(status, current_status).items():
         patch.status[key] = value
 

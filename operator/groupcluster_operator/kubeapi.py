@@ -276,6 +276,17 @@ class KubeApi:
             content_type="application/merge-patch+json",
         )
 
+    async def delete(self, manifest: Mapping[str, Any]) -> bool:
+        """Delete the object (in the background); returns False when it was already gone."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        try:
+            await self.request("DELETE", self.path_of(manifest, manifest["metadata"]["name"]), body=body)
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         data = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector})
         return list((data or {}).get("items") or [])
@@ -301,6 +312,8 @@ PLURALS = {
     "GroupCluster": "groupclusters",
     "Event": "events",
     "Secret": "secrets",
+    "KopfPeering": "kopfpeerings",
+    "ClusterKopfPeering": "clusterkopfpeerings",
 }
 
 

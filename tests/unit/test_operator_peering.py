@@ -1,0 +1,139 @@
+"""The operator replicas' peering set-up and the client Service's objects, against an in-memory API server.
+
+The real peering (two processes, one SIGKILLed during a scale-up) and the client Service on a cluster run in
+tests/e2e/test_operator_ha.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from groupcluster_operator import builders, handlers
+from groupcluster_operator.kubeapi import ApiError, KubeApi
+from groupcluster_operator.model import ClusterSpec
+from groupcluster_operator.peering import LIFETIME, peering_manifests, peering_problem, start_priority
+
+UID = "uid-1"
+
+
+class StoreApi(KubeApi):
+    """KubeApi whose requests go to a dict of objects by path (GET, POST, PATCH merge of spec, DELETE)."""
+
+    def __init__(self, discovery: dict[str, list[str]] | None = None, forbid: set[str] | None = None) -> None:
+        super().__init__("https://api.invalid", True)
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.discovery = discovery or {}
+        self.forbid = forbid or set()
+        self.calls: list[tuple[str, str]] = []
+
+    async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> Any:
+        self.calls.append((method, path))
+        if path in self.forbid and method != "GET":
+            raise ApiError(403, "forbidden", method=method, path=path)
+        if method == "GET" and path in self.discovery:
+            return {"resources": [{"name": name} for name in self.discovery[path]]}
+        if method == "GET":
+            if path not in self.objects:
+                raise ApiError(404, "not found", method=method, path=path)
+            return self.objects[path]
+        if method == "POST":
+            name = f"{path}/{body['metadata']['name']}"
+            if name in self.forbid:
+                raise ApiError(403, "forbidden", method=method, path=path)
+            if name in self.objects:
+                raise ApiError(409, "already exists", method=method, path=path)
+            self.objects[name] = body
+            return body
+        if method == "PATCH":
+            self.objects[path]["spec"].update(body.get("spec") or {})
+            return self.objects[path]
+        if method == "DELETE":
+            if self.objects.pop(path, None) is None:
+                raise ApiError(404, "not found", method=method, path=path)
+            return {}
+        raise AssertionError(f"unexpected {method} {path}")
+
+
+def test_the_replica_started_first_ranks_first_and_no_two_tie() -> None:
+    first, second = start_priority(1_700_000_000_000_000_000), start_priority(1_700_000_000_000_001_000)
+    assert first > second  # kopf pauses the lower priority while the higher one lives
+    assert start_priority(1_700_000_000_000_000_000) != start_priority(1_700_000_000_000_002_000)
+    assert start_priority() < first  # now is later than 2023
+    assert 5 <= LIFETIME <= 60
+
+
+def test_peering_objects_namespaced_in_each_watched_namespace_or_one_cluster_wide() -> None:
+    assert peering_manifests("gc", ["a", "b"]) == [
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "gc", "namespace": "a"}},
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "gc", "namespace": "b"}},
+    ]
+    assert peering_manifests("gc", None) == [
+        {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": "gc"}}
+    ]
+
+
+def test_peering_without_the_crd_is_refused_naming_the_fix() -> None:
+    api = StoreApi(discovery={"/apis/kopf.dev/v1": ["clusterkopfpeerings"]})
+    problem = asyncio.run(peering_problem(api, "gc", ["a"]))
+    assert problem is not None and "kopfpeerings.kopf.dev" in problem and "crds/kopf-peering.yaml" in problem
+    assert "without --peering" in problem
+    assert asyncio.run(peering_problem(StoreApi(), "gc", None)) is not None  # no kopf.dev group at all
+
+
+def test_missing_peering_objects_are_made_and_existing_ones_kept() -> None:
+    api = StoreApi(discovery={"/apis/kopf.dev/v1": ["kopfpeerings", "clusterkopfpeerings"]})
+    kept = {"metadata": {"name": "gc", "namespace": "a"}, "status": {"other": {"priority": 1}}}
+    api.objects["/apis/kopf.dev/v1/namespaces/a/kopfpeerings/gc"] = kept
+    assert asyncio.run(peering_problem(api, "gc", ["a", "b"])) is None
+    assert api.objects["/apis/kopf.dev/v1/namespaces/a/kopfpeerings/gc"] is kept
+    assert api.objects["/apis/kopf.dev/v1/namespaces/b/kopfpeerings/gc"]["kind"] == "KopfPeering"
+    assert asyncio.run(peering_problem(api, "gc", None)) is None
+    assert "/apis/kopf.dev/v1/clusterkopfpeerings/gc" in api.objects
+    # Without the right to make one, the operator says which and where, instead of pausing forever.
+    api = StoreApi(
+        discovery={"/apis/kopf.dev/v1": ["kopfpeerings"]}, forbid={"/apis/kopf.dev/v1/namespaces/c/kopfpeerings/gc"}
+    )
+    problem = asyncio.run(peering_problem(api, "gc", ["c"]))
+    assert problem is not None and "KopfPeering gc in namespace c" in problem and "403" in problem
+
+
+SPEC = ClusterSpec(name="orders", namespace="shop", image="i")
+SERVICES = "/api/v1/namespaces/shop/services"
+
+
+def _ensure(api: StoreApi) -> None:
+    handlers.CONFIG.ensured.pop(UID, None)
+    asyncio.run(handlers._ensure_supporting(api, SPEC, UID))
+
+
+def test_supporting_objects_include_the_client_service_beside_the_headless_one() -> None:
+    api = StoreApi()
+    _ensure(api)
+    assert api.objects[f"{SERVICES}/orders"]["spec"]["type"] == "ClusterIP"
+    assert api.objects[f"{SERVICES}/orders-members"]["spec"]["clusterIP"] == "None"
+    assert not [c for c in api.calls if c[0] == "DELETE"]
+    _ensure(api)  # a second pass changes nothing
+    assert not [c for c in api.calls if c[0] == "DELETE"]
+
+
+def test_an_older_operators_headless_service_named_after_the_cluster_is_replaced_by_the_client_service() -> None:
+    api = StoreApi()
+    old = builders.build_headless_service(SPEC, UID)
+    old["metadata"]["name"] = "orders"  # what older operators created
+    api.objects[f"{SERVICES}/orders"] = old
+    _ensure(api)
+    client = api.objects[f"{SERVICES}/orders"]
+    assert client["spec"]["type"] == "ClusterIP" and "publishNotReadyAddresses" not in client["spec"]
+    assert api.objects[f"{SERVICES}/orders-members"]["spec"]["clusterIP"] == "None"
+    assert ("DELETE", f"{SERVICES}/orders") in api.calls
+
+
+def test_a_headless_service_of_someone_else_is_left_alone() -> None:
+    api = StoreApi()
+    foreign = builders.build_headless_service(SPEC, "another-uid")
+    foreign["metadata"]["name"] = "orders"
+    api.objects[f"{SERVICES}/orders"] = foreign
+    _ensure(api)
+    assert api.objects[f"{SERVICES}/orders"] is foreign
+    assert not [c for c in api.calls if c[0] == "DELETE"]
