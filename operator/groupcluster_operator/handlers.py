@@ -104,8 +104,14 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
-    """On exit: hand the GroupClusters over (no finalizer left for a gone operator), close the clients."""
-    if CONFIG.api is not None:
+    """On exit: hand the GroupClusters over (no finalizer left for a gone operator), close the clients.
+
+    A standby replica that never reconciled leaves the finalizer alone: the replica at work still handles the
+    GroupClusters' deletion, and a standby must not act on them, not even on its way out.
+    """
+    if CONFIG.peering and not CONFIG.active:
+        log.info("standby replica of peering %r: leaving the GroupClusters to the replica at work", CONFIG.peering)
+    elif CONFIG.api is not None:
         try:
             released = await release_finalizers(CONFIG.api, CONFIG.namespaces)
         except ApiError as exc:

@@ -300,3 +300,18 @@ def test_standby_operator_takes_over_a_scale_up_when_the_active_one_is_killed(
         1.0,
     )
     assert not [line for line in log.splitlines() if " ERROR " in line], log
+
+    # A standby that stops leaves the GroupCluster alone: the finalizer stays for the replica at work (an operator
+    # at work removes it on exit so that nothing waits for a gone operator; a standby must not act at all).
+    third = Operator(kube, ns, kube.state_dir / f"operator-{ns}-c.log", "gc-ha")
+    operators.append(third)
+    wait_for(
+        "the third operator in the KopfPeering",
+        lambda: len(kube.json("get", "kopfpeering", "gc-ha", "-n", ns).get("status") or {}) == 2,
+        60,
+        0.5,
+    )
+    third.stop()
+    assert "standby replica of peering 'gc-ha': leaving the GroupClusters" in third.text(), third.text()
+    assert "active replica" not in third.text() and "released" not in third.text()
+    assert "groupcluster.io/operator" in kube.json("get", "groupcluster", "demo", "-n", ns)["metadata"]["finalizers"]

@@ -137,3 +137,18 @@ def test_a_headless_service_of_someone_else_is_left_alone() -> None:
     _ensure(api)
     assert api.objects[f"{SERVICES}/orders"] is foreign
     assert not [c for c in api.calls if c[0] == "DELETE"]
+
+
+def test_a_standby_leaves_the_finalizers_on_exit_and_the_replica_at_work_releases_them() -> None:
+    saved = (handlers.CONFIG.api, handlers.CONFIG.peering, handlers.CONFIG.active, handlers.CONFIG.namespaces)
+    try:
+        for active, released in ((False, False), (True, True)):
+            api = StoreApi()
+            handlers.CONFIG.api, handlers.CONFIG.peering = api, "gc"
+            handlers.CONFIG.active, handlers.CONFIG.namespaces = active, ["shop"]
+            asyncio.run(handlers.cleanup())
+            listed = ("GET", "/apis/groupcluster.io/v1alpha1/namespaces/shop/groupclusters") in api.calls
+            assert listed is released, (active, api.calls)
+            assert handlers.CONFIG.api is None  # closed either way
+    finally:
+        handlers.CONFIG.api, handlers.CONFIG.peering, handlers.CONFIG.active, handlers.CONFIG.namespaces = saved
