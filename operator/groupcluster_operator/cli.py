@@ -170,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from . import handlers
-    from .kubeapi import KubeApi
-    from .peering import LIFETIME, peering_problem, start_priority
+    from .kubeapi import ApiError, KubeApi
+    from .peering import LIFETIME, announce, peering_problem, replica_identity, start_priority
     from .release import hand_over
 
     quiet_logging()
@@ -198,8 +198,14 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> int:
         watched = None if args.all_namespaces else namespaces
         problem = await crd_problem(api, watched)
+        identity = replica_identity()
         if problem is None and args.peering:
             problem = await peering_problem(api, args.peering, watched)
+            try:
+                if problem is None:
+                    await announce(api, args.peering, watched, identity, priority)
+            except ApiError as exc:
+                problem = f"--peering {args.peering}: cannot write this replica's keep-alive: {exc}"
         if problem:
             await api.close()
             print(f"groupcluster operator: error: {problem}", file=sys.stderr)
@@ -213,10 +219,9 @@ def run(args: argparse.Namespace) -> int:
                 liveness_endpoint=args.liveness,
             )
             return 0
-        identity = os.environ.get("POD_NAME") or None
         print(
-            f"groupcluster operator: peering {args.peering!r} (priority {priority}): reconciling only while no "
-            f"older replica lives, else standing by (a dead one is replaced within {LIFETIME} s)",
+            f"groupcluster operator: peering {args.peering!r} as {identity} (priority {priority}): reconciling only "
+            f"while no older replica lives, else standing by (a dead one is replaced within {LIFETIME} s)",
             flush=True,
         )
         await kopf.operator(

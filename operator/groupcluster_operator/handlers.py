@@ -339,13 +339,17 @@ def _changed(status: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in status.items() if current.get(k) != v}
 
 
-async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    api = _api()
+def _at_work() -> None:
+    """Note (and with peering, log once) that this replica acts: kopf runs handlers only in the replica at work."""
     if not CONFIG.active:
         CONFIG.active = True
         if CONFIG.peering:
-            # kopf runs timers only while no older replica of the peering lives: this one is at work now.
             log.info("active replica of peering %r: reconciling", CONFIG.peering)
+
+
+async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+    api = _api()
+    _at_work()
     meta = body.get("metadata") or {}
     uid = str(meta.get("uid"))
     current_status = dict(body.get("status") or {})
@@ -409,6 +413,7 @@ DELETE_GRACE_SECONDS = 5
 
 async def on_delete(body: kopf.Body, **_: Any) -> None:
     """Stop the member pods promptly; the garbage collector removes the rest (owner references)."""
+    _at_work()
     meta = body.get("metadata") or {}
     name, namespace, uid = meta.get("name"), meta.get("namespace"), meta.get("uid")
     api = _api()

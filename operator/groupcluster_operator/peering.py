@@ -7,10 +7,20 @@ has a higher priority, and resumes it once that peer's keep-alive is older than 
 that peer exits and removes itself. kopf freezes *every* operator when two share a priority, so each replica's
 priority is derived from its start time: the oldest replica has the highest, a restarted replica stands by
 behind the one at work instead of taking over from it.
+
+Before kopf starts, each replica writes its keep-alive itself (:func:`announce`, in kopf's format) and waits a
+moment: kopf resumes a replica whose first look at the peering object shows no live peer of higher priority,
+so two replicas started together must each see the other's entry by then, or both would act until the
+younger one saw the older one's first keep-alive.
 """
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import getpass
+import os
+import socket
 import time
 from typing import Any
 
@@ -21,6 +31,8 @@ VERSION = "v1"
 # Seconds a replica's keep-alive counts: a replica killed outright is replaced by a standby after at most this
 # long (kopf renews every lifetime minus 5-10 s, so a live one never lapses).
 LIFETIME = 15
+# Seconds between a replica's own first keep-alive and kopf's start: far more than one write takes to be seen.
+ANNOUNCE_WAIT = 1.0
 
 
 def start_priority(now_ns: int | None = None) -> int:
@@ -64,3 +76,19 @@ async def peering_problem(api: KubeApi, name: str, namespaces: list[str] | None)
                 f" in namespace {where}: {exc}" if where else f": {exc}"
             )
     return None
+
+
+def replica_identity() -> str:
+    """The replica's key in the peering object: its pod's name in a cluster, else user@host/pid."""
+    return os.environ.get("POD_NAME") or f"{getpass.getuser()}@{socket.gethostname()}/{os.getpid()}"
+
+
+async def announce(
+    api: KubeApi, name: str, namespaces: list[str] | None, identity: str, priority: int, wait: float = ANNOUNCE_WAIT
+) -> None:
+    """Write this replica's keep-alive into each peering object as kopf does, then wait ``wait`` seconds."""
+    lastseen = datetime.datetime.now(datetime.UTC).isoformat()
+    entry = {"priority": priority, "lifetime": LIFETIME, "lastseen": lastseen}
+    for manifest in peering_manifests(name, namespaces):
+        await api.merge_patch(manifest, {"status": {identity: entry}})
+    await asyncio.sleep(wait)

@@ -1,7 +1,8 @@
 """The operator end to end on the real local control plane (scripts/local-kube).
 
-The Helm chart is installed with its defaults (namespaced: a Role, no ClusterRole; the operator runs as a pod
-of the project's image on the local node) and reconciles at once, without an ERROR in its log. A GroupCluster
+The Helm chart is installed with its defaults (namespaced: a Role, no ClusterRole; the operator runs as two
+pods of the project's image on the local node, peering: one reconciles, the other stands by) and reconciles at
+once, without an ERROR in its log. A GroupCluster
 with an image that cannot run is applied first and stays in the background: its members are replaced with a
 back-off and the reason reaches its status. A GroupCluster of 3 is applied and waited for with ``kubectl wait
 --for=condition=Ready``, 10,000 keys are written through the members' HTTP API, the cluster is scaled to 5

@@ -192,24 +192,30 @@ def test_client_service_reaches_only_ready_members(kube: Kube, namespace: str, o
     assert slice_["metadata"]["ownerReferences"][0]["name"] == "web"
     assert _service_endpoints(kube, ns, "web") == {ip: (True, 8080) for ip in ips}
 
-    # A member just created is an endpoint of the client Service only once it is ready (joined, state fetched),
-    # while the headless Service publishes it at once.
-    kube.kubectl("scale", "groupcluster/web", "-n", ns, "--replicas=3")
-
-    def joiner_not_ready() -> tuple[str, dict[str, tuple[bool, int]]] | None:
-        pods = {p["metadata"]["name"]: p for p in _members(kube, ns, "web")}
-        pod = pods.get("web-2")
-        ip = (pod or {}).get("status", {}).get("podIP")
-        if not pod or not ip or _ready(pod):
-            return None
-        endpoints = _service_endpoints(kube, ns, "web")
-        return (ip, endpoints) if ip in endpoints and not _ready(kube.json("get", "pod", "web-2", "-n", ns)) else None
-
-    joiner_ip, endpoints = wait_for("web-2 running and not ready yet", joiner_not_ready, 120, 0.2)
-    assert endpoints[joiner_ip] == (False, 8080), endpoints
-    assert {ip for ip, (ready, _) in endpoints.items() if ready} == ips, endpoints
-    assert _service_endpoints(kube, ns, "web-members")[joiner_ip][0] is True
-    _wait_ready(kube, ns, "web", 3)
+    # A member just created is an endpoint of the client Service only once it is ready (joined, state fetched):
+    # a watch records every state of the joiner's pod, so the moment it runs with an address but is not ready is
+    # seen however short it is.
+    fields = '{.metadata.name} {.status.phase} {.status.podIP} {.status.conditions[?(@.type=="Ready")].status}{"\\n"}'
+    watch = subprocess.Popen(
+        [str(kube.bin_dir / "kubectl"), f"--kubeconfig={kube.kubeconfig}", "get", "pods", "-n", ns, "-l",
+         f"{CLUSTER_LABEL}=web", "--watch", "-o", f"jsonpath={fields}"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1)  # the watch's initial list
+        kube.kubectl("scale", "groupcluster/web", "-n", ns, "--replicas=3")
+        _wait_ready(kube, ns, "web", 3)
+    finally:
+        watch.terminate()
+        seen = watch.communicate(timeout=10)[0].split("\n")
+    running = [parts for parts in map(str.split, seen) if parts[:2] == ["web-2", "Running"] and len(parts) > 2]
+    assert running, seen
+    joiner_ip = running[0][2]
+    # web-2 ran with an address while not ready: then the Service's endpoint for it was not ready (no
+    # publishNotReadyAddresses); it turned ready only after that.
+    states = [parts[3] if len(parts) > 3 else "" for parts in running]
+    assert "False" in states and states[-1] == "True", seen
+    assert states.index("False") < states.index("True"), seen
     endpoints = _service_endpoints(kube, ns, "web")
     assert set(endpoints) == ips | {joiner_ip} and all(ready for ready, _ in endpoints.values()), endpoints
 
@@ -306,11 +312,15 @@ def test_standby_operator_takes_over_a_scale_up_when_the_active_one_is_killed(
     third = Operator(kube, ns, kube.state_dir / f"operator-{ns}-c.log", "gc-ha")
     operators.append(third)
     wait_for(
-        "the third operator in the KopfPeering",
-        lambda: len(kube.json("get", "kopfpeering", "gc-ha", "-n", ns).get("status") or {}) == 2,
+        "the third operator in the KopfPeering and kopf started in it",
+        lambda: (
+            len(kube.json("get", "kopfpeering", "gc-ha", "-n", ns).get("status") or {}) == 2
+            and "Initial authentication has finished" in third.text()
+        ),
         60,
         0.5,
     )
+    time.sleep(3)  # a few keep-alives and timer intervals as a standby
     third.stop()
     assert "standby replica of peering 'gc-ha': leaving the GroupClusters" in third.text(), third.text()
     assert "active replica" not in third.text() and "released" not in third.text()

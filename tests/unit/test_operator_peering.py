@@ -152,3 +152,25 @@ def test_a_standby_leaves_the_finalizers_on_exit_and_the_replica_at_work_release
             assert handlers.CONFIG.api is None  # closed either way
     finally:
         handlers.CONFIG.api, handlers.CONFIG.peering, handlers.CONFIG.active, handlers.CONFIG.namespaces = saved
+
+
+def test_a_replica_announces_itself_in_kopfs_format_before_kopf_looks() -> None:
+    from groupcluster_operator.peering import announce
+
+    api = StoreApi()
+    for ns in ("a", "b"):
+        api.objects[f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/gc"] = {"metadata": {"name": "gc"}, "spec": {}}
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def merge_patch(manifest: dict[str, Any], patch: dict[str, Any]) -> None:
+        calls.append((manifest["metadata"]["namespace"], patch))
+
+    api.merge_patch = merge_patch  # type: ignore[method-assign]
+    asyncio.run(announce(api, "gc", ["a", "b"], "op-1", -5, wait=0.0))
+    assert [ns for ns, _ in calls] == ["a", "b"]
+    entry = calls[0][1]["status"]["op-1"]
+    assert (entry["priority"], entry["lifetime"]) == (-5, LIFETIME)
+    # kopf reads lastseen with iso8601 and judges the peer alive until lastseen + lifetime.
+    from kopf._core.engines.peering import Peer
+
+    assert not Peer(identity="op-1", **entry).is_dead
