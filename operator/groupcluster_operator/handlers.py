@@ -68,6 +68,8 @@ class OperatorConfig:
     http: aiohttp.ClientSession | None = None
     ensured: dict[str, tuple[float, str]] = field(default_factory=dict)  # uid -> (when, spec hash)
     auth: dict[str, _AuthState] = field(default_factory=dict)  # uid -> the Secret as last read
+    # uid -> (resourceVersion the last step planned from, the status it wrote): see _previous_status
+    written: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     namespaces: list[str] | None = None  # what the operator watches (None: every namespace)
     peering: str | None = None  # kopf's peering object of the replicas (None: the operator runs alone)
     active: bool = False  # this replica has reconciled since it started (with peering: it is the one at work)
@@ -334,6 +336,19 @@ async def _execute(
     return failed
 
 
+def _previous_status(uid: str, resource_version: str, current: dict[str, Any]) -> dict[str, Any]:
+    """The status the last step left: the body's, or, while the body is still the one that step planned from
+    (the watch has not delivered the status it wrote yet: same resourceVersion), the status that step wrote.
+
+    The planner reads what it decided last time from there (e.g. which vanished pod was deleted by someone else):
+    planning twice from the same old status would forget a step's observation.
+    """
+    last = CONFIG.written.get(uid)
+    if last is not None and last[0] == resource_version:
+        return {**current, **last[1]}
+    return current
+
+
 def _changed(status: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     """Only the status fields that differ (a timer every few seconds should not rewrite an unchanged status)."""
     return {k: v for k, v in status.items() if current.get(k) != v}
@@ -353,6 +368,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     meta = body.get("metadata") or {}
     uid = str(meta.get("uid"))
     current_status = dict(body.get("status") or {})
+    planned_from = str(meta.get("resourceVersion"))  # kopf may refresh the body while this step runs
     if meta.get("deletionTimestamp"):
         return  # being deleted: on_delete stops the members; creating one now would only delay that
     try:
@@ -386,7 +402,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         pods,
         reports,
         spec_hash=spec_hash,
-        previous_status=current_status,
+        previous_status=_previous_status(uid, planned_from, current_status),
         now=_now(),
         auth_problem=auth.problem if auth is not None else None,
     )
@@ -404,6 +420,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
     status["clientService"] = builders.client_service_name(spec)
     for key, value in _changed(status, current_status).items():
         patch.status[key] = value
+    CONFIG.written[uid] = (planned_from, status)
 
 
 # Deleting a GroupCluster discards its (in-memory) data: members are stopped at once rather than each waiting
@@ -423,6 +440,7 @@ async def on_delete(body: kopf.Body, **_: Any) -> None:
         await api.delete_pod(str(namespace), pod["metadata"]["name"], DELETE_GRACE_SECONDS)
     CONFIG.ensured.pop(str(uid), None)
     CONFIG.auth.pop(str(uid), None)
+    CONFIG.written.pop(str(uid), None)
     log.info("%s/%s: deleted; stopped %d member pod(s)", namespace, name, len(owned))
 
 

@@ -201,6 +201,7 @@ def test_client_service_reaches_only_ready_members(kube: Kube, namespace: str, o
          f"{CLUSTER_LABEL}=web", "--watch", "-o", f"jsonpath={fields}"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
+    before = {p["metadata"]["name"] for p in _members(kube, ns, "web")}
     try:
         time.sleep(1)  # the watch's initial list
         kube.kubectl("scale", "groupcluster/web", "-n", ns, "--replicas=3")
@@ -208,10 +209,11 @@ def test_client_service_reaches_only_ready_members(kube: Kube, namespace: str, o
     finally:
         watch.terminate()
         seen = watch.communicate(timeout=10)[0].split("\n")
-    running = [parts for parts in map(str.split, seen) if parts[:2] == ["web-2", "Running"] and len(parts) > 2]
+    (joiner,) = {p["metadata"]["name"] for p in _members(kube, ns, "web")} - before
+    running = [parts for parts in map(str.split, seen) if parts[:2] == [joiner, "Running"] and len(parts) > 2]
     assert running, seen
     joiner_ip = running[0][2]
-    # web-2 ran with an address while not ready: then the Service's endpoint for it was not ready (no
+    # The joiner ran with an address while not ready: then the Service's endpoint for it was not ready (no
     # publishNotReadyAddresses); it turned ready only after that.
     states = [parts[3] if len(parts) > 3 else "" for parts in running]
     assert "False" in states and states[-1] == "True", seen

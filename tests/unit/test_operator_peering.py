@@ -1,4 +1,5 @@
-"""The operator replicas' peering set-up and the client Service's objects, against an in-memory API server.
+"""The operator replicas' peering set-up, the client Service's objects and the status a step plans from, against an
+in-memory API server.
 
 The real peering (two processes, one SIGKILLed during a scale-up) and the client Service on a cluster run in
 tests/e2e/test_operator_ha.py.
@@ -174,3 +175,23 @@ def test_a_replica_announces_itself_in_kopfs_format_before_kopf_looks() -> None:
     from kopf._core.engines.peering import Peer
 
     assert not Peer(identity="op-1", **entry).is_dead
+
+
+def test_a_step_plans_from_the_status_the_last_step_wrote_until_the_watch_delivers_it() -> None:
+    # A member pod deleted by hand that leaves within a second: the step that saw it terminating marks it
+    # deleted-by-others in the status; the next step, whose body the watch has not refreshed yet (same
+    # resourceVersion), must still know that, or it reports the replacement as a plain scale-up.
+    saved = dict(handlers.CONFIG.written)
+    try:
+        handlers.CONFIG.written.clear()
+        body_status = {"phase": "Running", "members": [{"pod": "demo-2", "leaving": False, "deleted": False}]}
+        assert handlers._previous_status("u", "41", body_status) is body_status  # nothing written yet
+        wrote = {"members": [{"pod": "demo-2", "leaving": True, "deleted": True}]}
+        handlers.CONFIG.written["u"] = ("41", wrote)
+        merged = handlers._previous_status("u", "41", body_status)
+        assert merged == {"phase": "Running", **wrote}
+        # Once the body moved on (our write or anyone's), the body is the truth again.
+        assert handlers._previous_status("u", "42", body_status) is body_status
+    finally:
+        handlers.CONFIG.written.clear()
+        handlers.CONFIG.written.update(saved)
