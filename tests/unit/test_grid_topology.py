@@ -717,3 +717,29 @@ def test_routing_table_matches_the_per_segment_answers(
         assert r.i_read == (me in t.read_owners(s))
         assert r.i_write == (me in t.write_owners(s))
         assert r.primary == (t.write_primary(s) == me)
+
+
+def test_an_unchanged_topology_announced_after_recovery_keeps_the_newest_stable_set() -> None:
+    # As above, but the merged side holds exactly the members of the topology it continues, so recovery has
+    # nothing to change and only re-announces it under a new id. That announcement must keep the newest
+    # stable set ({0, 1, 2}, reported by another member), not the older one of the topology it continues.
+    p = _planner(5, owners=3)
+    t0 = p.topology
+    assert t0 is not None
+    p.on_view([m(0), m(1), m(2)], 1.0)
+    confirm_all(p)
+    ta = p.topology
+    assert ta is not None
+    side = RebalancePlanner([m(3), m(4)], num_segments=SEGS, num_owners=3)
+    side.on_statuses({x: MemberStatus(1.0, False, t0) for x in (m(3), m(4))}, 1.0)
+    for i in range(ta.topology_id):
+        side.on_view([m(3), m(4), m(8)] if i % 2 == 0 else [m(3), m(4)], 1.0)
+        side.on_statuses({m(8): MemberStatus(1.0, False, None)}, 1.0)
+    tb = side.topology
+    assert tb is not None and set(tb.members) == {m(3), m(4)} and tb.stable_id < ta.stable_id
+    alone = RebalancePlanner([m(0)], num_segments=SEGS, num_owners=3)
+    t = alone.on_statuses({m(0): MemberStatus(1.0, False, ta)}, 2.0)[-1][1]
+    merged = _recover([m(3), m(4)], {m(3): tb, m(4): t}, owners=3)
+    tm = merged.topology
+    assert tm is not None and tm.topology_id > tb.topology_id and tm.availability == Availability.DEGRADED
+    assert set(tm.stable_members) == {m(0), m(1), m(2)} and tm.stable_id == ta.stable_id

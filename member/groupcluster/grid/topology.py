@@ -539,7 +539,7 @@ class RebalancePlanner:
                 # available partition its topology and stable set are the newest: only a majority stays so.)
                 same = [t for t in tops if t.grid_id == base.grid_id]
                 stable = max(same, key=lambda t: (t.stable_id, t.topology_id))
-            self.topology = replace(
+            corrected = self.topology = replace(
                 base,
                 grid_id=self.grid_id,
                 restamp=self.restamp,
@@ -550,7 +550,8 @@ class RebalancePlanner:
             if not out:
                 # Announce even an unchanged topology under a new id above every id anyone reported, so all
                 # members (those that missed the last broadcast included) install the same one.
-                out.append((None, self._set(self._bump(base, members=self._member_tuple()))))
+                # Bump the corrected topology, not ``base``: that one may carry an older stable set.
+                out.append((None, self._set(self._bump(corrected, members=self._member_tuple()))))
             return out
         return self._update()
 
