@@ -57,7 +57,10 @@ from .tx_messages import (
 #    none), CMD_BATCH and BACKUP_BATCH an expiry column, and a transfer chunk an expiry column (nil: none).
 # 8: topologies carry the id of the topology that fixed their stable set (CacheTopology.stable_id): after a
 #    merge of degraded partitions the coordinator counts the majority against the newest one.
-GRID_FORMAT_VERSION = 8
+# 9: topologies carry the owners the grid lost without a handoff (CacheTopology.lost), and a status may carry
+#    those its member lost (MemberStatus.lost): a member that took over data of a side cut off from the rest
+#    does not leave alone with the only copy.
+GRID_FORMAT_VERSION = 9
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12
