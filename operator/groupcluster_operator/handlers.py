@@ -74,9 +74,9 @@ class OperatorConfig:
 CONFIG = OperatorConfig()
 
 
-def _api() -> KubeApi:
+async def _api() -> KubeApi:
     if CONFIG.api is None:
-        CONFIG.api = KubeApi.auto(CONFIG.kubeconfig)
+        CONFIG.api = await KubeApi.auto(CONFIG.kubeconfig)
     return CONFIG.api
 
 
@@ -118,9 +118,13 @@ async def cleanup(**_: Any) -> None:
 
 
 @kopf.on.login()
-def login(**_: Any) -> Any:
-    """The operator's identity for kopf's own calls: the same as :class:`KubeApi` uses."""
-    return _api().connection_info()
+async def login(**_: Any) -> Any:
+    """The operator's identity for kopf's own calls: the same as :class:`KubeApi` uses.
+
+    kopf asks again when the credential expires (a bound token's minute, an exec credential's expiry) and
+    after a 401, and gets the renewed one.
+    """
+    return await (await _api()).connection_info()
 
 
 async def _http() -> aiohttp.ClientSession:
@@ -310,7 +314,7 @@ def _changed(status: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
 
 
 async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    api = _api()
+    api = await _api()
     meta = body.get("metadata") or {}
     uid = str(meta.get("uid"))
     current_status = dict(body.get("status") or {})
@@ -375,7 +379,7 @@ async def on_delete(body: kopf.Body, **_: Any) -> None:
     """Stop the member pods promptly; the garbage collector removes the rest (owner references)."""
     meta = body.get("metadata") or {}
     name, namespace, uid = meta.get("name"), meta.get("namespace"), meta.get("uid")
-    api = _api()
+    api = await _api()
     pods = await api.list_pods(str(namespace), f"{CLUSTER_LABEL}={name}")
     owned = [p for p in pods if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or ())]
     for pod in owned:
