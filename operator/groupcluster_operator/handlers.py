@@ -69,6 +69,7 @@ class OperatorConfig:
     ensured: dict[str, tuple[float, str]] = field(default_factory=dict)  # uid -> (when, spec hash)
     auth: dict[str, _AuthState] = field(default_factory=dict)  # uid -> the Secret as last read
     namespaces: list[str] | None = None  # what the operator watches (None: every namespace)
+    logins: int = 0  # kopf's calls of the login handler
 
 
 CONFIG = OperatorConfig()
@@ -124,7 +125,8 @@ async def login(**_: Any) -> Any:
     kopf asks again when the credential expires (a bound token's minute, an exec credential's expiry) and
     after a 401, and gets the renewed one.
     """
-    return await (await _api()).connection_info()
+    CONFIG.logins += 1
+    return await (await _api()).connection_info(renew=CONFIG.logins > 1)
 
 
 async def _http() -> aiohttp.ClientSession:

@@ -66,10 +66,16 @@ class KubeApi:
     def namespace(self) -> str:
         return self.client.namespace
 
-    async def connection_info(self) -> Any:
-        """kopf's ConnectionInfo for the same credentials, with their expiry so that kopf asks again in time."""
+    async def connection_info(self, *, renew: bool = False) -> Any:
+        """kopf's ConnectionInfo for the same credentials, with their expiry so that kopf asks again in time.
+
+        ``renew``: get a fresh credential first (kopf asks again only when the one it had expired or was
+        refused, and it never uses a refused one again).
+        """
         import kopf
 
+        if renew:
+            self.client.renew()
         conf = self.client.configuration
         token = await self.client.current_token()
         return kopf.ConnectionInfo(

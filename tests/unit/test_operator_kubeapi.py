@@ -201,11 +201,14 @@ def test_a_401_runs_the_exec_plugin_again_and_retries(tmp_path: Path) -> None:
                 assert len(await api.list_pods("shop", "")) == 5
                 info = await api.connection_info()
                 assert info.token == "token-b" and info.scheme == "Bearer"
+                # kopf logs in again only after a 401 (or an expiry) of its own: that asks the plugin anew.
+                token_file.write_text("token-d\n")
+                assert (await api.connection_info(renew=True)).token == "token-d"
             finally:
                 await api.close()
             tokens = [r["token"] for r in fake.requests]
             assert tokens[:4] == ["token-a"] * 3 + ["token-a"] and tokens[4:] == ["token-b"] * 3
-            assert runs(log) == 2
+            assert runs(log) == 3
 
     asyncio.run(body())
 

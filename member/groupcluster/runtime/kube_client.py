@@ -329,8 +329,8 @@ class KubeClient:
         self._loader_stale = False
         self._loader_expiry = self._expiry_of(loader)
 
-    def _invalidate(self) -> bool:
-        """After a 401: make the next call use a fresh credential; False when there is none to get."""
+    def renew(self) -> bool:
+        """Make the next call use a fresh credential (after a 401); False when there is none to get."""
         if self.tokens is not None:
             self.tokens.invalidate()
             return True
@@ -397,7 +397,7 @@ class KubeClient:
             try:
                 return await getattr(api, method)(*args, _request_timeout=self.request_timeout, **kwargs)
             except ApiException as exc:
-                if exc.status == 401 and attempt == 1 and self._invalidate():
+                if exc.status == 401 and attempt == 1 and self.renew():
                     continue
                 who = await self.identity() if exc.status in (401, 403) else None
                 raise ApiError(int(exc.status or 0), status_message(exc.body) or str(exc.reason), op, who) from None
