@@ -266,3 +266,30 @@ def test_kubeconfig_problems_are_named(tmp_path: Path) -> None:
             await KubeClient.from_kubeconfig(broken)
 
     asyncio.run(body())
+
+
+def test_a_kubeconfig_token_file_is_read_again_after_a_401(tmp_path: Path) -> None:
+    async def body() -> None:
+        async with serve() as (fake, server):
+            token_file = tmp_path / "sa-token"
+            token_file.write_text("token-a\n")
+            cfg = {
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"tokenFile": str(token_file)}}],
+                "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "ctx",
+            }
+            kubeconfig = tmp_path / "kubeconfig"
+            kubeconfig.write_text(yaml.safe_dump(cfg))
+            api = await KubeApi.auto(str(kubeconfig))
+            try:
+                assert api.namespace == "default"
+                await api.list_pods("shop", "")
+                token_file.write_text("token-b\n")  # rotated by whoever manages the file
+                fake.tokens = {"token-b"}
+                assert len(await api.list_pods("shop", "")) == 5
+            finally:
+                await api.close()
+            assert [r["token"] for r in fake.requests][3:] == ["token-a", "token-b", "token-b", "token-b"]
+
+    asyncio.run(body())

@@ -41,7 +41,7 @@ SA_DIR_ENV = "GROUPCLUSTER_SA_DIR"
 # Bound tokens are valid for an hour or so and are rotated by the kubelet well before; a minute is what the
 # Kubernetes client libraries use too.
 TOKEN_MAX_AGE = 60.0
-# Credentials from a kubeconfig auth-provider are checked this often (the provider knows their expiry).
+# Credentials from a kubeconfig auth-provider or token file are looked at again this often.
 PROVIDER_RECHECK = 60.0
 # An expiring credential is renewed this long before it expires, so no call goes out with a dying one.
 EXPIRY_MARGIN = 30.0
@@ -220,6 +220,14 @@ class ApiError(Exception):
         return f"{self.op}: {where}: {self.reason}"
 
 
+def _strip_token(conf: k8s.Configuration) -> None:
+    # The library takes a tokenFile's content as it is; `kubectl create token > FILE` ends it with a newline,
+    # which aiohttp then refuses to put in a header.
+    value = conf.api_key.get("BearerToken")
+    if isinstance(value, str):
+        conf.api_key["BearerToken"] = value.strip()
+
+
 class KubeClient:
     """One API server and one identity; :meth:`call` runs a ``kubernetes_asyncio`` API method with them.
 
@@ -275,12 +283,12 @@ class KubeClient:
             raise KubeConfigError(f"kubeconfig {path}: no such file")
         conf = k8s.Configuration()
         try:
-            loader = kube_config._get_kube_config_loader_for_yaml_file(
-                str(path), active_context=context, persist_config=False
+            loader = await kube_config.load_kube_config(
+                str(path), context=context, client_configuration=conf, persist_config=False
             )
-            await loader.load_and_set(conf)
         except (ConfigException, KeyError, ValueError, AssertionError, OSError) as exc:
             raise KubeConfigError(f"kubeconfig {path}: {exc or type(exc).__name__}") from None
+        _strip_token(conf)
         ctx = loader.current_context or {}
         details = ctx.get("context") or {}
         self = cls(
@@ -289,7 +297,7 @@ class KubeClient:
             describe=f"user {details.get('user')!r} of kubeconfig {path} (context {ctx.get('name')!r})",
         )
         user = loader._user
-        if user is not None and ("exec" in user or "auth-provider" in user):
+        if user is not None and any(k in user for k in ("exec", "auth-provider", "tokenFile")):
             self._loader = loader
             self._loader_expiry = self._expiry_of(loader)
             conf.refresh_api_key_hook = self._refresh_from_loader
@@ -305,7 +313,9 @@ class KubeClient:
     # -- credentials ------------------------------------------------------------------------------------
     def _expiry_of(self, loader: kube_config.KubeConfigLoader) -> float | None:
         """When the loader's credential must be renewed (monotonic), or None when only a 401 says so."""
-        if "auth-provider" in (loader._user or {}):
+        user = loader._user or {}
+        if "auth-provider" in user or ("tokenFile" in user and "exec" not in user):
+            # The provider knows when its token expires; a token file may be rewritten by whoever manages it.
             return time.monotonic() + PROVIDER_RECHECK
         expiry = getattr(loader, "exec_plugin_expiry", None)
         if expiry is None:
@@ -326,6 +336,7 @@ class KubeClient:
             await loader.load_and_set(configuration)
         except (ConfigException, KeyError, ValueError, OSError) as exc:
             raise KubeConfigError(f"{self.describe}: renewing the credential failed: {exc}") from None
+        _strip_token(configuration)
         self._loader_stale = False
         self._loader_expiry = self._expiry_of(loader)
 
