@@ -313,7 +313,7 @@ class KubeClient:
     # -- credentials ------------------------------------------------------------------------------------
     def _expiry_of(self, loader: kube_config.KubeConfigLoader) -> float | None:
         """When the loader's credential must be renewed (monotonic), or None when only a 401 says so."""
-        user = loader._user or {}
+        user: Any = loader._user or {}
         if "auth-provider" in user or ("tokenFile" in user and "exec" not in user):
             # The provider knows when its token expires; a token file may be rewritten by whoever manages it.
             return time.monotonic() + PROVIDER_RECHECK
@@ -431,11 +431,14 @@ class KubeClient:
                 return items
 
 
+# ApiClient.sanitize_for_serialization needs nothing of an ApiClient but PRIMITIVE_TYPES (and itself, to
+# recurse); an ApiClient proper would open an HTTP session just to convert a model.
+_SANITIZE: Any = k8s.ApiClient.sanitize_for_serialization
+
+
 class _Serializer:
-    # ApiClient.sanitize_for_serialization needs nothing of an ApiClient but this attribute (and itself); an
-    # ApiClient proper would open an HTTP session just to convert a model.
     PRIMITIVE_TYPES = k8s.ApiClient.PRIMITIVE_TYPES
-    sanitize_for_serialization = k8s.ApiClient.sanitize_for_serialization
+    sanitize_for_serialization = _SANITIZE
 
 
 _SERIALIZER = _Serializer()
@@ -443,7 +446,7 @@ _SERIALIZER = _Serializer()
 
 def to_json(obj: Any) -> Any:
     """A model object as the API's JSON (camelCase keys, no unset fields): how the rest of the code reads objects."""
-    return _SERIALIZER.sanitize_for_serialization(obj)
+    return _SANITIZE(_SERIALIZER, obj)
 
 
 __all__ = [

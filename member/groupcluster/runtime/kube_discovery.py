@@ -218,7 +218,7 @@ class KubeDiscovery:
 
     async def list_pods(self) -> dict[str, Any]:
         """One listing (every page) as a PodList; raises ApiError or KubeConfigError."""
-        kwargs = {"label_selector": self.config.selector} if self.config.selector else {}
+        kwargs: dict[str, Any] = {"label_selector": self.config.selector} if self.config.selector else {}
         items = await self.client.list_all(self._op(), CoreV1Api, "list_namespaced_pod", self.namespace, **kwargs)
         return {"kind": "PodList", "items": items}
 
