@@ -280,8 +280,10 @@ async def _execute(
                 await api.create(pod_manifest)
             elif isinstance(action, DeletePod):
                 pod = pods[action.pod]
-                if not pod.finished and not pod.leave_requested:
-                    # Says "the operator stopped it" to the planner (not someone else's deletion to replace).
+                if not pod.leave_requested:
+                    # Says "the operator stopped it" to the planner (not someone else's deletion to replace),
+                    # also for a pod that already finished: one seen terminating and finished at once could
+                    # otherwise be either ours or someone else's.
                     try:
                         await api.merge_patch(_pod_ref(spec, pod.name), _annotate(STOP_ANNOTATION))
                     except ApiError as exc:
