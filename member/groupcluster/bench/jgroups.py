@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,21 @@ def jgroups5(log: Callable[[str], None] | None = None) -> JavaPeer:
     return JavaPeer(
         "jgroups-5", classpath, "io.groupcluster.bench.Harness", src / "conf", "io.groupcluster.bench.Lifecycle"
     )
+
+
+def jgroups5_jar(peer: JavaPeer) -> Path:
+    """The JGroups 5 jar on the harness's class path (Maven copies it to target/lib)."""
+    for entry in peer.classpath.split(os.pathsep):
+        name = Path(entry).name
+        if name.startswith("jgroups-") and name.endswith(".jar") and "harness" not in name:
+            return Path(entry)
+    raise BenchSetupError(f"no JGroups jar on the class path {peer.classpath}")
+
+
+def stock_xml(peer: JavaPeer, name: str) -> str:
+    """The text of ``name`` (``tcp.xml``, ``tcp-new.xml``) exactly as shipped in the JGroups 5 jar."""
+    with zipfile.ZipFile(jgroups5_jar(peer)) as jar:
+        return jar.read(name).decode("utf-8")
 
 
 def _jgroups212_jar(log: Callable[[str], None] | None) -> Path:

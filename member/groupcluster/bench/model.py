@@ -25,7 +25,31 @@ JGROUPS212 = "jgroups-2.12"
 PYSYNCOBJ = "pysyncobj"
 RAW = "raw-asyncio"
 RAW_RELAY = "raw-asyncio-relay"
-SYSTEMS = (GROUPCLUSTER, JGROUPS5, JGROUPS212, PYSYNCOBJ, RAW, RAW_RELAY)
+# JGroups 5 on the XML files shipped in its jar: "jgroups-5" runs tcp-new.xml (NAKACK4/UNICAST4, no flow
+# control), "jgroups-5-tcp" the stock tcp.xml, "-tcp-capacity" tcp.xml with its bundler's capacity raised (the
+# one stated tuning), and "jgroups-5-mperf" is JGroups' own MPerf tool on tcp-new.xml, the reference a harness
+# far below would be caught by.
+JGROUPS5_STOCK = "jgroups-5-tcp"
+JGROUPS5_TUNED = "jgroups-5-tcp-capacity"
+JGROUPS5_MPERF = "jgroups-5-mperf"
+SYSTEMS = (
+    GROUPCLUSTER,
+    JGROUPS5,
+    JGROUPS212,
+    PYSYNCOBJ,
+    RAW,
+    RAW_RELAY,
+    JGROUPS5_STOCK,
+    JGROUPS5_TUNED,
+    JGROUPS5_MPERF,
+)
+# system -> (the jar's XML file, bundler capacity raised?)
+JGROUPS5_VARIANTS = {
+    JGROUPS5: ("tcp-new.xml", False),
+    JGROUPS5_STOCK: ("tcp.xml", False),
+    JGROUPS5_TUNED: ("tcp.xml", True),
+    JGROUPS5_MPERF: ("tcp-new.xml", False),
+}
 
 THROUGHPUT_UNIT = "msgs/s per member"
 OPS_UNIT = "ops/s per node"
@@ -79,16 +103,23 @@ def _size_label(size: int) -> str:
 
 def _workloads() -> list[Workload]:
     out: list[Workload] = []
+    jg5 = (JGROUPS5, JGROUPS5_STOCK, JGROUPS5_TUNED)
     peers = {
-        "fifo": (GROUPCLUSTER, JGROUPS5, JGROUPS212, RAW),
-        "total-order": (GROUPCLUSTER, JGROUPS5, JGROUPS212, RAW_RELAY),
+        "fifo": (GROUPCLUSTER, *jg5, JGROUPS212, RAW),
+        "total-order": (GROUPCLUSTER, *jg5, JGROUPS212, RAW_RELAY),
     }
     for order, systems in peers.items():
         for size in (100, 1000):
             label = _size_label(size)
             out.append(
                 Workload(
-                    f"{order}-4x{label}", order, 4, 4, size, systems=systems, description=f"4 members, all send {label}"
+                    f"{order}-4x{label}",
+                    order,
+                    4,
+                    4,
+                    size,
+                    systems=(*systems, JGROUPS5_MPERF),  # MPerf's own workload: every member sends
+                    description=f"4 members, all send {label}",
                 )
             )
             out.append(
@@ -111,7 +142,7 @@ def _workloads() -> list[Workload]:
                 100,
                 kind="latency",
                 peak_of=f"{order}-4x100B",
-                systems=systems,
+                systems=tuple(x for x in systems if x not in (JGROUPS5_STOCK, JGROUPS5_TUNED)),
                 description="4 members, all send 100B, paced at half the system's own peak",
             )
         )
@@ -123,7 +154,8 @@ def _workloads() -> list[Workload]:
             3,
             16,
             systems=(GROUPCLUSTER, PYSYNCOBJ),
-            description="3 nodes, every node increments a replicated counter",
+            description="3 nodes, every node increments a replicated counter, 1000 increments in flight per node; "
+            "ops applied per node per second, the final value checked on every node",
         )
     )
     out.extend(_lifecycle_workloads())
@@ -334,6 +366,12 @@ class Result:
     unit: str
     samples: list[float] = field(default_factory=list)
     note: str = ""
+    # The fair suite's round statistics (multicast workloads): median/min/max/q1/q3 of the measured rounds, CPU
+    # (user+sys of all member processes) per delivered message, and the 1-minute load before each round.
+    spread: dict[str, Any] | None = None
+    cpu_us_per_message: float | None = None
+    cpu_samples: list[float] = field(default_factory=list)
+    load_before: list[float] = field(default_factory=list)
 
 
 def aggregate(workload: str, system: str, unit: str, samples: Sequence[float], note: str = "") -> Result:
@@ -365,7 +403,7 @@ def fmt_value(value: float, unit: str) -> str:
 def format_table(results: Sequence[Result], base: str = GROUPCLUSTER) -> str:
     """A plain-text table: one row per result, with our figure relative to each peer (``ours / peer``)."""
     rel = ratios(results, base)
-    rows = [("workload", "system", "value", "unit", "runs (min - max)", f"{base} / this")]
+    rows = [("workload", "system", "value", "unit", "runs (min - max)", "CPU us/msg", f"{base} / this")]
     for r in results:
         spread = f"{len(r.samples)}"
         if len(r.samples) >= 2:
@@ -378,11 +416,12 @@ def format_table(results: Sequence[Result], base: str = GROUPCLUSTER) -> str:
                 fmt_value(r.value, r.unit),
                 r.unit,
                 spread,
+                "" if r.cpu_us_per_message is None else f"{r.cpu_us_per_message:.2f}",
                 "" if ratio is None else f"{ratio:.2f}x",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    right = {2, 5}
+    right = {2, 5, 6}
     lines = []
     for n, row in enumerate(rows):
         cells = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)]
