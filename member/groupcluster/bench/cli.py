@@ -29,6 +29,7 @@ from typing import Any
 from .fair import by_workload
 from .model import (
     LIFECYCLE_KINDS,
+    OPTIONAL_WORKLOADS,
     QUICK_WORKLOADS,
     SYSTEMS,
     WORKLOADS,
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     patterns = args.workloads or (list(QUICK_WORKLOADS) if args.quick else ["*"])
     names = with_peaks(select(patterns, WORKLOADS))
+    if not args.workloads:  # the 100 MB and 1 GB states run only when named
+        names = [n for n in names if n not in select(OPTIONAL_WORKLOADS, WORKLOADS)]
     if not names:
         raise SystemExit(f"groupcluster bench: no workload matches {patterns}; see --list")
     systems = select(args.systems, SYSTEMS) if args.systems else list(SYSTEMS)

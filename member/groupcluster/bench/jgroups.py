@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,12 +84,15 @@ class JavaPeer:
     conf_dir: Path
     lifecycle_class: str = ""
 
-    def _java(self, config: str, ports: list[int], rank: int, discover: int, main: str) -> list[str]:
+    def _java(
+        self, config: str, ports: list[int], rank: int, discover: int, main: str, extra: Sequence[str] = ()
+    ) -> list[str]:
         conf = self.conf_dir / CONFIGS[(self.system, config)]
         hosts = ",".join(f"127.0.0.1[{p}]" for p in ports)
         return [
             "java",
             *JVM_OPTS,
+            *extra,  # after JVM_OPTS: a later -Xmx wins
             f"-Djgroups.bind_port={ports[rank]}",
             f"-Djgroups.initial_hosts={hosts}",
             f"-Djgroups.members={discover}",
@@ -104,7 +107,15 @@ class JavaPeer:
         return [*main, cluster, "--rank", str(rank), *options]
 
     def lifecycle_command(
-        self, config: str, cluster: str, ports: list[int], rank: int, mode: str, options: list[str], discover: int
+        self,
+        config: str,
+        cluster: str,
+        ports: list[int],
+        rank: int,
+        mode: str,
+        options: list[str],
+        discover: int,
+        jvm_extra: Sequence[str] = (),
     ) -> list[str]:
         """A member (``mode`` "member") or the joiner ("join") of a join or state workload.
 
@@ -113,7 +124,7 @@ class JavaPeer:
         """
         if not self.lifecycle_class:
             raise BenchSetupError(f"{self.system}: no join/state harness")
-        main = self._java(config, ports, rank, discover, self.lifecycle_class)
+        main = self._java(config, ports, rank, discover, self.lifecycle_class, jvm_extra)
         return [*main, cluster, mode, *options]
 
 

@@ -94,6 +94,8 @@ class Workload:
             return f"grid-rebalance-{self.size // 1000}k"
         if self.kind == "grid-ops":
             return "grid-ops"
+        if self.kind in ("join", "state") and self.figure:
+            return self.name.removesuffix(f"-{self.figure}")  # one join-4 run gives its launch and warm figures
         return self.name
 
 
@@ -164,6 +166,9 @@ def _workloads() -> list[Workload]:
 
 # Sizes of the lifecycle workloads (the names carry them; the runner passes them to the scripts).
 STATE_BYTES = 10_000_000
+# Larger states, run only when named (--workloads 'state-transfer-100MB*'): minutes each on 2 cores.
+OPTIONAL_STATE_BYTES = (100_000_000, 1_000_000_000)
+OPTIONAL_WORKLOADS = ("state-transfer-100MB*", "state-transfer-1GB*")
 REBALANCE_ENTRIES = 200_000
 GRID_OPS_CLIENTS = 4
 
@@ -185,6 +190,33 @@ def _lifecycle_workloads() -> list[Workload]:
             "ms from its stack's start to the view of 4",
         ),
         Workload(
+            "join-4-launch",
+            "",
+            4,
+            0,
+            0,
+            kind="join",
+            stack="fifo",
+            figure="launch",
+            systems=(GROUPCLUSTER, JGROUPS5),
+            fixed_unit=LATENCY_UNIT,
+            description="the join-4 joins timed from the joiner process's launch (Python / JVM start-up included)",
+        ),
+        Workload(
+            "join-4-warm",
+            "",
+            4,
+            0,
+            0,
+            kind="join",
+            stack="fifo",
+            figure="warm",
+            systems=(GROUPCLUSTER, JGROUPS5),
+            fixed_unit=LATENCY_UNIT,
+            description="repeated joins from one process (connect .. leave, the first left out): ms from connect "
+            "to the view of 4",
+        ),
+        Workload(
             "join-flush-4",
             "",
             4,
@@ -196,19 +228,27 @@ def _lifecycle_workloads() -> list[Workload]:
             fixed_unit=LATENCY_UNIT,
             description="the same join with a flush before the view (our vsync stack, JGroups 2.12 pbcast.FLUSH)",
         ),
-        Workload(
-            f"state-transfer-{STATE_BYTES // 1_000_000}MB",
-            "",
-            2,
-            0,
-            STATE_BYTES,
-            kind="state",
-            systems=(GROUPCLUSTER, JGROUPS5),
-            fixed_unit=MB_UNIT,
-            description=f"a joiner fetches a {STATE_BYTES // 1_000_000} MB state from one member; "
-            "MB/s from its first view to the last byte",
-        ),
     ]
+    for size in (STATE_BYTES, *OPTIONAL_STATE_BYTES):
+        label = f"{size // 1_000_000_000}GB" if size >= 1_000_000_000 else f"{size // 1_000_000}MB"
+        for suffix, figure, what in (
+            ("", "", "the first fetch of a joiner process; MB/s from its first view to the last byte"),
+            ("-warm", "warm", "one process joins, fetches and leaves repeatedly; the median of fetches 2..N"),
+        ):
+            out.append(
+                Workload(
+                    f"state-transfer-{label}{suffix}",
+                    "",
+                    2,
+                    0,
+                    size,
+                    kind="state",
+                    figure=figure,
+                    systems=(GROUPCLUSTER, JGROUPS5),
+                    fixed_unit=MB_UNIT,
+                    description=f"a {label} state on one member: {what}",
+                )
+            )
     reb = f"grid-rebalance-{REBALANCE_ENTRIES // 1000}k"
     loaded = f"a 4th member joins 3 holding {REBALANCE_ENTRIES:,} entries of 100 B, single PUTs at 200/s"
     for suffix, figure, unit, what in (

@@ -77,6 +77,8 @@ class Settings:
     latency_seconds: float = 4.0
     timeout: float = 180.0
     join_rounds: int = 3  # joins per run of join-4 / join-flush-4 (the run's figure is their median)
+    state_repeat: int = 4  # state fetches per state run from one process: the first, then the warm ones
+    join_warm_rounds: int = 5  # join-4-warm: joins from one process (the first, cold in that process, left out)
     rebalance_idle_seconds: float = 3.0  # writes on the idle grid before the 4th member starts
     grid_single_ops: int = 1000  # keys per client, one per request (grid-ops-*-single)
     grid_batch_ops: int = 20000  # keys per client in batches (grid-ops-*-batch)
