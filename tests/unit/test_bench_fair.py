@@ -193,3 +193,61 @@ def test_counter_applies_every_increment_and_keeps_its_window() -> None:
     acc.deliver(msgs[3:])
     assert acc.value == 6 and acc.inflight == 0 and acc.done.is_set()
     assert acc.result(1)["value"] == 6
+
+
+# -- the CLI's JSON ---------------------------------------------------------------------------------------------
+def test_cli_json_has_every_systems_median_spread_and_cpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from groupcluster.bench import cli
+    from groupcluster.bench import runner as runner_module
+
+    asked: list[tuple[str, list[str]]] = []
+
+    class FakeRunner:
+        def __init__(self, settings: object, progress: object) -> None:
+            self.settings = settings
+            self.config_diffs = {"jgroups-5/fifo": {"file": "tcp-new.xml", "diff": "", "system_properties": "..."}}
+
+        def measure_interleaved(self, w: model.Workload, systems: list[str]) -> tuple[list[model.Result], list[str]]:
+            asked.append((w.name, systems))
+            out = []
+            for i, system in enumerate(systems):
+                r = model.aggregate(w.name, system, w.unit, [10.0 + i, 30.0 + i, 20.0 + i])
+                r.spread = fair.summarize(r.samples)
+                r.cpu_us_per_message = 1.5 + i
+                out.append(r)
+            return out, []
+
+    monkeypatch.setattr(runner_module, "Runner", FakeRunner)
+    monkeypatch.setattr(cli.signal, "signal", lambda *_: None)  # leave pytest's own SIGTERM handling alone
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--workloads", "fifo-4x100B", "--systems", "groupcluster,jgroups-5*", "--json"])
+    assert cli.run(args) == 0
+    assert asked == [
+        ("fifo-4x100B", ["groupcluster", "jgroups-5", "jgroups-5-tcp", "jgroups-5-tcp-capacity", "jgroups-5-mperf"])
+    ]
+    doc = json.loads(capsys.readouterr().out)
+    assert model.validate_json(doc) == []
+    fifo = doc["by_workload"]["fifo-4x100B"]
+    assert set(fifo) == {"groupcluster", "jgroups-5", "jgroups-5-tcp", "jgroups-5-tcp-capacity", "jgroups-5-mperf"}
+    assert fifo["jgroups-5"]["median"] == 21.0 and fifo["jgroups-5"]["spread"]["min"] == 11.0
+    assert fifo["jgroups-5"]["cpu_us_per_message"] == 2.5
+    assert doc["settings"]["warmup_rounds"] == 2 and doc["settings"]["messages_per_sender"] == 200_000
+    assert doc["settings"]["jgroups_configs"]["jgroups-5/fifo"]["file"] == "tcp-new.xml"
+    entry = next(r for r in doc["results"] if r["system"] == "groupcluster")
+    assert entry["spread"]["max"] == 30.0 and entry["cpu_us_per_message"] == 1.5
+
+
+def test_quick_is_short_but_still_warms_up_and_interleaves() -> None:
+    from groupcluster.bench import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    s = cli._settings(parser.parse_args(["--quick"]))
+    assert s.warmup >= 1 and s.repeat >= 2 and s.messages < 200_000
+    s = cli._settings(parser.parse_args(["--warmup", "0", "--repeat", "7"]))
+    assert (s.warmup, s.repeat) == (0, 7)
