@@ -1,23 +1,23 @@
-"""Run the peers suite: start every system's member processes on loopback, collect their result lines.
+"""Run the peers suite: every system's member processes on loopback, in interleaved rounds.
 
 (The join, state-transfer and grid workloads go to :class:`groupcluster.bench.lifecycle.LifecycleRunner`.)
 
-One run = one system on one workload: N member processes on 127.0.0.1 (Python workers, member JVMs or
-PySyncObj nodes), each printing one ``RESULT`` line when it has delivered everything; then the runner kills
-them all (SIGKILL: nobody leaves while another still needs it, and teardown is not measured). Runs are
-sequential, so systems never compete with each other for the two cores; they do compete with whatever else
-the machine is doing, which is why every figure is the median of ``--repeat`` runs.
+For a multicast or counter workload, :meth:`Runner.measure_interleaved` starts every system's N member
+processes on 127.0.0.1 (Python workers, member JVMs on JGroups' own shipped XML, JGroups' MPerf, or PySyncObj
+nodes) and keeps them up: W warm-up rounds and R measured rounds run in the same processes, the systems taking
+turns round by round (:func:`groupcluster.bench.fair.interleave`), only one system sending at a time. Each
+round gives a figure, the CPU of all the system's processes per delivered message, and the load before it; the
+median and spread of the measured rounds are the result. Afterwards the members are killed (SIGKILL: nobody
+leaves while another still needs it, and teardown is not measured).
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +45,6 @@ from .model import (
     Workload,
     aggregate,
     latency,
-    parse_result_line,
     throughput,
 )
 from .rounds import MemberSet, MPerfSet, RoundFailed
@@ -153,45 +152,15 @@ class Runner:
 
     # -- one run -----------------------------------------------------------------------------------------
     def run_once(self, system: str, w: Workload, count: int, rate: float = 0.0) -> list[RunReport]:
-        self._runs += 1
-        ports = free_ports(w.members)
-        cluster = f"{self.settings.cluster_prefix}-{self._runs}"
-        cmds = self.commands(system, w, count, rate, ports, cluster)
-        logdir = Path(tempfile.mkdtemp(prefix="gc-bench-peers-"))
-        lines: queue.Queue[tuple[int, str]] = queue.Queue()
-        procs: list[subprocess.Popen[str]] = []
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        """One round in fresh processes (no warm-up): for scripts such as bench/latency.py, not the suite."""
+        ms = self.member_set(system, w, count, rate)
         try:
-            for rank, cmd in enumerate(cmds):
-                err = open(logdir / f"member{rank}.err", "w")  # noqa: SIM115  # closed with the process
-                p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-                procs.append(p)
-                threading.Thread(target=_pump, args=(rank, p, lines), daemon=True).start()
-            reports: dict[int, RunReport] = {}
-            deadline = time.monotonic() + self.settings.timeout + 60
-            while len(reports) < len(procs):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RunFailed(f"timed out with {len(reports)} of {len(procs)} results" + _tails(logdir))
-                try:
-                    rank, line = lines.get(timeout=min(left, 1.0))
-                except queue.Empty:
-                    # Quiet for a second: a member that died without a result fails the run at once.
-                    dead = [i for i, p in enumerate(procs) if p.poll() is not None and i not in reports]
-                    if dead:
-                        msg = f"member {dead[0]} exited with {procs[dead[0]].returncode}" + _tails(logdir)
-                        raise RunFailed(msg) from None
-                    continue
-                report = parse_result_line(line)
-                if report is not None:
-                    reports[rank] = report
-            return [reports[i] for i in range(len(procs))]
+            ms.start(timeout=120.0)
+            return ms.run_round(1, timeout=self.settings.timeout).reports
+        except RoundFailed as exc:
+            raise RunFailed(str(exc)) from None
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait()
+            ms.close()
 
     # -- a workload --------------------------------------------------------------------------------------
     def count_for(self, system: str, w: Workload) -> int:
@@ -202,37 +171,13 @@ class Runner:
         return per_sender * (s.raw_factor if system in (RAW, RAW_RELAY) else 1)
 
     def measure(self, system: str, w: Workload) -> list[Result]:
-        """The figure(s) of one system on one workload: the median of ``repeat`` runs."""
+        """The figure(s) of one system on one workload (the suite measures all systems of a workload at once)."""
         if w.kind in LIFECYCLE_KINDS:
             return self.lifecycle.measure(system, w)
-        reps = self.settings.repeat
-        if w.kind == "throughput":
-            samples = []
-            for i in range(reps):
-                value = throughput(self.run_once(system, w, self.count_for(system, w)))
-                self.progress(f"  {w.name:<24} {system:<18} run {i + 1}/{reps}: {value:,.0f} {w.unit}")
-                samples.append(value)
-            result = aggregate(w.name, system, w.unit, samples)
-            self.peaks[(w.name, system)] = result.value
-            return [result]
-        assert w.peak_of is not None
-        peak = self.peaks.get((w.peak_of, system))
-        if peak is None:
-            raise RunFailed(f"no peak of {w.peak_of} for {system} in this run")
-        # Half of the peak delivered rate, shared by the senders; every member delivers all senders' messages.
-        rate = 0.5 * peak / w.senders
-        count = max(int(rate * self.settings.latency_seconds), 100)
-        p50s, p99s = [], []
-        for i in range(reps):
-            p50, p99 = latency(self.run_once(system, w, count, rate))
-            self.progress(f"  {w.name:<24} {system:<18} run {i + 1}/{reps}: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
-            p50s.append(p50)
-            p99s.append(p99)
-        note = f"{rate * w.senders:,.0f} msgs/s sent in all, half of the peak {peak:,.0f}"
-        return [
-            aggregate(f"{w.name}-p50", system, LATENCY_UNIT, p50s, note),
-            aggregate(f"{w.name}-p99", system, LATENCY_UNIT, p99s, note),
-        ]
+        results, failures = self.measure_interleaved(w, [system])
+        if failures:
+            raise RunFailed("; ".join(failures))
+        return results
 
     # -- the fair suite: interleaved rounds in long-lived processes --------------------------------------
     def jgroups5_config(self, system: str, order: str, workdir: Path) -> Path:
@@ -416,21 +361,6 @@ class Runner:
         r = result(w.name, w.unit, [e["value"] for e in measured], note)
         self.peaks[(w.name, system)] = r.value
         return [r]
-
-
-def _pump(rank: int, proc: subprocess.Popen[str], out: queue.Queue[tuple[int, str]]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.put((rank, line.rstrip("\n")))
-
-
-def _tails(logdir: Path, lines: int = 6) -> str:
-    parts = []
-    for f in sorted(logdir.glob("member*.err")):
-        text = f.read_text(errors="replace").strip().splitlines()[-lines:]
-        if text:
-            parts.append(f"\n  {f.name}:\n    " + "\n    ".join(text))
-    return "".join(parts) + f"\n  (logs in {logdir})"
 
 
 def ensure_pysyncobj(progress: Callable[[str], None]) -> None:
