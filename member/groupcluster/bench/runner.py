@@ -357,7 +357,8 @@ class Runner:
         if system == JGROUPS5_TUNED:
             note = f"stated tuning: TCP bundler.capacity={self.settings.tcp_bundler_capacity} (stock 16384)"
         if system == JGROUPS5_MPERF:
-            note = f"JGroups' MPerf on tcp-new.xml, {self.settings.mperf_seconds} s per round, its 100 sender threads"
+            seq = " with SEQUENCER" if w.order == "total-order" else ""
+            note = f"JGroups' MPerf on tcp-new.xml{seq}, {self.settings.mperf_seconds} s per round, 100 sender threads"
         r = result(w.name, w.unit, [e["value"] for e in measured], note)
         self.peaks[(w.name, system)] = r.value
         return [r]
