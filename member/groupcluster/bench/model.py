@@ -443,7 +443,7 @@ def fmt_value(value: float, unit: str) -> str:
 def format_table(results: Sequence[Result], base: str = GROUPCLUSTER) -> str:
     """A plain-text table: one row per result, with our figure relative to each peer (``ours / peer``)."""
     rel = ratios(results, base)
-    rows = [("workload", "system", "value", "unit", "runs (min - max)", "CPU us/msg", f"{base} / this")]
+    rows = [("workload", "system", "median", "unit", "rounds (min - max)", "CPU us/msg", f"{base} / this")]
     for r in results:
         spread = f"{len(r.samples)}"
         if len(r.samples) >= 2:
