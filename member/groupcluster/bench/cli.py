@@ -72,6 +72,7 @@ def _settings(args: argparse.Namespace) -> Any:
     if args.quick:
         s.repeat, s.warmup, s.messages, s.counter_ops, s.latency_seconds = 2, 1, 20000, 5000, 2.0
         s.join_rounds, s.grid_single_ops, s.grid_batch_ops, s.mperf_seconds = 2, 500, 10000, 3
+        s.join_warm_rounds, s.state_repeat = 3, 3
     for name in ("repeat", "warmup", "messages", "counter_ops", "latency_seconds", "join_rounds", "mperf_seconds"):
         value = getattr(args, name)
         if value is not None:
