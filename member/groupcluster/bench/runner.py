@@ -263,9 +263,10 @@ class Runner:
                     sets.pop(system, None)
             rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in sets}
             for round_no, system, measured in interleave(list(sets), s.warmup, s.repeat):
-                ms = sets.get(system)
-                if ms is None:  # failed in an earlier round
+                current = sets.get(system)
+                if current is None:  # failed in an earlier round
                     continue
+                ms = current
                 load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
                 cpu0 = ms.cpu()
                 t0 = time.monotonic()
@@ -288,10 +289,10 @@ class Runner:
                     continue
                 rounds[system].append(entry)
             for system, entries in rounds.items():
-                measured = [e for e in entries if e["measured"]]
-                if not measured or system not in sets:
+                kept = [e for e in entries if e["measured"]]
+                if not kept or system not in sets:
                     continue
-                results.extend(self._round_results(w, system, measured, rate_of.get(system, 0.0)))
+                results.extend(self._round_results(w, system, kept, rate_of.get(system, 0.0)))
         finally:
             for ms in sets.values():
                 ms.close()
