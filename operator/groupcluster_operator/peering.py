@@ -57,12 +57,12 @@ async def peering_problem(api: KubeApi, name: str, namespaces: list[str] | None)
     exists (made here when missing: a replica paused on a missing one would wait forever)."""
     plural = "clusterkopfpeerings" if namespaces is None else "kopfpeerings"
     try:
-        found = await api.request("GET", f"/apis/{GROUP}/{VERSION}")
+        served = await api.served_resources(GROUP, VERSION)
     except ApiError as exc:
         if exc.status != 404:
             return f"cannot read the API server's discovery of {GROUP}/{VERSION}: {exc}"
-        found = None
-    if not any(r.get("name") == plural for r in (found or {}).get("resources") or ()):
+        served = []
+    if plural not in served:
         return (
             f"--peering {name}: the API server does not serve {plural}.{GROUP}: install kopf's peering CRDs "
             "(`kubectl apply -f crds/kopf-peering.yaml`, or the Helm chart), or run one operator without --peering"

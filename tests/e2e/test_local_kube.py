@@ -74,8 +74,7 @@ def test_deployment_ready_scale_and_garbage_collection(kube: Kube, namespace: st
     (pod,) = _pods(kube, ns, "app=web")
     assert _ready(pod)
     ip = pod["status"]["podIP"]
-    # The instance's pod address range (LOCAL_KUBE_POD_SUBNET, which the node agent reads; default 127.0.0).
-    subnet = os.environ.get("LOCAL_KUBE_POD_SUBNET", "127.0.0")
+    subnet = os.environ.get("LOCAL_KUBE_POD_SUBNET", "127.0.0")  # the node agent's pod addresses
     assert ip.startswith(f"{subnet}.") and ip != "127.0.0.1", ip
     assert pod["status"]["hostIP"] == "127.0.0.1"
     assert _http_ok(ip, 8080), f"pod {ip}:8080 not reachable from the test"

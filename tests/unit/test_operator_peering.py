@@ -18,42 +18,60 @@ from groupcluster_operator.peering import LIFETIME, peering_manifests, peering_p
 UID = "uid-1"
 
 
-class StoreApi(KubeApi):
-    """KubeApi whose requests go to a dict of objects by path (GET, POST, PATCH merge of spec, DELETE)."""
+class StoreApi:
+    """The KubeApi calls the operator makes here, on a dict of objects by "Kind/namespace/name"; records calls."""
 
     def __init__(self, discovery: dict[str, list[str]] | None = None, forbid: set[str] | None = None) -> None:
-        super().__init__("https://api.invalid", True)
         self.objects: dict[str, dict[str, Any]] = {}
-        self.discovery = discovery or {}
-        self.forbid = forbid or set()
+        self.discovery = discovery or {}  # "group/version" -> served plurals
+        self.forbid = forbid or set()  # keys whose creation is refused (403)
         self.calls: list[tuple[str, str]] = []
 
-    async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> Any:
-        self.calls.append((method, path))
-        if path in self.forbid and method != "GET":
-            raise ApiError(403, "forbidden", method=method, path=path)
-        if method == "GET" and path in self.discovery:
-            return {"resources": [{"name": name} for name in self.discovery[path]]}
-        if method == "GET":
-            if path not in self.objects:
-                raise ApiError(404, "not found", method=method, path=path)
-            return self.objects[path]
-        if method == "POST":
-            name = f"{path}/{body['metadata']['name']}"
-            if name in self.forbid:
-                raise ApiError(403, "forbidden", method=method, path=path)
-            if name in self.objects:
-                raise ApiError(409, "already exists", method=method, path=path)
-            self.objects[name] = body
-            return body
-        if method == "PATCH":
-            self.objects[path]["spec"].update(body.get("spec") or {})
-            return self.objects[path]
-        if method == "DELETE":
-            if self.objects.pop(path, None) is None:
-                raise ApiError(404, "not found", method=method, path=path)
-            return {}
-        raise AssertionError(f"unexpected {method} {path}")
+    @staticmethod
+    def key(manifest: dict[str, Any]) -> str:
+        meta = manifest["metadata"]
+        return f"{manifest['kind']}/{meta.get('namespace') or ''}/{meta['name']}"
+
+    async def served_resources(self, group: str = "groupcluster.io", version: str = "v1alpha1") -> list[str]:
+        if f"{group}/{version}" not in self.discovery:
+            raise ApiError(404, "not found")
+        return self.discovery[f"{group}/{version}"]
+
+    async def get(self, manifest: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("get", self.key(manifest)))
+        return self.objects.get(self.key(manifest))
+
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        key = self.key(manifest)
+        self.calls.append(("create", key))
+        if key in self.forbid:
+            raise ApiError(403, "forbidden")
+        if key in self.objects:
+            raise ApiError(409, "already exists")
+        self.objects[key] = manifest
+        return manifest
+
+    async def ensure(self, manifest: dict[str, Any]) -> bool:
+        return await KubeApi.ensure(self, manifest)  # type: ignore[arg-type]
+
+    async def merge_patch(self, manifest: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+        key = self.key(manifest)
+        self.calls.append(("patch", key))
+        obj = self.objects[key]
+        for field_name, value in patch.items():
+            obj.setdefault(field_name, {}).update(value)
+        return obj
+
+    async def delete(self, manifest: dict[str, Any]) -> bool:
+        self.calls.append(("delete", self.key(manifest)))
+        return self.objects.pop(self.key(manifest), None) is not None
+
+    async def list_groupclusters(self, namespace: str | None, limit: int | None = None) -> list[dict[str, Any]]:
+        self.calls.append(("list", f"GroupCluster/{namespace or ''}"))
+        return []
+
+    async def close(self) -> None:
+        self.calls.append(("close", ""))
 
 
 def test_the_replica_started_first_ranks_first_and_no_two_tie() -> None:
@@ -75,7 +93,7 @@ def test_peering_objects_namespaced_in_each_watched_namespace_or_one_cluster_wid
 
 
 def test_peering_without_the_crd_is_refused_naming_the_fix() -> None:
-    api = StoreApi(discovery={"/apis/kopf.dev/v1": ["clusterkopfpeerings"]})
+    api = StoreApi(discovery={"kopf.dev/v1": ["clusterkopfpeerings"]})
     problem = asyncio.run(peering_problem(api, "gc", ["a"]))
     assert problem is not None and "kopfpeerings.kopf.dev" in problem and "crds/kopf-peering.yaml" in problem
     assert "without --peering" in problem
@@ -83,24 +101,22 @@ def test_peering_without_the_crd_is_refused_naming_the_fix() -> None:
 
 
 def test_missing_peering_objects_are_made_and_existing_ones_kept() -> None:
-    api = StoreApi(discovery={"/apis/kopf.dev/v1": ["kopfpeerings", "clusterkopfpeerings"]})
+    api = StoreApi(discovery={"kopf.dev/v1": ["kopfpeerings", "clusterkopfpeerings"]})
     kept = {"metadata": {"name": "gc", "namespace": "a"}, "status": {"other": {"priority": 1}}}
-    api.objects["/apis/kopf.dev/v1/namespaces/a/kopfpeerings/gc"] = kept
+    api.objects["KopfPeering/a/gc"] = kept
     assert asyncio.run(peering_problem(api, "gc", ["a", "b"])) is None
-    assert api.objects["/apis/kopf.dev/v1/namespaces/a/kopfpeerings/gc"] is kept
-    assert api.objects["/apis/kopf.dev/v1/namespaces/b/kopfpeerings/gc"]["kind"] == "KopfPeering"
+    assert api.objects["KopfPeering/a/gc"] is kept
+    assert api.objects["KopfPeering/b/gc"]["kind"] == "KopfPeering"
     assert asyncio.run(peering_problem(api, "gc", None)) is None
-    assert "/apis/kopf.dev/v1/clusterkopfpeerings/gc" in api.objects
+    assert "ClusterKopfPeering//gc" in api.objects
     # Without the right to make one, the operator says which and where, instead of pausing forever.
-    api = StoreApi(
-        discovery={"/apis/kopf.dev/v1": ["kopfpeerings"]}, forbid={"/apis/kopf.dev/v1/namespaces/c/kopfpeerings/gc"}
-    )
+    api = StoreApi(discovery={"kopf.dev/v1": ["kopfpeerings"]}, forbid={"KopfPeering/c/gc"})
     problem = asyncio.run(peering_problem(api, "gc", ["c"]))
     assert problem is not None and "KopfPeering gc in namespace c" in problem and "403" in problem
 
 
 SPEC = ClusterSpec(name="orders", namespace="shop", image="i")
-SERVICES = "/api/v1/namespaces/shop/services"
+SERVICES = "Service/shop"
 
 
 def _ensure(api: StoreApi) -> None:
@@ -113,9 +129,9 @@ def test_supporting_objects_include_the_client_service_beside_the_headless_one()
     _ensure(api)
     assert api.objects[f"{SERVICES}/orders"]["spec"]["type"] == "ClusterIP"
     assert api.objects[f"{SERVICES}/orders-members"]["spec"]["clusterIP"] == "None"
-    assert not [c for c in api.calls if c[0] == "DELETE"]
+    assert not [c for c in api.calls if c[0] == "delete"]
     _ensure(api)  # a second pass changes nothing
-    assert not [c for c in api.calls if c[0] == "DELETE"]
+    assert not [c for c in api.calls if c[0] == "delete"]
 
 
 def test_an_older_operators_headless_service_named_after_the_cluster_is_replaced_by_the_client_service() -> None:
@@ -127,7 +143,7 @@ def test_an_older_operators_headless_service_named_after_the_cluster_is_replaced
     client = api.objects[f"{SERVICES}/orders"]
     assert client["spec"]["type"] == "ClusterIP" and "publishNotReadyAddresses" not in client["spec"]
     assert api.objects[f"{SERVICES}/orders-members"]["spec"]["clusterIP"] == "None"
-    assert ("DELETE", f"{SERVICES}/orders") in api.calls
+    assert ("delete", f"{SERVICES}/orders") in api.calls
 
 
 def test_a_headless_service_of_someone_else_is_left_alone() -> None:
@@ -137,7 +153,7 @@ def test_a_headless_service_of_someone_else_is_left_alone() -> None:
     api.objects[f"{SERVICES}/orders"] = foreign
     _ensure(api)
     assert api.objects[f"{SERVICES}/orders"] is foreign
-    assert not [c for c in api.calls if c[0] == "DELETE"]
+    assert not [c for c in api.calls if c[0] == "delete"]
 
 
 def test_a_standby_leaves_the_finalizers_on_exit_and_the_replica_at_work_releases_them() -> None:
@@ -148,7 +164,7 @@ def test_a_standby_leaves_the_finalizers_on_exit_and_the_replica_at_work_release
             handlers.CONFIG.api, handlers.CONFIG.peering = api, "gc"
             handlers.CONFIG.active, handlers.CONFIG.namespaces = active, ["shop"]
             asyncio.run(handlers.cleanup())
-            listed = ("GET", "/apis/groupcluster.io/v1alpha1/namespaces/shop/groupclusters") in api.calls
+            listed = ("list", "GroupCluster/shop") in api.calls
             assert listed is released, (active, api.calls)
             assert handlers.CONFIG.api is None  # closed either way
     finally:
@@ -160,16 +176,10 @@ def test_a_replica_announces_itself_in_kopfs_format_before_kopf_looks() -> None:
 
     api = StoreApi()
     for ns in ("a", "b"):
-        api.objects[f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/gc"] = {"metadata": {"name": "gc"}, "spec": {}}
-    calls: list[tuple[str, dict[str, Any]]] = []
-
-    async def merge_patch(manifest: dict[str, Any], patch: dict[str, Any]) -> None:
-        calls.append((manifest["metadata"]["namespace"], patch))
-
-    api.merge_patch = merge_patch  # type: ignore[method-assign]
-    asyncio.run(announce(api, "gc", ["a", "b"], "op-1", -5, wait=0.0))
-    assert [ns for ns, _ in calls] == ["a", "b"]
-    entry = calls[0][1]["status"]["op-1"]
+        api.objects[f"KopfPeering/{ns}/gc"] = {"kind": "KopfPeering", "metadata": {"name": "gc", "namespace": ns}}
+    asyncio.run(announce(api, "gc", ["a", "b"], "op-1", -5, wait=0.0))  # type: ignore[arg-type]
+    assert [c for c in api.calls if c[0] == "patch"] == [("patch", "KopfPeering/a/gc"), ("patch", "KopfPeering/b/gc")]
+    entry = api.objects["KopfPeering/b/gc"]["status"]["op-1"]
     assert (entry["priority"], entry["lifetime"]) == (-5, LIFETIME)
     # kopf reads lastseen with iso8601 and judges the peer alive until lastseen + lifetime.
     from kopf._core.engines.peering import Peer
