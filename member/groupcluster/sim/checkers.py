@@ -422,6 +422,9 @@ def check_virtual_synchrony(history: History | HistoryIndex) -> list[Violation]:
 
     A member's deliveries between installing V1 and installing its next view count as delivered in V1. Only
     members that moved on to the same next view are compared (a member that crashed in V1 has no next view).
+    A joiner that took a state counts as having delivered in V1 what its donor delivered in V1 before taking
+    that state (the ``state`` events ``get`` and ``set``): the state holds them, and a joiner never receives
+    them itself when they were sent before it joined (a sequencer's replay of an earlier epoch, say).
     """
     idx = _index(history)
     views_at: dict[str, list[tuple[int, VidKey]]] = {
@@ -436,6 +439,20 @@ def check_virtual_synchrony(history: History | HistoryIndex) -> list[Violation]:
         k = bisect.bisect_right(positions.get(d.receiver, []), d.pos) - 1
         if k >= 0:
             delivered.setdefault((d.receiver, k), set()).add((d.sender, d.msg))
+    for joiner, donor, get_pos in _state_transfers(idx):
+        k = bisect.bisect_right(positions.get(donor, []), get_pos) - 1
+        if k < 0:
+            continue
+        vid = views_at[donor][k][1]
+        kj = next((i for i, (_, v) in enumerate(views_at.get(joiner, [])) if v == vid), None)
+        if kj is None:
+            continue
+        before_cut = {
+            (d.sender, d.msg)
+            for d in idx.deliveries
+            if d.receiver == donor and d.dest is None and views_at[donor][k][0] < d.pos < get_pos
+        }
+        delivered.setdefault((joiner, kj), set()).update(before_cut)
     # (V1, V2) -> [(member, its deliveries in V1)]
     groups: dict[tuple[VidKey, VidKey], list[tuple[str, set[tuple[str, str]]]]] = {}
     for member, vs in views_at.items():
@@ -457,6 +474,26 @@ def check_virtual_synchrony(history: History | HistoryIndex) -> list[Violation]:
                         f"{len(got - first)} only here (e.g. {only_other})",
                     )
                 )
+    return out
+
+
+def _state_transfers(idx: HistoryIndex) -> list[tuple[str, str, int]]:
+    """(joiner, donor, position of the donor's ``get``) for every state a joiner set from a donor."""
+    gets: dict[tuple[str, str, Any], int] = {}
+    out: list[tuple[str, str, int]] = []
+    for pos, ev in enumerate(idx.events):
+        if ev.kind != "state":
+            continue
+        op = ev.data.get("op")
+        transfer = ev.data.get("transfer")
+        if not isinstance(transfer, list) or len(transfer) != 2:
+            continue
+        if op == "get":
+            gets[(ev.member, str(transfer[0]), transfer[1])] = pos
+        elif op == "set" and ev.data.get("donor") is not None:
+            get_pos = gets.get((str(ev.data["donor"]), ev.member, transfer[1]))
+            if get_pos is not None:
+                out.append((ev.member, str(ev.data["donor"]), get_pos))
     return out
 
 
@@ -659,7 +696,12 @@ def _owed(idx: HistoryIndex, key: tuple[str, str], s: str, until: int) -> bool:
     return True
 
 
-STACK_CHECKERS["total-order"] = {"total-order": check_total_order, "crashed-prefix": check_crashed_prefix}
+# total-order is vsync plus a sequencer: it promises virtual synchrony too.
+STACK_CHECKERS["total-order"] = {
+    "virtual-synchrony": check_virtual_synchrony,
+    "total-order": check_total_order,
+    "crashed-prefix": check_crashed_prefix,
+}
 
 
 # ---- state transfer (stacks with the "state" layer: vsync, total-order) ------------------------------------
