@@ -15,6 +15,7 @@ from groupcluster.sim.checkers import (
     check_reliable_delivery,
     check_safety,
     check_view_agreement,
+    check_virtual_synchrony,
 )
 from groupcluster.sim.history import History, HistoryEvent
 
@@ -290,3 +291,31 @@ def test_checkers_read_json_lines_round_trip(tmp_path) -> None:  # type: ignore[
 def test_check_safety_rejects_unknown_skip() -> None:
     with pytest.raises(ValueError, match="allowed values"):
         check_safety(History(), skip=["nope"])
+
+
+# ---- virtual synchrony and state transfer -------------------------------------------------------------------
+
+
+def _joiner_history(*, state_after_delivery: bool) -> History:
+    """B joins A's view 2 by a state from A; A delivers a1 (sent in view 1, a sequencer's replay) in view 2,
+    before or after taking B's state. Then both move on to view 3 together."""
+
+    h = H().start(A, B).view(1, [A]).send(A, "a1", view=1)
+    h._add(B, "state", op="request")
+    h.view(2, [A, B])
+    if state_after_delivery:
+        h.deliver(A, A, "a1")
+    h._add(A, "state", op="get", transfer=[B, 1], size=1 if state_after_delivery else 0, digest="d")
+    h._add(B, "state", op="set", donor=A, transfer=[B, 1], size=1 if state_after_delivery else 0, digest="d")
+    if not state_after_delivery:
+        h.deliver(A, A, "a1")
+    h.view(3, [A, B])
+    return h.history
+
+
+def test_virtual_synchrony_counts_what_a_joiners_state_holds_as_delivered_in_that_view() -> None:
+    # a1 is in B's state (A delivered it before the cut): both hold it in view 2.
+    assert check_virtual_synchrony(_joiner_history(state_after_delivery=True)) == []
+    # A delivered a1 after the cut: B has it neither from the state nor delivered, and moved on with A.
+    violations = check_virtual_synchrony(_joiner_history(state_after_delivery=False))
+    assert [(v.property, v.member) for v in violations] == [("virtual-synchrony", B)]
