@@ -254,3 +254,12 @@ REGRESSIONS += [
     (310000056, TOTAL_ORDER_STARTUP, FROZEN_COMMITS),
     (310000059, TOTAL_ORDER_STARTUP, FROZEN_COMMITS),
 ]
+REGRESSIONS += [
+    (
+        310500287,
+        VSYNC_STARTUP,
+        "checker: a joiner's state held messages its donor sent in the joiner's first view and crashed before "
+        "anyone else got them; counting every pre-cut delivery as the joiner's broke virtual synchrony (now only "
+        "those sent in an earlier view, which the joiner never receives, count)",
+    ),
+]

@@ -319,3 +319,14 @@ def test_virtual_synchrony_counts_what_a_joiners_state_holds_as_delivered_in_tha
     # A delivered a1 after the cut: B has it neither from the state nor delivered, and moved on with A.
     violations = check_virtual_synchrony(_joiner_history(state_after_delivery=False))
     assert [(v.property, v.member) for v in violations] == [("virtual-synchrony", B)]
+
+
+def test_a_joiner_is_not_credited_with_what_was_sent_in_its_first_view() -> None:
+    # A multicast of view 2 reaches the joiner like any member; one only in the donor's state, whose sender
+    # crashed before anyone else got it, is not the joiner's delivery (nor the survivors').
+    h = H().start(A, B, C).view(1, [A, C]).view(2, [A, C, B])
+    h._add(B, "state", op="request").send(A, "a2", view=2).deliver(A, A, "a2")
+    h._add(A, "state", op="get", transfer=[B, 1], size=1, digest="d")
+    h._add(B, "state", op="set", donor=A, transfer=[B, 1], size=1, digest="d")
+    h._add(A, "crash").view(3, [C, B], creator=C)
+    assert check_virtual_synchrony(h.history) == []

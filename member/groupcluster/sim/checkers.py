@@ -423,8 +423,9 @@ def check_virtual_synchrony(history: History | HistoryIndex) -> list[Violation]:
     A member's deliveries between installing V1 and installing its next view count as delivered in V1. Only
     members that moved on to the same next view are compared (a member that crashed in V1 has no next view).
     A joiner that took a state counts as having delivered in V1 what its donor delivered in V1 before taking
-    that state (the ``state`` events ``get`` and ``set``): the state holds them, and a joiner never receives
-    them itself when they were sent before it joined (a sequencer's replay of an earlier epoch, say).
+    that state (the ``state`` events ``get`` and ``set``) and was sent in an earlier view: the state holds them,
+    and the joiner never receives them itself (a sequencer's replay of an earlier epoch). Those sent in V1 the
+    joiner receives like any member (recorded ``via: state`` when the state holds them).
     """
     idx = _index(history)
     views_at: dict[str, list[tuple[int, VidKey]]] = {
@@ -447,11 +448,12 @@ def check_virtual_synchrony(history: History | HistoryIndex) -> list[Violation]:
         kj = next((i for i, (_, v) in enumerate(views_at.get(joiner, [])) if v == vid), None)
         if kj is None:
             continue
-        before_cut = {
-            (d.sender, d.msg)
-            for d in idx.deliveries
-            if d.receiver == donor and d.dest is None and views_at[donor][k][0] < d.pos < get_pos
-        }
+        before_cut = set()
+        for d in idx.deliveries:
+            if d.receiver == donor and d.dest is None and views_at[donor][k][0] < d.pos < get_pos:
+                send = idx.sends.get((d.sender, d.msg))
+                if send is not None and send.view is not None and send.view != vid:
+                    before_cut.add((d.sender, d.msg))
         delivered.setdefault((joiner, kj), set()).update(before_cut)
     # (V1, V2) -> [(member, its deliveries in V1)]
     groups: dict[tuple[VidKey, VidKey], list[tuple[str, set[tuple[str, str]]]]] = {}
