@@ -1,7 +1,7 @@
 """Named stack configurations (bottom first), and loading a stack configuration from YAML.
 
 ``fifo`` is reliable FIFO multicast and unicast with membership, merge, fragmentation and flow control;
-``vsync`` adds FLUSH before every view change (virtual synchrony); ``total-order`` adds SEQUENCER.
+``vsync`` adds FLUSH before every view change (virtual synchrony); ``total-order`` is ``vsync`` plus SEQUENCER.
 """
 
 from __future__ import annotations
@@ -45,12 +45,15 @@ VSYNC: list[dict[str, Any]] = [
     {"layer": "state"},
 ]
 
-# Total order: SEQUENCER above GMS (the coordinator numbers every multicast).
+# Total order is virtual synchrony plus a sequencer, as JGroups' sequencer.xml stacks them: SEQUENCER above GMS
+# (the coordinator numbers every multicast), FLUSH near the top, above FRAG, so that it latches whole
+# application messages and its round sees the sequencer's traffic below it drained.
 TOTAL_ORDER: list[dict[str, Any]] = [
-    *[dict(e) for e in FIFO if e["layer"] not in ("flow", "frag")],
+    *[dict(e) for e in VSYNC if e["layer"] not in ("flow", "frag", "flush", "state")],
     {"layer": "sequencer"},
     {"layer": "flow"},
     {"layer": "frag"},
+    {"layer": "flush"},
     {"layer": "state"},
 ]
 

@@ -403,6 +403,10 @@ def test_pod_state_and_member_report_are_read_from_api_objects() -> None:
         ({"memberPort": 8080}, "memberPort and spec.httpPort"),
         ({"stack": {"set": {"nodot": "1"}}}, "layer.key"),
         ({"stack": {"preset": "fast"}}, "spec.stack.preset"),
+        # Scaling relies on flushed view changes: no preset or override may take the flush away.
+        ({"stack": {"preset": "fifo"}}, "spec.stack.preset: 'fifo' is no longer offered"),
+        ({"stack": {"set": {"gms.use_flush": "false"}}}, "spec.stack.set: gms.use_flush cannot be set"),
+        ({"stack": {"set": {"flush.enable_reconciliation": "false"}}}, "flush.enable_reconciliation cannot be set"),
         # The operator sets it per pod (join-only members); a user's value would fight it.
         ({"grid": {"initial_cluster_size": "3"}}, "spec.grid.initial_cluster_size: set by the operator"),
     ],
@@ -411,6 +415,18 @@ def test_bad_specs_are_refused_naming_the_field(fields: dict[str, Any], message:
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "spec": {"replicas": 3, **fields}}
     with pytest.raises(SpecError, match=re.escape(message)):
         ClusterSpec.from_resource(body, default_image="groupcluster:test")
+
+
+def test_every_offered_preset_flushes_its_view_changes() -> None:
+    from groupcluster.stacks import preset
+    from groupcluster_operator.model import PRESETS
+
+    for name in PRESETS:
+        layers = preset(name)
+        assert any(e["layer"] == "flush" for e in layers), name
+        assert next(e for e in layers if e["layer"] == "gms").get("use_flush") is True, name
+        body = {"metadata": {"name": "demo", "namespace": "ns"}, "spec": {"stack": {"preset": name}}}
+        assert ClusterSpec.from_resource(body, default_image="groupcluster:test").preset == name
 
 
 def test_an_image_is_required_from_the_spec_or_the_operator() -> None:
