@@ -38,14 +38,12 @@ import logging
 import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from ..core.address import Address
-from ..core.config import param, parse_params
-from ..core.errors import WireError
-from .consistent_hash import DEFAULT_OWNERS, DEFAULT_SEGMENTS, MAX_OWNERS, MAX_SEGMENTS, segment_of, segments_of
-from .messages import (
+from ...core.address import Address
+from ...core.errors import WireError
+from ..consistent_hash import segment_of, segments_of
+from ..messages import (
     BATCH_MAX_ENTRIES,
     DEFAULT_LIMITS,
     DELETE,
@@ -77,7 +75,7 @@ from .messages import (
     decode_payload,
     encode_payload,
 )
-from .store import (
+from ..store import (
     SEQ_BITS,
     Columns,
     SegmentStore,
@@ -87,17 +85,16 @@ from .store import (
     tie_wins,
     version_seq,
 )
-from .topology import (
+from ..topology import (
     MAX_LOST,
     Availability,
     CacheTopology,
     MemberStatus,
-    PartitionHandling,
     Phase,
     RebalancePlanner,
     owner_set,
 )
-from .tx import (
+from ..tx import (
     REASON_CONFLICT,
     REASON_ERROR,
     REASON_FULL,
@@ -109,9 +106,7 @@ from .tx import (
     REASON_UNAVAILABLE,
     CoordState,
     InDoubt,
-    LockingMode,
     ResolverOutput,
-    TxConfig,
     TxCoordinator,
     TxDecided,
     TxLocked,
@@ -126,7 +121,7 @@ from .tx import (
     report_info,
     resolution,
 )
-from .tx_messages import (
+from ..tx_messages import (
     NO,
     TxAck,
     TxCommit,
@@ -142,7 +137,13 @@ from .tx_messages import (
     TxVote,
     VersionedWrite,
 )
-from .tx_messages import approx_size as _tx_approx_size
+from ..tx_messages import approx_size as _tx_approx_size
+from .config import MAX_CAPACITY, GridConfig
+from .events import EVENT_ARRIVED, EVENT_DEPARTED, EVENT_KINDS, EVENT_WRITTEN, EntryEvents
+from .operations import _CUTOFF_ERROR, _NO_CUTOFF, _PRIMARY_CUTOFF_ERROR, _Op
+from .replication import _PendingWrite
+from .results import TX_COMMIT_OP, TX_LOCK_OP, TX_RESOLVE_OP, TX_ROLLBACK_OP, OpResult, Outgoing
+from .routes import _fetching, _Routes
 
 log = logging.getLogger("groupcluster.grid")
 
@@ -161,204 +162,12 @@ _RECENT_TOPOLOGIES = 8
 DEFERRED_CHUNKS_PER_STEP = 1
 XFER_OVERHEAD = 64  # bytes a chunk's message costs beyond its packed entries (pacing; approximate)
 
-# OpResult.kind of the transaction calls (never on the wire: operations on the wire are GET, PUT, DELETE).
-TX_LOCK_OP, TX_COMMIT_OP, TX_ROLLBACK_OP = 16, 17, 18
-TX_RESOLVE_OP = 19  # tx_resolve_all: value b"commit" or b"rollback" when ok
 # Request ids of tx_resolve_all's report requests: apart from the resolver's rounds, which count from 1.
 _QUERY_IDS = 1 << 48
 _TX_DONE_KEPT = 10_000  # finished transactions remembered for late calls (tx_commit after a rollback)
 _TX_KINDS: frozenset[type] = frozenset(
     (TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck, TxReportRequest, TxReportAnswer)
 )
-
-
-MAX_CAPACITY = 1_000_000.0  # a member's capacity factor is in [0, MAX_CAPACITY]
-
-
-@dataclass(frozen=True)
-class GridConfig:
-    num_segments: int = param(DEFAULT_SEGMENTS, "int", doc="segments of the key space (coordinator's wins)", minimum=1)
-    num_owners: int = param(DEFAULT_OWNERS, "int", doc="copies of each segment (coordinator's wins)", minimum=1)
-    capacity: float = param(1.0, "float", doc="this member's share of segments relative to others; 0 owns none")
-    partition_handling: str = param(
-        "deny_read_writes",
-        "choice",
-        choices=tuple(m.value for m in PartitionHandling),
-        doc="what a partition that may have lost data or a majority still serves",
-    )
-    transfer_batch_entries: int = param(1000, "int", doc="most entries in one state-transfer batch", minimum=1)
-    # Each chunk costs a round trip through both members' stacks whatever its size: 128 KiB chunks moved the same
-    # data with 10-20% less CPU than 64 KiB ones, and one is still handled in well under a millisecond per step
-    # (defer_transfer); a short window bounds what waits on the link (docs/grid.md, "Pacing").
-    transfer_batch_bytes: int = param("128KiB", "size", doc="most bytes in one state-transfer batch", minimum=1)
-    transfer_window: int = param(2, "int", doc="unacknowledged transfer batches in flight per stream", minimum=1)
-    # A new owner paces what it receives by when it acknowledges chunks (docs/grid.md, "Pacing"): unpaced, the
-    # transfer took every core of a 2-core machine and single writes waited 8-11x longer than on the idle grid.
-    # The default is bench/grid_rebalance.py's trade-off there: 53 MB/s moved with a write p99 2.7-4.4x idle
-    # (13 runs; 64 MiB/s: 57-61 MB/s, 3.7-6.2x; 48 MiB/s: 45 MB/s, 3.1-3.2x).
-    transfer_rate: int = param(
-        "56MiB", "size", doc="most state-transfer bytes per second into this member (0: no limit)", minimum=0
-    )
-    attempt_timeout: float = param("3s", "duration", doc="resend an operation not answered within this")
-    op_timeout: float = param("30s", "duration", doc="fail an operation not completed within this")
-    retry_backoff: float = param("20ms", "duration", doc="wait before retrying on an unchanged topology")
-    recovery_timeout: float = param("3s", "duration", doc="new coordinator: wait this long for members' statuses")
-    initial_cluster_size: int = param(
-        1,
-        "int",
-        doc="members a coordinator waits for before it starts a new, empty grid (more than half of those started "
-        "together: then two grids that never met cannot both start)",
-        minimum=1,
-    )
-    max_queued: int = param(100_000, "int", doc="requests held for a topology not yet installed", minimum=1)
-    max_entries: int = param(
-        0,
-        "int",
-        doc="as a key's primary, refuse a PUT that would add a key while this member holds this many live entries "
-        "or more (a soft bound: backups, state transfer and merge pushes never refuse; a transaction adding a key is "
-        "rolled back); 0: no bound",
-        minimum=0,
-    )
-    max_bytes: int = param(
-        0,
-        "size",
-        doc="as a key's primary, refuse a PUT that would grow this member's live key and value bytes past this "
-        "(a new key counts its key and value, an overwrite the growth of its value; deletes and shrinking "
-        "overwrites always go through; soft, like max_entries); 0: no bound",
-        minimum=0,
-    )
-    tombstone_grace: float = param(
-        "10m",
-        "duration",
-        doc="keep a deletion's tombstone this long (then drop it once no rebalance or merge runs); 0 keeps them",
-    )
-    count_events: bool = param(
-        False,
-        "bool",
-        doc="produce entry events (arrived, departed, written) even with no listener, to count them in /metrics "
-        "(grid.events_<kind>); costs a copy of the columns per batch",
-    )
-    persistence: str = param(
-        "none",
-        "choice",
-        choices=("none", "write_through"),
-        doc="keep a local SQLite copy of this member's entries, written once per step (docs/grid.md, persistence)",
-    )
-    persistence_path: str = param(
-        "",
-        "str",
-        doc="the SQLite file of persistence=write_through, or a directory: one file per bind address in it",
-    )
-    tx_locking: str = param(
-        "optimistic", "choice", choices=tuple(m.value for m in LockingMode), doc="transactions' default locking mode"
-    )
-    tx_lock_timeout: float = param("10s", "duration", doc="a transaction's lock not granted within this fails")
-    tx_timeout: float = param("30s", "duration", doc="a transaction not prepared within this rolls back")
-    tx_test_hold_commit: bool = param(
-        False,
-        "bool",
-        doc="fault injection for tests, never in production: an originator sends no commit after a unanimous YES "
-        "(its participants stay prepared; kill it to make the transaction in doubt)",
-    )
-    tx_auto_resolve: bool = param(
-        True,
-        "bool",
-        doc="the view coordinator resolves in-doubt transactions itself (commit if a member committed it, roll "
-        "back if every member of its prepare-time view but the originator answered otherwise); off: only an "
-        "operator does (groupcluster tx resolve)",
-    )
-
-    def __post_init__(self) -> None:
-        from ..core.errors import ConfigError
-
-        if not 1 <= self.num_segments <= MAX_SEGMENTS:
-            raise ConfigError(f"grid.num_segments: {self.num_segments} is outside [1, {MAX_SEGMENTS}]")
-        if not 1 <= self.num_owners <= MAX_OWNERS:
-            raise ConfigError(f"grid.num_owners: {self.num_owners} is outside [1, {MAX_OWNERS}]")
-        if not 0 <= self.capacity <= MAX_CAPACITY:
-            raise ConfigError(f"grid.capacity: {self.capacity} is outside [0, 1000000]")
-        if self.persistence == "write_through" and not self.persistence_path:
-            raise ConfigError("grid.persistence_path: needed with persistence=write_through")
-        if self.tombstone_grace < 0:
-            raise ConfigError(f"grid.tombstone_grace: {self.tombstone_grace:g}s is negative (0 keeps tombstones)")
-
-    @classmethod
-    def from_dict(cls, params: dict[str, Any]) -> GridConfig:
-        """Parse ``{"num_owners": 2, "attempt_timeout": "3s", ...}``; errors name the bad key."""
-        return parse_params(cls, params, "grid")
-
-    @property
-    def mode(self) -> PartitionHandling:
-        return PartitionHandling(self.partition_handling)
-
-    def tx_config(self) -> TxConfig:
-        """The transaction core's settings; unanswered transaction messages are re-sent after attempt_timeout."""
-        return TxConfig(
-            locking=self.tx_locking,
-            lock_timeout=self.tx_lock_timeout,
-            tx_timeout=self.tx_timeout,
-            resend_interval=self.attempt_timeout,
-        )
-
-
-# Entry event kinds (docs/grid.md, "Entry events"): entries that came here by state transfer, entries of
-# segments this member dropped at the end of a rebalance, and writes this member applied as an owner.
-EVENT_ARRIVED, EVENT_DEPARTED, EVENT_WRITTEN = "arrived", "departed", "written"
-EVENT_KINDS = frozenset((EVENT_ARRIVED, EVENT_DEPARTED, EVENT_WRITTEN))
-
-
-@dataclass(frozen=True, slots=True)
-class EntryEvents:
-    """A batch of entry events of one kind, as columns (one object per batch, never one per entry).
-
-    ``keys[i]``, ``versions[i]``, ``values[i]`` describe one entry; a value None is a deletion (a tombstone moved
-    or dropped, or a removal written). ``segment`` is the one segment of an ``arrived``/``departed`` batch and -1
-    for ``written`` (keys of any segment). ``topology_id``: the topology installed when it happened. The columns
-    may be the node's own lists: listeners must not change them.
-    """
-
-    kind: str
-    segment: int
-    topology_id: int
-    keys: Sequence[bytes]
-    versions: Sequence[int]
-    values: Sequence[bytes | None]
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def entries(self) -> Iterator[tuple[bytes, int, bytes | None]]:
-        """``(key, version, value or None)`` per entry."""
-        return zip(self.keys, self.versions, self.values, strict=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """A payload for the group: ``dest`` None is a multicast to the view (the sender may ignore its copy)."""
-
-    dest: Address | None
-    payload: bytes
-
-
-# Not frozen, to be treated as read-only: one is made per operation, and a frozen dataclass's __init__ cost
-# ~1.1 us against ~0.2 us (its field assignments go through object.__setattr__), ~6% of a member's CPU in
-# Spark batch writes (issue 7).
-@dataclass(slots=True)
-class OpResult:
-    """A finished client operation. ``ok`` False carries ``error``; a GET of an absent key is ok, value None."""
-
-    op_id: int
-    kind: int
-    key: bytes
-    ok: bool
-    value: bytes | None = None
-    error: str = ""
-    attempts: int = 1
-    # GET: the version of the entry read (0 when absent); a transaction's read version for optimistic checks.
-    version: int = 0
-    # ok False: a stable machine-readable reason (the REASON_* strings above).
-    reason: str = ""
-    tx: TxId | None = None  # the transaction of a TX_*_OP result
 
 
 # Expiry (docs/grid.md, "Expiry"): entries removed per step at most (a mass expiry is spread over steps, as a
@@ -371,118 +180,6 @@ EXPIRY_RECHECK = 1.0
 def _check_expires(expires: object, field: str) -> None:
     if type(expires) is not float or not 0.0 <= expires < math.inf:
         raise ValueError(f"{field}: expected a Unix time as a float (0.0: never), got {expires!r}")
-
-
-_NO_CUTOFF = float("inf")
-_CUTOFF_ERROR = "timed out: the request's deadline passed"
-_PRIMARY_CUTOFF_ERROR = _CUTOFF_ERROR + " before the key's primary owner could apply it"
-
-
-class _Op:
-    __slots__ = (
-        "attempt",
-        "cutoff",
-        "deadline",
-        "expires",
-        "key",
-        "kind",
-        "not_before",
-        "nseg",
-        "op_id",
-        "resend_at",
-        "seg",
-        "target",
-        "topology_id",
-        "value",
-    )
-
-    def __init__(self, op_id: int, kind: int, key: bytes, value: bytes | None, deadline: float) -> None:
-        self.op_id = op_id
-        self.kind = kind
-        self.key = key
-        self.deadline = deadline
-        self.attempt = 0
-        self.target: Address | None = None
-        self.topology_id = 0  # the topology of the attempt in flight; 0 while waiting
-        self.resend_at = 0.0
-        # Waiting to be (re)sent: until our topology id reaches ``not_before[0]`` and time ``not_before[1]``.
-        self.not_before: tuple[int, float] | None = (0, 0.0)
-        self.value = value
-        self.seg = 0  # segment_of(key, nseg), computed for the first topology that routes the operation
-        self.nseg = 0
-        # The client's deadline (node time; inf: none): no attempt is sent at or after it (see _send_op).
-        self.cutoff = _NO_CUTOFF
-        self.expires = 0.0  # a PUT's expiry as a Unix time (0.0: none), stamped by its originator
-
-
-class _PendingWrite:
-    """A write this member stamped and applied, not yet on every write owner (see :meth:`GridNode._redrive`)."""
-
-    __slots__ = (
-        "attempt",
-        "awaiting",
-        "expires",
-        "key",
-        "merge",
-        "op_id",
-        "origin",
-        "topology_id",
-        "value",
-        "version",
-    )
-
-    def __init__(
-        self,
-        origin: Address,
-        op_id: int,
-        attempt: int,
-        topology_id: int,
-        awaiting: set[Address],
-        key: bytes,
-        version: int,
-        value: bytes | None,
-        *,
-        merge: bool = False,
-        expires: float = 0.0,
-    ) -> None:
-        self.origin = origin
-        self.op_id = op_id
-        self.attempt = attempt
-        self.topology_id = topology_id  # 0: re-send under the next topology installed
-        self.awaiting = awaiting
-        self.key = key
-        self.version = version
-        self.value = value
-        # A merge push (:meth:`GridNode._push_entries`). Like a write whose client was already answered (op_id
-        # 0), nobody waits for it; unlike that one, it keeps ``GridNode.merging`` True until it is done.
-        self.merge = merge
-        self.expires = expires  # the entry's expiry as a Unix time (0.0: none), sent with every copy
-
-
-class _Routes:
-    """Per-segment routing answers of one topology, computed once: a topology never changes, and every
-    operation asks them on the originator, the primary and each backup (they showed up in profiles)."""
-
-    __slots__ = ("can_read", "can_write", "i_read", "i_write", "primary", "read", "topology", "write")
-
-    def __init__(self, t: CacheTopology, me: Address) -> None:
-        self.topology = t
-        table = t.routing_table(me)
-        self.read = [r.read for r in table]
-        self.write = [r.write for r in table]
-        self.can_read = [r.can_read for r in table]
-        self.can_write = [r.can_write for r in table]
-        # This member's part per segment (asked per operation; address comparisons are Python calls).
-        self.i_read = [r.i_read for r in table]
-        self.i_write = [r.i_write for r in table]
-        self.primary = [r.primary for r in table]
-
-
-def _fetching(t: CacheTopology, seg: int) -> set[Address]:
-    """Owners that pull ``seg`` in ``t`` (pending but not current owners): their copy starts empty."""
-    if t.pending is None:
-        return set()
-    return set(t.pending.owners_of(seg)) - set(t.current.owners_of(seg))
 
 
 class _InXfer:
