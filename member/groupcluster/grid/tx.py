@@ -240,6 +240,19 @@ class LockTable:
     def blocked_segments(self) -> frozenset[int]:
         return frozenset(self._blocked)
 
+    # Cheap first checks for the plain write path, true while no transaction runs here: one truth test each.
+    def any_locked(self) -> bool:
+        """Whether any key has a lock (held, or waited for)."""
+        return bool(self._locks)
+
+    def any_held(self) -> bool:
+        """Whether any transaction holds keys here."""
+        return bool(self._held)
+
+    def any_blocked(self) -> bool:
+        """Whether any segment is blocked (waiting for the previous primary's lock information)."""
+        return bool(self._blocked)
+
     def is_held(self, key: bytes) -> bool:
         """Whether a transaction holds ``key`` (the node's check before a plain write: a dict lookup)."""
         lock = self._locks.get(key)
@@ -424,7 +437,7 @@ class LockTable:
         """Lock information for ``segments`` arrived (or is known not to come): resume their requests.
         Returns the transactions whose requests completed."""
         segs = set(segments)
-        self._blocked.difference_update(segs)  # in place: GridNode keeps a reference
+        self._blocked.difference_update(segs)
         granted: list[TxId] = []
         # Queued waiters first (they were there before), then the parked requests in their order.
         for key in sorted(k for k in self._locks if self._segment_of(k) in segs):
