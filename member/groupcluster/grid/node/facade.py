@@ -37,7 +37,7 @@ import heapq
 import logging
 import math
 from collections import Counter, OrderedDict, deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ...core.address import Address
@@ -330,10 +330,6 @@ class GridNode:
         self.txc = TxCoordinator(address, self._tx_route, tcfg)
         self.txr = TxResolver(address, tcfg)  # automatic resolution of in-doubt transactions, on the coordinator
         self.txr.enabled = self.config.tx_auto_resolve
-        # The lock table's own containers (never replaced, only changed in place), for the plain write path's
-        # checks: one truth test each while no transaction runs here.
-        self._tx_locked = self.tx.locks._locks
-        self._tx_blocked = self.tx.locks._blocked
         self._tx_lock_ops: dict[TxId, int] = {}  # transaction -> the op id of its pending tx_lock
         self._tx_end_ops: dict[TxId, tuple[int, int]] = {}  # transaction -> (op id, kind) of tx_commit/tx_rollback
         self._tx_done: OrderedDict[TxId, tuple[bool, str]] = OrderedDict()  # finished here: (committed, reason)
@@ -363,6 +359,7 @@ class GridNode:
         self._topology_floor = 0  # the highest topology id the store saw; a new grid must start above it
         self.restore_outcome = ""  # "", "merged" (formed a new grid: pushed as a merge) or "discarded"
         self._restore_wids: set[int] = set()  # pushes of restored entries not yet acknowledged by every owner
+        self._handlers = self._dispatch_table()
 
     # ==== entry events =====================================================================================
     def set_event_kinds(self, kinds: Iterable[str]) -> None:
@@ -834,53 +831,57 @@ class GridNode:
         return out
 
     # ==== dispatch =========================================================================================
+    def _dispatch_table(self) -> dict[type, Callable[[Address, Any], None]]:
+        """Message type -> handler: every grid message a member may receive, and the part that handles it."""
+        table: dict[type, Callable[[Address, Any], None]] = {
+            BackupBatch: self._on_backup_batch,
+            BackupAckBatch: self._on_backup_ack_batch,
+            CommandBatch: self._on_command_batch,
+            ResponseBatch: self._on_response_batch,
+            Command: self._on_command,
+            Response: self._on_response,
+            Backup: self._on_backup,
+            BackupAck: self._on_backup_ack,
+            XferData: self._on_xfer_data,
+            XferAck: self._on_xfer_ack,
+            Fetch: self._on_fetch,
+            Topology: self._on_topology,
+            Confirm: self._on_confirm,
+            Status: self._on_status,
+            XferCancel: self._on_xfer_cancel,
+            XferFail: self._on_xfer_fail,
+        }
+        for kind in _TX_KINDS:
+            table[kind] = self._on_tx
+        return table
+
     def _handle(self, src: Address, msg: GridMessage) -> None:
-        kind = type(msg)
-        if kind is BackupBatch:
-            self._on_backup_batch(src, msg)  # type: ignore[arg-type]
-        elif kind is BackupAckBatch:
-            self._on_backup_ack_batch(src, msg)  # type: ignore[arg-type]
-        elif kind is CommandBatch:
-            self._on_command_batch(src, msg)  # type: ignore[arg-type]
-        elif kind is ResponseBatch:
-            self._on_response_batch(msg)  # type: ignore[arg-type]
-        elif kind is Command:
-            self._on_command(src, msg)  # type: ignore[arg-type]
-        elif kind is Response:
-            self._on_response(msg)  # type: ignore[arg-type]
-        elif kind is Backup:
-            self._on_backup(src, msg)  # type: ignore[arg-type]
-        elif kind is BackupAck:
-            self._on_backup_ack(src, msg)  # type: ignore[arg-type]
-        elif kind is XferData:
-            self._on_xfer_data(src, msg)  # type: ignore[arg-type]
-        elif kind is XferAck:
-            self._on_xfer_ack(src, msg)  # type: ignore[arg-type]
-        elif kind is Fetch:
-            self._on_fetch(src, msg)  # type: ignore[arg-type]
-        elif kind is Topology:
-            if self.view and src == self.view[0]:
-                self._install(msg.topology)  # type: ignore[union-attr]
-            else:
-                self.metrics["grid.topology_not_from_coordinator"] += 1
-        elif kind is Confirm:
-            if self.planner is not None:
-                self._planner_out(self.planner.on_confirm(src, msg.topology_id))  # type: ignore[union-attr]
-                self._check_ready()
-        elif kind is Status:
-            if self.planner is not None and src in self.view:
-                self._statuses_in[src] = msg.status  # type: ignore[union-attr]
-            else:
-                # From a member our view does not hold yet, or from one whose view already makes us the
-                # coordinator while ours does not (seed 460: dropping it left that member out of every
-                # topology): kept for the view that makes us coordinator.
-                self._early_statuses[src] = msg.status  # type: ignore[union-attr]
-        elif kind is XferCancel:
-            self._out_xfers.pop((src, msg.xfer_id), None)  # type: ignore[union-attr]
-        elif kind is XferFail:
-            self._on_xfer_fail(src, msg)  # type: ignore[arg-type]
-        elif kind in _TX_KINDS:
-            self._on_tx(src, msg)  # type: ignore[arg-type]
+        handler = self._handlers.get(type(msg))
+        if handler is not None:
+            handler(src, msg)
+
+    def _on_topology(self, src: Address, msg: Topology) -> None:
+        if self.view and src == self.view[0]:
+            self._install(msg.topology)
+        else:
+            self.metrics["grid.topology_not_from_coordinator"] += 1
+
+    def _on_confirm(self, src: Address, msg: Confirm) -> None:
+        if self.planner is not None:
+            self._planner_out(self.planner.on_confirm(src, msg.topology_id))
+            self._check_ready()
+
+    def _on_status(self, src: Address, msg: Status) -> None:
+        if self.planner is not None and src in self.view:
+            self._statuses_in[src] = msg.status
+        else:
+            # From a member our view does not hold yet, or from one whose view already makes us the
+            # coordinator while ours does not (seed 460: dropping it left that member out of every
+            # topology): kept for the view that makes us coordinator.
+            self._early_statuses[src] = msg.status
+
+    def _on_xfer_cancel(self, src: Address, msg: XferCancel) -> None:
+        self._out_xfers.pop((src, msg.xfer_id), None)
 
     def _emit(self, dest: Address | None, msg: GridMessage) -> None:
         if dest == self.address:
@@ -1421,7 +1422,7 @@ class GridNode:
         heapq.heappush(self._op_timers, run)
         return run
 
-    def _on_response_batch(self, b: ResponseBatch) -> None:
+    def _on_response_batch(self, src: Address, b: ResponseBatch) -> None:
         response = self._response
         errors = b.errors
         for i, (op_id, attempt, code, tid, value, version) in enumerate(
@@ -1429,7 +1430,7 @@ class GridNode:
         ):
             response(op_id, attempt, code, tid, value, errors.get(i, "") if errors else "", version)
 
-    def _on_response(self, rsp: Response) -> None:
+    def _on_response(self, src: Address, rsp: Response) -> None:
         self._response(rsp.op_id, rsp.attempt, rsp.code, rsp.topology_id, rsp.value, rsp.error, rsp.version)
 
     def _response(
@@ -1590,7 +1591,7 @@ class GridNode:
             self._respond(src, op_id, attempt, RETRY, tid)
             return
         locks = self.tx.locks
-        if self._tx_locked and locks.is_held(key):
+        if locks.any_locked() and locks.is_held(key):
             # A transaction holds the key (prepared, or locked pessimistically): a plain write now could slip
             # under it, so it fails at once rather than queue behind a lock that may be in doubt for long.
             self.metrics["grid.writes_refused_locked"] += 1
@@ -1598,7 +1599,7 @@ class GridNode:
             error = f"{REASON_LOCKED}: key is held by transaction {holders}"
             self._respond(src, op_id, attempt, ERROR, tid, error=error)
             return
-        if self._tx_blocked and seg in self._tx_blocked:
+        if locks.any_blocked() and locks.is_blocked(seg):
             # New primary, the old one's lock information not here yet: which keys are locked is unknown. The
             # wait is short (one message), so the originator retries after its backoff, as for any RETRY.
             self._respond(src, op_id, attempt, RETRY, tid)
@@ -1729,8 +1730,8 @@ class GridNode:
                 or not r.primary[seg]
                 or not r.can_write[seg]
                 or self._merge_hold is not None
-                or (self._tx_locked and locks.is_held(key))
-                or (self._tx_blocked and seg in self._tx_blocked)
+                or (locks.any_locked() and locks.is_held(key))
+                or (locks.any_blocked() and locks.is_blocked(seg))
             ):
                 store.recheck_expiry(wall + EXPIRY_RECHECK, seg, key, version)
                 continue
@@ -2560,7 +2561,7 @@ class GridNode:
         """Committed here with a write still waiting for a version only the dead originator knew: as the key's
         current write primary, stamp one, apply it, and send it to the other write owners (TxTable.stamp_committed)."""
         t = self.topology
-        if t is None or not self.tx.locks._held:
+        if t is None or not self.tx.locks.any_held():
             return
         r = self._routes(t)
         n = t.num_segments
