@@ -1451,7 +1451,7 @@ class GridRuntime(NodeTimer):
             # Wall-clock time of each install, for /v1/status (when did the last rebalance end, to the step).
             self._seen_topology = node.topology
             self.topology_installed_at = time.time()
-        if node._events:
+        if node.events._events:
             self._dispatch_events(node.take_events())
         for res in node.take_results():
             fut = self._waiting.pop(res.op_id, None)

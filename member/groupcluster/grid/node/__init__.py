@@ -22,18 +22,11 @@ from ..tx import (
 )
 from .config import MAX_CAPACITY, GridConfig
 from .events import EVENT_ARRIVED, EVENT_DEPARTED, EVENT_KINDS, EVENT_WRITTEN, EntryEvents
-from .facade import (
-    DEFERRED_CHUNKS_PER_STEP,
-    EXPIRE_PER_STEP,
-    EXPIRY_RECHECK,
-    FREE_INTERVAL,
-    FREE_PER_STEP,
-    MAX_PAYLOAD_SPLIT,
-    XFER_OVERHEAD,
-    GridNode,
-)
+from .expiry import EXPIRE_PER_STEP, EXPIRY_RECHECK
+from .facade import DEFERRED_CHUNKS_PER_STEP, FREE_INTERVAL, FREE_PER_STEP, MAX_PAYLOAD_SPLIT, GridNode
 from .replication import _PendingWrite
 from .results import TX_COMMIT_OP, TX_LOCK_OP, TX_RESOLVE_OP, TX_ROLLBACK_OP, OpResult, Outgoing
+from .transfer_in import XFER_OVERHEAD
 
 __all__ = [
     "DEFERRED_CHUNKS_PER_STEP",

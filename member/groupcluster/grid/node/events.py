@@ -1,9 +1,20 @@
-"""Entry events: the batches a member produces (arrived, departed, written) for its listeners."""
+"""Entry events: the batches a member produces (arrived, departed, written) for its listeners.
+
+:class:`EntryEventLog` holds the kinds asked for, the batches not collected yet and the columns of the
+writes applied in the current step."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import logging
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .facade import GridNode
+
+log = logging.getLogger("groupcluster.grid")
+
 
 # Entry event kinds (docs/grid.md, "Entry events"): entries that came here by state transfer, entries of
 # segments this member dropped at the end of a rebalance, and writes this member applied as an owner.
@@ -34,3 +45,46 @@ class EntryEvents:
     def entries(self) -> Iterator[tuple[bytes, int, bytes | None]]:
         """``(key, version, value or None)`` per entry."""
         return zip(self.keys, self.versions, self.values, strict=True)
+
+
+class EntryEventLog:
+    """The entry events of one member: off until :meth:`set_event_kinds`, then batches pile up for take_events."""
+
+    def __init__(self, node: GridNode) -> None:
+        self.node = node
+        # -- entry events (off until set_event_kinds: then batches pile up for take_events)
+        self._event_kinds: frozenset[str] = frozenset()
+        self._events: list[EntryEvents] = []
+        # Columns of the writes applied in this step while "written" is on; one EntryEvents per step (_flush).
+        self._written: tuple[list[bytes], list[int], list[bytes | None]] | None = None
+
+    # ==== entry events =====================================================================================
+    def set_event_kinds(self, kinds: Iterable[str]) -> None:
+        """Which entry events to produce (empty: none, the default, at no cost). The driver collects them with
+        :meth:`take_events` after every step; each batch is also counted in ``grid.events_<kind>``."""
+        wanted = frozenset(kinds)
+        bad = wanted - EVENT_KINDS
+        if bad:
+            raise ValueError(f"set_event_kinds: unknown kind(s) {sorted(bad)}; known: {sorted(EVENT_KINDS)}")
+        self._event_kinds = wanted
+        self._written = ([], [], []) if EVENT_WRITTEN in wanted else None
+        self._events = [e for e in self._events if e.kind in wanted]
+
+    def take_events(self) -> list[EntryEvents]:
+        """The entry event batches produced since the last call, in the order they happened."""
+        events, self._events = self._events, []
+        return events
+
+    def _event(
+        self, kind: str, segment: int, keys: Sequence[bytes], versions: Sequence[int], values: Sequence[bytes | None]
+    ) -> None:
+        t = self.node.topology
+        self._events.append(EntryEvents(kind, segment, t.topology_id if t else 0, keys, versions, values))
+        self.node.metrics[f"grid.events_{kind}"] += len(keys)
+
+    def _note_written(self, key: bytes, version: int, value: bytes | None) -> None:
+        written = self._written
+        assert written is not None
+        written[0].append(key)
+        written[1].append(version)
+        written[2].append(value)

@@ -35,9 +35,8 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import logging
-import math
 from collections import Counter, OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ...core.address import Address
@@ -60,7 +59,6 @@ from ..messages import (
     Command,
     CommandBatch,
     Confirm,
-    EntryChunk,
     Fetch,
     GridLimits,
     GridMessage,
@@ -77,12 +75,10 @@ from ..messages import (
 )
 from ..store import (
     SEQ_BITS,
-    Columns,
     SegmentStore,
     TransferEntry,
     make_version,
     next_seq,
-    tie_wins,
     version_seq,
 )
 from ..topology import (
@@ -138,12 +134,17 @@ from ..tx_messages import (
     VersionedWrite,
 )
 from ..tx_messages import approx_size as _tx_approx_size
+from .capacity import EntryBounds
 from .config import MAX_CAPACITY, GridConfig
-from .events import EVENT_ARRIVED, EVENT_DEPARTED, EVENT_KINDS, EVENT_WRITTEN, EntryEvents
+from .events import EVENT_DEPARTED, EVENT_WRITTEN, EntryEventLog, EntryEvents
+from .expiry import Expiry, _check_expires
 from .operations import _CUTOFF_ERROR, _NO_CUTOFF, _PRIMARY_CUTOFF_ERROR, _Op
 from .replication import _PendingWrite
+from .restore import Restore
 from .results import TX_COMMIT_OP, TX_LOCK_OP, TX_RESOLVE_OP, TX_ROLLBACK_OP, OpResult, Outgoing
 from .routes import _fetching, _Routes
+from .transfer_in import StateConsumer
+from .transfer_out import StateProvider
 
 log = logging.getLogger("groupcluster.grid")
 
@@ -160,7 +161,6 @@ FREE_INTERVAL = 0.005
 _RECENT_TOPOLOGIES = 8
 # Transfer chunks applied or produced per step while operations may be waiting (see GridNode.defer_transfer).
 DEFERRED_CHUNKS_PER_STEP = 1
-XFER_OVERHEAD = 64  # bytes a chunk's message costs beyond its packed entries (pacing; approximate)
 
 # Request ids of tx_resolve_all's report requests: apart from the resolver's rounds, which count from 1.
 _QUERY_IDS = 1 << 48
@@ -168,34 +168,6 @@ _TX_DONE_KEPT = 10_000  # finished transactions remembered for late calls (tx_co
 _TX_KINDS: frozenset[type] = frozenset(
     (TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck, TxReportRequest, TxReportAnswer)
 )
-
-
-# Expiry (docs/grid.md, "Expiry"): entries removed per step at most (a mass expiry is spread over steps, as a
-# large drop is), and when a member that is not an expired entry's primary looks again (the primary removes
-# it; if the primary died first, we may be the new one by then).
-EXPIRE_PER_STEP = 500
-EXPIRY_RECHECK = 1.0
-
-
-def _check_expires(expires: object, field: str) -> None:
-    if type(expires) is not float or not 0.0 <= expires < math.inf:
-        raise ValueError(f"{field}: expected a Unix time as a float (0.0: never), got {expires!r}")
-
-
-class _InXfer:
-    __slots__ = ("remaining", "source")
-
-    def __init__(self, source: Address, segments: Iterable[int]) -> None:
-        self.source = source
-        self.remaining = set(segments)
-
-
-class _OutXfer:
-    __slots__ = ("batches", "unacked")
-
-    def __init__(self, batches: Iterator[XferData]) -> None:
-        self.batches = batches
-        self.unacked = 0
 
 
 # Client operations, backups and their answers: handled at once even while transfer messages are held back
@@ -235,12 +207,7 @@ class GridNode:
         self._stamped_by: dict[Address, dict[int, list[float]]] = {}
         self.metrics: Counter[str] = Counter()
         self._now = 0.0
-        # max_entries and max_bytes: the live entries and their key and value bytes counted at ``_entries_at`` (a
-        # step's time), plus what PUTs added since; ``_full_bound`` names the bound the last refusal met.
-        self._entries = 0
-        self._bytes = 0
-        self._entries_at = -1.0
-        self._full_bound = "max_entries"
+        self.bounds = EntryBounds(self)
         # Wall-clock seconds minus the ``now`` we are given (the driver's clock may be monotonic): the sequence
         # part of the versions we stamp is at least the wall clock in milliseconds (store.next_seq), so a
         # version dates its write and the merge of two grids that never met keeps the later write (docs/grid.md).
@@ -249,22 +216,11 @@ class GridNode:
         self._seq: dict[int, int] = {}  # segment -> the last sequence we stamped for it
         self._next_op = 1
         self._next_write = 1
-        self._next_xfer = 1
+        self.consumer = StateConsumer(self)
         self._ops: dict[int, _Op] = {}
         self._writes: dict[int, _PendingWrite] = {}
         self._queued: deque[tuple[float, int, Address, GridMessage]] = deque()
-        self._in_xfers: dict[int, _InXfer] = {}
-        self._out_xfers: dict[tuple[Address, int], _OutXfer] = {}
-        self._xfer_rebalance = -1  # the rebalance our fetch state belongs to
-        self._fetch_started: set[int] = set()  # segments cleared and (being) fetched in that rebalance
-        self._fetched: set[int] = set()
-        self._fetch_tries: Counter[int] = Counter()
-        self._refetch_at: float | None = None
-        # Pacing (transfer_rate): when the next chunk may be acknowledged, and acknowledgements held until then
-        # as (due time, source, transfer id); streams whose window has room for another chunk in a later step.
-        self._ack_at = 0.0
-        self._acks_due: deque[tuple[float, Address, int]] = deque()
-        self._pumps: deque[tuple[Address, int]] = deque()
+        self.provider = StateProvider(self)
         self._collect_at = 0.0  # when the next slice of dropped segments may be freed (see FREE_INTERVAL)
         self._confirmed_id = 0
         self._statuses_in: dict[Address, MemberStatus] = {}
@@ -286,7 +242,6 @@ class GridNode:
         # a write of a segment whose write owners a later one left unchanged stays in its round (see
         # _kept_owners). Cleared by every view change, so the rule never spans one (merges included).
         self._recent_routes: dict[int, _Routes] = {}
-        self._to_fetch_cache: tuple[CacheTopology, frozenset[int]] | None = None
         # Resend and retry-backoff times of operations, as set (stale entries are skipped): runs
         # ``[time, seq, first op id, last op id]`` of operations sharing one time. The operations of a batch
         # are sent in one step with consecutive ids, so a batch is one heap entry, not one per operation (a
@@ -348,30 +303,16 @@ class GridNode:
         # yet, reports so far, deadline]
         self._tx_queries: dict[int, list[Any]] = {}
         self._tx_query_seq = 0
-        # -- entry events (off until set_event_kinds: then batches pile up for take_events)
-        self._event_kinds: frozenset[str] = frozenset()
-        self._events: list[EntryEvents] = []
-        # Columns of the writes applied in this step while "written" is on; one EntryEvents per step (_flush).
-        self._written: tuple[list[bytes], list[int], list[bytes | None]] | None = None
-        # -- persistence (docs/grid.md): entries a persistent store brought back, waiting for our first topology
-        self._restored: list[TransferEntry] | None = None
-        self._restored_expiries: dict[tuple[bytes, int], float] = {}
-        self._topology_floor = 0  # the highest topology id the store saw; a new grid must start above it
-        self.restore_outcome = ""  # "", "merged" (formed a new grid: pushed as a merge) or "discarded"
-        self._restore_wids: set[int] = set()  # pushes of restored entries not yet acknowledged by every owner
+        self.events = EntryEventLog(self)
+        self.persistence = Restore(self)
+        self.expiry = Expiry(self)
         self._handlers = self._dispatch_table()
 
     # ==== entry events =====================================================================================
     def set_event_kinds(self, kinds: Iterable[str]) -> None:
         """Which entry events to produce (empty: none, the default, at no cost). The driver collects them with
         :meth:`take_events` after every step; each batch is also counted in ``grid.events_<kind>``."""
-        wanted = frozenset(kinds)
-        bad = wanted - EVENT_KINDS
-        if bad:
-            raise ValueError(f"set_event_kinds: unknown kind(s) {sorted(bad)}; known: {sorted(EVENT_KINDS)}")
-        self._event_kinds = wanted
-        self._written = ([], [], []) if EVENT_WRITTEN in wanted else None
-        self._events = [e for e in self._events if e.kind in wanted]
+        self.events.set_event_kinds(kinds)
 
     def restore(
         self,
@@ -387,34 +328,20 @@ class GridNode:
         floor so the coordinator numbers new topologies above it: versions are ``(topology id << 40) | seq``,
         and a new write must beat every stored one. ``expiries`` (by ``(key, version)``) go with the pushed
         entries: an entry pushed after its expiry is removed by its primary as any expired entry is."""
-        if self.topology is not None:
-            raise RuntimeError("GridNode.restore: only before the first topology")
-        self._restored = list(entries)
-        self._restored_expiries = dict(expiries or {})
-        self._topology_floor = max(0, topology_floor)
+        self.persistence.restore(entries, topology_floor, expiries)
 
     @property
     def event_kinds(self) -> frozenset[str]:
-        return self._event_kinds
+        return self.events._event_kinds
 
     def take_events(self) -> list[EntryEvents]:
         """The entry event batches produced since the last call, in the order they happened."""
-        events, self._events = self._events, []
-        return events
+        return self.events.take_events()
 
-    def _event(
-        self, kind: str, segment: int, keys: Sequence[bytes], versions: Sequence[int], values: Sequence[bytes | None]
-    ) -> None:
-        t = self.topology
-        self._events.append(EntryEvents(kind, segment, t.topology_id if t else 0, keys, versions, values))
-        self.metrics[f"grid.events_{kind}"] += len(keys)
-
-    def _note_written(self, key: bytes, version: int, value: bytes | None) -> None:
-        written = self._written
-        assert written is not None
-        written[0].append(key)
-        written[1].append(version)
-        written[2].append(value)
+    @property
+    def restore_outcome(self) -> str:
+        """ "" until the first topology, then "merged" (formed a new grid: pushed as a merge) or "discarded"."""
+        return self.persistence.restore_outcome
 
     # ==== inputs ===========================================================================================
     def on_view(self, members: Sequence[Address], now: float, *, merge: bool = False) -> None:
@@ -483,14 +410,14 @@ class GridNode:
             if op.not_before is None and op.target is not None and op.target not in alive:
                 op.not_before = (op.topology_id + 1, 0.0)
                 self._try_send(op)  # at once if a newer topology is here already
-        for key in [k for k in self._out_xfers if k[0] not in alive]:
-            del self._out_xfers[key]
+        for key in [k for k in self.provider._out_xfers if k[0] not in alive]:
+            del self.provider._out_xfers[key]
         lost = False
-        for xid in [x for x, xf in self._in_xfers.items() if xf.source not in alive]:
-            del self._in_xfers[xid]
+        for xid in [x for x, xf in self.consumer._in_xfers.items() if xf.source not in alive]:
+            del self.consumer._in_xfers[xid]
             lost = True
         if lost:
-            self._plan_fetches()
+            self.consumer._plan_fetches()
         self._send_status()
         self._flush()
 
@@ -536,11 +463,11 @@ class GridNode:
         self._now = now
         if self._deferred:
             self._run_deferred(DEFERRED_CHUNKS_PER_STEP)
-        elif self._pumps:
-            dest, xid = self._pumps.popleft()
-            stream = self._out_xfers.get((dest, xid))
+        elif self.provider._pumps:
+            dest, xid = self.provider._pumps.popleft()
+            stream = self.provider._out_xfers.get((dest, xid))
             if stream is not None:
-                self._pump(dest, xid, stream)
+                self.provider._pump(dest, xid, stream)
         if self.planner is not None:
             self._planner_out(self.planner.on_tick(now))
         while self._queued and self._queued[0][0] <= now:
@@ -576,34 +503,38 @@ class GridNode:
                 self._send_op(op)
             elif op.not_before is not None:
                 self._try_send(op)
-        if self._refetch_at is not None and now >= self._refetch_at:
-            self._refetch_at = None
-            self._plan_fetches()
-        while self._acks_due and self._acks_due[0][0] <= now:
-            _, src, xid = self._acks_due.popleft()
-            xf = self._in_xfers.get(xid)
+        if self.consumer._refetch_at is not None and now >= self.consumer._refetch_at:
+            self.consumer._refetch_at = None
+            self.consumer._plan_fetches()
+        while self.consumer._acks_due and self.consumer._acks_due[0][0] <= now:
+            _, src, xid = self.consumer._acks_due.popleft()
+            xf = self.consumer._in_xfers.get(xid)
             if xf is not None and xf.source == src:  # not cancelled meanwhile
                 self._emit(src, XferAck(xid))
-        expiry = self._tombstone_expiry()
+        expiry = self.expiry._tombstone_expiry()
         if expiry is not None and now >= expiry:
             assert self.store is not None
             self.metrics["grid.tombstones_expired"] += self.store.expire_tombstones(now, self.config.tombstone_grace)
         if self.store is not None and self.store._expiring:
-            self._remove_expired()
+            self.expiry._remove_expired()
         self._tx_tick(now)
         self._flush()
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` must be called next (None: nothing is timed)."""
-        times = [t for t in (self.planner.next_deadline() if self.planner else None, self._refetch_at) if t is not None]
+        times = [
+            t
+            for t in (self.planner.next_deadline() if self.planner else None, self.consumer._refetch_at)
+            if t is not None
+        ]
         if self._queued:
             times.append(self._queued[0][0])
-        expiry = self._tombstone_expiry()
+        expiry = self.expiry._tombstone_expiry()
         if expiry is not None:
             times.append(expiry)
-        if self._acks_due:
-            times.append(self._acks_due[0][0])
-        if self._deferred or self._pumps:
+        if self.consumer._acks_due:
+            times.append(self.consumer._acks_due[0][0])
+        if self._deferred or self.provider._pumps:
             times.append(self._now)  # held-back transfer work: the next chunk in a step of its own
         if self.store is not None and self.store._garbage:
             times.append(self._collect_at)  # dropped segments still to free: the next slice (see _flush)
@@ -636,24 +567,6 @@ class GridNode:
             if run is self._timer_run:
                 self._timer_run = None
         return min(times) if times else None
-
-    def _tombstone_expiry(self) -> float | None:
-        """When the oldest tombstone may go, or None while none may (see docs/grid.md, tombstones).
-
-        Tombstones stop a deleted key from coming back when an older value arrives: by state transfer during a
-        rebalance, or pushed by another partition after a merge. So none goes while a rebalance or a merge
-        runs, or while our topology is degraded (a partition may still have older values to push when it
-        merges back); otherwise a tombstone goes ``tombstone_grace`` after this member stored it.
-        """
-        grace = self.config.tombstone_grace
-        t = self.topology
-        if grace <= 0 or self.store is None or t is None:
-            return None
-        oldest = self.store.oldest_tombstone()
-        # ``merging`` scans the pending writes: asked last, and only when a tombstone waits.
-        if oldest is None or t.phase != Phase.NO_REBALANCE or t.availability != Availability.AVAILABLE:
-            return None
-        return None if self.merging else oldest + grace
 
     # -- client operations ----------------------------------------------------------------------------------
     # Each takes the client's ``deadline`` (node time; None: none), after which the operation sends no attempt
@@ -806,7 +719,7 @@ class GridNode:
         t = self.topology
         if t is None or t.phase != Phase.READ_OLD_WRITE_ALL:
             return False
-        return not self._to_fetch(t) <= self._fetched
+        return not self.consumer._to_fetch(t) <= self.consumer._fetched
 
     def status(self) -> dict[str, Any]:
         """A JSON-able summary for ``/v1/status``."""
@@ -826,8 +739,8 @@ class GridNode:
         if t is not None:
             out["segments_primary"] = len(t.current.segments_primary(self.address))
             out["segments_owned"] = len(t.current.segments_owned(self.address))
-            need = self._to_fetch(t) if t.phase == Phase.READ_OLD_WRITE_ALL else frozenset()
-            out["rebalance"] = {"segments_to_fetch": len(need), "segments_fetched": len(need & self._fetched)}
+            need = self.consumer._to_fetch(t) if t.phase == Phase.READ_OLD_WRITE_ALL else frozenset()
+            out["rebalance"] = {"segments_to_fetch": len(need), "segments_fetched": len(need & self.consumer._fetched)}
         return out
 
     # ==== dispatch =========================================================================================
@@ -842,14 +755,14 @@ class GridNode:
             Response: self._on_response,
             Backup: self._on_backup,
             BackupAck: self._on_backup_ack,
-            XferData: self._on_xfer_data,
-            XferAck: self._on_xfer_ack,
-            Fetch: self._on_fetch,
+            XferData: self.consumer._on_xfer_data,
+            XferAck: self.provider._on_xfer_ack,
+            Fetch: self.provider._on_fetch,
             Topology: self._on_topology,
             Confirm: self._on_confirm,
             Status: self._on_status,
-            XferCancel: self._on_xfer_cancel,
-            XferFail: self._on_xfer_fail,
+            XferCancel: self.provider._on_xfer_cancel,
+            XferFail: self.consumer._on_xfer_fail,
         }
         for kind in _TX_KINDS:
             table[kind] = self._on_tx
@@ -879,9 +792,6 @@ class GridNode:
             # coordinator while ours does not (seed 460: dropping it left that member out of every
             # topology): kept for the view that makes us coordinator.
             self._early_statuses[src] = msg.status
-
-    def _on_xfer_cancel(self, src: Address, msg: XferCancel) -> None:
-        self._out_xfers.pop((src, msg.xfer_id), None)
 
     def _emit(self, dest: Address | None, msg: GridMessage) -> None:
         if dest == self.address:
@@ -949,10 +859,10 @@ class GridNode:
             elif self.planner is None:
                 self._statuses_in.clear()
         self._check_ready()
-        written = self._written
+        written = self.events._written
         if written is not None and written[0]:
-            self._event(EVENT_WRITTEN, -1, *written)
-            self._written = ([], [], [])
+            self.events._event(EVENT_WRITTEN, -1, *written)
+            self.events._written = ([], [], [])
         if self.store is not None and self.store._garbage and self._now >= self._collect_at:
             self.store.collect(FREE_PER_STEP)
             self._collect_at = self._now + FREE_INTERVAL
@@ -981,7 +891,7 @@ class GridNode:
         if not self.view:
             return
         lost = tuple(sorted(self._vanished_owners)[:MAX_LOST])
-        status = MemberStatus(self.config.capacity, self.leaving, self.topology, self._topology_floor, lost)
+        status = MemberStatus(self.config.capacity, self.leaving, self.topology, self.persistence._topology_floor, lost)
         self._emit(self.view[0], Status(status))
 
     # ==== topology =========================================================================================
@@ -1036,39 +946,41 @@ class GridNode:
             # would drop here; seed 15 lost acknowledged writes that way. Dropping waits for availability.
             # Nor while our merge push waits for the merged group's topology: a topology of our old group
             # that arrives after the merge view must not take entries the push still has to carry (seed 19).
-            departed = EVENT_DEPARTED in self._event_kinds
+            departed = EVENT_DEPARTED in self.events._event_kinds
             for s in store.held_segments() - keep:
                 if departed:
                     data = store.segments[s]
                     if data:
                         # Snapshot the columns before the store lets go of the entries (they may be freed a
                         # slice per step from here on).
-                        self._event(EVENT_DEPARTED, s, list(data.ver), list(data.ver.values()), list(data.val.values()))
+                        self.events._event(
+                            EVENT_DEPARTED, s, list(data.ver), list(data.ver.values()), list(data.val.values())
+                        )
                 self.metrics["grid.entries_dropped"] += store.remove_segment(s)
                 dropped_segments.append(s)
                 emptied.append(s)
         if t.phase == Phase.READ_OLD_WRITE_ALL:
-            if t.rebalance_id != self._xfer_rebalance:
-                self._cancel_in_xfers()
-                self._xfer_rebalance = t.rebalance_id
-                self._fetch_started = set()
-                self._fetched = set()
-                self._fetch_tries.clear()
-            for s in self._to_fetch(t) - self._fetch_started:
+            if t.rebalance_id != self.consumer._xfer_rebalance:
+                self.consumer._cancel_in_xfers()
+                self.consumer._xfer_rebalance = t.rebalance_id
+                self.consumer._fetch_started = set()
+                self.consumer._fetched = set()
+                self.consumer._fetch_tries.clear()
+            for s in self.consumer._to_fetch(t) - self.consumer._fetch_started:
                 # A new owner's old copy may be stale (it missed writes while not an owner): start empty.
                 store.clear_segment(s)
-                self._fetch_started.add(s)
+                self.consumer._fetch_started.add(s)
                 emptied.append(s)
             # Streams from sources that are no longer current owners of their segments restart elsewhere.
-            for xid, xf in list(self._in_xfers.items()):
+            for xid, xf in list(self.consumer._in_xfers.items()):
                 if xf.source not in t.members or any(xf.source not in t.current.owners_of(s) for s in xf.remaining):
                     if xf.source in self.view:
                         self._emit(xf.source, XferCancel(xid))
-                    del self._in_xfers[xid]
+                    del self.consumer._in_xfers[xid]
         else:
-            self._cancel_in_xfers()
+            self.consumer._cancel_in_xfers()
             if t.phase == Phase.NO_REBALANCE:
-                self._out_xfers.clear()
+                self.provider._out_xfers.clear()
         for s in keep:
             store.add_segment(s)
         if emptied:
@@ -1104,8 +1016,8 @@ class GridNode:
                     self._write_done(wid, pw)
         if merged:
             self._push_entries(merged, merge=True, expiries=merged_expiries if merged_expiries is not None else {})
-        if old is None and (self._restored is not None or self._topology_floor):
-            self._settle_restored(t)
+        if old is None and (self.persistence._restored is not None or self.persistence._topology_floor):
+            self.persistence._settle_restored(t)
         # Requests held for this topology (or an older one) can be answered now.
         if self._queued:
             held, self._queued = self._queued, deque()
@@ -1115,7 +1027,7 @@ class GridNode:
                 else:
                     self._queued.append(item)
         if t.phase == Phase.READ_OLD_WRITE_ALL:
-            self._plan_fetches()
+            self.consumer._plan_fetches()
         self._maybe_confirm()
         for op in list(self._ops.values()):
             if op.not_before is not None:
@@ -1125,60 +1037,6 @@ class GridNode:
                 # a RETRY from them (or an answer, if the owner had not moved on either).
                 self._send_op(op)
         self._check_ready()
-
-    def _settle_restored(self, t: CacheTopology) -> None:
-        """Our first topology: merge what the persistent store brought back, or discard it (see :meth:`restore`)."""
-        entries, self._restored = self._restored or [], None
-        expiries, self._restored_expiries = self._restored_expiries, {}
-        store = self.store
-        assert store is not None
-        if self.address in owner_set(t.current) and t.phase == Phase.NO_REBALANCE:
-            self.restore_outcome = "merged"
-            # The persistent copy restarts from what this member holds from now on: kept entries come back to
-            # it through their owners' writes (ours included). The old rows are set aside, not deleted, until
-            # every push is acknowledged: a member killed during the push brings them back at its next start.
-            store.stash_backing()
-            n = t.num_segments
-            first = self._next_write
-            # A key may come twice (the rows a killed restore had set aside, and the new ones): push the one the
-            # stores would keep (the rule of SegmentStore.write), so the expiry by key is that version's.
-            newest: dict[bytes, TransferEntry] = {}
-            for e in entries:
-                old = newest.get(e[0])
-                if old is None or old[1] < e[1] or (old[1] == e[1] and tie_wins(e[2], old[2])):
-                    newest[e[0]] = e
-            self._push_entries(
-                [(segment_of(k, n), k, v, val) for k, v, val in newest.values()],
-                merge=False,
-                expiries={(segment_of(k, n), k): expiries[k, v] for k, v, _ in newest.values() if (k, v) in expiries},
-            )
-            self._restore_wids = {w for w in range(first, self._next_write) if w in self._writes}
-            if not self._restore_wids:
-                store.drop_stash()
-            self.metrics["grid.restored_entries_pushed"] += len(entries)
-        else:
-            # Joined a running grid: nothing of the old file may linger (it may be stale).
-            store.reset_backing()
-            self.restore_outcome = "discarded"
-            self.metrics["grid.restored_entries_discarded"] += len(entries)
-        # A warning when there was something, so it shows at the default log level: an operator should know a
-        # store was emptied or merged.
-        log.log(
-            logging.WARNING if entries else logging.INFO,
-            "%s: persistent store %s: %d entries (%s)",
-            self.address,
-            self.restore_outcome,
-            len(entries),
-            "formed a new grid with the other members: pushed to their owners, newest version wins"
-            if self.restore_outcome == "merged"
-            else "joined a running grid: the store is cleared, its entries may be stale",
-        )
-
-    def _restore_done(self, wid: int) -> None:
-        wids = self._restore_wids
-        wids.discard(wid)
-        if not wids and self.store is not None:
-            self.store.drop_stash()  # every restored entry is with its owners now
 
     def _repair_after(self, gone: Address) -> None:
         """``gone`` left our view: finish the writes it may have left half replicated.
@@ -1216,7 +1074,7 @@ class GridNode:
         t = self.topology
         if t is None or self._confirmed_id == t.topology_id or not self.view:
             return
-        if t.phase == Phase.READ_OLD_WRITE_ALL and not self._to_fetch(t) <= self._fetched:
+        if t.phase == Phase.READ_OLD_WRITE_ALL and not self.consumer._to_fetch(t) <= self.consumer._fetched:
             return
         self._confirmed_id = t.topology_id
         self._emit(self.view[0], Confirm(t.topology_id))
@@ -1280,13 +1138,6 @@ class GridNode:
         caps = dict(zip(t.current.members, t.current.capacities, strict=True))
         return all(caps.get(m, -1.0) == 0 for m in others)
 
-    def _to_fetch(self, t: CacheTopology) -> frozenset[int]:
-        """Our segments to pull in ``t`` (asked after every transfer chunk: cached per topology)."""
-        cached = self._to_fetch_cache
-        if cached is None or cached[0] is not t:
-            cached = self._to_fetch_cache = (t, t.segments_to_fetch(self.address))
-        return cached[1]
-
     def _routes(self, t: CacheTopology) -> _Routes:
         r = self._routes_cache
         if r is None or r.topology is not t:
@@ -1326,8 +1177,8 @@ class GridNode:
     def _write_done(self, wid: int, pw: _PendingWrite) -> None:
         """Every write owner has write ``wid``: forget it and answer its originator."""
         del self._writes[wid]
-        if self._restore_wids:
-            self._restore_done(wid)
+        if self.persistence._restore_wids:
+            self.persistence._restore_done(wid)
         self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
 
     # ==== operations (originator side) =====================================================================
@@ -1610,12 +1461,12 @@ class GridNode:
             self.metrics["grid.writes_refused_deadline"] += 1
             self._respond(src, op_id, attempt, ERROR, tid, error=_PRIMARY_CUTOFF_ERROR)
             return
-        if kind == PUT and (self.config.max_entries or self.config.max_bytes) and self._full(seg, key, value):
+        if kind == PUT and (self.config.max_entries or self.config.max_bytes) and self.bounds._full(seg, key, value):
             self.metrics["grid.writes_refused_full"] += 1
             # A first attempt refused wrote nothing; an earlier attempt, unanswered, may have been applied (by a
             # primary before a topology change) and still be replicated.
             written = "nothing was written" if attempt == 1 else "this attempt wrote nothing (an earlier may have)"
-            error = self._full_error(f"{written} (delete keys, add members or raise the bound)")
+            error = self.bounds._full_error(f"{written} (delete keys, add members or raise the bound)")
             self._respond(src, op_id, attempt, ERROR, tid, error=error)
             return
         owners = r.write[seg]
@@ -1625,50 +1476,6 @@ class GridNode:
         self._stamp_write(seg, key, value, expires, tid, owners[1:], src, op_id, attempt)
         if len(owners) == 1:
             self._respond(src, op_id, attempt, OK, tid)
-
-    def _full(self, seg: int, key: bytes, value: bytes | None) -> bool:
-        """Whether a PUT of ``key`` would take this member past a bound: ``max_entries`` if it adds a key,
-        ``max_bytes`` if it grows the live bytes (a key held already may be overwritten by a value no larger)."""
-        data = self.store.segments.get(seg)  # type: ignore[union-attr]
-        held = None if data is None else data.val.get(key)
-        size = len(value or b"")
-        grow = len(key) + size if held is None else size - len(held)
-        return not self._fits(int(held is None), grow)
-
-    def _fits(self, adds: int, grow: int) -> bool:
-        """:meth:`_take_room`, asked only when a bound could refuse: what neither adds a key under max_entries
-        nor grows the bytes under max_bytes fits without a count (the count of a step starts at its first PUT
-        that could be refused, as before max_bytes existed)."""
-        cfg = self.config
-        if not (adds and cfg.max_entries) and not (grow > 0 and cfg.max_bytes):
-            return True
-        return self._take_room(adds, grow)
-
-    def _take_room(self, adds: int, grow: int) -> bool:
-        """Count ``adds`` new keys and ``grow`` bytes against ``max_entries`` and ``max_bytes`` if they fit (True),
-        else change nothing (False). The store is counted once per step, then what the step's PUTs add is counted
-        on, so a batch cannot overshoot a bound."""
-        cfg = self.config
-        if self._entries_at != self._now:
-            store = self.store
-            assert store is not None
-            self._entries, self._bytes, self._entries_at = len(store), store.nbytes, self._now
-        if cfg.max_entries and adds and self._entries + adds > cfg.max_entries:
-            self._full_bound = "max_entries"
-            return False
-        if cfg.max_bytes and grow > 0 and self._bytes + grow > cfg.max_bytes:
-            self._full_bound = "max_bytes"
-            return False
-        self._entries += adds
-        self._bytes += grow
-        return True
-
-    def _full_error(self, tail: str) -> str:
-        if self._full_bound == "max_bytes":
-            held, bound = f"{self._bytes} bytes of keys and values", f"its max_bytes is {self.config.max_bytes}"
-        else:
-            held, bound = f"{self._entries} entries", f"its max_entries is {self.config.max_entries}"
-        return f"{REASON_FULL}: member {self.address} holds {held}, {bound}; {tail}"
 
     def _stamp_write(
         self,
@@ -1695,8 +1502,8 @@ class GridNode:
         if store.write(seg, key, version, value, now=self._now):
             if expires:
                 store.set_expiry(seg, key, version, expires)
-            if self._written is not None:
-                self._note_written(key, version, value)
+            if self.events._written is not None:
+                self.events._note_written(key, version, value)
         if not backups:
             return
         wid = self._next_write
@@ -1706,37 +1513,6 @@ class GridNode:
         )
         for b in backups:
             self._emit_backup(b, wid, tid, version, key, value, expires)
-
-    def _remove_expired(self) -> None:
-        """Remove the entries whose expiry has passed, for the segments we are the primary of: each as a delete
-        stamped now, which reaches the other write owners as any write does (backups, re-driven across
-        topologies), so the copies, the change feed and transactions all see one ordinary delete. An entry whose
-        primary is another member is looked at again after ``EXPIRY_RECHECK`` (its primary removes it; if that
-        member dies first, we may be the new primary by then); so is one we cannot delete now (a transaction
-        holds the key, the segment cannot be written, a merge is pending)."""
-        store = self.store
-        assert store is not None
-        wall = self._now + self.wall_offset
-        if store._expiring[0][0] > wall:
-            return
-        due = store.due_expiries(wall, EXPIRE_PER_STEP)
-        t = self.topology
-        r = self._routes(t) if t is not None else None
-        locks = self.tx.locks
-        for seg, key, version in due:
-            if (
-                r is None
-                or t is None
-                or not r.primary[seg]
-                or not r.can_write[seg]
-                or self._merge_hold is not None
-                or (locks.any_locked() and locks.is_held(key))
-                or (locks.any_blocked() and locks.is_blocked(seg))
-            ):
-                store.recheck_expiry(wall + EXPIRY_RECHECK, seg, key, version)
-                continue
-            self._stamp_write(seg, key, None, 0.0, t.topology_id, r.write[seg][1:], self.address, 0, 0)
-            self.metrics["grid.entries_expired"] += 1
 
     def _redrive(self, wid: int, pw: _PendingWrite) -> None:
         """Finish a write we applied whose replication a topology change interrupted.
@@ -1767,8 +1543,8 @@ class GridNode:
         applied = self.address in owners and self.store.write(seg, pw.key, pw.version, pw.value, now=self._now)
         if applied and pw.expires:
             self.store.set_expiry(seg, pw.key, pw.version, pw.expires)
-        if applied and self._written is not None:
-            self._note_written(pw.key, pw.version, pw.value)
+        if applied and self.events._written is not None:
+            self.events._note_written(pw.key, pw.version, pw.value)
         pw.topology_id = t.topology_id
         pw.awaiting = {m for m in owners if m != self.address}
         self.metrics["grid.writes_redriven"] += 1
@@ -1825,7 +1601,7 @@ class GridNode:
         ack = self._emit_ack
         mine = self._routes(t).i_write
         now = self._now
-        written = self._written
+        written = self.events._written
         lows: dict[int, int] = {}
         segs = segments_of(b.keys, t.num_segments)
         for wid, version, key, value, seg in zip(b.write_ids, b.versions, b.keys, b.values, segs, strict=True):
@@ -1864,8 +1640,8 @@ class GridNode:
         applied = self.store.write(seg, b.key, b.version, b.value, now=self._now)  # type: ignore[union-attr]
         if applied and b.expires:
             self.store.set_expiry(seg, b.key, b.version, b.expires)  # type: ignore[union-attr]
-        if applied and self._written is not None:
-            self._note_written(b.key, b.version, b.value)
+        if applied and self.events._written is not None:
+            self.events._note_written(b.key, b.version, b.value)
         # Named as the Backup's own round: the primary matches it to the round it waits for.
         self._emit_ack(src, b.write_id, OK, b.topology_id)
         if b.topology_id < t.topology_id:
@@ -2172,11 +1948,11 @@ class GridNode:
             held = store.value(self._tx_segment(k), k)
             adds += held is None
             grow += len(k) + len(v) if held is None else len(v) - len(held)
-        if self._fits(adds, grow):
+        if self.bounds._fits(adds, grow):
             return ""
         self.metrics["grid.tx_refused_full"] += 1
-        what = f"{adds} keys" if self._full_bound == "max_entries" else f"{grow} bytes"
-        return self._full_error(f"the transaction would add {what}")
+        what = f"{adds} keys" if self.bounds._full_bound == "max_entries" else f"{grow} bytes"
+        return self.bounds._full_error(f"the transaction would add {what}")
 
     def _tx_stamp(self, key: bytes) -> int:
         # The sequence plain writes use: one primary orders a key's versions, whichever kind of write.
@@ -2196,8 +1972,8 @@ class GridNode:
         for key, version, value in writes:
             seg = self._tx_segment(key)
             if store.has_segment(seg):
-                if store.write(seg, key, version, value, now=now) and self._written is not None:
-                    self._note_written(key, version, value)
+                if store.write(seg, key, version, value, now=now) and self.events._written is not None:
+                    self.events._note_written(key, version, value)
                 low = lows.get(seg)
                 if low is None or version < low:
                     lows[seg] = version
@@ -2587,159 +2363,6 @@ class GridNode:
         why (an operator decides those: ``groupcluster tx resolve``)."""
         return dict(self.txr.undecided)
 
-    # ==== state transfer ===================================================================================
-    def _cancel_in_xfers(self) -> None:
-        for xid, xf in self._in_xfers.items():
-            if xf.source in self.view:
-                self._emit(xf.source, XferCancel(xid))
-        self._in_xfers.clear()
-
-    def _plan_fetches(self) -> None:
-        """Request every segment still missing from a live current owner, one stream per source."""
-        t = self.topology
-        if t is None or t.phase != Phase.READ_OLD_WRITE_ALL:
-            return
-        need = self._to_fetch(t) - self._fetched
-        for xf in self._in_xfers.values():
-            need -= xf.remaining
-        alive = set(self.view) & set(t.members)
-        by_source: dict[Address, list[int]] = {}
-        # Segments each source already streams to us: a segment goes to the least loaded of its owners. Always
-        # asking the primary left one old member streaming 45% of a joiner's segments and another 15%, so
-        # the last ~100 ms of a 1M-entry rebalance ran one stream alone (issue 4).
-        load: Counter[Address] = Counter()
-        for xf in self._in_xfers.values():
-            load[xf.source] += len(xf.remaining)
-        for s in sorted(need):
-            sources = [m for m in t.current.owners_of(s) if m in alive and m != self.address]
-            if not sources:
-                # Nobody holds it any more (more owners failed than the data survives): start empty.
-                self.metrics["grid.segments_unrecoverable"] += 1
-                self._fetched.add(s)
-                continue
-            # A retry (the source failed the segment) asks the next owner in turn, as before; a first try the
-            # least loaded owner, ties to the first listed (deterministic, so simulation seeds replay).
-            k = self._fetch_tries[s] % len(sources)
-            turn = sources[k:] + sources[:k]
-            src = min(turn, key=lambda m: load[m]) if not self._fetch_tries[s] else turn[0]
-            load[src] += 1
-            by_source.setdefault(src, []).append(s)
-        for src, segs in by_source.items():
-            xid = self._next_xfer
-            self._next_xfer += 1
-            self._in_xfers[xid] = _InXfer(src, segs)
-            self._emit(src, Fetch(xid, t.topology_id, t.rebalance_id, tuple(segs)))
-        self._maybe_confirm()
-
-    def _on_fetch(self, src: Address, f: Fetch) -> None:
-        t = self.topology
-        if t is None or f.topology_id > t.topology_id:
-            # A source serves only once it writes to the new owners too, so nothing written after its
-            # snapshot can miss them.
-            self._hold(f.topology_id, src, f)
-            return
-        store = self.store
-        assert store is not None
-        mine = t.current.segments_owned(self.address)
-        bad = tuple(s for s in f.segments if s not in mine or not store.has_segment(s) or s >= t.num_segments)
-        if bad:
-            self._emit(src, XferFail(f.xfer_id, bad))
-        good = [s for s in f.segments if s not in bad]
-        if not good:
-            return
-        cfg = self.config
-        stream = _OutXfer(_batches(store, f.xfer_id, good, cfg.transfer_batch_entries, cfg.transfer_batch_bytes))
-        self._out_xfers[(src, f.xfer_id)] = stream
-        self._pump(src, f.xfer_id, stream)
-
-    def _pump(self, dest: Address, xid: int, stream: _OutXfer) -> None:
-        """Send the stream's next chunks while its window has room. With ``defer_transfer``, one chunk per step:
-        if the window has room for more, the stream waits in ``_pumps`` for the next step (a FETCH used to
-        produce the whole first window in one step, 1.5-2 ms of a source's loop with 256 KiB chunks)."""
-        limit = 1 if self.defer_transfer else self.config.transfer_window
-        sent = 0
-        while stream.unacked < self.config.transfer_window:
-            if sent == limit:
-                self._pumps.append((dest, xid))
-                return
-            sent += 1
-            batch = next(stream.batches, None)
-            if batch is None:
-                self._out_xfers.pop((dest, xid), None)
-                return
-            stream.unacked += 1
-            self.metrics["grid.xfer_entries_out"] += len(batch.entries)
-            # In order with everything else to ``dest``: a chunk must not be overtaken by, say, a topology
-            # that makes the receiver an owner of what the chunk completes (seed 39 lost a write that way).
-            self._emit(dest, batch)
-            if batch.last:
-                self._out_xfers.pop((dest, xid), None)
-                return
-
-    def _on_xfer_ack(self, src: Address, ack: XferAck) -> None:
-        stream = self._out_xfers.get((src, ack.xfer_id))
-        if stream is not None:
-            stream.unacked -= 1
-            self._pump(src, ack.xfer_id, stream)
-
-    def _on_xfer_data(self, src: Address, d: XferData) -> None:
-        xf = self._in_xfers.get(d.xfer_id)
-        if xf is None or xf.source != src:
-            return  # a stream we cancelled
-        store = self.store
-        assert store is not None
-        chunk = d.entries
-        if d.segment in xf.remaining and len(chunk):
-            applied = store.apply_chunk(d.segment, chunk.keys, chunk.versions, chunk.values, now=self._now)
-            if chunk.expiries is not None:
-                store.set_expiries(d.segment, chunk.keys, chunk.versions, chunk.expiries)
-            self.metrics["grid.xfer_entries_in"] += len(chunk)
-            self.metrics["grid.xfer_entries_applied"] += applied
-            self.metrics["grid.xfer_bytes_in"] += chunk.nbytes
-            if EVENT_ARRIVED in self._event_kinds:
-                # Every entry received, applied or not (a newer local write wins): duplicates are allowed.
-                self._event(EVENT_ARRIVED, d.segment, chunk.keys, chunk.versions, chunk.values)
-        for s in d.done:
-            if s in xf.remaining:
-                xf.remaining.discard(s)
-                self._fetched.add(s)
-        if d.last or not xf.remaining:
-            self._in_xfers.pop(d.xfer_id, None)
-            if xf.remaining:  # the source ended early: fetch the rest again
-                self._plan_fetches()
-        else:
-            self._ack(src, d)
-        self._maybe_confirm()
-
-    def _ack(self, src: Address, d: XferData) -> None:
-        """Acknowledge a chunk, which lets its source send the next one: at once, or with ``transfer_rate`` once
-        the chunks acknowledged so far are within the rate (each is counted at its packed size)."""
-        rate = self.config.transfer_rate
-        if not rate:
-            self._emit(src, XferAck(d.xfer_id))
-            return
-        now = self._now
-        due = max(now, self._ack_at)
-        self._ack_at = due + (len(d.entries.blob) + XFER_OVERHEAD) / rate
-        if due > now or self._acks_due:
-            self._acks_due.append((due, src, d.xfer_id))
-        else:
-            self._emit(src, XferAck(d.xfer_id))
-
-    def _on_xfer_fail(self, src: Address, f: XferFail) -> None:
-        xf = self._in_xfers.get(f.xfer_id)
-        if xf is None or xf.source != src:
-            return
-        for s in f.segments:
-            if s in xf.remaining:
-                xf.remaining.discard(s)
-                self._fetch_tries[s] += 1
-        if not xf.remaining:
-            self._in_xfers.pop(f.xfer_id, None)
-        self.metrics["grid.xfer_failed"] += len(f.segments)
-        # Try another owner after a short pause (the source may just not have caught up with us).
-        self._refetch_at = self._now + self.config.retry_backoff
-
 
 def _tx_reason(text: str) -> str:
     """The stable reason for the core's rollback explanation (its texts are for people)."""
@@ -2754,25 +2377,6 @@ def _tx_reason(text: str) -> str:
     if "unavailable" in text:
         return REASON_UNAVAILABLE
     return REASON_ROLLED_BACK
-
-
-def _batches(
-    store: SegmentStore, xid: int, segments: list[int], max_entries: int, max_bytes: int
-) -> Iterator[XferData]:
-    """The stream of one FETCH: chunks per segment, each segment's last chunk marking it done."""
-    n = len(segments)
-    for i, s in enumerate(segments):
-        it = store.segment_chunks(s, max_entries, max_bytes)
-        prev: Columns | None = next(it, None)
-        while prev is not None:
-            nxt = next(it, None)
-            if nxt is None:
-                break
-            yield XferData(xid, s, EntryChunk(*prev, store.expiries_of(s, prev[0], prev[1])), (), False)
-            prev = nxt
-        keys, versions, values = prev or ([], [], [])
-        chunk = EntryChunk(keys, versions, values, store.expiries_of(s, keys, versions))
-        yield XferData(xid, s, chunk, (s,), i == n - 1)
 
 
 def _approx_size(msg: GridMessage) -> int:
