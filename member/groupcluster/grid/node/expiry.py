@@ -87,3 +87,14 @@ class Expiry:
                 continue
             self.node._stamp_write(seg, key, None, 0.0, t.topology_id, r.write[seg][1:], self.node.address, 0, 0)
             self.node.metrics["grid.entries_expired"] += 1
+
+    def tick(self, now: float) -> None:
+        """Drop the tombstones past their grace, remove the entries whose expiry passed."""
+        expiry = self._tombstone_expiry()
+        if expiry is not None and now >= expiry:
+            assert self.node.store is not None
+            self.node.metrics["grid.tombstones_expired"] += self.node.store.expire_tombstones(
+                now, self.node.config.tombstone_grace
+            )
+        if self.node.store is not None and self.node.store._expiring:
+            self._remove_expired()

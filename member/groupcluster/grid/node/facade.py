@@ -33,7 +33,6 @@ plain PUT/DELETE on a key a transaction holds fails at once (reason ``locked``).
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -90,11 +89,7 @@ from ..topology import (
     owner_set,
 )
 from ..tx import (
-    REASON_ERROR,
-    REASON_FULL,
     REASON_LOCKED,
-    REASON_TIMEOUT,
-    REASON_UNAVAILABLE,
     InDoubt,
     TxCoordinator,
     TxReport,
@@ -119,7 +114,7 @@ from .capacity import EntryBounds
 from .config import MAX_CAPACITY, GridConfig
 from .events import EVENT_DEPARTED, EVENT_WRITTEN, EntryEventLog, EntryEvents
 from .expiry import Expiry, _check_expires
-from .operations import _CUTOFF_ERROR, _NO_CUTOFF, _PRIMARY_CUTOFF_ERROR, _Op
+from .operations import _PRIMARY_CUTOFF_ERROR, Operations
 from .replication import _PendingWrite
 from .restore import Restore
 from .results import OpResult, Outgoing
@@ -193,10 +188,9 @@ class GridNode:
         # 0 (unit tests): sequences count from 1.
         self.wall_offset = 0.0
         self._seq: dict[int, int] = {}  # segment -> the last sequence we stamped for it
-        self._next_op = 1
+        self.operations = Operations(self)
         self._next_write = 1
         self.consumer = StateConsumer(self)
-        self._ops: dict[int, _Op] = {}
         self._writes: dict[int, _PendingWrite] = {}
         self._queued: deque[tuple[float, int, Address, GridMessage]] = deque()
         self.provider = StateProvider(self)
@@ -221,17 +215,6 @@ class GridNode:
         # a write of a segment whose write owners a later one left unchanged stays in its round (see
         # _kept_owners). Cleared by every view change, so the rule never spans one (merges included).
         self._recent_routes: dict[int, _Routes] = {}
-        # Resend and retry-backoff times of operations, as set (stale entries are skipped): runs
-        # ``[time, seq, first op id, last op id]`` of operations sharing one time. The operations of a batch
-        # are sent in one step with consecutive ids, so a batch is one heap entry, not one per operation (a
-        # push and a pop per operation were ~4% of a member's CPU under batch writes). ``seq`` orders runs
-        # of one time; ``first`` moves up as the run's front operations finish (see next_deadline).
-        self._op_timers: list[list[Any]] = []
-        self._timer_seq = 0
-        self._timer_run: list[Any] | None = None  # the run last pushed by _send_op, which the next may extend
-        # Client deadlines of operations started with one, as ``(deadline, first op id, last op id)``: a batch
-        # shares one entry. Entries of operations that finished earlier are skipped when due.
-        self._cutoffs: list[tuple[float, int, int]] = []
         self._loop: deque[tuple[Address, GridMessage]] = deque()
         # Transfer work waits behind operations. With ``defer_transfer``, :meth:`on_messages` handles client
         # operations, backups and their answers at once and holds back transfer chunks (XFER_DATA, applied
@@ -368,10 +351,10 @@ class GridNode:
             # new ones to whoever the coordinator of their next view is.
             self._early_statuses.clear()
         # Operations whose target left wait for the topology that replaces it.
-        for op in list(self._ops.values()):
+        for op in list(self.operations._ops.values()):
             if op.not_before is None and op.target is not None and op.target not in alive:
                 op.not_before = (op.topology_id + 1, 0.0)
-                self._try_send(op)  # at once if a newer topology is here already
+                self.operations._try_send(op)  # at once if a newer topology is here already
         for key in [k for k in self.provider._out_xfers if k[0] not in alive]:
             del self.provider._out_xfers[key]
         lost = False
@@ -425,60 +408,16 @@ class GridNode:
         self._now = now
         if self._deferred:
             self._run_deferred(DEFERRED_CHUNKS_PER_STEP)
-        elif self.provider._pumps:
-            dest, xid = self.provider._pumps.popleft()
-            stream = self.provider._out_xfers.get((dest, xid))
-            if stream is not None:
-                self.provider._pump(dest, xid, stream)
+        elif self.provider.pumping:
+            self.provider.step()
         if self.planner is not None:
             self._planner_out(self.planner.on_tick(now))
         while self._queued and self._queued[0][0] <= now:
             _, _, src, msg = self._queued.popleft()
             self._reject_held(src, msg)
-        ops = self._ops
-        cutoffs = self._cutoffs
-        while cutoffs and cutoffs[0][0] <= now:
-            _, first, last = heapq.heappop(cutoffs)
-            for op_id in range(first, last + 1):
-                op = ops.get(op_id)
-                if op is not None:
-                    self._expire(op)
-        due: set[int] = set()
-        for op in ops.values():  # start order, which is deadline order (see next_deadline)
-            if op.deadline > now:
-                break
-            due.add(op.op_id)
-        timers = self._op_timers
-        while timers and timers[0][0] <= now:
-            run = heapq.heappop(timers)
-            if run is self._timer_run:
-                self._timer_run = None
-            due.update(range(run[2], run[3] + 1))
-        for op_id in sorted(due):  # start order, as a sweep over every operation would go
-            op = ops.get(op_id)
-            if op is None:
-                continue
-            if now >= op.deadline:
-                self._finish(op, False, error=f"timed out after {op.attempt} attempts")
-            elif op.not_before is None and now >= op.resend_at:
-                self.metrics["grid.op_resends"] += 1
-                self._send_op(op)
-            elif op.not_before is not None:
-                self._try_send(op)
-        if self.consumer._refetch_at is not None and now >= self.consumer._refetch_at:
-            self.consumer._refetch_at = None
-            self.consumer._plan_fetches()
-        while self.consumer._acks_due and self.consumer._acks_due[0][0] <= now:
-            _, src, xid = self.consumer._acks_due.popleft()
-            xf = self.consumer._in_xfers.get(xid)
-            if xf is not None and xf.source == src:  # not cancelled meanwhile
-                self._emit(src, XferAck(xid))
-        expiry = self.expiry._tombstone_expiry()
-        if expiry is not None and now >= expiry:
-            assert self.store is not None
-            self.metrics["grid.tombstones_expired"] += self.store.expire_tombstones(now, self.config.tombstone_grace)
-        if self.store is not None and self.store._expiring:
-            self.expiry._remove_expired()
+        self.operations._ops_tick(now)
+        self.consumer.tick(now)
+        self.expiry.tick(now)
         self.transactions._tx_tick(now)
         self._flush()
 
@@ -496,45 +435,23 @@ class GridNode:
             times.append(expiry)
         if self.consumer._acks_due:
             times.append(self.consumer._acks_due[0][0])
-        if self._deferred or self.provider._pumps:
+        if self._deferred or self.provider.pumping:
             times.append(self._now)  # held-back transfer work: the next chunk in a step of its own
         if self.store is not None and self.store._garbage:
             times.append(self._collect_at)  # dropped segments still to free: the next slice (see _flush)
         tx_next = self.transactions._tx_next_deadline()
         if tx_next is not None:
             times.append(tx_next)
-        if self._cutoffs:
-            times.append(self._cutoffs[0][0])
         if self.store is not None and self.store._expiring:
             times.append(self.store._expiring[0][0] - self.wall_offset)  # the next entry to expire (Unix time)
-        ops = self._ops
-        if ops:
-            # Deadlines are start time + op_timeout and operations stay in start order, so the first is the
-            # earliest: no scan over thousands of operations in flight on every step.
-            times.append(next(iter(ops.values())).deadline)
-        timers = self._op_timers
-        while timers:
-            run = timers[0]
-            at, op_id, last = run[0], run[2], run[3]
-            while op_id <= last:
-                op = ops.get(op_id)
-                if op is not None and at == (op.resend_at if op.not_before is None else op.not_before[1]):
-                    break
-                op_id += 1  # finished, or its timer was set again (a newer entry exists)
-            if op_id <= last:
-                run[2] = op_id  # the ones before it need no timer any more (not a heap key: seq orders)
-                times.append(at)
-                break
-            heapq.heappop(timers)
-            if run is self._timer_run:
-                self._timer_run = None
+        times.extend(self.operations._ops_deadlines())
         return min(times) if times else None
 
     # -- client operations ----------------------------------------------------------------------------------
     # Each takes the client's ``deadline`` (node time; None: none), after which the operation sends no attempt
     # and ends as timed out (see docs/grid.md, "Client deadlines"). The grid's own ``op_timeout`` still applies.
     def get(self, key: bytes, now: float, deadline: float | None = None) -> int:
-        return self._start_op(GET, key, None, now, deadline)
+        return self.operations._start_op(GET, key, None, now, deadline)
 
     def put(self, key: bytes, value: bytes, now: float, deadline: float | None = None, expires: float = 0.0) -> int:
         """``expires``: when the entry expires, as a Unix time (0.0: never); see docs/grid.md, "Expiry"."""
@@ -543,10 +460,10 @@ class GridNode:
         if len(value) > self.limits.max_value_bytes:
             raise ValueError(f"value: {len(value)} bytes exceed the limit of {self.limits.max_value_bytes}")
         _check_expires(expires, "expires")
-        return self._start_op(PUT, key, value, now, deadline, expires)
+        return self.operations._start_op(PUT, key, value, now, deadline, expires)
 
     def delete(self, key: bytes, now: float, deadline: float | None = None) -> int:
-        return self._start_op(DELETE, key, None, now, deadline)
+        return self.operations._start_op(DELETE, key, None, now, deadline)
 
     def start_batch(
         self,
@@ -562,51 +479,7 @@ class GridNode:
         :class:`~.messages.CommandBatch`. Every operation is checked before any starts. ``deadline`` applies
         to every operation of the batch; ``expiries`` (None: none) gives each PUT's expiry as a Unix time (0.0:
         never), one per operation."""
-        lim = self.limits
-        if expiries is not None:
-            if len(expiries) != len(ops):
-                raise ValueError(f"expiries: {len(expiries)} for {len(ops)} operations")
-            for i, e in enumerate(expiries):
-                _check_expires(e, f"expiries[{i}]")
-                if e and ops[i][0] != PUT:
-                    raise ValueError(f"expiries[{i}]: only a PUT expires")
-        for i, (kind, key, value) in enumerate(ops):
-            if type(key) is not bytes:
-                raise TypeError(f"ops[{i}].key: expected bytes, got {type(key).__name__}")
-            if len(key) > lim.max_key_bytes:
-                raise ValueError(f"ops[{i}].key: {len(key)} bytes exceed the limit of {lim.max_key_bytes}")
-            if kind == PUT:
-                if type(value) is not bytes:
-                    raise TypeError(f"ops[{i}].value: expected bytes, got {type(value).__name__}")
-                if len(value) > lim.max_value_bytes:
-                    raise ValueError(f"ops[{i}].value: {len(value)} bytes exceed the limit of {lim.max_value_bytes}")
-            elif kind not in (GET, DELETE):
-                raise ValueError(f"ops[{i}]: unknown operation kind {kind!r}")
-        self._now = now
-        op_deadline = now + self.config.op_timeout
-        ids = []
-        start = self._next_op
-        self._next_op += len(ops)
-        t = self.topology
-        nseg = t.num_segments if t is not None else 0
-        segs = segments_of([o[1] for o in ops], nseg) if nseg else [0] * len(ops)
-        cutoff = self._arm_cutoff(deadline, start, start + len(ops) - 1, now) if ops else _NO_CUTOFF
-        exps: Sequence[float] = expiries if expiries is not None else [0.0] * len(ops)
-        for op_id, (kind, key, value), seg, expires in zip(
-            range(start, start + len(ops)), ops, segs, exps, strict=True
-        ):
-            op = _Op(op_id, kind, key, value if kind == PUT else None, op_deadline)
-            op.seg, op.nseg = seg, nseg
-            op.cutoff = cutoff
-            op.expires = expires
-            self._ops[op_id] = op
-            if cutoff <= now:
-                self._expire(op)
-            else:
-                self._try_send(op)
-            ids.append(op_id)
-        self._flush()
-        return ids
+        return self.operations.start_batch(ops, now, deadline, expiries)
 
     def leave(self, now: float) -> None:
         """Ask to leave: the coordinator moves our segments away; :attr:`ready_to_leave` turns True after."""
@@ -673,7 +546,7 @@ class GridNode:
 
     @property
     def pending_ops(self) -> int:
-        return len(self._ops)
+        return len(self.operations._ops)
 
     @property
     def transfer_pending(self) -> bool:
@@ -712,9 +585,9 @@ class GridNode:
             BackupBatch: self._on_backup_batch,
             BackupAckBatch: self._on_backup_ack_batch,
             CommandBatch: self._on_command_batch,
-            ResponseBatch: self._on_response_batch,
+            ResponseBatch: self.operations._on_response_batch,
             Command: self._on_command,
-            Response: self._on_response,
+            Response: self.operations._on_response,
             Backup: self._on_backup,
             BackupAck: self._on_backup_ack,
             XferData: self.consumer._on_xfer_data,
@@ -991,13 +864,13 @@ class GridNode:
         if t.phase == Phase.READ_OLD_WRITE_ALL:
             self.consumer._plan_fetches()
         self._maybe_confirm()
-        for op in list(self._ops.values()):
+        for op in list(self.operations._ops.values()):
             if op.not_before is not None:
-                self._try_send(op)
+                self.operations._try_send(op)
             elif op.target not in t.members:
                 # Its target is gone: nobody will answer. Attempts to live owners under an older topology get
                 # a RETRY from them (or an answer, if the owner had not moved on either).
-                self._send_op(op)
+                self.operations._send_op(op)
         self._check_ready()
 
     def _repair_after(self, gone: Address) -> None:
@@ -1042,7 +915,7 @@ class GridNode:
         self._emit(self.view[0], Confirm(t.topology_id))
 
     def _check_ready(self) -> None:
-        if not self.leaving or self.ready_to_leave or self._ops or self.txc.pending():
+        if not self.leaving or self.ready_to_leave or self.operations._ops or self.txc.pending():
             return  # a graceful leave also drains this member's own client operations and transactions
         t = self.topology
         if t is None:
@@ -1143,150 +1016,6 @@ class GridNode:
             self.persistence._restore_done(wid)
         self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
 
-    # ==== operations (originator side) =====================================================================
-    def _start_op(
-        self, kind: int, key: bytes, value: bytes | None, now: float, cutoff: float | None, expires: float = 0.0
-    ) -> int:
-        if type(key) is not bytes:
-            raise TypeError(f"key: expected bytes, got {type(key).__name__}")
-        if len(key) > self.limits.max_key_bytes:
-            raise ValueError(f"key: {len(key)} bytes exceed the limit of {self.limits.max_key_bytes}")
-        self._now = now
-        op_id = self._next_op
-        self._next_op += 1
-        op = _Op(op_id, kind, key, value, now + self.config.op_timeout)
-        op.cutoff = self._arm_cutoff(cutoff, op_id, op_id, now)
-        op.expires = expires
-        self._ops[op_id] = op
-        if op.cutoff <= now:
-            self._expire(op)
-        else:
-            self._try_send(op)
-        self._flush()
-        return op_id
-
-    def _arm_cutoff(self, deadline: float | None, first: int, last: int, now: float) -> float:
-        """The cutoff of operations ``first``..``last`` for a client ``deadline`` (None: none, inf), with a timer
-        entry for it unless it has passed already (the caller then expires them at once)."""
-        if deadline is None:
-            return _NO_CUTOFF
-        if deadline > now:
-            heapq.heappush(self._cutoffs, (deadline, first, last))
-        return deadline
-
-    def _expire(self, op: _Op) -> None:
-        """End an operation whose client deadline passed: the client has given up on it and may be retrying
-        elsewhere, so no further attempt may land after that retry."""
-        self.metrics["grid.ops_deadline_expired"] += 1
-        suffix = f" after {op.attempt} attempts" if op.attempt else " before any attempt was sent"
-        self._finish(op, False, error=_CUTOFF_ERROR + suffix)
-
-    def _try_send(self, op: _Op) -> None:
-        t = self.topology
-        nb = op.not_before
-        if nb is None or t is None or t.topology_id < nb[0] or self._now < nb[1]:
-            return
-        self._send_op(op)
-
-    def _send_op(self, op: _Op) -> None:
-        if self._now >= op.cutoff:
-            self._expire(op)
-            return
-        t = self.topology
-        if t is None:
-            op.not_before = (1, 0.0)
-            return
-        if op.nseg != t.num_segments:
-            op.seg = segment_of(op.key, t.num_segments)
-            op.nseg = t.num_segments
-        seg = op.seg
-        r = self._routes(t)
-        if op.kind == GET:
-            if not r.can_read[seg]:
-                self._finish(op, False, error=f"segment {seg} is unavailable for reads ({t.mode.value})")
-                return
-            target = self.address if r.i_read[seg] else r.read[seg][0]
-        else:
-            if not r.can_write[seg]:
-                self._finish(op, False, error=f"segment {seg} is unavailable for writes ({t.mode.value})")
-                return
-            w = r.write[seg]
-            target = w[0] if w else None  # type: ignore[assignment]
-        op.attempt += 1
-        op.target = target
-        op.topology_id = t.topology_id
-        op.not_before = None
-        at = op.resend_at = self._now + self.config.attempt_timeout
-        run = self._timer_run
-        op_id = op.op_id
-        if run is not None and run[0] == at and run[3] == op_id - 1:
-            run[3] = op_id
-        else:
-            self._timer_run = self._push_timer(at, op_id)
-        # The owner gets the deadline as a Unix time (its own clock differs from ours); 0.0: none.
-        cutoff = op.cutoff
-        wall = cutoff + self.wall_offset if cutoff != _NO_CUTOFF else 0.0
-        self._emit_cmd(target, op.op_id, op.attempt, t.topology_id, op.kind, op.key, op.value, wall, op.expires)
-
-    def _push_timer(self, at: float, op_id: int) -> list[Any]:
-        """A timer run of operation ``op_id`` alone at ``at`` (see ``_op_timers``)."""
-        self._timer_seq += 1
-        run = [at, self._timer_seq, op_id, op_id]
-        heapq.heappush(self._op_timers, run)
-        return run
-
-    def _on_response_batch(self, src: Address, b: ResponseBatch) -> None:
-        response = self._response
-        errors = b.errors
-        for i, (op_id, attempt, code, tid, value, version) in enumerate(
-            zip(b.op_ids, b.attempts, b.codes, b.topology_ids, b.values, b.versions, strict=True)
-        ):
-            response(op_id, attempt, code, tid, value, errors.get(i, "") if errors else "", version)
-
-    def _on_response(self, src: Address, rsp: Response) -> None:
-        self._response(rsp.op_id, rsp.attempt, rsp.code, rsp.topology_id, rsp.value, rsp.error, rsp.version)
-
-    def _response(
-        self, op_id: int, attempt: int, code: int, tid: int, value: bytes | None, error: str, version: int = 0
-    ) -> None:
-        op = self._ops.get(op_id)
-        if op is None or attempt != op.attempt or op.not_before is not None:
-            return  # an answer to an earlier attempt (or a duplicate)
-        if code == OK:
-            self._finish(op, True, value=value, version=version)
-        elif code == NOT_FOUND:
-            self._finish(op, True)
-        elif code == ERROR:
-            self._finish(op, False, error=error)
-        else:
-            self.metrics["grid.retries"] += 1
-            mine = self.topology.topology_id if self.topology else 0
-            if tid > mine:
-                op.not_before = (tid, 0.0)
-            elif op.topology_id < mine:
-                op.not_before = (0, 0.0)  # we have moved on already: retry at once
-            else:
-                op.not_before = (0, self._now + self.config.retry_backoff)
-                self._push_timer(op.not_before[1], op.op_id)
-            self._try_send(op)
-
-    def _finish(self, op: _Op, ok: bool, *, value: bytes | None = None, error: str = "", version: int = 0) -> None:
-        self._ops.pop(op.op_id, None)
-        reason = ""
-        if not ok:
-            self.metrics["grid.ops_failed"] += 1
-            if error.startswith(REASON_LOCKED):
-                reason = REASON_LOCKED
-            elif error.startswith(REASON_FULL):
-                reason = REASON_FULL
-            elif "unavailable" in error:
-                reason = REASON_UNAVAILABLE
-            elif error.startswith("timed out"):
-                reason = REASON_TIMEOUT
-            else:
-                reason = REASON_ERROR
-        self._results.append(OpResult(op.op_id, op.kind, op.key, ok, value, error, op.attempt, version, reason))
-
     # ==== operations (owner side) ==========================================================================
     def _hold(self, topology_id: int, src: Address, msg: GridMessage) -> None:
         if len(self._queued) >= self.config.max_queued:
@@ -1334,7 +1063,7 @@ class GridNode:
             # Our own operations (the originator is their primary, as clients route writes): each one's
             # segment was computed when it started, so the keys are not hashed a second time here.
             nseg = t.num_segments
-            ops = self._ops
+            ops = self.operations._ops
             segs = [
                 op.seg if (op := ops.get(i)) is not None and op.nseg == nseg and op.key is k else segment_of(k, nseg)
                 for i, k in zip(b.op_ids, b.keys, strict=True)
@@ -1713,11 +1442,6 @@ class GridNode:
     def tx_pending(self) -> int:
         """Transactions this member originated that are not finished."""
         return len(self.txc.pending())
-
-    def _new_op_id(self) -> int:
-        op_id = self._next_op
-        self._next_op += 1
-        return op_id
 
     def tx_undecided(self) -> dict[TxId, str]:
         """On the view coordinator: the in-doubt transactions its last resolution round could not decide, and

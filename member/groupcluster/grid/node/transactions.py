@@ -134,7 +134,7 @@ class Transactions:
         if c_state is None and tx not in self._tx_done:
             raise ValueError(f"transaction {tx}: unknown on this member")
         self.node._now = now
-        op_id = self.node._new_op_id()
+        op_id = self.node.operations._new_op_id()
         if c_state != CoordState.ACTIVE:
             self._tx_result(op_id, TX_LOCK_OP, tx, False, self._tx_done_reason(tx), "the transaction is not running")
             self.node._flush()
@@ -174,7 +174,7 @@ class Transactions:
         if tx in self._tx_lock_ops:
             raise ValueError(f"transaction {tx} still waits for a lock request")
         self.node._now = now
-        op_id = self.node._new_op_id()
+        op_id = self.node.operations._new_op_id()
         if c_state != CoordState.ACTIVE:
             self._tx_result(op_id, TX_COMMIT_OP, tx, False, self._tx_done_reason(tx), "the transaction was rolled back")
             self.node._flush()
@@ -196,7 +196,7 @@ class Transactions:
         if c_state is None and tx not in self._tx_done:
             raise ValueError(f"transaction {tx}: unknown on this member")
         self.node._now = now
-        op_id = self.node._new_op_id()
+        op_id = self.node.operations._new_op_id()
         if c_state is None or c_state in (CoordState.ROLLING_BACK, CoordState.COMMITTING):
             committed = c_state == CoordState.COMMITTING or self._tx_done.get(tx, (False, ""))[0]
             why = "the transaction is committed" if committed else ""
@@ -298,7 +298,7 @@ class Transactions:
         cannot tell; the error says why), ``timeout`` (a member did not answer within ``op_timeout``),
         ``unavailable`` (the view changed meanwhile, or a merge is in progress: ask again)."""
         self.node._now = now
-        op_id = self.node._new_op_id()
+        op_id = self.node.operations._new_op_id()
         if not self.node.view:
             self._tx_query_done(op_id, tx, False, REASON_UNAVAILABLE, "not in a group yet")
             return op_id

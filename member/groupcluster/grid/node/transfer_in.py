@@ -168,3 +168,14 @@ class StateConsumer:
         self.node.metrics["grid.xfer_failed"] += len(f.segments)
         # Try another owner after a short pause (the source may just not have caught up with us).
         self._refetch_at = self.node._now + self.node.config.retry_backoff
+
+    def tick(self, now: float) -> None:
+        """Fetch again after a failed segment's pause; send the acknowledgements ``transfer_rate`` held back."""
+        if self._refetch_at is not None and now >= self._refetch_at:
+            self._refetch_at = None
+            self._plan_fetches()
+        while self._acks_due and self._acks_due[0][0] <= now:
+            _, src, xid = self._acks_due.popleft()
+            xf = self._in_xfers.get(xid)
+            if xf is not None and xf.source == src:  # not cancelled meanwhile
+                self.node._emit(src, XferAck(xid))

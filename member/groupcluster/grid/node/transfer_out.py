@@ -118,3 +118,15 @@ class StateProvider:
         if stream is not None:
             stream.unacked -= 1
             self._pump(src, ack.xfer_id, stream)
+
+    @property
+    def pumping(self) -> bool:
+        """Whether a stream waits for a step to send its next chunk."""
+        return bool(self._pumps)
+
+    def step(self) -> None:
+        """Send the next chunk of the stream that waited longest for a step."""
+        dest, xid = self._pumps.popleft()
+        stream = self._out_xfers.get((dest, xid))
+        if stream is not None:
+            self._pump(dest, xid, stream)
