@@ -445,7 +445,7 @@ class FeedNode(GridNode):
         stamp topology of a write we applied under an older one and are still pushing to its owners."""
         t = self.topology
         low = t.topology_id if t is not None else 0
-        for pw in self._writes.values():
+        for pw in self.replication._writes.values():
             vt = version_topology(pw.version)
             if vt < low:
                 low = vt

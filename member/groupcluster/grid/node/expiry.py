@@ -85,7 +85,9 @@ class Expiry:
             ):
                 store.recheck_expiry(wall + EXPIRY_RECHECK, seg, key, version)
                 continue
-            self.node._stamp_write(seg, key, None, 0.0, t.topology_id, r.write[seg][1:], self.node.address, 0, 0)
+            self.node.replication._stamp_write(
+                seg, key, None, 0.0, t.topology_id, r.write[seg][1:], self.node.address, 0, 0
+            )
             self.node.metrics["grid.entries_expired"] += 1
 
     def tick(self, now: float) -> None:

@@ -40,15 +40,12 @@ from typing import Any
 
 from ...core.address import Address
 from ...core.errors import WireError
-from ..consistent_hash import segment_of, segments_of
+from ..consistent_hash import segment_of
 from ..messages import (
     BATCH_MAX_ENTRIES,
     DEFAULT_LIMITS,
     DELETE,
-    ERROR,
     GET,
-    NOT_FOUND,
-    OK,
     PUT,
     RETRY,
     Backup,
@@ -76,7 +73,6 @@ from ..store import (
     SEQ_BITS,
     SegmentStore,
     TransferEntry,
-    next_seq,
     version_seq,
 )
 from ..topology import (
@@ -89,7 +85,6 @@ from ..topology import (
     owner_set,
 )
 from ..tx import (
-    REASON_LOCKED,
     InDoubt,
     TxCoordinator,
     TxReport,
@@ -114,11 +109,11 @@ from .capacity import EntryBounds
 from .config import MAX_CAPACITY, GridConfig
 from .events import EVENT_DEPARTED, EVENT_WRITTEN, EntryEventLog, EntryEvents
 from .expiry import Expiry, _check_expires
-from .operations import _PRIMARY_CUTOFF_ERROR, Operations
-from .replication import _PendingWrite
+from .operations import Operations
+from .replication import Replication, _PendingWrite
 from .restore import Restore
 from .results import OpResult, Outgoing
-from .routes import _fetching, _Routes
+from .routes import _Routes
 from .transactions import Transactions
 from .transfer_in import StateConsumer
 from .transfer_out import StateProvider
@@ -177,8 +172,7 @@ class GridNode:
         # behind a partition): until they are back, leaving "because nobody can take our segments" could
         # drop the only copy of writes they never saw (seed 591). See _no_taker.
         self._vanished_owners: set[Address] = set()
-        # member -> segment -> [lowest version, last time] of the Backups it made us apply (see _repair_after).
-        self._stamped_by: dict[Address, dict[int, list[float]]] = {}
+        self.replication = Replication(self)
         self.metrics: Counter[str] = Counter()
         self._now = 0.0
         self.bounds = EntryBounds(self)
@@ -187,11 +181,8 @@ class GridNode:
         # version dates its write and the merge of two grids that never met keeps the later write (docs/grid.md).
         # 0 (unit tests): sequences count from 1.
         self.wall_offset = 0.0
-        self._seq: dict[int, int] = {}  # segment -> the last sequence we stamped for it
         self.operations = Operations(self)
-        self._next_write = 1
         self.consumer = StateConsumer(self)
-        self._writes: dict[int, _PendingWrite] = {}
         self._queued: deque[tuple[float, int, Address, GridMessage]] = deque()
         self.provider = StateProvider(self)
         self._collect_at = 0.0  # when the next slice of dropped segments may be freed (see FREE_INTERVAL)
@@ -211,10 +202,6 @@ class GridNode:
         self._merge_others: set[Address] = set()
         self._early_statuses: dict[Address, MemberStatus] = {}
         self._routes_cache: _Routes | None = None
-        # Routes of the topologies installed since the last view change (available ones only, the last few):
-        # a write of a segment whose write owners a later one left unchanged stays in its round (see
-        # _kept_owners). Cleared by every view change, so the rule never spans one (merges included).
-        self._recent_routes: dict[int, _Routes] = {}
         self._loop: deque[tuple[Address, GridMessage]] = deque()
         # Transfer work waits behind operations. With ``defer_transfer``, :meth:`on_messages` handles client
         # operations, backups and their answers at once and holds back transfer chunks (XFER_DATA, applied
@@ -298,7 +285,7 @@ class GridNode:
             raise ValueError("on_view: a view has at least one member")
         old_view = set(self.view)
         self.view = tuple(members)
-        self._recent_routes = {}
+        self.replication._recent_routes = {}
         t = self.topology
         if t is not None:
             owners = set(owner_set(t.current)) | (set(owner_set(t.pending)) if t.pending is not None else set())
@@ -311,7 +298,7 @@ class GridNode:
                 self._vanished_owners |= old_view - set(members) - {self.address}
         self._vanished_owners -= set(members)
         for gone in sorted(old_view - set(members)):
-            self._repair_after(gone)
+            self.replication._repair_after(gone)
         # Transactions learn of the view before a topology the planner makes from it is installed below: the
         # originator re-routes what the departed members had not answered to that topology.
         self.transactions._tx_on_view(now, merge or bool(old_view - set(members)))
@@ -542,7 +529,7 @@ class GridNode:
     def merging(self) -> bool:
         """True from a merge view (while our topology was available) until every entry we pushed to the
         merged group's owners is acknowledged (see :meth:`_push_entries`)."""
-        return self._merge_from is not None or any(pw.merge for pw in self._writes.values())
+        return self._merge_from is not None or any(pw.merge for pw in self.replication._writes.values())
 
     @property
     def pending_ops(self) -> int:
@@ -582,14 +569,14 @@ class GridNode:
     def _dispatch_table(self) -> dict[type, Callable[[Address, Any], None]]:
         """Message type -> handler: every grid message a member may receive, and the part that handles it."""
         table: dict[type, Callable[[Address, Any], None]] = {
-            BackupBatch: self._on_backup_batch,
-            BackupAckBatch: self._on_backup_ack_batch,
-            CommandBatch: self._on_command_batch,
+            BackupBatch: self.replication._on_backup_batch,
+            BackupAckBatch: self.replication._on_backup_ack_batch,
+            CommandBatch: self.replication._on_command_batch,
             ResponseBatch: self.operations._on_response_batch,
-            Command: self._on_command,
+            Command: self.replication._on_command,
             Response: self.operations._on_response,
-            Backup: self._on_backup,
-            BackupAck: self._on_backup_ack,
+            Backup: self.replication._on_backup,
+            BackupAck: self.replication._on_backup_ack,
             XferData: self.consumer._on_xfer_data,
             XferAck: self.provider._on_xfer_ack,
             Fetch: self.provider._on_fetch,
@@ -832,25 +819,27 @@ class GridNode:
         self.transactions._tx_install(old, t, dropped_segments)
         # Writes we applied under another topology: push them to this topology's write owners, unless the write
         # went to all of them already (then its round goes on, for them only: see _kept_owners).
-        recent = self._recent_routes
+        recent = self.replication._recent_routes
         if t.availability == Availability.AVAILABLE and not merged_topology:
             recent[t.topology_id] = self._routes(t)
             while len(recent) > _RECENT_TOPOLOGIES:
                 del recent[min(recent)]
         else:
             recent.clear()
-        for wid, pw in list(self._writes.items()):
+        for wid, pw in list(self.replication._writes.items()):
             if pw.topology_id != t.topology_id:
-                owners = self._kept_owners(pw.topology_id, t, segment_of(pw.key, t.num_segments))
+                owners = self.replication._kept_owners(pw.topology_id, t, segment_of(pw.key, t.num_segments))
                 if owners is None:
                     self._redrive(wid, pw)
                     continue
                 self.metrics["grid.writes_kept_across_topologies"] += 1
                 pw.awaiting.intersection_update(owners)  # an owner that left the segment is not waited for
                 if not pw.awaiting:
-                    self._write_done(wid, pw)
+                    self.replication._write_done(wid, pw)
         if merged:
-            self._push_entries(merged, merge=True, expiries=merged_expiries if merged_expiries is not None else {})
+            self.replication._push_entries(
+                merged, merge=True, expiries=merged_expiries if merged_expiries is not None else {}
+            )
         if old is None and (self.persistence._restored is not None or self.persistence._topology_floor):
             self.persistence._settle_restored(t)
         # Requests held for this topology (or an older one) can be answered now.
@@ -872,30 +861,6 @@ class GridNode:
                 # a RETRY from them (or an answer, if the owner had not moved on either).
                 self.operations._send_op(op)
         self._check_ready()
-
-    def _repair_after(self, gone: Address) -> None:
-        """``gone`` left our view: finish the writes it may have left half replicated.
-
-        The member that stamps a write applies it, then sends it to the other write owners and stays
-        responsible until all of them have it (:meth:`_redrive`). If it dies in between, some copies have the
-        write and some do not, and nobody finishes it: the owners would serve different values for good
-        (simulation seeds 24 and 581: a primary died; 716: a former primary re-driving a write died). So
-        every member that applied writes from ``gone`` recently (within ``op_timeout`` of the last one)
-        re-drives its entries of those segments from the lowest such version up to the write owners, each at
-        its own version, as a write of its own; every store keeps the newest version, so the copies agree.
-        """
-        recs = self._stamped_by.pop(gone, None)
-        if not recs or self.store is None or self.topology is None:
-            return
-        store, horizon = self.store, self._now - self.config.op_timeout
-        entries: list[tuple[int, bytes, int, bytes | None]] = []
-        for seg, (floor, last) in sorted(recs.items()):
-            if last < horizon or not store.has_segment(seg):
-                continue
-            entries.extend((seg, k, ver, val) for k, (ver, val) in store.segments[seg].items() if ver >= floor)
-        if entries:
-            self._push_entries(entries, merge=False)
-            self.metrics["grid.repair_entries_pushed"] += len(entries)
 
     def _merged_topology(self, t: CacheTopology) -> bool:
         """Whether ``t`` (newer than ours) is the merged group's first topology after a merge view."""
@@ -925,11 +890,11 @@ class GridNode:
             # Nobody could take our segments (we are alone, or every other member owns nothing by its
             # capacity): waiting would only run into the leave timeout, and the data goes either way.
             # Writes still being replicated to members that are gone or own nothing cannot finish either.
-            if not any(pw.op_id != 0 for pw in self._writes.values()):
+            if not any(pw.op_id != 0 for pw in self.replication._writes.values()):
                 self.metrics["grid.left_without_taker"] += 1
                 self.ready_to_leave = True
             return
-        if self._writes:
+        if self.replication._writes:
             return
         if (
             t.phase == Phase.NO_REBALANCE
@@ -979,43 +944,6 @@ class GridNode:
             r = self._routes_cache = _Routes(t, self.address)
         return r
 
-    def _kept_owners(self, tid: int, t: CacheTopology, seg: int) -> tuple[Address, ...] | None:
-        """``t``'s write owners of ``seg`` if a write sent under our earlier topology ``tid`` reached all of
-        them: ``t`` has the same primary and no owner that ``tid`` lacked, and no view change came between.
-        None otherwise.
-
-        Then the topology change says nothing new about that write: a backup still an owner under ``t``
-        applies a Backup of ``tid`` and acknowledges it as of ``tid``, and the primary keeps waiting for that
-        round (for ``t``'s owners only) instead of re-driving it. No new owner appeared, nor an owner that starts
-        fetching the segment, so no state-transfer snapshot can miss the write. The phase changes that end a
-        rebalance keep the write owners (read old, read all, read new: write all in each) or drop the old ones
-        (the balanced topology), and each re-drove every write in flight: a second round trip behind members
-        busy installing the next topology, the slowest writes of a rebalance. A topology that adds an
-        owner (a joiner's first), makes an owner fetch the segment, or changes the primary re-drives as before;
-        so does a write whose topology we did not install since the last view change."""
-        old = self._recent_routes.get(tid)
-        if old is None:
-            return None
-        before, now = old.write[seg], self._routes(t).write[seg]
-        if not now or not before or now[0] != before[0]:
-            return None
-        if _fetching(t, seg) - (_fetching(old.topology, seg) if old.topology.rebalance_id == t.rebalance_id else set()):
-            # An owner that fetches ``seg`` under ``t`` but did not under ``tid`` clears its copy when it installs
-            # the topology that makes it fetch, which may be after it acknowledged our write (an owner under
-            # ``tid``, dropped in between, owner again), and its snapshot source may not have the write yet: that
-            # acknowledgement says nothing, so the write is re-driven to ``t``'s owners.
-            return None
-        if now == before or set(now) <= set(before):
-            return now
-        return None
-
-    def _write_done(self, wid: int, pw: _PendingWrite) -> None:
-        """Every write owner has write ``wid``: forget it and answer its originator."""
-        del self._writes[wid]
-        if self.persistence._restore_wids:
-            self.persistence._restore_done(wid)
-        self._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
-
     # ==== operations (owner side) ==========================================================================
     def _hold(self, topology_id: int, src: Address, msg: GridMessage) -> None:
         if len(self._queued) >= self.config.max_queued:
@@ -1053,158 +981,6 @@ class GridNode:
             self._emit(dest, b)
         b.add(op_id, attempt, code, tid, value, error, version)
 
-    def _on_command_batch(self, src: Address, b: CommandBatch) -> None:
-        tid = b.topology_id
-        command = self._command
-        t = self.topology
-        if t is None:
-            segs: Iterable[int] = [-1] * len(b)
-        elif src == self.address:
-            # Our own operations (the originator is their primary, as clients route writes): each one's
-            # segment was computed when it started, so the keys are not hashed a second time here.
-            nseg = t.num_segments
-            ops = self.operations._ops
-            segs = [
-                op.seg if (op := ops.get(i)) is not None and op.nseg == nseg and op.key is k else segment_of(k, nseg)
-                for i, k in zip(b.op_ids, b.keys, strict=True)
-            ]
-        else:
-            segs = segments_of(b.keys, t.num_segments)  # one call for the batch
-        for op_id, attempt, kind, key, value, seg, deadline, expires in zip(
-            b.op_ids, b.attempts, b.kinds, b.keys, b.values, segs, b.deadlines, b.expiries, strict=True
-        ):
-            command(src, op_id, attempt, tid, kind, key, value, seg, deadline, expires)
-
-    def _on_command(self, src: Address, cmd: Command) -> None:
-        self._command(
-            src, cmd.op_id, cmd.attempt, cmd.topology_id, cmd.kind, cmd.key, cmd.value, -1, cmd.deadline, cmd.expires
-        )
-
-    def _command(
-        self,
-        src: Address,
-        op_id: int,
-        attempt: int,
-        tid: int,
-        kind: int,
-        key: bytes,
-        value: bytes | None,
-        seg: int = -1,  # segment_of(key) when the caller knows it (a batch computes them in one call)
-        deadline: float = 0.0,  # the client's, as a Unix time (0.0: none)
-        expires: float = 0.0,  # a PUT's expiry, as a Unix time (0.0: none)
-    ) -> None:
-        t = self.topology
-        if t is None or tid > t.topology_id:
-            self._hold(tid, src, Command(op_id, attempt, tid, kind, key, value, deadline, expires))
-            return
-        if tid < t.topology_id:
-            self._respond(src, op_id, attempt, RETRY, t.topology_id)
-            return
-        if seg < 0:
-            seg = segment_of(key, t.num_segments)
-        store = self.store
-        assert store is not None
-        if self._merge_hold is not None:
-            # A merge view came and the merged group's first topology has not: ours may be the topology of a
-            # partition whose data the merged group does not continue. A read from it would miss what the
-            # other side acknowledged long ago (seeds 20, 70), and a write stamped with its version could lose
-            # the merge to an older value of the other side (seed 607). Hold both until that topology comes.
-            self.metrics["grid.ops_held_merging"] += 1
-            self._hold(t.topology_id + 1, src, Command(op_id, attempt, tid, kind, key, value, deadline, expires))
-            return
-        r = self._routes(t)
-        if kind == GET:
-            if not r.can_read[seg]:
-                self._respond(src, op_id, attempt, ERROR, tid, error=f"segment {seg} unavailable")
-            elif not r.i_read[seg]:
-                self._respond(src, op_id, attempt, RETRY, tid)
-            else:
-                data = store.segments.get(seg)  # the two dicts directly: this is every read's path
-                val = data.val.get(key) if data is not None else None
-                if val is None:
-                    self._respond(src, op_id, attempt, NOT_FOUND, tid)
-                else:
-                    self._respond(src, op_id, attempt, OK, tid, val, version=data.ver[key])  # type: ignore[union-attr]
-            return
-        if not r.can_write[seg]:
-            self._respond(src, op_id, attempt, ERROR, tid, error=f"segment {seg} unavailable")
-            return
-        if not r.primary[seg]:
-            self._respond(src, op_id, attempt, RETRY, tid)
-            return
-        locks = self.tx.locks
-        if locks.any_locked() and locks.is_held(key):
-            # A transaction holds the key (prepared, or locked pessimistically): a plain write now could slip
-            # under it, so it fails at once rather than queue behind a lock that may be in doubt for long.
-            self.metrics["grid.writes_refused_locked"] += 1
-            holders = ", ".join(str(x) for x in locks.holder_list(key)[:3])
-            error = f"{REASON_LOCKED}: key is held by transaction {holders}"
-            self._respond(src, op_id, attempt, ERROR, tid, error=error)
-            return
-        if locks.any_blocked() and locks.is_blocked(seg):
-            # New primary, the old one's lock information not here yet: which keys are locked is unknown. The
-            # wait is short (one message), so the originator retries after its backoff, as for any RETRY.
-            self._respond(src, op_id, attempt, RETRY, tid)
-            return
-        if deadline and self._now + self.wall_offset >= deadline:
-            # Its client has given up and may have written the key again through another member since: applying
-            # this now could put the older value over that one (docs/grid.md, "Client deadlines").
-            self.metrics["grid.writes_refused_deadline"] += 1
-            self._respond(src, op_id, attempt, ERROR, tid, error=_PRIMARY_CUTOFF_ERROR)
-            return
-        if kind == PUT and (self.config.max_entries or self.config.max_bytes) and self.bounds._full(seg, key, value):
-            self.metrics["grid.writes_refused_full"] += 1
-            # A first attempt refused wrote nothing; an earlier attempt, unanswered, may have been applied (by a
-            # primary before a topology change) and still be replicated.
-            written = "nothing was written" if attempt == 1 else "this attempt wrote nothing (an earlier may have)"
-            error = self.bounds._full_error(f"{written} (delete keys, add members or raise the bound)")
-            self._respond(src, op_id, attempt, ERROR, tid, error=error)
-            return
-        owners = r.write[seg]
-        if kind != PUT:
-            value = None
-            expires = 0.0
-        self._stamp_write(seg, key, value, expires, tid, owners[1:], src, op_id, attempt)
-        if len(owners) == 1:
-            self._respond(src, op_id, attempt, OK, tid)
-
-    def _stamp_write(
-        self,
-        seg: int,
-        key: bytes,
-        value: bytes | None,
-        expires: float,
-        tid: int,
-        backups: Sequence[Address],
-        origin: Address,
-        op_id: int,
-        attempt: int,
-    ) -> None:
-        """As the segment's primary under topology ``tid``: stamp a write with the segment's next version, apply
-        it, and send it to the ``backups`` as a pending write answered to ``origin`` once all acknowledge
-        (``op_id`` 0: nobody waits). A client's PUT or DELETE, and the removal of an expired entry."""
-        store = self.store
-        assert store is not None
-        data = store.segments.get(seg)
-        seq = self._seq[seg] = next_seq(
-            self._seq.get(seg, 0), self._now + self.wall_offset, data.ver.get(key) if data is not None else None
-        )
-        version = (tid << SEQ_BITS) | seq
-        if store.write(seg, key, version, value, now=self._now):
-            if expires:
-                store.set_expiry(seg, key, version, expires)
-            if self.events._written is not None:
-                self.events._note_written(key, version, value)
-        if not backups:
-            return
-        wid = self._next_write
-        self._next_write += 1
-        self._writes[wid] = _PendingWrite(
-            origin, op_id, attempt, tid, set(backups), key, version, value, expires=expires
-        )
-        for b in backups:
-            self._emit_backup(b, wid, tid, version, key, value, expires)
-
     def _redrive(self, wid: int, pw: _PendingWrite) -> None:
         """Finish a write we applied whose replication a topology change interrupted.
 
@@ -1214,172 +990,7 @@ class GridNode:
         Stores keep the newest version, so this never overwrites a later write; and a write owner of the
         current topology includes any new owner still fetching, so no snapshot can miss it.
         """
-        t = self.topology
-        assert t is not None and self.store is not None
-        seg = segment_of(pw.key, t.num_segments)
-        r = self._routes(t)
-        if not r.can_write[seg]:
-            # This (degraded) topology cannot write the segment. The client, if one waits, hears the error
-            # now; the write itself stays, to be re-driven by the next topology that can write the segment:
-            # we applied it already (and maybe some backups did), so dropping it would leave the copies
-            # differing for good once the grid is available again (seed 24). Merge pushes wait the same way.
-            if pw.op_id != 0:
-                self._respond(pw.origin, pw.op_id, pw.attempt, ERROR, t.topology_id, error=f"segment {seg} unavailable")
-                pw.op_id = 0
-                self.metrics["grid.writes_kept_degraded"] += 1
-            pw.topology_id = t.topology_id
-            pw.awaiting = set()
-            return
-        owners = r.write[seg]
-        applied = self.address in owners and self.store.write(seg, pw.key, pw.version, pw.value, now=self._now)
-        if applied and pw.expires:
-            self.store.set_expiry(seg, pw.key, pw.version, pw.expires)
-        if applied and self.events._written is not None:
-            self.events._note_written(pw.key, pw.version, pw.value)
-        pw.topology_id = t.topology_id
-        pw.awaiting = {m for m in owners if m != self.address}
-        self.metrics["grid.writes_redriven"] += 1
-        if not pw.awaiting:
-            self._write_done(wid, pw)
-            return
-        for b in sorted(pw.awaiting):  # sorted: address hashes (so set order) differ between processes
-            self._emit_backup(b, wid, t.topology_id, pw.version, pw.key, pw.value, pw.expires)
-
-    def _push_entries(
-        self,
-        entries: list[tuple[int, bytes, int, bytes | None]],
-        *,
-        merge: bool,
-        expiries: Mapping[tuple[int, bytes], float] | None = None,
-    ) -> None:
-        """Send our entries to the keys' write owners now: after a merge view (``merge``, the merge policy: every
-        entry we held goes), or to finish the writes of a member that vanished (:meth:`_repair_after`).
-
-        Each travels as a write of its own version (a :class:`_PendingWrite` with no client waiting), so it
-        survives topology changes like any write, and every store keeps the newest version: the partition
-        whose write is newest wins, a tie of different values (two partitions that stamped the same version)
-        goes to the greater value, a deletion counting as smallest (:meth:`SegmentStore.write`).
-        """
-        t = self.topology
-        store = self.store
-        assert t is not None and store is not None
-        for s, key, version, value in entries:
-            wid = self._next_write
-            self._next_write += 1
-            # Each entry keeps its expiry (``expiries``: taken by segment and key before the entries were re-stamped
-            # or their segments dropped; else read from the store now).
-            if value is None:
-                expires = 0.0
-            elif expiries is not None:
-                expires = expiries.get((s, key), 0.0)
-            else:
-                expires = store.expiry_of(s, key, version)
-            pw = _PendingWrite(self.address, 0, 0, 0, set(), key, version, value, merge=merge, expires=expires)
-            self._writes[wid] = pw
-            self._redrive(wid, pw)
-        if merge:
-            self.metrics["grid.merge_entries_pushed"] += len(entries)
-
-    def _on_backup_batch(self, src: Address, b: BackupBatch) -> None:
-        tid = b.topology_id
-        t = self.topology
-        if t is None or tid != t.topology_id:
-            for one in b.backups():  # held or refused one by one, as single backups are
-                self._on_backup(src, one)
-            return
-        # The common case, under our own topology: the checks of _on_backup, per entry, in one loop.
-        write = self.store.write  # type: ignore[union-attr]
-        ack = self._emit_ack
-        mine = self._routes(t).i_write
-        now = self._now
-        written = self.events._written
-        lows: dict[int, int] = {}
-        segs = segments_of(b.keys, t.num_segments)
-        for wid, version, key, value, seg in zip(b.write_ids, b.versions, b.keys, b.values, segs, strict=True):
-            if not mine[seg]:
-                ack(src, wid, RETRY, tid)
-            else:
-                if write(seg, key, version, value, now=now) and written is not None:
-                    written[0].append(key)
-                    written[1].append(version)
-                    written[2].append(value)
-                ack(src, wid, OK, tid)
-                low = lows.get(seg)
-                if low is None or version < low:
-                    lows[seg] = version
-        if any(b.expiries):
-            # Some entries expire: recorded after the loop (the common batch has no expiry to look at), for the
-            # entries whose version is the key's now (applied here, or already held).
-            set_expiry = self.store.set_expiry  # type: ignore[union-attr]
-            for version, key, seg, expires in zip(b.versions, b.keys, segs, b.expiries, strict=True):
-                if expires and mine[seg]:
-                    set_expiry(seg, key, version, expires)
-        if lows:
-            self._note_stamped(src, lows)
-
-    def _on_backup(self, src: Address, b: Backup) -> None:
-        t = self.topology
-        if t is None or b.topology_id > t.topology_id:
-            self._hold(b.topology_id, src, b)
-            return
-        seg = segment_of(b.key, t.num_segments)
-        if not self._routes(t).i_write[seg] or (
-            b.topology_id < t.topology_id and self._kept_owners(b.topology_id, t, seg) is None
-        ):
-            self._emit_ack(src, b.write_id, RETRY, t.topology_id)
-            return
-        applied = self.store.write(seg, b.key, b.version, b.value, now=self._now)  # type: ignore[union-attr]
-        if applied and b.expires:
-            self.store.set_expiry(seg, b.key, b.version, b.expires)  # type: ignore[union-attr]
-        if applied and self.events._written is not None:
-            self.events._note_written(b.key, b.version, b.value)
-        # Named as the Backup's own round: the primary matches it to the round it waits for.
-        self._emit_ack(src, b.write_id, OK, b.topology_id)
-        if b.topology_id < t.topology_id:
-            self.metrics["grid.backups_kept_across_topologies"] += 1
-        self._note_stamped(src, {seg: b.version})
-
-    def _note_stamped(self, src: Address, lows: dict[int, int]) -> None:
-        """``src`` made us apply writes of these segments, the lowest version of each given (see _repair_after)."""
-        recs = self._stamped_by.setdefault(src, {})
-        now, window = self._now, self.config.op_timeout
-        for seg, low in lows.items():
-            rec = recs.get(seg)
-            if rec is None or now - rec[1] > window:
-                recs[seg] = [low, now]
-            else:
-                rec[0] = min(rec[0], low)
-                rec[1] = now
-
-    def _on_backup_ack_batch(self, src: Address, b: BackupAckBatch) -> None:
-        ack = self._backup_ack
-        for wid, code, tid in zip(b.write_ids, b.codes, b.topology_ids, strict=True):
-            ack(src, wid, code, tid)
-
-    def _on_backup_ack(self, src: Address, ack: BackupAck) -> None:
-        self._backup_ack(src, ack.write_id, ack.code, ack.topology_id)
-
-    def _backup_ack(self, src: Address, wid: int, code: int, tid: int) -> None:
-        pw = self._writes.get(wid)
-        if pw is None:
-            return
-        if code == OK:
-            # A backup acknowledges as of the Backup's own topology, so the id names the round it answers.
-            if tid == pw.topology_id:
-                pw.awaiting.discard(src)
-                if not pw.awaiting:
-                    self._write_done(wid, pw)
-            return
-        if src not in pw.awaiting:
-            return  # it has this round already, or is no longer an owner (see _kept_owners): nothing to redo
-        if tid > pw.topology_id:
-            # The backup moved on: re-send under its topology once we have it (at once if we do).
-            pw.topology_id = 0
-            if self.topology is not None and self.topology.topology_id >= tid:
-                self._redrive(wid, pw)
-        elif tid < pw.topology_id and src in pw.awaiting:
-            # It held our Backup too long waiting for this round's topology: offer it again.
-            self._emit_backup(src, wid, pw.topology_id, pw.version, pw.key, pw.value, pw.expires)
+        self.replication._redrive(wid, pw)
 
     # ==== transactions =====================================================================================
     # The client's calls (docs/grid-transactions.md, "Using transactions"); results come out of take_results.

@@ -71,7 +71,7 @@ class Restore:
             # every push is acknowledged: a member killed during the push brings them back at its next start.
             store.stash_backing()
             n = t.num_segments
-            first = self.node._next_write
+            first = self.node.replication._next_write
             # A key may come twice (the rows a killed restore had set aside, and the new ones): push the one the
             # stores would keep (the rule of SegmentStore.write), so the expiry by key is that version's.
             newest: dict[bytes, TransferEntry] = {}
@@ -79,12 +79,14 @@ class Restore:
                 old = newest.get(e[0])
                 if old is None or old[1] < e[1] or (old[1] == e[1] and tie_wins(e[2], old[2])):
                     newest[e[0]] = e
-            self.node._push_entries(
+            self.node.replication._push_entries(
                 [(segment_of(k, n), k, v, val) for k, v, val in newest.values()],
                 merge=False,
                 expiries={(segment_of(k, n), k): expiries[k, v] for k, v, _ in newest.values() if (k, v) in expiries},
             )
-            self._restore_wids = {w for w in range(first, self.node._next_write) if w in self.node._writes}
+            self._restore_wids = {
+                w for w in range(first, self.node.replication._next_write) if w in self.node.replication._writes
+            }
             if not self._restore_wids:
                 store.drop_stash()
             self.node.metrics["grid.restored_entries_pushed"] += len(entries)

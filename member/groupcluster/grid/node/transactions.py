@@ -376,7 +376,9 @@ class Transactions:
         seg = self._tx_segment(key)
         entry = self.node.store.get(seg, key) if self.node.store is not None else None
         held = entry[0] if entry is not None else None
-        seq = self.node._seq[seg] = next_seq(self.node._seq.get(seg, 0), self.node._now + self.node.wall_offset, held)
+        seq = self.node.replication._seq[seg] = next_seq(
+            self.node.replication._seq.get(seg, 0), self.node._now + self.node.wall_offset, held
+        )
         return make_version(t.topology_id if t is not None else 0, seq)
 
     def _tx_apply(self, tx: TxId, writes: tuple[VersionedWrite, ...]) -> None:
@@ -400,7 +402,7 @@ class Transactions:
             # here) may never get it. So the commit counts as a write ``tx.origin`` made us apply: when it
             # leaves the view, _repair_after re-drives these segments' recent entries to the write owners
             # (random search seed 9745: a committed write missing on k4's new owner for good).
-            self.node._note_stamped(tx.origin, lows)
+            self.node.replication._note_stamped(tx.origin, lows)
 
     def _tx_route(self, keys: Sequence[bytes]) -> tuple[int, Mapping[bytes, Sequence[Address]]]:
         """The originator's routing: the write owners of each key's segment, write primary first. A segment
