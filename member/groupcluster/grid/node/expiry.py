@@ -79,7 +79,7 @@ class Expiry:
                 or t is None
                 or not r.primary[seg]
                 or not r.can_write[seg]
-                or self.node._merge_hold is not None
+                or self.node.membership._merge_hold is not None
                 or (locks.any_locked() and locks.is_held(key))
                 or (locks.any_blocked() and locks.is_blocked(seg))
             ):

@@ -70,19 +70,13 @@ from ..messages import (
     encode_payload,
 )
 from ..store import (
-    SEQ_BITS,
     SegmentStore,
     TransferEntry,
-    version_seq,
 )
 from ..topology import (
-    MAX_LOST,
-    Availability,
     CacheTopology,
-    MemberStatus,
     Phase,
     RebalancePlanner,
-    owner_set,
 )
 from ..tx import (
     InDoubt,
@@ -107,8 +101,9 @@ from ..tx_messages import (
 from ..tx_messages import approx_size as _tx_approx_size
 from .capacity import EntryBounds
 from .config import MAX_CAPACITY, GridConfig
-from .events import EVENT_DEPARTED, EVENT_WRITTEN, EntryEventLog, EntryEvents
+from .events import EVENT_WRITTEN, EntryEventLog, EntryEvents
 from .expiry import Expiry, _check_expires
+from .membership import Membership
 from .operations import Operations
 from .replication import Replication, _PendingWrite
 from .restore import Restore
@@ -128,9 +123,6 @@ MAX_PAYLOAD_SPLIT = 1024 * 1024  # a payload is cut near this size (the transpor
 # (~1.2 s for a member's ~250,000 entries and feed-log entries) and operations find the CPUs free.
 FREE_PER_STEP = 1024
 FREE_INTERVAL = 0.005
-# Topologies whose routes a member keeps for writes that span a topology change (GridNode._kept_owners):
-# a rebalance installs four in a row, and a write in flight spans at most a few.
-_RECENT_TOPOLOGIES = 8
 # Transfer chunks applied or produced per step while operations may be waiting (see GridNode.defer_transfer).
 DEFERRED_CHUNKS_PER_STEP = 1
 
@@ -165,13 +157,7 @@ class GridNode:
         self.planner: RebalancePlanner | None = None
         self.leaving = False
         self.ready_to_leave = False
-        # Set once we are in a view another member created (we joined its group): from then on an empty grid
-        # of our own would be a split brain, so our planner may not start one (RebalancePlanner.may_start_grid).
-        self._joined_others = False
-        # Owners of our topology that left our view without handing their segments off (crashed, or cut off
-        # behind a partition): until they are back, leaving "because nobody can take our segments" could
-        # drop the only copy of writes they never saw (seed 591). See _no_taker.
-        self._vanished_owners: set[Address] = set()
+        self.membership = Membership(self)
         self.replication = Replication(self)
         self.metrics: Counter[str] = Counter()
         self._now = 0.0
@@ -186,21 +172,6 @@ class GridNode:
         self._queued: deque[tuple[float, int, Address, GridMessage]] = deque()
         self.provider = StateProvider(self)
         self._collect_at = 0.0  # when the next slice of dropped segments may be freed (see FREE_INTERVAL)
-        self._confirmed_id = 0
-        self._statuses_in: dict[Address, MemberStatus] = {}
-        # Set by a merge view while our topology was available: our entries may conflict with what the other
-        # partition wrote, so we push them to the owners of the first topology the merged group installs.
-        self._merge_from: int | None = None
-        # Set by any merge view to the topology id we had: until the merged group's first topology arrives
-        # we hold client commands, because our topology may be the other partition's (docs/grid.md, merges).
-        self._merge_hold: int | None = None
-        # The members of the merge view we were not in a view with before it (the other partitions). A
-        # topology of the merged group names us and some of them; one our old group's coordinator sent before
-        # the merge can still arrive after the merge view, with an id above ours, and must not end the hold or
-        # take our merge push: its owners are our side's, and the merged group may continue the other side's
-        # topology, dropping what the push left with them (seed 19). See _merged_topology.
-        self._merge_others: set[Address] = set()
-        self._early_statuses: dict[Address, MemberStatus] = {}
         self._routes_cache: _Routes | None = None
         self._loop: deque[tuple[Address, GridMessage]] = deque()
         # Transfer work waits behind operations. With ``defer_transfer``, :meth:`on_messages` handles client
@@ -278,80 +249,7 @@ class GridNode:
     # ==== inputs ===========================================================================================
     def on_view(self, members: Sequence[Address], now: float, *, merge: bool = False) -> None:
         """A new group view (``merge`` True for a merge view)."""
-        self._now = now
-        self._drain_deferred()
-        old_coord = self.view[0] if self.view else None
-        if not members:
-            raise ValueError("on_view: a view has at least one member")
-        old_view = set(self.view)
-        self.view = tuple(members)
-        self.replication._recent_routes = {}
-        t = self.topology
-        if t is not None:
-            owners = set(owner_set(t.current)) | (set(owner_set(t.pending)) if t.pending is not None else set())
-            self._vanished_owners |= {m for m in old_view - set(members) if m in owners and m != self.address}
-            if self.merging:
-                # Our entries have not all reached the merged group: whoever left our view meanwhile may be
-                # behind a partition, without them, and would take our segments once it is back, though our
-                # topology does not name it (seed 4884: a member cut off alone in allow_read_writes took writes,
-                # merged, was cut off again before its push arrived, and left with the only copy).
-                self._vanished_owners |= old_view - set(members) - {self.address}
-        self._vanished_owners -= set(members)
-        for gone in sorted(old_view - set(members)):
-            self.replication._repair_after(gone)
-        # Transactions learn of the view before a topology the planner makes from it is installed below: the
-        # originator re-routes what the departed members had not answered to that topology.
-        self.transactions._tx_on_view(now, merge or bool(old_view - set(members)))
-        if merge and t is not None and self.store is not None:
-            # Also from a degraded topology: it still writes the segments whose owners are all with us (seed
-            # 614: a member cut off alone took a write for such a segment, never pushed it, and lost it).
-            self._merge_from = t.topology_id
-        if merge and t is not None:
-            self._merge_hold = t.topology_id
-            self._merge_others = set(members) - old_view
-        elif self._merge_hold is not None:
-            self._merge_others &= set(members)  # those gone are no longer awaited in the merged topology
-        alive = set(self.view)
-        if self.view[0] == self.address:
-            if self.planner is None or merge or old_coord != self.address:
-                mode = self.config.mode
-                self.planner = RebalancePlanner(
-                    self.view,
-                    num_segments=self.topology.num_segments if self.topology else self.config.num_segments,
-                    num_owners=self.topology.current.num_owners if self.topology else self.config.num_owners,
-                    mode=mode,
-                    recovery_timeout=self.config.recovery_timeout,
-                    now=now,
-                    may_start_grid=not self._joined_others,
-                    initial_size=self.config.initial_cluster_size,
-                    merge=merge,
-                )
-            else:
-                self._planner_out(self.planner.on_view(self.view, now))
-            early = {m: st for m, st in self._early_statuses.items() if m in alive}
-            self._early_statuses.clear()
-            self._statuses_in.update(early)
-        else:
-            self.planner = None
-            self._joined_others = True
-            # Statuses kept for when we become coordinator belong to an older view now: their senders send
-            # new ones to whoever the coordinator of their next view is.
-            self._early_statuses.clear()
-        # Operations whose target left wait for the topology that replaces it.
-        for op in list(self.operations._ops.values()):
-            if op.not_before is None and op.target is not None and op.target not in alive:
-                op.not_before = (op.topology_id + 1, 0.0)
-                self.operations._try_send(op)  # at once if a newer topology is here already
-        for key in [k for k in self.provider._out_xfers if k[0] not in alive]:
-            del self.provider._out_xfers[key]
-        lost = False
-        for xid in [x for x, xf in self.consumer._in_xfers.items() if xf.source not in alive]:
-            del self.consumer._in_xfers[xid]
-            lost = True
-        if lost:
-            self.consumer._plan_fetches()
-        self._send_status()
-        self._flush()
+        self.membership.on_view(members, now, merge=merge)
 
     def on_messages(self, batch: Iterable[tuple[Address, bytes]], now: float) -> None:
         """Payloads delivered by the group, as (sender, payload) pairs; bad payloads are dropped and counted."""
@@ -398,7 +296,7 @@ class GridNode:
         elif self.provider.pumping:
             self.provider.step()
         if self.planner is not None:
-            self._planner_out(self.planner.on_tick(now))
+            self.membership._planner_out(self.planner.on_tick(now))
         while self._queued and self._queued[0][0] <= now:
             _, _, src, msg = self._queued.popleft()
             self._reject_held(src, msg)
@@ -473,8 +371,8 @@ class GridNode:
         self._now = now
         if not self.leaving:
             self.leaving = True
-            self._send_status()
-            self._check_ready()
+            self.membership._send_status()
+            self.membership._check_ready()
         self._flush()
 
     def set_capacity(self, capacity: float, now: float) -> None:
@@ -487,7 +385,7 @@ class GridNode:
         if float(capacity) != self.config.capacity:
             self.config = dataclasses.replace(self.config, capacity=float(capacity))
             self.metrics["grid.capacity_changes"] += 1
-            self._send_status()
+            self.membership._send_status()
         self._flush()
 
     def force_available(self, now: float) -> bool:
@@ -496,7 +394,7 @@ class GridNode:
         self._now = now
         if self.planner is None:
             return False
-        self._planner_out(self.planner.force_available())
+        self.membership._planner_out(self.planner.force_available())
         self._flush()
         return True
 
@@ -529,7 +427,7 @@ class GridNode:
     def merging(self) -> bool:
         """True from a merge view (while our topology was available) until every entry we pushed to the
         merged group's owners is acknowledged (see :meth:`_push_entries`)."""
-        return self._merge_from is not None or any(pw.merge for pw in self.replication._writes.values())
+        return self.membership._merge_from is not None or any(pw.merge for pw in self.replication._writes.values())
 
     @property
     def pending_ops(self) -> int:
@@ -580,9 +478,9 @@ class GridNode:
             XferData: self.consumer._on_xfer_data,
             XferAck: self.provider._on_xfer_ack,
             Fetch: self.provider._on_fetch,
-            Topology: self._on_topology,
-            Confirm: self._on_confirm,
-            Status: self._on_status,
+            Topology: self.membership._on_topology,
+            Confirm: self.membership._on_confirm,
+            Status: self.membership._on_status,
             XferCancel: self.provider._on_xfer_cancel,
             XferFail: self.consumer._on_xfer_fail,
         }
@@ -594,26 +492,6 @@ class GridNode:
         handler = self._handlers.get(type(msg))
         if handler is not None:
             handler(src, msg)
-
-    def _on_topology(self, src: Address, msg: Topology) -> None:
-        if self.view and src == self.view[0]:
-            self._install(msg.topology)
-        else:
-            self.metrics["grid.topology_not_from_coordinator"] += 1
-
-    def _on_confirm(self, src: Address, msg: Confirm) -> None:
-        if self.planner is not None:
-            self._planner_out(self.planner.on_confirm(src, msg.topology_id))
-            self._check_ready()
-
-    def _on_status(self, src: Address, msg: Status) -> None:
-        if self.planner is not None and src in self.view:
-            self._statuses_in[src] = msg.status
-        else:
-            # From a member our view does not hold yet, or from one whose view already makes us the
-            # coordinator while ours does not (seed 460: dropping it left that member out of every
-            # topology): kept for the view that makes us coordinator.
-            self._early_statuses[src] = msg.status
 
     def _emit(self, dest: Address | None, msg: GridMessage) -> None:
         if dest == self.address:
@@ -671,16 +549,16 @@ class GridNode:
 
     def _flush(self) -> None:
         """Run loopback messages and planner inputs to quiescence, then encode one payload per destination."""
-        while self._loop or self._statuses_in:
+        while self._loop or self.membership._statuses_in:
             while self._loop:
                 src, msg = self._loop.popleft()
                 self._handle(src, msg)
-            if self._statuses_in and self.planner is not None:
-                st, self._statuses_in = self._statuses_in, {}
-                self._planner_out(self.planner.on_statuses(st, self._now))
+            if self.membership._statuses_in and self.planner is not None:
+                st, self.membership._statuses_in = self.membership._statuses_in, {}
+                self.membership._planner_out(self.planner.on_statuses(st, self._now))
             elif self.planner is None:
-                self._statuses_in.clear()
-        self._check_ready()
+                self.membership._statuses_in.clear()
+        self.membership._check_ready()
         written = self.events._written
         if written is not None and written[0]:
             self.events._event(EVENT_WRITTEN, -1, *written)
@@ -699,244 +577,9 @@ class GridNode:
                 self._outbox.append(Outgoing(dest, encode_payload(msgs[start:])))
         self._out.clear()
 
-    def _planner_out(self, outputs: list[tuple[Address | None, CacheTopology]]) -> None:
-        for dest, topo in outputs:
-            if dest is None:
-                self._out.setdefault(None, []).append(Topology(topo))
-                self._install(topo)
-            elif dest == self.address:
-                self._install(topo)
-            else:
-                self._emit(dest, Topology(topo))
-
-    def _send_status(self) -> None:
-        if not self.view:
-            return
-        lost = tuple(sorted(self._vanished_owners)[:MAX_LOST])
-        status = MemberStatus(self.config.capacity, self.leaving, self.topology, self.persistence._topology_floor, lost)
-        self._emit(self.view[0], Status(status))
-
     # ==== topology =========================================================================================
     def _install(self, t: CacheTopology) -> None:
-        old = self.topology
-        if old is not None and t.topology_id <= old.topology_id:
-            if t.topology_id < old.topology_id:
-                self.metrics["grid.stale_topology"] += 1
-            return
-        self.topology = t
-        self.metrics["grid.topologies_installed"] += 1
-        merged_topology = self._merged_topology(t)
-        if merged_topology:
-            self._merge_hold = None  # the merged group's topology: commands are served again (held ones below)
-        me = self.address
-        if self.store is None or self.store.num_segments != t.num_segments:
-            self.store = SegmentStore(t.num_segments)
-        store = self.store
-        merged: list[tuple[int, bytes, int, bytes | None]] = []
-        merged_expiries: dict[tuple[int, bytes], float] | None = None
-        if self._merge_from is not None and merged_topology:
-            # The first topology of the merged group: take our entries (tombstones too) before any drop.
-            merged = [(s, k, ver, val) for s, data in sorted(store.segments.items()) for k, (ver, val) in data.items()]
-            if any(data.exp for data in store.segments.values()):
-                # Their expiries too, now: the segments we do not keep are dropped below, before the push, and a
-                # re-stamp below gives the entries new versions (expiries are recorded per version).
-                merged_expiries = {
-                    (s, k): e for s, k, ver, val in merged if val is not None and (e := store.expiry_of(s, k, ver))
-                }
-            if t.restamp > self._merge_from:
-                # The merged group joins grids that never met (topology.py, restamp): our versions and the
-                # other grid's count topologies from 1 each, so they say nothing about which write came last.
-                # Every member of either grid pushes its entries re-stamped under the one topology id
-                # ``restamp``, above both grids' and below the merged group's, keeping each sequence: the
-                # write's time. So the later write of a key wins everywhere, and any write of the merged
-                # group beats them all.
-                high = t.restamp << SEQ_BITS
-                merged = [(s, k, high | version_seq(ver), val) for s, k, ver, val in merged]
-                self.metrics["grid.merge_entries_restamped"] += len(merged)
-            self._merge_from = None
-        # Tombstones stay: a member that was cut off (or a partition that wrote on its own) pushes its entries
-        # after a merge, and an older value must not bring a deleted key back (see docs/grid.md, merge).
-        store.keep_tombstones = True
-        keep = t.segments_to_keep(me)
-        dropped_segments: list[int] = []
-        emptied: list[int] = []  # segments whose copy was dropped or emptied here
-        dropping = t.availability == Availability.AVAILABLE and self._merge_from is None
-        if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) and dropping:
-            # Old copies go only once no topology in use can still read them (see docs/grid.md). Never on a
-            # degraded topology: it is provisional (owners are missing, a partition may have cut us off),
-            # and the merged group may adopt another partition's topology that names us an owner of what we
-            # would drop here; seed 15 lost acknowledged writes that way. Dropping waits for availability.
-            # Nor while our merge push waits for the merged group's topology: a topology of our old group
-            # that arrives after the merge view must not take entries the push still has to carry (seed 19).
-            departed = EVENT_DEPARTED in self.events._event_kinds
-            for s in store.held_segments() - keep:
-                if departed:
-                    data = store.segments[s]
-                    if data:
-                        # Snapshot the columns before the store lets go of the entries (they may be freed a
-                        # slice per step from here on).
-                        self.events._event(
-                            EVENT_DEPARTED, s, list(data.ver), list(data.ver.values()), list(data.val.values())
-                        )
-                self.metrics["grid.entries_dropped"] += store.remove_segment(s)
-                dropped_segments.append(s)
-                emptied.append(s)
-        if t.phase == Phase.READ_OLD_WRITE_ALL:
-            if t.rebalance_id != self.consumer._xfer_rebalance:
-                self.consumer._cancel_in_xfers()
-                self.consumer._xfer_rebalance = t.rebalance_id
-                self.consumer._fetch_started = set()
-                self.consumer._fetched = set()
-                self.consumer._fetch_tries.clear()
-            for s in self.consumer._to_fetch(t) - self.consumer._fetch_started:
-                # A new owner's old copy may be stale (it missed writes while not an owner): start empty.
-                store.clear_segment(s)
-                self.consumer._fetch_started.add(s)
-                emptied.append(s)
-            # Streams from sources that are no longer current owners of their segments restart elsewhere.
-            for xid, xf in list(self.consumer._in_xfers.items()):
-                if xf.source not in t.members or any(xf.source not in t.current.owners_of(s) for s in xf.remaining):
-                    if xf.source in self.view:
-                        self._emit(xf.source, XferCancel(xid))
-                    del self.consumer._in_xfers[xid]
-        else:
-            self.consumer._cancel_in_xfers()
-            if t.phase == Phase.NO_REBALANCE:
-                self.provider._out_xfers.clear()
-        for s in keep:
-            store.add_segment(s)
-        if emptied:
-            # Committed transactions' writes there went with the copy: a repeated commit applies them again (a
-            # transfer into the emptied copy may come from an owner the commit has not reached yet).
-            self.tx.forget_applied(emptied)
-        if dropping and not self.tx.locks.empty():
-            # Locks go with ownership, whatever the phase and whether the copy is dropped yet: a member that is no
-            # write owner of a segment gets no commit carrying the versions of its keys, so a committed
-            # transaction's lock still waiting for one there would be held for good (a lock promoted in a
-            # partition of our own, then a merged topology that continued the other side's rebalance without us).
-            gone = sorted(self.tx.locks.segments() - keep - set(dropped_segments))
-            dropped_segments += gone
-        self.transactions._tx_install(old, t, dropped_segments)
-        # Writes we applied under another topology: push them to this topology's write owners, unless the write
-        # went to all of them already (then its round goes on, for them only: see _kept_owners).
-        recent = self.replication._recent_routes
-        if t.availability == Availability.AVAILABLE and not merged_topology:
-            recent[t.topology_id] = self._routes(t)
-            while len(recent) > _RECENT_TOPOLOGIES:
-                del recent[min(recent)]
-        else:
-            recent.clear()
-        for wid, pw in list(self.replication._writes.items()):
-            if pw.topology_id != t.topology_id:
-                owners = self.replication._kept_owners(pw.topology_id, t, segment_of(pw.key, t.num_segments))
-                if owners is None:
-                    self._redrive(wid, pw)
-                    continue
-                self.metrics["grid.writes_kept_across_topologies"] += 1
-                pw.awaiting.intersection_update(owners)  # an owner that left the segment is not waited for
-                if not pw.awaiting:
-                    self.replication._write_done(wid, pw)
-        if merged:
-            self.replication._push_entries(
-                merged, merge=True, expiries=merged_expiries if merged_expiries is not None else {}
-            )
-        if old is None and (self.persistence._restored is not None or self.persistence._topology_floor):
-            self.persistence._settle_restored(t)
-        # Requests held for this topology (or an older one) can be answered now.
-        if self._queued:
-            held, self._queued = self._queued, deque()
-            for item in held:
-                if item[1] <= t.topology_id:
-                    self._handle(item[2], item[3])
-                else:
-                    self._queued.append(item)
-        if t.phase == Phase.READ_OLD_WRITE_ALL:
-            self.consumer._plan_fetches()
-        self._maybe_confirm()
-        for op in list(self.operations._ops.values()):
-            if op.not_before is not None:
-                self.operations._try_send(op)
-            elif op.target not in t.members:
-                # Its target is gone: nobody will answer. Attempts to live owners under an older topology get
-                # a RETRY from them (or an answer, if the owner had not moved on either).
-                self.operations._send_op(op)
-        self._check_ready()
-
-    def _merged_topology(self, t: CacheTopology) -> bool:
-        """Whether ``t`` (newer than ours) is the merged group's first topology after a merge view."""
-        if self._merge_hold is None and self._merge_from is None:
-            return False
-        hold = max(x for x in (self._merge_hold, self._merge_from) if x is not None)
-        others = self._merge_others
-        return t.topology_id > hold and self.address in t.members and (not others or not others.isdisjoint(t.members))
-
-    def _maybe_confirm(self) -> None:
-        t = self.topology
-        if t is None or self._confirmed_id == t.topology_id or not self.view:
-            return
-        if t.phase == Phase.READ_OLD_WRITE_ALL and not self.consumer._to_fetch(t) <= self.consumer._fetched:
-            return
-        self._confirmed_id = t.topology_id
-        self._emit(self.view[0], Confirm(t.topology_id))
-
-    def _check_ready(self) -> None:
-        if not self.leaving or self.ready_to_leave or self.operations._ops or self.txc.pending():
-            return  # a graceful leave also drains this member's own client operations and transactions
-        t = self.topology
-        if t is None:
-            self.ready_to_leave = True  # never held data
-            return
-        if self._no_taker(t):
-            # Nobody could take our segments (we are alone, or every other member owns nothing by its
-            # capacity): waiting would only run into the leave timeout, and the data goes either way.
-            # Writes still being replicated to members that are gone or own nothing cannot finish either.
-            if not any(pw.op_id != 0 for pw in self.replication._writes.values()):
-                self.metrics["grid.left_without_taker"] += 1
-                self.ready_to_leave = True
-            return
-        if self.replication._writes:
-            return
-        if (
-            t.phase == Phase.NO_REBALANCE
-            and t.availability == Availability.AVAILABLE
-            and self.address not in owner_set(t.current)
-        ):
-            # A leaving coordinator also waits until everyone installed that topology: were it to leave
-            # first, a broadcast still in flight would arrive from a non-coordinator and be ignored, and its
-            # successor would recover from an older topology that still names it as an owner.
-            if self.planner is not None and not self.planner.all_installed():
-                return
-            self.ready_to_leave = True
-
-    def _no_taker(self, t: CacheTopology) -> bool:
-        """Whether no other member could take our segments: we are alone in our view, or every other member
-        of it owns nothing by its capacity (0: a client-only member).
-
-        Only a member the CH lists with capacity 0 is known to own nothing (the planner lists every such cache
-        member: RebalancePlanner._with_clients). Any other member of our view could take our segments, listed or
-        not: one the CH does not list may have joined after the CH was built (the topology that ends a
-        rebalance carries the CH planned at its start: seed 2801), and a member that is leaving takes segments
-        again once every member with capacity is leaving, ourselves included (RebalancePlanner._owner_candidates),
-        which a CH built before the coordinator knew of our leave cannot show (seed 3413). Both seeds left with
-        the only copy on such a CH, a step before the coordinator's next topology handed the segments on.
-        Capacities never change after a join, so this answer cannot go stale the way leave flags do.
-
-        Only on an available, balanced topology: a degraded one may mean we are just cut off from the others,
-        who would take our segments once the partition heals, so we wait for that (or the leave timeout).
-        """
-        if t.phase != Phase.NO_REBALANCE or t.availability != Availability.AVAILABLE:
-            return False
-        if self._vanished_owners:
-            return False  # owners we lost without a handoff may be behind a partition: wait for them
-        if any(m not in self.view for m in t.lost):
-            # So may the owners our grid lost before we took its data over: no owner of our own topology vanished,
-            # but what we hold may be the only copy of what our side acknowledged while cut off from them.
-            return False
-        others = [m for m in self.view if m != self.address]
-        if any(m not in t.members for m in others):
-            return False  # a member the topology does not know yet (joining): its capacity is unknown
-        caps = dict(zip(t.current.members, t.current.capacities, strict=True))
-        return all(caps.get(m, -1.0) == 0 for m in others)
+        self.membership._install(t)
 
     def _routes(self, t: CacheTopology) -> _Routes:
         r = self._routes_cache

@@ -217,7 +217,7 @@ class Replication:
             seg = segment_of(key, t.num_segments)
         store = self.node.store
         assert store is not None
-        if self.node._merge_hold is not None:
+        if self.node.membership._merge_hold is not None:
             # A merge view came and the merged group's first topology has not: ours may be the topology of a
             # partition whose data the merged group does not continue. A read from it would miss what the
             # other side acknowledged long ago (seeds 20, 70), and a write stamped with its version could lose

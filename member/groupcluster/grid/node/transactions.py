@@ -443,7 +443,7 @@ class Transactions:
             return
         t = self.node.topology
         if kind is TxPrepare or kind is TxLock:
-            if t is not None and self.node._merge_hold is not None and msg.topology_id >= t.topology_id:
+            if t is not None and self.node.membership._merge_hold is not None and msg.topology_id >= t.topology_id:
                 # As for commands: our topology may be the other partition's until the merged one arrives.
                 self.node._hold(t.topology_id + 1, src, msg)
                 return
@@ -712,7 +712,7 @@ class Transactions:
         if isinstance(verdict, str):
             self._tx_query_done(op_id, tx, False, "undecided", f"transaction {tx} stays in doubt: {verdict}")
             return
-        if self.node._merge_hold is not None or self.node.topology is None:
+        if self.node.membership._merge_hold is not None or self.node.topology is None:
             self._tx_query_done(op_id, tx, False, REASON_UNAVAILABLE, "a merge is in progress: ask again")
             return
         self._tx_send_decision(decision(tx, verdict, reports))
@@ -736,7 +736,7 @@ class Transactions:
         unfinished. Not during a merge hold (our topology may be the other side's): the next round decides
         again."""
         t = self.node.topology
-        if t is None or self.node._merge_hold is not None:
+        if t is None or self.node.membership._merge_hold is not None:
             return
         r = self.node._routes(t)
         n = t.num_segments

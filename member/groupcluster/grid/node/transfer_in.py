@@ -109,7 +109,7 @@ class StateConsumer:
             self._next_xfer += 1
             self._in_xfers[xid] = _InXfer(src, segs)
             self.node._emit(src, Fetch(xid, t.topology_id, t.rebalance_id, tuple(segs)))
-        self.node._maybe_confirm()
+        self.node.membership._maybe_confirm()
 
     def _on_xfer_data(self, src: Address, d: XferData) -> None:
         xf = self._in_xfers.get(d.xfer_id)
@@ -138,7 +138,7 @@ class StateConsumer:
                 self._plan_fetches()
         else:
             self._ack(src, d)
-        self.node._maybe_confirm()
+        self.node.membership._maybe_confirm()
 
     def _ack(self, src: Address, d: XferData) -> None:
         """Acknowledge a chunk, which lets its source send the next one: at once, or with ``transfer_rate`` once
