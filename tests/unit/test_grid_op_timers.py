@@ -92,14 +92,14 @@ def test_an_unanswered_operation_inside_a_batch_is_resent_alone_at_its_time() ->
     answer(a, cmd, [0, 1, 4], 1.1)
     assert len(a.take_results()) == 3
     assert a.next_deadline() == 2.0  # sent at 1.0, attempt_timeout 1 s
-    assert len(a.operations._op_timers) == 1
+    assert len(a.operations.op_timers) == 1
     a.tick(2.0)
     (again,) = commands(a)
     assert list(again.op_ids) == ids[2:4] and list(again.attempts) == [2, 2]
     assert list(again.keys) == keys[2:4]
     answer(a, again, [0, 1], 2.1)
     assert [r.ok for r in a.take_results()] == [True, True]
-    assert a.next_deadline() is None and a.operations._op_timers == []
+    assert a.next_deadline() is None and a.operations.op_timers == []
 
 
 def test_a_run_whose_front_is_still_waiting_keeps_its_time_when_later_ones_finish() -> None:

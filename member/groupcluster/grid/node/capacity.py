@@ -30,18 +30,18 @@ class EntryBounds:
         self._entries = 0
         self._bytes = 0
         self._entries_at = -1.0
-        self._full_bound = "max_entries"
+        self.full_bound = "max_entries"
 
-    def _full(self, seg: int, key: bytes, value: bytes | None) -> bool:
+    def full(self, seg: int, key: bytes, value: bytes | None) -> bool:
         """Whether a PUT of ``key`` would take this member past a bound: ``max_entries`` if it adds a key,
         ``max_bytes`` if it grows the live bytes (a key held already may be overwritten by a value no larger)."""
         data = self.node.store.segments.get(seg)  # type: ignore[union-attr]
         held = None if data is None else data.val.get(key)
         size = len(value or b"")
         grow = len(key) + size if held is None else size - len(held)
-        return not self._fits(int(held is None), grow)
+        return not self.fits(int(held is None), grow)
 
-    def _fits(self, adds: int, grow: int) -> bool:
+    def fits(self, adds: int, grow: int) -> bool:
         """:meth:`_take_room`, asked only when a bound could refuse: what neither adds a key under max_entries
         nor grows the bytes under max_bytes fits without a count (the count of a step starts at its first PUT
         that could be refused, as before max_bytes existed)."""
@@ -60,17 +60,17 @@ class EntryBounds:
             assert store is not None
             self._entries, self._bytes, self._entries_at = len(store), store.nbytes, self.node._now
         if cfg.max_entries and adds and self._entries + adds > cfg.max_entries:
-            self._full_bound = "max_entries"
+            self.full_bound = "max_entries"
             return False
         if cfg.max_bytes and grow > 0 and self._bytes + grow > cfg.max_bytes:
-            self._full_bound = "max_bytes"
+            self.full_bound = "max_bytes"
             return False
         self._entries += adds
         self._bytes += grow
         return True
 
-    def _full_error(self, tail: str) -> str:
-        if self._full_bound == "max_bytes":
+    def full_error(self, tail: str) -> str:
+        if self.full_bound == "max_bytes":
             held, bound = f"{self._bytes} bytes of keys and values", f"its max_bytes is {self.node.config.max_bytes}"
         else:
             held, bound = f"{self._entries} entries", f"its max_entries is {self.node.config.max_entries}"

@@ -53,10 +53,10 @@ class EntryEventLog:
     def __init__(self, node: GridNode) -> None:
         self.node = node
         # -- entry events (off until set_event_kinds: then batches pile up for take_events)
-        self._event_kinds: frozenset[str] = frozenset()
-        self._events: list[EntryEvents] = []
+        self.event_kinds: frozenset[str] = frozenset()
+        self.events: list[EntryEvents] = []
         # Columns of the writes applied in this step while "written" is on; one EntryEvents per step (_flush).
-        self._written: tuple[list[bytes], list[int], list[bytes | None]] | None = None
+        self.written: tuple[list[bytes], list[int], list[bytes | None]] | None = None
 
     # ==== entry events =====================================================================================
     def set_event_kinds(self, kinds: Iterable[str]) -> None:
@@ -66,24 +66,24 @@ class EntryEventLog:
         bad = wanted - EVENT_KINDS
         if bad:
             raise ValueError(f"set_event_kinds: unknown kind(s) {sorted(bad)}; known: {sorted(EVENT_KINDS)}")
-        self._event_kinds = wanted
-        self._written = ([], [], []) if EVENT_WRITTEN in wanted else None
-        self._events = [e for e in self._events if e.kind in wanted]
+        self.event_kinds = wanted
+        self.written = ([], [], []) if EVENT_WRITTEN in wanted else None
+        self.events = [e for e in self.events if e.kind in wanted]
 
     def take_events(self) -> list[EntryEvents]:
         """The entry event batches produced since the last call, in the order they happened."""
-        events, self._events = self._events, []
+        events, self.events = self.events, []
         return events
 
-    def _event(
+    def event(
         self, kind: str, segment: int, keys: Sequence[bytes], versions: Sequence[int], values: Sequence[bytes | None]
     ) -> None:
         t = self.node.topology
-        self._events.append(EntryEvents(kind, segment, t.topology_id if t else 0, keys, versions, values))
+        self.events.append(EntryEvents(kind, segment, t.topology_id if t else 0, keys, versions, values))
         self.node.metrics[f"grid.events_{kind}"] += len(keys)
 
-    def _note_written(self, key: bytes, version: int, value: bytes | None) -> None:
-        written = self._written
+    def note_written(self, key: bytes, version: int, value: bytes | None) -> None:
+        written = self.written
         assert written is not None
         written[0].append(key)
         written[1].append(version)

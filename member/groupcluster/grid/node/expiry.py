@@ -39,7 +39,7 @@ class Expiry:
     def __init__(self, node: GridNode) -> None:
         self.node = node
 
-    def _tombstone_expiry(self) -> float | None:
+    def tombstone_expiry(self) -> float | None:
         """When the oldest tombstone may go, or None while none may (see docs/grid.md, tombstones).
 
         Tombstones stop a deleted key from coming back when an older value arrives: by state transfer during a
@@ -79,20 +79,20 @@ class Expiry:
                 or t is None
                 or not r.primary[seg]
                 or not r.can_write[seg]
-                or self.node.membership._merge_hold is not None
+                or self.node.membership.merge_hold is not None
                 or (locks.any_locked() and locks.is_held(key))
                 or (locks.any_blocked() and locks.is_blocked(seg))
             ):
                 store.recheck_expiry(wall + EXPIRY_RECHECK, seg, key, version)
                 continue
-            self.node.replication._stamp_write(
+            self.node.replication.stamp_write(
                 seg, key, None, 0.0, t.topology_id, r.write[seg][1:], self.node.address, 0, 0
             )
             self.node.metrics["grid.entries_expired"] += 1
 
     def tick(self, now: float) -> None:
         """Drop the tombstones past their grace, remove the entries whose expiry passed."""
-        expiry = self._tombstone_expiry()
+        expiry = self.tombstone_expiry()
         if expiry is not None and now >= expiry:
             assert self.node.store is not None
             self.node.metrics["grid.tombstones_expired"] += self.node.store.expire_tombstones(

@@ -197,13 +197,13 @@ class GridNode:
         self.tx = TxTable(
             address,
             tcfg,
-            segment_of=self.transactions._tx_segment,
-            version_of=self.transactions._tx_version,
-            stamp=self.transactions._tx_stamp,
-            apply=self.transactions._tx_apply,
-            room=self.transactions._tx_room if self.config.max_entries or self.config.max_bytes else None,
+            segment_of=self.transactions.tx_segment,
+            version_of=self.transactions.tx_version,
+            stamp=self.transactions.tx_stamp,
+            apply=self.transactions.tx_apply,
+            room=self.transactions.tx_room if self.config.max_entries or self.config.max_bytes else None,
         )
-        self.txc = TxCoordinator(address, self.transactions._tx_route, tcfg)
+        self.txc = TxCoordinator(address, self.transactions.tx_route, tcfg)
         self.txr = TxResolver(address, tcfg)  # automatic resolution of in-doubt transactions, on the coordinator
         self.txr.enabled = self.config.tx_auto_resolve
         self.events = EntryEventLog(self)
@@ -235,7 +235,7 @@ class GridNode:
 
     @property
     def event_kinds(self) -> frozenset[str]:
-        return self.events._event_kinds
+        return self.events.event_kinds
 
     def take_events(self) -> list[EntryEvents]:
         """The entry event batches produced since the last call, in the order they happened."""
@@ -296,47 +296,47 @@ class GridNode:
         elif self.provider.pumping:
             self.provider.step()
         if self.planner is not None:
-            self.membership._planner_out(self.planner.on_tick(now))
+            self.membership.planner_out(self.planner.on_tick(now))
         while self._queued and self._queued[0][0] <= now:
             _, _, src, msg = self._queued.popleft()
             self._reject_held(src, msg)
-        self.operations._ops_tick(now)
+        self.operations.ops_tick(now)
         self.consumer.tick(now)
         self.expiry.tick(now)
-        self.transactions._tx_tick(now)
+        self.transactions.tx_tick(now)
         self._flush()
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` must be called next (None: nothing is timed)."""
         times = [
             t
-            for t in (self.planner.next_deadline() if self.planner else None, self.consumer._refetch_at)
+            for t in (self.planner.next_deadline() if self.planner else None, self.consumer.refetch_at)
             if t is not None
         ]
         if self._queued:
             times.append(self._queued[0][0])
-        expiry = self.expiry._tombstone_expiry()
+        expiry = self.expiry.tombstone_expiry()
         if expiry is not None:
             times.append(expiry)
-        if self.consumer._acks_due:
-            times.append(self.consumer._acks_due[0][0])
+        if self.consumer.acks_due:
+            times.append(self.consumer.acks_due[0][0])
         if self._deferred or self.provider.pumping:
             times.append(self._now)  # held-back transfer work: the next chunk in a step of its own
         if self.store is not None and self.store._garbage:
             times.append(self._collect_at)  # dropped segments still to free: the next slice (see _flush)
-        tx_next = self.transactions._tx_next_deadline()
+        tx_next = self.transactions.tx_next_deadline()
         if tx_next is not None:
             times.append(tx_next)
         if self.store is not None and self.store._expiring:
             times.append(self.store._expiring[0][0] - self.wall_offset)  # the next entry to expire (Unix time)
-        times.extend(self.operations._ops_deadlines())
+        times.extend(self.operations.ops_deadlines())
         return min(times) if times else None
 
     # -- client operations ----------------------------------------------------------------------------------
     # Each takes the client's ``deadline`` (node time; None: none), after which the operation sends no attempt
     # and ends as timed out (see docs/grid.md, "Client deadlines"). The grid's own ``op_timeout`` still applies.
     def get(self, key: bytes, now: float, deadline: float | None = None) -> int:
-        return self.operations._start_op(GET, key, None, now, deadline)
+        return self.operations.start_op(GET, key, None, now, deadline)
 
     def put(self, key: bytes, value: bytes, now: float, deadline: float | None = None, expires: float = 0.0) -> int:
         """``expires``: when the entry expires, as a Unix time (0.0: never); see docs/grid.md, "Expiry"."""
@@ -345,10 +345,10 @@ class GridNode:
         if len(value) > self.limits.max_value_bytes:
             raise ValueError(f"value: {len(value)} bytes exceed the limit of {self.limits.max_value_bytes}")
         _check_expires(expires, "expires")
-        return self.operations._start_op(PUT, key, value, now, deadline, expires)
+        return self.operations.start_op(PUT, key, value, now, deadline, expires)
 
     def delete(self, key: bytes, now: float, deadline: float | None = None) -> int:
-        return self.operations._start_op(DELETE, key, None, now, deadline)
+        return self.operations.start_op(DELETE, key, None, now, deadline)
 
     def start_batch(
         self,
@@ -371,8 +371,8 @@ class GridNode:
         self._now = now
         if not self.leaving:
             self.leaving = True
-            self.membership._send_status()
-            self.membership._check_ready()
+            self.membership.send_status()
+            self.membership.check_ready()
         self._flush()
 
     def set_capacity(self, capacity: float, now: float) -> None:
@@ -385,7 +385,7 @@ class GridNode:
         if float(capacity) != self.config.capacity:
             self.config = dataclasses.replace(self.config, capacity=float(capacity))
             self.metrics["grid.capacity_changes"] += 1
-            self.membership._send_status()
+            self.membership.send_status()
         self._flush()
 
     def force_available(self, now: float) -> bool:
@@ -394,7 +394,7 @@ class GridNode:
         self._now = now
         if self.planner is None:
             return False
-        self.membership._planner_out(self.planner.force_available())
+        self.membership.planner_out(self.planner.force_available())
         self._flush()
         return True
 
@@ -427,11 +427,11 @@ class GridNode:
     def merging(self) -> bool:
         """True from a merge view (while our topology was available) until every entry we pushed to the
         merged group's owners is acknowledged (see :meth:`_push_entries`)."""
-        return self.membership._merge_from is not None or any(pw.merge for pw in self.replication._writes.values())
+        return self.membership.merge_from is not None or any(pw.merge for pw in self.replication.writes.values())
 
     @property
     def pending_ops(self) -> int:
-        return len(self.operations._ops)
+        return len(self.operations.ops)
 
     @property
     def transfer_pending(self) -> bool:
@@ -439,7 +439,7 @@ class GridNode:
         t = self.topology
         if t is None or t.phase != Phase.READ_OLD_WRITE_ALL:
             return False
-        return not self.consumer._to_fetch(t) <= self.consumer._fetched
+        return not self.consumer.to_fetch(t) <= self.consumer.fetched
 
     def status(self) -> dict[str, Any]:
         """A JSON-able summary for ``/v1/status``."""
@@ -459,33 +459,33 @@ class GridNode:
         if t is not None:
             out["segments_primary"] = len(t.current.segments_primary(self.address))
             out["segments_owned"] = len(t.current.segments_owned(self.address))
-            need = self.consumer._to_fetch(t) if t.phase == Phase.READ_OLD_WRITE_ALL else frozenset()
-            out["rebalance"] = {"segments_to_fetch": len(need), "segments_fetched": len(need & self.consumer._fetched)}
+            need = self.consumer.to_fetch(t) if t.phase == Phase.READ_OLD_WRITE_ALL else frozenset()
+            out["rebalance"] = {"segments_to_fetch": len(need), "segments_fetched": len(need & self.consumer.fetched)}
         return out
 
     # ==== dispatch =========================================================================================
     def _dispatch_table(self) -> dict[type, Callable[[Address, Any], None]]:
         """Message type -> handler: every grid message a member may receive, and the part that handles it."""
         table: dict[type, Callable[[Address, Any], None]] = {
-            BackupBatch: self.replication._on_backup_batch,
-            BackupAckBatch: self.replication._on_backup_ack_batch,
-            CommandBatch: self.replication._on_command_batch,
-            ResponseBatch: self.operations._on_response_batch,
-            Command: self.replication._on_command,
-            Response: self.operations._on_response,
-            Backup: self.replication._on_backup,
-            BackupAck: self.replication._on_backup_ack,
-            XferData: self.consumer._on_xfer_data,
-            XferAck: self.provider._on_xfer_ack,
-            Fetch: self.provider._on_fetch,
-            Topology: self.membership._on_topology,
-            Confirm: self.membership._on_confirm,
-            Status: self.membership._on_status,
-            XferCancel: self.provider._on_xfer_cancel,
-            XferFail: self.consumer._on_xfer_fail,
+            BackupBatch: self.replication.on_backup_batch,
+            BackupAckBatch: self.replication.on_backup_ack_batch,
+            CommandBatch: self.replication.on_command_batch,
+            ResponseBatch: self.operations.on_response_batch,
+            Command: self.replication.on_command,
+            Response: self.operations.on_response,
+            Backup: self.replication.on_backup,
+            BackupAck: self.replication.on_backup_ack,
+            XferData: self.consumer.on_xfer_data,
+            XferAck: self.provider.on_xfer_ack,
+            Fetch: self.provider.on_fetch,
+            Topology: self.membership.on_topology,
+            Confirm: self.membership.on_confirm,
+            Status: self.membership.on_status,
+            XferCancel: self.provider.on_xfer_cancel,
+            XferFail: self.consumer.on_xfer_fail,
         }
         for kind in _TX_KINDS:
-            table[kind] = self.transactions._on_tx
+            table[kind] = self.transactions.on_tx
         return table
 
     def _handle(self, src: Address, msg: GridMessage) -> None:
@@ -549,20 +549,20 @@ class GridNode:
 
     def _flush(self) -> None:
         """Run loopback messages and planner inputs to quiescence, then encode one payload per destination."""
-        while self._loop or self.membership._statuses_in:
+        while self._loop or self.membership.statuses_in:
             while self._loop:
                 src, msg = self._loop.popleft()
                 self._handle(src, msg)
-            if self.membership._statuses_in and self.planner is not None:
-                st, self.membership._statuses_in = self.membership._statuses_in, {}
-                self.membership._planner_out(self.planner.on_statuses(st, self._now))
+            if self.membership.statuses_in and self.planner is not None:
+                st, self.membership.statuses_in = self.membership.statuses_in, {}
+                self.membership.planner_out(self.planner.on_statuses(st, self._now))
             elif self.planner is None:
-                self.membership._statuses_in.clear()
-        self.membership._check_ready()
-        written = self.events._written
+                self.membership.statuses_in.clear()
+        self.membership.check_ready()
+        written = self.events.written
         if written is not None and written[0]:
-            self.events._event(EVENT_WRITTEN, -1, *written)
-            self.events._written = ([], [], [])
+            self.events.event(EVENT_WRITTEN, -1, *written)
+            self.events.written = ([], [], [])
         if self.store is not None and self.store._garbage and self._now >= self._collect_at:
             self.store.collect(FREE_PER_STEP)
             self._collect_at = self._now + FREE_INTERVAL
@@ -579,7 +579,7 @@ class GridNode:
 
     # ==== topology =========================================================================================
     def _install(self, t: CacheTopology) -> None:
-        self.membership._install(t)
+        self.membership.install(t)
 
     def _routes(self, t: CacheTopology) -> _Routes:
         r = self._routes_cache
@@ -633,7 +633,7 @@ class GridNode:
         Stores keep the newest version, so this never overwrites a later write; and a write owner of the
         current topology includes any new owner still fetching, so no snapshot can miss it.
         """
-        self.replication._redrive(wid, pw)
+        self.replication.redrive(wid, pw)
 
     # ==== transactions =====================================================================================
     # The client's calls (docs/grid-transactions.md, "Using transactions"); results come out of take_results.

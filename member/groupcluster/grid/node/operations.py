@@ -87,22 +87,22 @@ class Operations:
     def __init__(self, node: GridNode) -> None:
         self.node = node
         self._next_op = 1
-        self._ops: dict[int, _Op] = {}
+        self.ops: dict[int, _Op] = {}
         # Resend and retry-backoff times of operations, as set (stale entries are skipped): runs
         # ``[time, seq, first op id, last op id]`` of operations sharing one time. The operations of a batch
         # are sent in one step with consecutive ids, so a batch is one heap entry, not one per operation (a
         # push and a pop per operation were ~4% of a member's CPU under batch writes). ``seq`` orders runs
         # of one time; ``first`` moves up as the run's front operations finish (see next_deadline).
-        self._op_timers: list[list[Any]] = []
+        self.op_timers: list[list[Any]] = []
         self._timer_seq = 0
         self._timer_run: list[Any] | None = None  # the run last pushed by _send_op, which the next may extend
         # Client deadlines of operations started with one, as ``(deadline, first op id, last op id)``: a batch
         # shares one entry. Entries of operations that finished earlier are skipped when due.
         self._cutoffs: list[tuple[float, int, int]] = []
 
-    def _ops_tick(self, now: float) -> None:
+    def ops_tick(self, now: float) -> None:
         """Resend, retry or fail the operations whose timers or deadlines are due."""
-        ops = self._ops
+        ops = self.ops
         cutoffs = self._cutoffs
         while cutoffs and cutoffs[0][0] <= now:
             _, first, last = heapq.heappop(cutoffs)
@@ -115,7 +115,7 @@ class Operations:
             if op.deadline > now:
                 break
             due.add(op.op_id)
-        timers = self._op_timers
+        timers = self.op_timers
         while timers and timers[0][0] <= now:
             run = heapq.heappop(timers)
             if run is self._timer_run:
@@ -129,21 +129,21 @@ class Operations:
                 self._finish(op, False, error=f"timed out after {op.attempt} attempts")
             elif op.not_before is None and now >= op.resend_at:
                 self.node.metrics["grid.op_resends"] += 1
-                self._send_op(op)
+                self.send_op(op)
             elif op.not_before is not None:
-                self._try_send(op)
+                self.try_send(op)
 
-    def _ops_deadlines(self) -> list[float]:
+    def ops_deadlines(self) -> list[float]:
         """When operations need a step: the first client deadline, operation deadline and resend time."""
         times: list[float] = []
         if self._cutoffs:
             times.append(self._cutoffs[0][0])
-        ops = self._ops
+        ops = self.ops
         if ops:
             # Deadlines are start time + op_timeout and operations stay in start order, so the first is the
             # earliest: no scan over thousands of operations in flight on every step.
             times.append(next(iter(ops.values())).deadline)
-        timers = self._op_timers
+        timers = self.op_timers
         while timers:
             run = timers[0]
             at, op_id, last = run[0], run[2], run[3]
@@ -212,17 +212,17 @@ class Operations:
             op.seg, op.nseg = seg, nseg
             op.cutoff = cutoff
             op.expires = expires
-            self._ops[op_id] = op
+            self.ops[op_id] = op
             if cutoff <= now:
                 self._expire(op)
             else:
-                self._try_send(op)
+                self.try_send(op)
             ids.append(op_id)
         self.node._flush()
         return ids
 
     # ==== operations (originator side) =====================================================================
-    def _start_op(
+    def start_op(
         self, kind: int, key: bytes, value: bytes | None, now: float, cutoff: float | None, expires: float = 0.0
     ) -> int:
         if type(key) is not bytes:
@@ -235,11 +235,11 @@ class Operations:
         op = _Op(op_id, kind, key, value, now + self.node.config.op_timeout)
         op.cutoff = self._arm_cutoff(cutoff, op_id, op_id, now)
         op.expires = expires
-        self._ops[op_id] = op
+        self.ops[op_id] = op
         if op.cutoff <= now:
             self._expire(op)
         else:
-            self._try_send(op)
+            self.try_send(op)
         self.node._flush()
         return op_id
 
@@ -259,14 +259,14 @@ class Operations:
         suffix = f" after {op.attempt} attempts" if op.attempt else " before any attempt was sent"
         self._finish(op, False, error=_CUTOFF_ERROR + suffix)
 
-    def _try_send(self, op: _Op) -> None:
+    def try_send(self, op: _Op) -> None:
         t = self.node.topology
         nb = op.not_before
         if nb is None or t is None or t.topology_id < nb[0] or self.node._now < nb[1]:
             return
-        self._send_op(op)
+        self.send_op(op)
 
-    def _send_op(self, op: _Op) -> None:
+    def send_op(self, op: _Op) -> None:
         if self.node._now >= op.cutoff:
             self._expire(op)
             return
@@ -310,10 +310,10 @@ class Operations:
         """A timer run of operation ``op_id`` alone at ``at`` (see ``_op_timers``)."""
         self._timer_seq += 1
         run = [at, self._timer_seq, op_id, op_id]
-        heapq.heappush(self._op_timers, run)
+        heapq.heappush(self.op_timers, run)
         return run
 
-    def _on_response_batch(self, src: Address, b: ResponseBatch) -> None:
+    def on_response_batch(self, src: Address, b: ResponseBatch) -> None:
         response = self._response
         errors = b.errors
         for i, (op_id, attempt, code, tid, value, version) in enumerate(
@@ -321,13 +321,13 @@ class Operations:
         ):
             response(op_id, attempt, code, tid, value, errors.get(i, "") if errors else "", version)
 
-    def _on_response(self, src: Address, rsp: Response) -> None:
+    def on_response(self, src: Address, rsp: Response) -> None:
         self._response(rsp.op_id, rsp.attempt, rsp.code, rsp.topology_id, rsp.value, rsp.error, rsp.version)
 
     def _response(
         self, op_id: int, attempt: int, code: int, tid: int, value: bytes | None, error: str, version: int = 0
     ) -> None:
-        op = self._ops.get(op_id)
+        op = self.ops.get(op_id)
         if op is None or attempt != op.attempt or op.not_before is not None:
             return  # an answer to an earlier attempt (or a duplicate)
         if code == OK:
@@ -346,10 +346,10 @@ class Operations:
             else:
                 op.not_before = (0, self.node._now + self.node.config.retry_backoff)
                 self._push_timer(op.not_before[1], op.op_id)
-            self._try_send(op)
+            self.try_send(op)
 
     def _finish(self, op: _Op, ok: bool, *, value: bytes | None = None, error: str = "", version: int = 0) -> None:
-        self._ops.pop(op.op_id, None)
+        self.ops.pop(op.op_id, None)
         reason = ""
         if not ok:
             self.node.metrics["grid.ops_failed"] += 1
@@ -365,7 +365,7 @@ class Operations:
                 reason = REASON_ERROR
         self.node._results.append(OpResult(op.op_id, op.kind, op.key, ok, value, error, op.attempt, version, reason))
 
-    def _new_op_id(self) -> int:
+    def new_op_id(self) -> int:
         op_id = self._next_op
         self._next_op += 1
         return op_id

@@ -97,15 +97,15 @@ class Replication:
         self.node = node
         # member -> segment -> [lowest version, last time] of the Backups it made us apply (see _repair_after).
         self._stamped_by: dict[Address, dict[int, list[float]]] = {}
-        self._seq: dict[int, int] = {}  # segment -> the last sequence we stamped for it
-        self._next_write = 1
-        self._writes: dict[int, _PendingWrite] = {}
+        self.seq: dict[int, int] = {}  # segment -> the last sequence we stamped for it
+        self.next_write = 1
+        self.writes: dict[int, _PendingWrite] = {}
         # Routes of the topologies installed since the last view change (available ones only, the last few):
         # a write of a segment whose write owners a later one left unchanged stays in its round (see
         # _kept_owners). Cleared by every view change, so the rule never spans one (merges included).
-        self._recent_routes: dict[int, _Routes] = {}
+        self.recent_routes: dict[int, _Routes] = {}
 
-    def _repair_after(self, gone: Address) -> None:
+    def repair_after(self, gone: Address) -> None:
         """``gone`` left our view: finish the writes it may have left half replicated.
 
         The member that stamps a write applies it, then sends it to the other write owners and stays
@@ -126,10 +126,10 @@ class Replication:
                 continue
             entries.extend((seg, k, ver, val) for k, (ver, val) in store.segments[seg].items() if ver >= floor)
         if entries:
-            self._push_entries(entries, merge=False)
+            self.push_entries(entries, merge=False)
             self.node.metrics["grid.repair_entries_pushed"] += len(entries)
 
-    def _kept_owners(self, tid: int, t: CacheTopology, seg: int) -> tuple[Address, ...] | None:
+    def kept_owners(self, tid: int, t: CacheTopology, seg: int) -> tuple[Address, ...] | None:
         """``t``'s write owners of ``seg`` if a write sent under our earlier topology ``tid`` reached all of
         them: ``t`` has the same primary and no owner that ``tid`` lacked, and no view change came between.
         None otherwise.
@@ -143,7 +143,7 @@ class Replication:
         busy installing the next topology, the slowest writes of a rebalance. A topology that adds an
         owner (a joiner's first), makes an owner fetch the segment, or changes the primary re-drives as before;
         so does a write whose topology we did not install since the last view change."""
-        old = self._recent_routes.get(tid)
+        old = self.recent_routes.get(tid)
         if old is None:
             return None
         before, now = old.write[seg], self.node._routes(t).write[seg]
@@ -159,14 +159,14 @@ class Replication:
             return now
         return None
 
-    def _write_done(self, wid: int, pw: _PendingWrite) -> None:
+    def write_done(self, wid: int, pw: _PendingWrite) -> None:
         """Every write owner has write ``wid``: forget it and answer its originator."""
-        del self._writes[wid]
-        if self.node.persistence._restore_wids:
-            self.node.persistence._restore_done(wid)
+        del self.writes[wid]
+        if self.node.persistence.restore_wids:
+            self.node.persistence.restore_done(wid)
         self.node._respond(pw.origin, pw.op_id, pw.attempt, OK, pw.topology_id)
 
-    def _on_command_batch(self, src: Address, b: CommandBatch) -> None:
+    def on_command_batch(self, src: Address, b: CommandBatch) -> None:
         tid = b.topology_id
         command = self._command
         t = self.node.topology
@@ -176,7 +176,7 @@ class Replication:
             # Our own operations (the originator is their primary, as clients route writes): each one's
             # segment was computed when it started, so the keys are not hashed a second time here.
             nseg = t.num_segments
-            ops = self.node.operations._ops
+            ops = self.node.operations.ops
             segs = [
                 op.seg if (op := ops.get(i)) is not None and op.nseg == nseg and op.key is k else segment_of(k, nseg)
                 for i, k in zip(b.op_ids, b.keys, strict=True)
@@ -188,7 +188,7 @@ class Replication:
         ):
             command(src, op_id, attempt, tid, kind, key, value, seg, deadline, expires)
 
-    def _on_command(self, src: Address, cmd: Command) -> None:
+    def on_command(self, src: Address, cmd: Command) -> None:
         self._command(
             src, cmd.op_id, cmd.attempt, cmd.topology_id, cmd.kind, cmd.key, cmd.value, -1, cmd.deadline, cmd.expires
         )
@@ -217,7 +217,7 @@ class Replication:
             seg = segment_of(key, t.num_segments)
         store = self.node.store
         assert store is not None
-        if self.node.membership._merge_hold is not None:
+        if self.node.membership.merge_hold is not None:
             # A merge view came and the merged group's first topology has not: ours may be the topology of a
             # partition whose data the merged group does not continue. A read from it would miss what the
             # other side acknowledged long ago (seeds 20, 70), and a write stamped with its version could lose
@@ -268,24 +268,24 @@ class Replication:
         if (
             kind == PUT
             and (self.node.config.max_entries or self.node.config.max_bytes)
-            and self.node.bounds._full(seg, key, value)
+            and self.node.bounds.full(seg, key, value)
         ):
             self.node.metrics["grid.writes_refused_full"] += 1
             # A first attempt refused wrote nothing; an earlier attempt, unanswered, may have been applied (by a
             # primary before a topology change) and still be replicated.
             written = "nothing was written" if attempt == 1 else "this attempt wrote nothing (an earlier may have)"
-            error = self.node.bounds._full_error(f"{written} (delete keys, add members or raise the bound)")
+            error = self.node.bounds.full_error(f"{written} (delete keys, add members or raise the bound)")
             self.node._respond(src, op_id, attempt, ERROR, tid, error=error)
             return
         owners = r.write[seg]
         if kind != PUT:
             value = None
             expires = 0.0
-        self._stamp_write(seg, key, value, expires, tid, owners[1:], src, op_id, attempt)
+        self.stamp_write(seg, key, value, expires, tid, owners[1:], src, op_id, attempt)
         if len(owners) == 1:
             self.node._respond(src, op_id, attempt, OK, tid)
 
-    def _stamp_write(
+    def stamp_write(
         self,
         seg: int,
         key: bytes,
@@ -303,8 +303,8 @@ class Replication:
         store = self.node.store
         assert store is not None
         data = store.segments.get(seg)
-        seq = self._seq[seg] = next_seq(
-            self._seq.get(seg, 0),
+        seq = self.seq[seg] = next_seq(
+            self.seq.get(seg, 0),
             self.node._now + self.node.wall_offset,
             data.ver.get(key) if data is not None else None,
         )
@@ -312,19 +312,19 @@ class Replication:
         if store.write(seg, key, version, value, now=self.node._now):
             if expires:
                 store.set_expiry(seg, key, version, expires)
-            if self.node.events._written is not None:
-                self.node.events._note_written(key, version, value)
+            if self.node.events.written is not None:
+                self.node.events.note_written(key, version, value)
         if not backups:
             return
-        wid = self._next_write
-        self._next_write += 1
-        self._writes[wid] = _PendingWrite(
+        wid = self.next_write
+        self.next_write += 1
+        self.writes[wid] = _PendingWrite(
             origin, op_id, attempt, tid, set(backups), key, version, value, expires=expires
         )
         for b in backups:
             self.node._emit_backup(b, wid, tid, version, key, value, expires)
 
-    def _redrive(self, wid: int, pw: _PendingWrite) -> None:
+    def redrive(self, wid: int, pw: _PendingWrite) -> None:
         """Finish a write we applied whose replication a topology change interrupted.
 
         Answering RETRY instead would leave our copy diverged from the others for good if the originator
@@ -357,18 +357,18 @@ class Replication:
         )
         if applied and pw.expires:
             self.node.store.set_expiry(seg, pw.key, pw.version, pw.expires)
-        if applied and self.node.events._written is not None:
-            self.node.events._note_written(pw.key, pw.version, pw.value)
+        if applied and self.node.events.written is not None:
+            self.node.events.note_written(pw.key, pw.version, pw.value)
         pw.topology_id = t.topology_id
         pw.awaiting = {m for m in owners if m != self.node.address}
         self.node.metrics["grid.writes_redriven"] += 1
         if not pw.awaiting:
-            self._write_done(wid, pw)
+            self.write_done(wid, pw)
             return
         for b in sorted(pw.awaiting):  # sorted: address hashes (so set order) differ between processes
             self.node._emit_backup(b, wid, t.topology_id, pw.version, pw.key, pw.value, pw.expires)
 
-    def _push_entries(
+    def push_entries(
         self,
         entries: list[tuple[int, bytes, int, bytes | None]],
         *,
@@ -387,8 +387,8 @@ class Replication:
         store = self.node.store
         assert t is not None and store is not None
         for s, key, version, value in entries:
-            wid = self._next_write
-            self._next_write += 1
+            wid = self.next_write
+            self.next_write += 1
             # Each entry keeps its expiry (``expiries``: taken by segment and key before the entries were re-stamped
             # or their segments dropped; else read from the store now).
             if value is None:
@@ -398,24 +398,24 @@ class Replication:
             else:
                 expires = store.expiry_of(s, key, version)
             pw = _PendingWrite(self.node.address, 0, 0, 0, set(), key, version, value, merge=merge, expires=expires)
-            self._writes[wid] = pw
+            self.writes[wid] = pw
             self.node._redrive(wid, pw)
         if merge:
             self.node.metrics["grid.merge_entries_pushed"] += len(entries)
 
-    def _on_backup_batch(self, src: Address, b: BackupBatch) -> None:
+    def on_backup_batch(self, src: Address, b: BackupBatch) -> None:
         tid = b.topology_id
         t = self.node.topology
         if t is None or tid != t.topology_id:
             for one in b.backups():  # held or refused one by one, as single backups are
-                self._on_backup(src, one)
+                self.on_backup(src, one)
             return
         # The common case, under our own topology: the checks of _on_backup, per entry, in one loop.
         write = self.node.store.write  # type: ignore[union-attr]
         ack = self.node._emit_ack
         mine = self.node._routes(t).i_write
         now = self.node._now
-        written = self.node.events._written
+        written = self.node.events.written
         lows: dict[int, int] = {}
         segs = segments_of(b.keys, t.num_segments)
         for wid, version, key, value, seg in zip(b.write_ids, b.versions, b.keys, b.values, segs, strict=True):
@@ -438,31 +438,31 @@ class Replication:
                 if expires and mine[seg]:
                     set_expiry(seg, key, version, expires)
         if lows:
-            self._note_stamped(src, lows)
+            self.note_stamped(src, lows)
 
-    def _on_backup(self, src: Address, b: Backup) -> None:
+    def on_backup(self, src: Address, b: Backup) -> None:
         t = self.node.topology
         if t is None or b.topology_id > t.topology_id:
             self.node._hold(b.topology_id, src, b)
             return
         seg = segment_of(b.key, t.num_segments)
         if not self.node._routes(t).i_write[seg] or (
-            b.topology_id < t.topology_id and self._kept_owners(b.topology_id, t, seg) is None
+            b.topology_id < t.topology_id and self.kept_owners(b.topology_id, t, seg) is None
         ):
             self.node._emit_ack(src, b.write_id, RETRY, t.topology_id)
             return
         applied = self.node.store.write(seg, b.key, b.version, b.value, now=self.node._now)  # type: ignore[union-attr]
         if applied and b.expires:
             self.node.store.set_expiry(seg, b.key, b.version, b.expires)  # type: ignore[union-attr]
-        if applied and self.node.events._written is not None:
-            self.node.events._note_written(b.key, b.version, b.value)
+        if applied and self.node.events.written is not None:
+            self.node.events.note_written(b.key, b.version, b.value)
         # Named as the Backup's own round: the primary matches it to the round it waits for.
         self.node._emit_ack(src, b.write_id, OK, b.topology_id)
         if b.topology_id < t.topology_id:
             self.node.metrics["grid.backups_kept_across_topologies"] += 1
-        self._note_stamped(src, {seg: b.version})
+        self.note_stamped(src, {seg: b.version})
 
-    def _note_stamped(self, src: Address, lows: dict[int, int]) -> None:
+    def note_stamped(self, src: Address, lows: dict[int, int]) -> None:
         """``src`` made us apply writes of these segments, the lowest version of each given (see _repair_after)."""
         recs = self._stamped_by.setdefault(src, {})
         now, window = self.node._now, self.node.config.op_timeout
@@ -474,16 +474,16 @@ class Replication:
                 rec[0] = min(rec[0], low)
                 rec[1] = now
 
-    def _on_backup_ack_batch(self, src: Address, b: BackupAckBatch) -> None:
+    def on_backup_ack_batch(self, src: Address, b: BackupAckBatch) -> None:
         ack = self._backup_ack
         for wid, code, tid in zip(b.write_ids, b.codes, b.topology_ids, strict=True):
             ack(src, wid, code, tid)
 
-    def _on_backup_ack(self, src: Address, ack: BackupAck) -> None:
+    def on_backup_ack(self, src: Address, ack: BackupAck) -> None:
         self._backup_ack(src, ack.write_id, ack.code, ack.topology_id)
 
     def _backup_ack(self, src: Address, wid: int, code: int, tid: int) -> None:
-        pw = self._writes.get(wid)
+        pw = self.writes.get(wid)
         if pw is None:
             return
         if code == OK:
@@ -491,7 +491,7 @@ class Replication:
             if tid == pw.topology_id:
                 pw.awaiting.discard(src)
                 if not pw.awaiting:
-                    self._write_done(wid, pw)
+                    self.write_done(wid, pw)
             return
         if src not in pw.awaiting:
             return  # it has this round already, or is no longer an owner (see _kept_owners): nothing to redo

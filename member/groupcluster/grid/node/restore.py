@@ -32,11 +32,11 @@ class Restore:
     def __init__(self, node: GridNode) -> None:
         self.node = node
         # -- persistence (docs/grid.md): entries a persistent store brought back, waiting for our first topology
-        self._restored: list[TransferEntry] | None = None
+        self.restored: list[TransferEntry] | None = None
         self._restored_expiries: dict[tuple[bytes, int], float] = {}
-        self._topology_floor = 0  # the highest topology id the store saw; a new grid must start above it
+        self.topology_floor = 0  # the highest topology id the store saw; a new grid must start above it
         self.restore_outcome = ""  # "", "merged" (formed a new grid: pushed as a merge) or "discarded"
-        self._restore_wids: set[int] = set()  # pushes of restored entries not yet acknowledged by every owner
+        self.restore_wids: set[int] = set()  # pushes of restored entries not yet acknowledged by every owner
 
     def restore(
         self,
@@ -54,13 +54,13 @@ class Restore:
         entries: an entry pushed after its expiry is removed by its primary as any expired entry is."""
         if self.node.topology is not None:
             raise RuntimeError("GridNode.restore: only before the first topology")
-        self._restored = list(entries)
+        self.restored = list(entries)
         self._restored_expiries = dict(expiries or {})
-        self._topology_floor = max(0, topology_floor)
+        self.topology_floor = max(0, topology_floor)
 
-    def _settle_restored(self, t: CacheTopology) -> None:
+    def settle_restored(self, t: CacheTopology) -> None:
         """Our first topology: merge what the persistent store brought back, or discard it (see :meth:`restore`)."""
-        entries, self._restored = self._restored or [], None
+        entries, self.restored = self.restored or [], None
         expiries, self._restored_expiries = self._restored_expiries, {}
         store = self.node.store
         assert store is not None
@@ -71,7 +71,7 @@ class Restore:
             # every push is acknowledged: a member killed during the push brings them back at its next start.
             store.stash_backing()
             n = t.num_segments
-            first = self.node.replication._next_write
+            first = self.node.replication.next_write
             # A key may come twice (the rows a killed restore had set aside, and the new ones): push the one the
             # stores would keep (the rule of SegmentStore.write), so the expiry by key is that version's.
             newest: dict[bytes, TransferEntry] = {}
@@ -79,15 +79,15 @@ class Restore:
                 old = newest.get(e[0])
                 if old is None or old[1] < e[1] or (old[1] == e[1] and tie_wins(e[2], old[2])):
                     newest[e[0]] = e
-            self.node.replication._push_entries(
+            self.node.replication.push_entries(
                 [(segment_of(k, n), k, v, val) for k, v, val in newest.values()],
                 merge=False,
                 expiries={(segment_of(k, n), k): expiries[k, v] for k, v, _ in newest.values() if (k, v) in expiries},
             )
-            self._restore_wids = {
-                w for w in range(first, self.node.replication._next_write) if w in self.node.replication._writes
+            self.restore_wids = {
+                w for w in range(first, self.node.replication.next_write) if w in self.node.replication.writes
             }
-            if not self._restore_wids:
+            if not self.restore_wids:
                 store.drop_stash()
             self.node.metrics["grid.restored_entries_pushed"] += len(entries)
         else:
@@ -108,8 +108,8 @@ class Restore:
             else "joined a running grid: the store is cleared, its entries may be stale",
         )
 
-    def _restore_done(self, wid: int) -> None:
-        wids = self._restore_wids
+    def restore_done(self, wid: int) -> None:
+        wids = self.restore_wids
         wids.discard(wid)
         if not wids and self.node.store is not None:
             self.node.store.drop_stash()  # every restored entry is with its owners now

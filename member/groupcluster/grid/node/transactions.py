@@ -100,11 +100,11 @@ class Transactions:
         self._tx_done: OrderedDict[TxId, tuple[bool, str]] = OrderedDict()  # finished here: (committed, reason)
         # Lock information this member pushed, re-sent until the new primary acknowledges it:
         # (dest, topology id, segments) -> [message, next resend time].
-        self._tx_pushes: dict[tuple[Address, int, tuple[int, ...]], list[Any]] = {}
+        self.tx_pushes: dict[tuple[Address, int, tuple[int, ...]], list[Any]] = {}
         # Segments this member became the write primary of and whose lock information it waits for, with the
         # member expected to push it (the previous primary) and since when; unblocked when any push for them
         # arrives, or at once if that member leaves the view.
-        self._tx_awaiting: dict[int, tuple[Address, float]] = {}
+        self.tx_awaiting: dict[int, tuple[Address, float]] = {}
         self._tx_info_held: list[tuple[Address, TxLockInfo]] = []  # pushed for a topology not installed yet
         self._tx_info_seen: OrderedDict[tuple[Address, int, tuple[int, ...]], None] = OrderedDict()
         self._tx_reason_override: dict[TxId, tuple[str, str]] = {}  # rolled back by the node itself: why
@@ -134,7 +134,7 @@ class Transactions:
         if c_state is None and tx not in self._tx_done:
             raise ValueError(f"transaction {tx}: unknown on this member")
         self.node._now = now
-        op_id = self.node.operations._new_op_id()
+        op_id = self.node.operations.new_op_id()
         if c_state != CoordState.ACTIVE:
             self._tx_result(op_id, TX_LOCK_OP, tx, False, self._tx_done_reason(tx), "the transaction is not running")
             self.node._flush()
@@ -174,7 +174,7 @@ class Transactions:
         if tx in self._tx_lock_ops:
             raise ValueError(f"transaction {tx} still waits for a lock request")
         self.node._now = now
-        op_id = self.node.operations._new_op_id()
+        op_id = self.node.operations.new_op_id()
         if c_state != CoordState.ACTIVE:
             self._tx_result(op_id, TX_COMMIT_OP, tx, False, self._tx_done_reason(tx), "the transaction was rolled back")
             self.node._flush()
@@ -196,7 +196,7 @@ class Transactions:
         if c_state is None and tx not in self._tx_done:
             raise ValueError(f"transaction {tx}: unknown on this member")
         self.node._now = now
-        op_id = self.node.operations._new_op_id()
+        op_id = self.node.operations.new_op_id()
         if c_state is None or c_state in (CoordState.ROLLING_BACK, CoordState.COMMITTING):
             committed = c_state == CoordState.COMMITTING or self._tx_done.get(tx, (False, ""))[0]
             why = "the transaction is committed" if committed else ""
@@ -247,7 +247,7 @@ class Transactions:
                 r = self.node._routes(t)
                 for k in missing:
                     if r.primary[segment_of(k, t.num_segments)]:
-                        vs[k] = self._tx_stamp(k)
+                        vs[k] = self.tx_stamp(k)
             # A written key whose segment we hold no more is not written here: its owners have it, and its
             # version may have left with the members that knew it (the originator's decision reached us only
             # after we were in doubt, and was ignored then, while the key moved on by state transfer).
@@ -298,7 +298,7 @@ class Transactions:
         cannot tell; the error says why), ``timeout`` (a member did not answer within ``op_timeout``),
         ``unavailable`` (the view changed meanwhile, or a merge is in progress: ask again)."""
         self.node._now = now
-        op_id = self.node.operations._new_op_id()
+        op_id = self.node.operations.new_op_id()
         if not self.node.view:
             self._tx_query_done(op_id, tx, False, REASON_UNAVAILABLE, "not in a group yet")
             return op_id
@@ -343,55 +343,55 @@ class Transactions:
         self.node._results.append(OpResult(op_id, kind, b"", ok, None, error, 1, 0, "" if ok else reason, tx))
 
     # -- the core's callbacks
-    def _tx_segment(self, key: bytes) -> int:
+    def tx_segment(self, key: bytes) -> int:
         t = self.node.topology
         return segment_of(key, t.num_segments if t is not None else self.node.config.num_segments)
 
-    def _tx_version(self, key: bytes) -> int:
+    def tx_version(self, key: bytes) -> int:
         """The version a read of ``key`` here returns (0: absent or deleted), which a transaction validates."""
         if self.node.store is None:
             return 0
-        entry = self.node.store.get(self._tx_segment(key), key)
+        entry = self.node.store.get(self.tx_segment(key), key)
         return 0 if entry is None or entry[1] is None else entry[0]
 
-    def _tx_room(self, puts: list[tuple[bytes, bytes]]) -> str:
+    def tx_room(self, puts: list[tuple[bytes, bytes]]) -> str:
         """Why a transaction's ``puts`` (key, value; we are the keys' primary) do not fit under max_entries or
         max_bytes ("": they do): counted as :meth:`_full` counts plain PUTs."""
         store = self.node.store
         assert store is not None
         adds = grow = 0
         for k, v in puts:
-            held = store.value(self._tx_segment(k), k)
+            held = store.value(self.tx_segment(k), k)
             adds += held is None
             grow += len(k) + len(v) if held is None else len(v) - len(held)
-        if self.node.bounds._fits(adds, grow):
+        if self.node.bounds.fits(adds, grow):
             return ""
         self.node.metrics["grid.tx_refused_full"] += 1
-        what = f"{adds} keys" if self.node.bounds._full_bound == "max_entries" else f"{grow} bytes"
-        return self.node.bounds._full_error(f"the transaction would add {what}")
+        what = f"{adds} keys" if self.node.bounds.full_bound == "max_entries" else f"{grow} bytes"
+        return self.node.bounds.full_error(f"the transaction would add {what}")
 
-    def _tx_stamp(self, key: bytes) -> int:
+    def tx_stamp(self, key: bytes) -> int:
         # The sequence plain writes use: one primary orders a key's versions, whichever kind of write.
         t = self.node.topology
-        seg = self._tx_segment(key)
+        seg = self.tx_segment(key)
         entry = self.node.store.get(seg, key) if self.node.store is not None else None
         held = entry[0] if entry is not None else None
-        seq = self.node.replication._seq[seg] = next_seq(
-            self.node.replication._seq.get(seg, 0), self.node._now + self.node.wall_offset, held
+        seq = self.node.replication.seq[seg] = next_seq(
+            self.node.replication.seq.get(seg, 0), self.node._now + self.node.wall_offset, held
         )
         return make_version(t.topology_id if t is not None else 0, seq)
 
-    def _tx_apply(self, tx: TxId, writes: tuple[VersionedWrite, ...]) -> None:
+    def tx_apply(self, tx: TxId, writes: tuple[VersionedWrite, ...]) -> None:
         store = self.node.store
         if store is None:
             return
         now = self.node._now
         lows: dict[int, int] = {}
         for key, version, value in writes:
-            seg = self._tx_segment(key)
+            seg = self.tx_segment(key)
             if store.has_segment(seg):
-                if store.write(seg, key, version, value, now=now) and self.node.events._written is not None:
-                    self.node.events._note_written(key, version, value)
+                if store.write(seg, key, version, value, now=now) and self.node.events.written is not None:
+                    self.node.events.note_written(key, version, value)
                 low = lows.get(seg)
                 if low is None or version < low:
                     lows[seg] = version
@@ -402,9 +402,9 @@ class Transactions:
             # here) may never get it. So the commit counts as a write ``tx.origin`` made us apply: when it
             # leaves the view, _repair_after re-drives these segments' recent entries to the write owners
             # (random search seed 9745: a committed write missing on k4's new owner for good).
-            self.node.replication._note_stamped(tx.origin, lows)
+            self.node.replication.note_stamped(tx.origin, lows)
 
-    def _tx_route(self, keys: Sequence[bytes]) -> tuple[int, Mapping[bytes, Sequence[Address]]]:
+    def tx_route(self, keys: Sequence[bytes]) -> tuple[int, Mapping[bytes, Sequence[Address]]]:
         """The originator's routing: the write owners of each key's segment, write primary first. A segment
         without a live write owner routes to its current owners (they do not answer, so the transaction times
         out rather than committing somewhere that does not own the key)."""
@@ -420,14 +420,14 @@ class Transactions:
         return t.topology_id, out
 
     # -- inputs
-    def _on_tx(self, src: Address, msg: Any) -> None:
+    def on_tx(self, src: Address, msg: Any) -> None:
         now = self.node._now
         kind = type(msg)
         if kind is TxVote or kind is TxAck:
             self._tx_out(self.node.txc.on_message(src, msg, now))
             return
         if kind is TxInfoAck:
-            self._tx_pushes.pop((src, msg.topology_id, msg.segments), None)
+            self.tx_pushes.pop((src, msg.topology_id, msg.segments), None)
             return
         if kind is TxLockInfo:
             self._on_lock_info(src, msg)
@@ -443,7 +443,7 @@ class Transactions:
             return
         t = self.node.topology
         if kind is TxPrepare or kind is TxLock:
-            if t is not None and self.node.membership._merge_hold is not None and msg.topology_id >= t.topology_id:
+            if t is not None and self.node.membership.merge_hold is not None and msg.topology_id >= t.topology_id:
                 # As for commands: our topology may be the other partition's until the merged one arrives.
                 self.node._hold(t.topology_id + 1, src, msg)
                 return
@@ -482,7 +482,7 @@ class Transactions:
         while len(self._tx_info_seen) > _TX_DONE_KEPT:
             self._tx_info_seen.popitem(last=False)
         for seg in info.segments:
-            self._tx_awaiting.pop(seg, None)
+            self.tx_awaiting.pop(seg, None)
         self.node.metrics["grid.tx_lock_info_in"] += 1
         self._tx_out(self.node.tx.on_message(src, info, self.node._now))
         for r in info.records:
@@ -492,7 +492,7 @@ class Transactions:
         self._tx_stamp_orphans()
         self._tx_gauge()
 
-    def _tx_install(self, old: CacheTopology | None, t: CacheTopology, dropped: list[int]) -> None:
+    def tx_install(self, old: CacheTopology | None, t: CacheTopology, dropped: list[int]) -> None:
         """The transaction side of installing ``t`` (after ``old``): where the write primary of a segment
         changed, the new primary blocks it (and promotes its backup locks) until the old primary's lock
         information arrives, and the old primary pushes it; then the core answers waits of older topologies,
@@ -515,7 +515,7 @@ class Transactions:
                     promote.append(s)
                     if op is not None and op != me and op in alive:
                         block.append(s)
-                        self._tx_awaiting[s] = (op, now)
+                        self.tx_awaiting[s] = (op, now)
                 elif op == me and np is not None:
                     push.setdefault(np, []).append(s)
         out: list[TxOutput] = []
@@ -537,7 +537,7 @@ class Transactions:
                 self._on_lock_info(src, info)
         self._tx_stamp_orphans()
 
-    def _tx_on_view(self, now: float, removed: bool) -> None:
+    def tx_on_view(self, now: float, removed: bool) -> None:
         members = self.node.view
         alive = set(members)
         self._tx_out(self.node.tx.on_view(members, now))
@@ -547,10 +547,10 @@ class Transactions:
             if q[3] - alive:  # a member it waits for left: its answer never comes
                 del self._tx_queries[rid]
                 self._tx_query_done(q[0], q[1], False, REASON_UNAVAILABLE, "the view changed meanwhile: ask again")
-        for key in [k for k in self._tx_pushes if k[0] not in alive]:
-            del self._tx_pushes[key]  # the new primary is gone; its successor promotes its own records
+        for key in [k for k in self.tx_pushes if k[0] not in alive]:
+            del self.tx_pushes[key]  # the new primary is gone; its successor promotes its own records
         self._tx_info_held = [(s, i) for s, i in self._tx_info_held if s in alive]
-        gone = sorted(s for s, (pusher, _) in self._tx_awaiting.items() if pusher not in alive)
+        gone = sorted(s for s, (pusher, _) in self.tx_awaiting.items() if pusher not in alive)
         if gone:
             self._tx_unblock(gone, "grid.tx_lock_info_pusher_gone")
         self._tx_gauge()
@@ -559,14 +559,14 @@ class Transactions:
         """Stop waiting for lock information of ``segments`` (its pusher is gone: the backup locks promoted at
         install are what is known). An empty import unblocks them and passes on what we have."""
         for s in segments:
-            self._tx_awaiting.pop(s, None)
+            self.tx_awaiting.pop(s, None)
         self.node.metrics[metric] += len(segments)
         t = self.node.topology
         tid = t.topology_id if t is not None else 0
         self._tx_out(self.node.tx.import_lock_info(TxLockInfo(tid, tuple(segments), ()), self.node._now))
         self._tx_stamp_orphans()
 
-    def _tx_tick(self, now: float) -> None:
+    def tx_tick(self, now: float) -> None:
         out = self.node.tx.tick(now)
         out += self.node.txc.tick(now)
         self._tx_out(out)
@@ -577,7 +577,7 @@ class Transactions:
                 missing = ", ".join(sorted(str(m) for m in q[3]))
                 self._tx_query_done(q[0], q[1], False, REASON_TIMEOUT, f"no report from {missing} in time")
         interval = self.node.config.attempt_timeout
-        for key, entry in self._tx_pushes.items():
+        for key, entry in self.tx_pushes.items():
             if entry[1] <= now:
                 entry[1] = now + interval
                 self.node.metrics["grid.tx_lock_info_resent"] += 1
@@ -588,20 +588,20 @@ class Transactions:
         limit = self.node.config.tx_timeout
         # The same expression as _tx_next_deadline's: ``now - since >= limit`` can be false at that very
         # deadline (floating point), and the driver then steps at it for ever (grid-tx simulation seed 814).
-        stale = sorted(s for s, (_, since) in self._tx_awaiting.items() if since + limit <= now)
+        stale = sorted(s for s, (_, since) in self.tx_awaiting.items() if since + limit <= now)
         if stale:
             self._tx_unblock(stale, "grid.tx_lock_info_given_up")
 
-    def _tx_next_deadline(self) -> float | None:
+    def tx_next_deadline(self) -> float | None:
         times = [
             x
             for x in (self.node.tx.next_deadline(), self.node.txc.next_deadline(), self.node.txr.next_deadline())
             if x is not None
         ]
-        if self._tx_pushes:
-            times.append(min(e[1] for e in self._tx_pushes.values()))
-        if self._tx_awaiting:
-            times.append(min(since for _, since in self._tx_awaiting.values()) + self.node.config.tx_timeout)
+        if self.tx_pushes:
+            times.append(min(e[1] for e in self.tx_pushes.values()))
+        if self.tx_awaiting:
+            times.append(min(since for _, since in self.tx_awaiting.values()) + self.node.config.tx_timeout)
         if self._tx_queries:
             times.append(min(q[5] for q in self._tx_queries.values()))
         return min(times) if times else None
@@ -620,7 +620,7 @@ class Transactions:
                     continue  # fault injection (GridConfig.tx_test_hold_commit)
                 if type(msg) is TxLockInfo and o.dest != self.node.address:  # type: ignore[union-attr]
                     key = (o.dest, msg.topology_id, msg.segments)  # type: ignore[union-attr]
-                    self._tx_pushes[key] = [msg, self.node._now + self.node.config.attempt_timeout]  # type: ignore[list-item]
+                    self.tx_pushes[key] = [msg, self.node._now + self.node.config.attempt_timeout]  # type: ignore[list-item]
                 self.node._emit(o.dest, msg)  # type: ignore[union-attr]
             elif kind is TxOutcome:
                 self._tx_outcome(o)  # type: ignore[arg-type]
@@ -712,7 +712,7 @@ class Transactions:
         if isinstance(verdict, str):
             self._tx_query_done(op_id, tx, False, "undecided", f"transaction {tx} stays in doubt: {verdict}")
             return
-        if self.node.membership._merge_hold is not None or self.node.topology is None:
+        if self.node.membership.merge_hold is not None or self.node.topology is None:
             self._tx_query_done(op_id, tx, False, REASON_UNAVAILABLE, "a merge is in progress: ask again")
             return
         self._tx_send_decision(decision(tx, verdict, reports))
@@ -736,7 +736,7 @@ class Transactions:
         unfinished. Not during a merge hold (our topology may be the other side's): the next round decides
         again."""
         t = self.node.topology
-        if t is None or self.node.membership._merge_hold is not None:
+        if t is None or self.node.membership.merge_hold is not None:
             return
         r = self.node._routes(t)
         n = t.num_segments

@@ -62,13 +62,13 @@ class StateProvider:
 
     def __init__(self, node: GridNode) -> None:
         self.node = node
-        self._out_xfers: dict[tuple[Address, int], _OutXfer] = {}
+        self.out_xfers: dict[tuple[Address, int], _OutXfer] = {}
         self._pumps: deque[tuple[Address, int]] = deque()
 
-    def _on_xfer_cancel(self, src: Address, msg: XferCancel) -> None:
-        self._out_xfers.pop((src, msg.xfer_id), None)
+    def on_xfer_cancel(self, src: Address, msg: XferCancel) -> None:
+        self.out_xfers.pop((src, msg.xfer_id), None)
 
-    def _on_fetch(self, src: Address, f: Fetch) -> None:
+    def on_fetch(self, src: Address, f: Fetch) -> None:
         t = self.node.topology
         if t is None or f.topology_id > t.topology_id:
             # A source serves only once it writes to the new owners too, so nothing written after its
@@ -86,7 +86,7 @@ class StateProvider:
             return
         cfg = self.node.config
         stream = _OutXfer(_batches(store, f.xfer_id, good, cfg.transfer_batch_entries, cfg.transfer_batch_bytes))
-        self._out_xfers[(src, f.xfer_id)] = stream
+        self.out_xfers[(src, f.xfer_id)] = stream
         self._pump(src, f.xfer_id, stream)
 
     def _pump(self, dest: Address, xid: int, stream: _OutXfer) -> None:
@@ -102,7 +102,7 @@ class StateProvider:
             sent += 1
             batch = next(stream.batches, None)
             if batch is None:
-                self._out_xfers.pop((dest, xid), None)
+                self.out_xfers.pop((dest, xid), None)
                 return
             stream.unacked += 1
             self.node.metrics["grid.xfer_entries_out"] += len(batch.entries)
@@ -110,11 +110,11 @@ class StateProvider:
             # that makes the receiver an owner of what the chunk completes (seed 39 lost a write that way).
             self.node._emit(dest, batch)
             if batch.last:
-                self._out_xfers.pop((dest, xid), None)
+                self.out_xfers.pop((dest, xid), None)
                 return
 
-    def _on_xfer_ack(self, src: Address, ack: XferAck) -> None:
-        stream = self._out_xfers.get((src, ack.xfer_id))
+    def on_xfer_ack(self, src: Address, ack: XferAck) -> None:
+        stream = self.out_xfers.get((src, ack.xfer_id))
         if stream is not None:
             stream.unacked -= 1
             self._pump(src, ack.xfer_id, stream)
@@ -127,6 +127,6 @@ class StateProvider:
     def step(self) -> None:
         """Send the next chunk of the stream that waited longest for a step."""
         dest, xid = self._pumps.popleft()
-        stream = self._out_xfers.get((dest, xid))
+        stream = self.out_xfers.get((dest, xid))
         if stream is not None:
             self._pump(dest, xid, stream)
