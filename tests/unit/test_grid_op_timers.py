@@ -1,7 +1,7 @@
-"""Operation timers of grid/node.py kept as runs: one heap entry for the operations of a batch.
+"""Operation timers of grid/node/operations.py kept as runs: one heap entry for the operations of a batch.
 
 A batch's operations are sent in one step with consecutive ids and share one resend time, so the node keeps
-one timer entry for all of them (``GridNode._op_timers``). These tests check that an operation in such a run
+one timer entry for all of them (``Operations.op_timers``). These tests check that an operation in such a run
 is still resent on time, and only it, whichever of its neighbours were answered, and that a finished run
 leaves no timer behind. Two real nodes; the answers are delivered (or withheld) by hand.
 

@@ -426,7 +426,7 @@ class FeedNode(GridNode):
     def _install(self, t: CacheTopology) -> None:
         if self.topology is None or t.topology_id > self.topology.topology_id:
             if not isinstance(self.store, FeedStore) or self.store.num_segments != t.num_segments:
-                # Put the feed store in place before GridNode._install would create a plain one.
+                # Put the feed store in place before GridNode._install (Membership.install) would create a plain one.
                 if self.config.persistence == "write_through":
                     from .persist import PersistentStore
 

@@ -62,7 +62,7 @@ from .tx_messages import (
     Write,
 )
 
-# The stable failure reasons a member reports for a transaction or an operation (OpResult.reason in grid/node.py;
+# The stable failure reasons a member reports for a transaction or an operation (OpResult.reason, grid/node/results.py;
 # docs/grid-transactions.md, "Using transactions"). The core's own texts (TxOutcome.reason) are for people.
 REASON_CONFLICT = "conflict"  # optimistic validation: a key read changed before the commit
 REASON_LOCK_TIMEOUT = "lock_timeout"  # a lock was not granted within lock_timeout

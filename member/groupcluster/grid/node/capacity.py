@@ -7,7 +7,6 @@ by :meth:`GridNode.set_capacity`.)"""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from ..tx import (
@@ -16,8 +15,6 @@ from ..tx import (
 
 if TYPE_CHECKING:
     from .facade import GridNode
-
-log = logging.getLogger("groupcluster.grid")
 
 
 class EntryBounds:

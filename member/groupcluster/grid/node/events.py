@@ -5,15 +5,12 @@ writes applied in the current step."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .facade import GridNode
-
-log = logging.getLogger("groupcluster.grid")
 
 
 # Entry event kinds (docs/grid.md, "Entry events"): entries that came here by state transfer, entries of

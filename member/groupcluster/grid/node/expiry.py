@@ -4,7 +4,6 @@ The expiry times themselves live in the store (``SegmentStore``); this part deci
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import TYPE_CHECKING
 
@@ -15,8 +14,6 @@ from ..topology import (
 
 if TYPE_CHECKING:
     from .facade import GridNode
-
-log = logging.getLogger("groupcluster.grid")
 
 
 # Expiry (docs/grid.md, "Expiry"): entries removed per step at most (a mass expiry is spread over steps, as a

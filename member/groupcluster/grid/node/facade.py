@@ -1,34 +1,7 @@
-"""One grid member as a sans-IO state machine: routing, replication, state transfer, rebalancing, leaving.
-
-The node never touches sockets, threads, real time or the global random: the driver hands it views
-(:meth:`GridNode.on_view`), delivered payloads (:meth:`GridNode.on_messages`), the time (``now`` on every
-call, :meth:`GridNode.tick` at :meth:`GridNode.next_deadline`) and client operations
-(:meth:`GridNode.get`/``put``/``delete``); it answers with payloads to send (:meth:`GridNode.take_outbox`:
-``dest`` None is a multicast to the view) and finished operations (:meth:`GridNode.take_results`).
-
-What happens on the wire (see docs/grid.md for the full picture):
-
-* after every view change each member sends its STATUS (capacity, leave request, last topology) to the
-  coordinator; the coordinator's :class:`~.topology.RebalancePlanner` turns statuses, views and
-  confirmations into topologies it multicasts;
-* a client operation becomes a CMD tagged with the originator's topology id, sent to the write primary
-  (PUT/DELETE) or a read owner (GET). An owner whose topology is newer answers RETRY and the originator tries
-  again on the owners of the newer topology; an owner whose topology is older holds the command until it
-  catches up. The primary stamps a version, applies, sends BACKUP to every other write owner and answers
-  only when all acknowledged, so an acknowledged write is on every owner. Operations started in one step
-  (:meth:`GridNode.start_batch`) travel as one CMD_BATCH per owner, and their backups, acknowledgements and
-  answers as one batch message per destination too, each entry handled as its single message would be;
-* a new owner pulls each segment from a current owner (FETCH, then XFER_DATA batches with a window of
-  acknowledgements), applies batches "newest version wins", and confirms to the coordinator once it holds
-  all its new segments; old owners drop segments only once a topology without them is installed.
-
-Transactions (docs/grid-transactions.md): the node owns one participant table (:class:`~.tx.TxTable`, on
-its store) and one originator (:class:`~.tx.TxCoordinator`, routed by the write owners of its topology); the
-seven two-phase-commit messages and TX_INFO_ACK share the grid payload. Where the write primary of a segment
-changes between two topologies the new primary blocks lock acquisition there (and promotes its backup locks)
-until the old primary's lock information arrives, which the old primary re-sends until it is acknowledged. A
-plain PUT/DELETE on a key a transaction holds fails at once (reason ``locked``).
-"""
+"""GridNode, the facade: the driver's calls, the dispatch table (message type -> handler), the outbox and
+requests held for a topology not installed yet. It holds what every part reads (address, config, view,
+topology, store, planner, metrics, the time of the step) and builds the parts, each of which holds its own
+state and reaches the others through the node (see the package docstring for the map)."""
 
 from __future__ import annotations
 

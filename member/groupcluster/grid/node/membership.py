@@ -8,7 +8,6 @@ confirmed. The planner itself is ``grid/topology.py``; the node's ``view``, ``to
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -40,10 +39,8 @@ from .events import EVENT_DEPARTED
 if TYPE_CHECKING:
     from .facade import GridNode
 
-log = logging.getLogger("groupcluster.grid")
 
-
-# Topologies whose routes a member keeps for writes that span a topology change (GridNode._kept_owners):
+# Topologies whose routes a member keeps for writes that span a topology change (Replication.kept_owners):
 # a rebalance installs four in a row, and a write in flight spans at most a few.
 _RECENT_TOPOLOGIES = 8
 

@@ -7,7 +7,6 @@ heap entry) and the client deadlines armed."""
 from __future__ import annotations
 
 import heapq
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -35,8 +34,6 @@ from .results import OpResult
 
 if TYPE_CHECKING:
     from .facade import GridNode
-
-log = logging.getLogger("groupcluster.grid")
 
 
 _NO_CUTOFF = float("inf")

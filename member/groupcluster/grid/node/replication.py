@@ -7,7 +7,6 @@ topologies installed since the last view change (writes that span a topology cha
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -43,11 +42,9 @@ from .routes import _fetching, _Routes
 if TYPE_CHECKING:
     from .facade import GridNode
 
-log = logging.getLogger("groupcluster.grid")
-
 
 class _PendingWrite:
-    """A write this member stamped and applied, not yet on every write owner (see :meth:`GridNode._redrive`)."""
+    """A write this member stamped and applied, not yet on every write owner (see :meth:`Replication.redrive`)."""
 
     __slots__ = (
         "attempt",
@@ -84,7 +81,7 @@ class _PendingWrite:
         self.key = key
         self.version = version
         self.value = value
-        # A merge push (:meth:`GridNode._push_entries`). Like a write whose client was already answered (op_id
+        # A merge push (:meth:`Replication.push_entries`). Like a write whose client was already answered (op_id
         # 0), nobody waits for it; unlike that one, it keeps ``GridNode.merging`` True until it is done.
         self.merge = merge
         self.expires = expires  # the entry's expiry as a Unix time (0.0: none), sent with every copy

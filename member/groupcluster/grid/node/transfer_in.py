@@ -6,7 +6,6 @@ and finished fetching, retries after a source failed a segment, and the acknowle
 
 from __future__ import annotations
 
-import logging
 from collections import Counter, deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -27,8 +26,6 @@ from .events import EVENT_ARRIVED
 
 if TYPE_CHECKING:
     from .facade import GridNode
-
-log = logging.getLogger("groupcluster.grid")
 
 
 XFER_OVERHEAD = 64  # bytes a chunk's message costs beyond its packed entries (pacing; approximate)

@@ -5,7 +5,6 @@ another chunk in a later step (``defer_transfer``)."""
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -26,8 +25,6 @@ from ..store import (
 
 if TYPE_CHECKING:
     from .facade import GridNode
-
-log = logging.getLogger("groupcluster.grid")
 
 
 class _OutXfer:
