@@ -125,27 +125,25 @@ async def crd_problem(api: Any, namespaces: list[str] | None = None, wait: float
     from .model import GROUP, PLURAL, VERSION
 
     try:
-        found = await api.request("GET", f"/apis/{GROUP}/{VERSION}")
+        served = await api.served_resources()
     except ApiError as exc:
         if exc.status != 404:
             return f"cannot read the API server's discovery of {GROUP}/{VERSION}: {exc}"
-        found = None
-    if not any(r.get("name") == PLURAL for r in (found or {}).get("resources") or ()):
+        served = []
+    if PLURAL not in served:
         return (
             f"the API server does not serve {PLURAL}.{GROUP}/{VERSION}: install the CRD first "
             "(`kubectl apply -f crds/`, or the Helm chart), then start the operator"
         )
-    base = f"/apis/{GROUP}/{VERSION}"
-    paths = [f"{base}/{PLURAL}"] if namespaces is None else [f"{base}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    for path in paths:
+    for namespace in [None] if namespaces is None else namespaces:
         while True:
             try:
-                await api.request("GET", path, params={"limit": "1"})
+                await api.list_groupclusters(namespace, limit=1)
                 break
             except ApiError as exc:
-                where = "cluster-wide" if namespaces is None else f"in namespace {path.split('/')[5]}"
+                where = "cluster-wide" if namespace is None else f"in namespace {namespace}"
                 if exc.status in (401, 403):
                     return f"cannot list {PLURAL} {where} (check the operator's RBAC): {exc}"
                 if exc.status not in (0, 429) and exc.status < 500:
@@ -164,25 +162,29 @@ def run(args: argparse.Namespace) -> int:
     from .release import hand_over
 
     quiet_logging()
-    try:
-        api = KubeApi.auto(args.kubeconfig)
-    except ConfigError as exc:
-        print(f"groupcluster operator: error: {exc}", file=sys.stderr)
-        return 2
-    namespaces = [] if args.all_namespaces else (args.namespaces or [_own_namespace(api.namespace)])
-    where = "all namespaces" if args.all_namespaces else ", ".join(namespaces)
-    if args.hand_over:
-        own = _own_namespace(api.namespace)
-        return asyncio.run(hand_over(api, own, args.hand_over, None if args.all_namespaces else namespaces))
-    handlers.CONFIG.api = api
-    handlers.CONFIG.kubeconfig = args.kubeconfig
-    handlers.CONFIG.interval = args.interval
-    handlers.CONFIG.default_image = args.member_image
-    handlers.CONFIG.namespaces = None if args.all_namespaces else namespaces
-    handlers.register(args.interval)
 
     async def main() -> int:
-        problem = await crd_problem(api, None if args.all_namespaces else namespaces)
+        # One event loop for everything: the client's connections belong to the loop that opened them.
+        try:
+            api = await KubeApi.auto(args.kubeconfig)
+        except ConfigError as exc:
+            print(f"groupcluster operator: error: {exc}", file=sys.stderr)
+            return 2
+        namespaces = [] if args.all_namespaces else (args.namespaces or [_own_namespace(api.namespace)])
+        where = "all namespaces" if args.all_namespaces else ", ".join(namespaces)
+        if args.hand_over:
+            own = _own_namespace(api.namespace)
+            return await hand_over(api, own, args.hand_over, None if args.all_namespaces else namespaces)
+        handlers.CONFIG.api = api
+        handlers.CONFIG.kubeconfig = args.kubeconfig
+        handlers.CONFIG.interval = args.interval
+        handlers.CONFIG.default_image = args.member_image
+        handlers.CONFIG.namespaces = None if args.all_namespaces else namespaces
+        handlers.register(args.interval)
+        try:
+            problem = await crd_problem(api, None if args.all_namespaces else namespaces)
+        except ConfigError as exc:
+            problem = str(exc)
         if problem:
             await api.close()
             print(f"groupcluster operator: error: {problem}", file=sys.stderr)

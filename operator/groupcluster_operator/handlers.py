@@ -69,14 +69,15 @@ class OperatorConfig:
     ensured: dict[str, tuple[float, str]] = field(default_factory=dict)  # uid -> (when, spec hash)
     auth: dict[str, _AuthState] = field(default_factory=dict)  # uid -> the Secret as last read
     namespaces: list[str] | None = None  # what the operator watches (None: every namespace)
+    logins: int = 0  # kopf's calls of the login handler
 
 
 CONFIG = OperatorConfig()
 
 
-def _api() -> KubeApi:
+async def _api() -> KubeApi:
     if CONFIG.api is None:
-        CONFIG.api = KubeApi.auto(CONFIG.kubeconfig)
+        CONFIG.api = await KubeApi.auto(CONFIG.kubeconfig)
     return CONFIG.api
 
 
@@ -118,9 +119,14 @@ async def cleanup(**_: Any) -> None:
 
 
 @kopf.on.login()
-def login(**_: Any) -> Any:
-    """The operator's identity for kopf's own calls: the same as :class:`KubeApi` uses."""
-    return _api().connection_info()
+async def login(**_: Any) -> Any:
+    """The operator's identity for kopf's own calls: the same as :class:`KubeApi` uses.
+
+    kopf asks again when the credential expires (a bound token's minute, an exec credential's expiry) and
+    after a 401, and gets the renewed one.
+    """
+    CONFIG.logins += 1
+    return await (await _api()).connection_info(renew=CONFIG.logins > 1)
 
 
 async def _http() -> aiohttp.ClientSession:
@@ -274,8 +280,10 @@ async def _execute(
                 await api.create(pod_manifest)
             elif isinstance(action, DeletePod):
                 pod = pods[action.pod]
-                if not pod.finished and not pod.leave_requested:
-                    # Says "the operator stopped it" to the planner (not someone else's deletion to replace).
+                if not pod.leave_requested:
+                    # Says "the operator stopped it" to the planner (not someone else's deletion to replace),
+                    # also for a pod that already finished: one seen terminating and finished at once could
+                    # otherwise be either ours or someone else's.
                     try:
                         await api.merge_patch(_pod_ref(spec, pod.name), _annotate(STOP_ANNOTATION))
                     except ApiError as exc:
@@ -310,7 +318,7 @@ def _changed(status: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
 
 
 async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    api = _api()
+    api = await _api()
     meta = body.get("metadata") or {}
     uid = str(meta.get("uid"))
     current_status = dict(body.get("status") or {})
@@ -375,7 +383,7 @@ async def on_delete(body: kopf.Body, **_: Any) -> None:
     """Stop the member pods promptly; the garbage collector removes the rest (owner references)."""
     meta = body.get("metadata") or {}
     name, namespace, uid = meta.get("name"), meta.get("namespace"), meta.get("uid")
-    api = _api()
+    api = await _api()
     pods = await api.list_pods(str(namespace), f"{CLUSTER_LABEL}={name}")
     owned = [p for p in pods if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or ())]
     for pod in owned:

@@ -694,8 +694,10 @@ def test_pod_state_reads_the_termination_message_the_waiting_reason_and_the_sche
 
 def test_only_pods_deleted_by_someone_else_count_as_deleted() -> None:
     pods, reports = cluster(3)
-    # The operator's own deletions: a dead member's pod, one it stopped itself (annotated first).
-    pods[1] = PodState(**{**pods[1].__dict__, "deleting": True, "phase": "Failed", "ready": False})
+    # The operator's own deletions, annotated first: a dead member's pod, one it stopped itself.
+    pods[1] = PodState(
+        **{**pods[1].__dict__, "deleting": True, "phase": "Failed", "ready": False, "stopped_by_operator": True}
+    )
     pods[2] = PodState(**{**pods[2].__dict__, "deleting": True, "stopped_by_operator": True})
     step = plan(spec(3), pods, reports)
     assert step.events == [] and not any(m["deleted"] for m in step.status["members"])
@@ -710,6 +712,13 @@ def test_only_pods_deleted_by_someone_else_count_as_deleted() -> None:
     del pods[2], reports["demo-2"]
     third = plan(spec(3), pods, reports, previous_status=second.status)
     assert third.actions == [CreatePod(2, "replacing demo-2 (pod deleted): 2 of 3 members", 3)]
+    # Deleted by a user and already Succeeded (it left on SIGTERM) when a step first sees it: deleted too.
+    pods, reports = cluster(3)
+    first = plan(spec(3), pods, reports)
+    pods[2] = PodState(**{**pods[2].__dict__, "deleting": True, "phase": "Succeeded", "ready": False})
+    second = plan(spec(3), pods, reports, previous_status=first.status)
+    assert {m["pod"]: m["deleted"] for m in second.status["members"]}["demo-2"] is True
+    assert [e.reason for e in second.events] == ["MemberDeleted"]
 
 
 def test_a_member_pod_gone_between_two_steps_was_deleted_unless_the_operator_removed_it() -> None:

@@ -108,7 +108,7 @@ import hmac
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -1164,7 +1164,7 @@ class _Api:
             if request.method == "PUT":
                 # The lifespan goes only with a PUT that has one: the common path calls put as before.
                 extra = {} if lifespan is None else {"lifespan": lifespan}
-                res = await grid.put(key, value, request.get("deadline"), **extra)  # type: ignore[arg-type]
+                res = await grid.put(key, value, request.get("deadline"), **extra)
             else:
                 res = await grid.delete(key, request.get("deadline"))
             return web.json_response({"ok": True, "attempts": res.attempts})
@@ -1522,7 +1522,7 @@ class _Api:
         )
 
 
-def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]) -> None:
     lines.append(f"# HELP {name} {help_text}")
     lines.append(f"# TYPE {name} {kind}")
     for labels, value in samples:

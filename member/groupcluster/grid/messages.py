@@ -402,6 +402,7 @@ class _Batch:
     """Columns shared by the batch messages; ``nbytes`` counts keys and values (for the builders' cap)."""
 
     __slots__ = ("nbytes",)
+    nbytes: int
 
     def full(self, extra: int) -> bool:
         """Whether an entry of ``extra`` key and value bytes must start a new batch (the node checks the entry
@@ -817,7 +818,7 @@ def _wire(msg: GridMessage) -> list[Any]:
 
 
 def _chunk(entries: EntryChunk | Iterable[tuple[bytes, int, bytes | None]]) -> EntryChunk:
-    return entries if type(entries) is EntryChunk else EntryChunk.of(entries)  # type: ignore[arg-type]
+    return entries if type(entries) is EntryChunk else EntryChunk.of(entries)
 
 
 def encode_payload(messages: list[GridMessage]) -> bytes:
@@ -1001,7 +1002,7 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
         return XferFail(as_int(raw[1], f"{f}.xfer_id"), _segments(raw[2], f"{f}.segments"))
     batch = _BATCH_TYPES.get(kind) if type(kind) is int else None
     if batch is not None:
-        return batch.from_wire(raw, f, lim)  # type: ignore[no-any-return]
+        return batch.from_wire(raw, f, lim)
     if type(kind) is int and kind in TX_TYPES:
         return decode_tx_message(raw, f, _tx_limits(lim))
     raise WireError(f"{f}.type: unknown grid message type {kind!r}")

@@ -614,8 +614,8 @@ class RebalancePlanner:
         dead = {m for m in holders | set(t.members) if m not in live}
         # An owner that leaves the view still owning segments hands nothing off (a graceful leave ends only once
         # a topology without it as an owner is installed).
-        owners = owner_set(t.current) + (owner_set(t.pending) if t.pending is not None else ())
-        self._note_lost(m for m in owners if m not in live)
+        owning = owner_set(t.current) + (owner_set(t.pending) if t.pending is not None else ())
+        self._note_lost(m for m in owning if m not in live)
         if t.availability == Availability.DEGRADED:
             if self._stays_degraded(t, live):
                 if set(t.members) != live:

@@ -310,8 +310,8 @@ def check_reliable_delivery(history: History | HistoryIndex) -> list[Violation]:
     installed_at: dict[str, dict[VidKey, int]] = {}  # member -> view id -> index of first install
     for member, views in idx.views.items():
         firsts: dict[VidKey, int] = {}
-        for k, (_pos, vid, members) in enumerate(views):
-            view_members.setdefault(vid, members)
+        for k, (_pos, vid, vmembers) in enumerate(views):
+            view_members.setdefault(vid, vmembers)
             firsts.setdefault(vid, k)
         installed_at[member] = firsts
     ended = idx.ended
