@@ -130,20 +130,14 @@ class GridNode:
         self.planner: RebalancePlanner | None = None
         self.leaving = False
         self.ready_to_leave = False
-        self.membership = Membership(self)
-        self.replication = Replication(self)
         self.metrics: Counter[str] = Counter()
         self._now = 0.0
-        self.bounds = EntryBounds(self)
         # Wall-clock seconds minus the ``now`` we are given (the driver's clock may be monotonic): the sequence
         # part of the versions we stamp is at least the wall clock in milliseconds (store.next_seq), so a
         # version dates its write and the merge of two grids that never met keeps the later write (docs/grid.md).
         # 0 (unit tests): sequences count from 1.
         self.wall_offset = 0.0
-        self.operations = Operations(self)
-        self.consumer = StateConsumer(self)
         self._queued: deque[tuple[float, int, Address, GridMessage]] = deque()
-        self.provider = StateProvider(self)
         self._collect_at = 0.0  # when the next slice of dropped segments may be freed (see FREE_INTERVAL)
         self._routes_cache: _Routes | None = None
         self._loop: deque[tuple[Address, GridMessage]] = deque()
@@ -156,7 +150,7 @@ class GridNode:
         # chunks of a delivered batch: with 4 members on 2 cores, single writes during a rebalance waited
         # behind 1-2 ms of chunk work per hop (issue 4). Every other message that arrives while some are held
         # back queues behind them, in order, so a chunk is never overtaken by a topology, a fetch or a cancel
-        # (see _pump, seed 39); a view change first handles everything held back. Operations may overtake
+        # (see StateProvider._pump, seed 39); a view change first handles everything held back. Operations may overtake
         # chunks: stores keep the newest version whichever comes first, and an operation sent after a
         # topology carries its id, so it waits for that topology (_hold) as if it had arrived before it.
         self.defer_transfer = True
@@ -164,8 +158,19 @@ class GridNode:
         self._out: dict[Address | None, list[GridMessage]] = {}
         self._outbox: list[Outgoing] = []
         self._results: list[OpResult] = []
-        # -- transactions (docs/grid-transactions.md)
+        # -- the parts, each with its own state (the package docstring maps them); they reach each other through
+        # the node
+        self.membership = Membership(self)
+        self.operations = Operations(self)
+        self.replication = Replication(self)
+        self.consumer = StateConsumer(self)
+        self.provider = StateProvider(self)
         self.transactions = Transactions(self)
+        self.bounds = EntryBounds(self)
+        self.expiry = Expiry(self)
+        self.events = EntryEventLog(self)
+        self.persistence = Restore(self)
+        # -- transactions (docs/grid-transactions.md)
         tcfg = self.tx_config = self.config.tx_config()
         self.tx = TxTable(
             address,
@@ -179,9 +184,6 @@ class GridNode:
         self.txc = TxCoordinator(address, self.transactions.tx_route, tcfg)
         self.txr = TxResolver(address, tcfg)  # automatic resolution of in-doubt transactions, on the coordinator
         self.txr.enabled = self.config.tx_auto_resolve
-        self.events = EntryEventLog(self)
-        self.persistence = Restore(self)
-        self.expiry = Expiry(self)
         self._handlers = self._dispatch_table()
 
     # ==== entry events =====================================================================================
@@ -216,7 +218,8 @@ class GridNode:
 
     @property
     def restore_outcome(self) -> str:
-        """ "" until the first topology, then "merged" (formed a new grid: pushed as a merge) or "discarded"."""
+        """What became of the restored entries: "" until the first topology, then "merged" (formed a new grid:
+        pushed as a merge) or "discarded"."""
         return self.persistence.restore_outcome
 
     # ==== inputs ===========================================================================================
