@@ -682,7 +682,7 @@ class GridNode:
 def _approx_size(msg: GridMessage) -> int:
     kind = type(msg)
     if kind is BackupBatch or kind is CommandBatch or kind is ResponseBatch or kind is BackupAckBatch:
-        return msg.nbytes + 24 * len(msg) + 32  # type: ignore[union-attr,arg-type]
+        return msg.nbytes + 24 * len(msg) + 32  # type: ignore[union-attr,arg-type,operator]
     if kind is XferData:
         return len(msg.entries.blob) + 32  # type: ignore[union-attr]  # packed once, reused by the encoder
     if kind is Command or kind is Backup:

@@ -615,12 +615,12 @@ class Transactions:
                 if (
                     type(msg) is TxCommit
                     and self.node.config.tx_test_hold_commit
-                    and msg.tx.origin == self.node.address
-                ):  # type: ignore[union-attr]
+                    and msg.tx.origin == self.node.address  # type: ignore[union-attr]
+                ):
                     continue  # fault injection (GridConfig.tx_test_hold_commit)
                 if type(msg) is TxLockInfo and o.dest != self.node.address:  # type: ignore[union-attr]
                     key = (o.dest, msg.topology_id, msg.segments)  # type: ignore[union-attr]
-                    self.tx_pushes[key] = [msg, self.node._now + self.node.config.attempt_timeout]  # type: ignore[list-item]
+                    self.tx_pushes[key] = [msg, self.node._now + self.node.config.attempt_timeout]
                 self.node._emit(o.dest, msg)  # type: ignore[union-attr]
             elif kind is TxOutcome:
                 self._tx_outcome(o)  # type: ignore[arg-type]
@@ -726,7 +726,7 @@ class Transactions:
     def _tx_resolver_out(self, outputs: Iterable[ResolverOutput]) -> None:
         for o in outputs:
             if type(o) is TxSend:
-                self.node._emit(o.dest, o.message)  # type: ignore[union-attr]
+                self.node._emit(o.dest, o.message)
             else:
                 self._tx_send_decision(o)  # type: ignore[arg-type]
 
