@@ -57,8 +57,7 @@ class EntryEventLog:
 
     # ==== entry events =====================================================================================
     def set_event_kinds(self, kinds: Iterable[str]) -> None:
-        """Which entry events to produce (empty: none, the default, at no cost). The driver collects them with
-        :meth:`take_events` after every step; each batch is also counted in ``grid.events_<kind>``."""
+        """:meth:`GridNode.set_event_kinds`."""
         wanted = frozenset(kinds)
         bad = wanted - EVENT_KINDS
         if bad:
@@ -68,7 +67,7 @@ class EntryEventLog:
         self.events = [e for e in self.events if e.kind in wanted]
 
     def take_events(self) -> list[EntryEvents]:
-        """The entry event batches produced since the last call, in the order they happened."""
+        """:meth:`GridNode.take_events`."""
         events, self.events = self.events, []
         return events
 

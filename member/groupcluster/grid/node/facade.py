@@ -555,6 +555,8 @@ class GridNode:
 
     # ==== topology =========================================================================================
     def _install(self, t: CacheTopology) -> None:
+        """Install a topology (:meth:`Membership.install`); a hook the change feed's node overrides, so the parts
+        call it through the node."""
         self.membership.install(t)
 
     def _routes(self, t: CacheTopology) -> _Routes:
@@ -601,14 +603,8 @@ class GridNode:
         b.add(op_id, attempt, code, tid, value, error, version)
 
     def _redrive(self, wid: int, pw: _PendingWrite) -> None:
-        """Finish a write we applied whose replication a topology change interrupted.
-
-        Answering RETRY instead would leave our copy diverged from the others for good if the originator
-        died before retrying. So the stamping member stays responsible: it sends the *same* version to the
-        write owners of the topology now installed, and answers the originator once all of them have it.
-        Stores keep the newest version, so this never overwrites a later write; and a write owner of the
-        current topology includes any new owner still fetching, so no snapshot can miss it.
-        """
+        """Re-drive a write across a topology change (:meth:`Replication.redrive`); a hook the change feed's
+        node overrides, so the parts call it through the node."""
         self.replication.redrive(wid, pw)
 
     # ==== transactions =====================================================================================

@@ -75,7 +75,7 @@ class Membership:
 
     # ==== inputs ===========================================================================================
     def on_view(self, members: Sequence[Address], now: float, *, merge: bool = False) -> None:
-        """A new group view (``merge`` True for a merge view)."""
+        """:meth:`GridNode.on_view`."""
         self.node._now = now
         self.node._drain_deferred()
         old_coord = self.node.view[0] if self.node.view else None

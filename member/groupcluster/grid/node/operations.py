@@ -165,13 +165,7 @@ class Operations:
         deadline: float | None = None,
         expiries: Sequence[float] | None = None,
     ) -> list[int]:
-        """Start ``(kind, key, value)`` operations in one step; their op ids, in order.
-
-        Like :meth:`get`/:meth:`put`/:meth:`delete` one after the other, except that the step ends (and
-        payloads are encoded) once, after the last: the commands for one owner leave as one
-        :class:`~.messages.CommandBatch`. Every operation is checked before any starts. ``deadline`` applies
-        to every operation of the batch; ``expiries`` (None: none) gives each PUT's expiry as a Unix time (0.0:
-        never), one per operation."""
+        """:meth:`GridNode.start_batch`."""
         lim = self.node.limits
         if expiries is not None:
             if len(expiries) != len(ops):

@@ -44,14 +44,7 @@ class Restore:
         topology_floor: int,
         expiries: Mapping[tuple[bytes, int], float] | None = None,
     ) -> None:
-        """Entries of this member's persistent store (before its first view), and the highest topology id the
-        store had seen. On the first topology installed they are either pushed to their owners as after a merge
-        (we are an owner in a new grid's first topology: the members are forming a grid together, e.g. after
-        a full restart; every store keeps the newest version, tombstones count) or discarded (we join a running
-        grid: what we stored may be stale, so the store is cleared, the seed's advice). Our STATUS carries the
-        floor so the coordinator numbers new topologies above it: versions are ``(topology id << 40) | seq``,
-        and a new write must beat every stored one. ``expiries`` (by ``(key, version)``) go with the pushed
-        entries: an entry pushed after its expiry is removed by its primary as any expired entry is."""
+        """:meth:`GridNode.restore`."""
         if self.node.topology is not None:
             raise RuntimeError("GridNode.restore: only before the first topology")
         self.restored = list(entries)

@@ -117,16 +117,14 @@ class Transactions:
     # ==== transactions =====================================================================================
     # The client's calls (docs/grid-transactions.md, "Using transactions"); results come out of take_results.
     def tx_begin(self, now: float, mode: str | None = None) -> TxId:
-        """Start a transaction on this member (its originator); ``mode`` "optimistic", "pessimistic" or None
-        (``GridConfig.tx_locking``)."""
+        """:meth:`GridNode.tx_begin`."""
         if mode is not None and mode not in ("optimistic", "pessimistic"):
             raise ValueError(f"mode: {mode!r} is not 'optimistic' or 'pessimistic'")
         self.node._now = now
         return self.node.txc.begin(now, mode)
 
     def tx_lock(self, tx: TxId, keys: Sequence[bytes], now: float) -> int:
-        """Pessimistic: lock ``keys`` on their primaries. The result is ok once all are locked; ok False (with a
-        reason) means the transaction was rolled back."""
+        """:meth:`GridNode.tx_lock`."""
         ks = list(keys)
         for i, key in enumerate(ks):
             self._check_key(key, f"keys[{i}]")
@@ -150,8 +148,7 @@ class Transactions:
         return op_id
 
     def tx_commit(self, tx: TxId, writes: Mapping[bytes, bytes | None], reads: Mapping[bytes, int], now: float) -> int:
-        """Two-phase commit of ``writes`` (key -> value, None deletes), validating ``reads`` (key -> version
-        read, 0 absent) on the primaries. The result is ok only once every owner acknowledged the commit."""
+        """:meth:`GridNode.tx_commit`."""
         if not isinstance(writes, Mapping) or not isinstance(reads, Mapping):
             raise TypeError("writes and reads: expected mappings of key -> value and key -> version")
         lim = self.node.limits
@@ -191,7 +188,7 @@ class Transactions:
         return op_id
 
     def tx_rollback(self, tx: TxId, now: float) -> int:
-        """Roll ``tx`` back; the result is ok once it is rolled back (at once: presumed abort)."""
+        """:meth:`GridNode.tx_rollback`."""
         c_state = self.node.txc.state_of(tx)
         if c_state is None and tx not in self._tx_done:
             raise ValueError(f"transaction {tx}: unknown on this member")
@@ -212,24 +209,15 @@ class Transactions:
         return op_id
 
     def tx_in_doubt(self) -> list[InDoubt]:
-        """This member's in-doubt transactions: prepared here, their originator gone; they keep their locks."""
+        """:meth:`GridNode.tx_in_doubt`."""
         return self.node.tx.in_doubt()
 
     def tx_report(self, tx: TxId) -> TxReport:
-        """What this member knows of ``tx`` (state, attempt, writes, versions): a resolver collects these from
-        every member and decides with :func:`~.tx.termination_decision`."""
+        """:meth:`GridNode.tx_report`."""
         return self.node.tx.report(tx)
 
     def tx_resolve(self, tx: TxId, commit: bool, now: float, versions: Mapping[bytes, int] | None = None) -> bool:
-        """Resolve an in-doubt transaction here; False when ``tx`` is not in doubt on this member.
-
-        Every member that lists ``tx`` in :meth:`tx_in_doubt` must be resolved the same way (decide with
-        :func:`~.tx.termination_decision` over every member's :meth:`tx_report`). A commit needs a version for
-        each written key this member holds: the ones stamped here, those in ``versions`` (from the other
-        members' reports), and, for keys this member is the write primary of, fresh ones stamped now (the
-        stamping primary is gone); any other missing one is a ValueError. The decision also goes, as a
-        self-contained message, to the current write owners of the keys: owners that got the keys by state
-        transfer after the prepare never saw it, and must apply (or release) it too."""
+        """:meth:`GridNode.tx_resolve`."""
         if not any(d.tx == tx for d in self.node.tx.in_doubt()):
             return False
         self.node._now = now
@@ -289,14 +277,7 @@ class Transactions:
         return True
 
     def tx_resolve_all(self, tx: TxId, commit: bool | None, now: float) -> int:
-        """Resolve in-doubt ``tx`` on every member, from this one: ask every member of the view for its report
-        (TX_REPORT_REQ), then decide, with ``commit`` (True/False: an operator's decision) or, when None, by the
-        grid's own rule (:func:`~.tx.resolution`), and send the decision like the automatic resolver does.
-
-        The result (``take_results``) has kind TX_RESOLVE_OP; ok with value ``b"commit"`` or ``b"rollback"``,
-        else a reason: ``not_in_doubt`` (no member has it in doubt), ``undecided`` (``commit`` None and the rule
-        cannot tell; the error says why), ``timeout`` (a member did not answer within ``op_timeout``),
-        ``unavailable`` (the view changed meanwhile, or a merge is in progress: ask again)."""
+        """:meth:`GridNode.tx_resolve_all`."""
         self.node._now = now
         op_id = self.node.operations.new_op_id()
         if not self.node.view:
@@ -312,7 +293,7 @@ class Transactions:
         return op_id
 
     def tx_prepared_count(self) -> int:
-        """Transactions prepared on this member as a participant (voted YES, no decision yet)."""
+        """:meth:`GridNode.tx_prepared_count`."""
         return sum(1 for t in self.node.tx.active() if self.node.tx.state_of(t) == TxState.PREPARED)
 
     # -- helpers of the calls
@@ -787,6 +768,5 @@ class Transactions:
             self.node.metrics["grid.tx_versions_stamped_late"] += len(writes)
 
     def tx_undecided(self) -> dict[TxId, str]:
-        """On the view coordinator: the in-doubt transactions its last resolution round could not decide, and
-        why (an operator decides those: ``groupcluster tx resolve``)."""
+        """:meth:`GridNode.tx_undecided`."""
         return dict(self.node.txr.undecided)
