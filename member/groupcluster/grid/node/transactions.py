@@ -596,7 +596,7 @@ class Transactions:
                 if (
                     type(msg) is TxCommit
                     and self.node.config.tx_test_hold_commit
-                    and msg.tx.origin == self.node.address  # type: ignore[union-attr]
+                    and msg.tx.origin == self.node.address
                 ):
                     continue  # fault injection (GridConfig.tx_test_hold_commit)
                 if type(msg) is TxLockInfo and o.dest != self.node.address:  # type: ignore[union-attr]
