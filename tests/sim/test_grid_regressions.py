@@ -1,6 +1,6 @@
 """Grid seeds that once broke a property replay here (``groupcluster sim --stack grid --seeds 1 --start S``).
 
-Each entry names what the seed found; the fix is in grid/node.py, grid/topology.py or grid/store.py (and a unit
+Each entry names what the seed found; the fix is in grid/node/, grid/topology.py or grid/store.py (and a unit
 test in tests/unit/test_grid_node.py or test_grid_store.py where the case can be built by hand), or in the
 checkers (sim/grid_checkers.py, with a test in tests/sim/test_grid_checkers.py) when the run was right and the
 judgement wrong, or in the scenario (sim/grid.py, with a test here) when its fault schedule broke the promise it

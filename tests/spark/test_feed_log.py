@@ -184,9 +184,9 @@ def test_a_write_being_re_driven_holds_back_its_topology() -> None:
     tid = node.topology.topology_id
     assert node.oldest_unfinished() == tid
     # A write stamped under an older topology, still on its way to a backup: its topology is reported.
-    node._writes[99] = _PendingWrite(b, 1, 1, tid, {b}, b"k", v(tid - 1, 3) if tid > 1 else 3, b"v")
+    node.replication.writes[99] = _PendingWrite(b, 1, 1, tid, {b}, b"k", v(tid - 1, 3) if tid > 1 else 3, b"v")
     assert node.oldest_unfinished() == max(tid - 1, 0)
-    del node._writes[99]
+    del node.replication.writes[99]
     assert node.oldest_unfinished() == tid
 
 

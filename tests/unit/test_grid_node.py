@@ -1,4 +1,4 @@
-"""Deterministic multi-node tests of grid/node.py over a small in-test fake network.
+"""Deterministic multi-node tests of the grid node (grid/node/) over a small in-test fake network.
 
 The fake network is a stand-in for the group (this is a unit test of pure logic): per-link FIFO delivery
 with random delays, multicasts to the view, views installed at every live member at once, crashes that
@@ -1010,7 +1010,7 @@ def test_last_owners_leaving_wait_for_members_that_joined_during_the_handoff(see
     # Simulation seeds 2801, 4872: both members holding data were leaving, one handing its segments to the other, and
     # two members joined during that rebalance. The topology ending it lists the owners that rebalance settled
     # on; the joiners are taken in by the next one, broadcast right behind it. The last owner installed the
-    # first, read from it that nobody could take its segments (GridNode._no_taker), and left with the only
+    # first, read from it that nobody could take its segments (Membership._no_taker), and left with the only
     # copy. The planner lists the joiners in that topology now. (Which of the two leaves first depends on the
     # delays: the seeds cover both orders.)
     net = FakeNet(random.Random(seed))

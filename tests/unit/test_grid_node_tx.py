@@ -352,7 +352,7 @@ def test_a_lost_lock_information_push_is_sent_again_and_the_new_primary_waits_fo
     assert not res.ok and res.reason == REASON_LOCKED
     assert net.wait(a, net.call(a, "tx_commit", tx, {k: b"t" for k in keys}, {})).ok
     net.run_until(net.now + 3)
-    assert not net.nodes[src]._tx_pushes  # acknowledged, no more re-sends
+    assert not net.nodes[src].transactions.tx_pushes  # acknowledged, no more re-sends
     no_locks_left(net)
 
 
@@ -656,11 +656,11 @@ def test_a_segment_waiting_for_lock_information_is_given_up_at_its_very_deadline
     since = 5.87407714840255
     deadline = since + node.config.tx_timeout
     assert deadline - since < node.config.tx_timeout  # the rounding that made it happen
-    node._tx_awaiting[0] = (net.view[1], since)
+    node.transactions.tx_awaiting[0] = (net.view[1], since)
     node.tx.block_segments([0])
     assert node.next_deadline() is not None and node.next_deadline() <= deadline  # type: ignore[operator]
     node.tick(deadline)
-    assert node._tx_awaiting == {} and not node.tx.locks.is_blocked(0)
+    assert node.transactions.tx_awaiting == {} and not node.tx.locks.is_blocked(0)
     assert node.metrics["grid.tx_lock_info_given_up"] == 1
 
 

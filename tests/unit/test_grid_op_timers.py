@@ -1,7 +1,7 @@
-"""Operation timers of grid/node.py kept as runs: one heap entry for the operations of a batch.
+"""Operation timers of grid/node/operations.py kept as runs: one heap entry for the operations of a batch.
 
 A batch's operations are sent in one step with consecutive ids and share one resend time, so the node keeps
-one timer entry for all of them (``GridNode._op_timers``). These tests check that an operation in such a run
+one timer entry for all of them (``Operations.op_timers``). These tests check that an operation in such a run
 is still resent on time, and only it, whichever of its neighbours were answered, and that a finished run
 leaves no timer behind. Two real nodes; the answers are delivered (or withheld) by hand.
 
@@ -92,14 +92,14 @@ def test_an_unanswered_operation_inside_a_batch_is_resent_alone_at_its_time() ->
     answer(a, cmd, [0, 1, 4], 1.1)
     assert len(a.take_results()) == 3
     assert a.next_deadline() == 2.0  # sent at 1.0, attempt_timeout 1 s
-    assert len(a._op_timers) == 1
+    assert len(a.operations.op_timers) == 1
     a.tick(2.0)
     (again,) = commands(a)
     assert list(again.op_ids) == ids[2:4] and list(again.attempts) == [2, 2]
     assert list(again.keys) == keys[2:4]
     answer(a, again, [0, 1], 2.1)
     assert [r.ok for r in a.take_results()] == [True, True]
-    assert a.next_deadline() is None and a._op_timers == []
+    assert a.next_deadline() is None and a.operations.op_timers == []
 
 
 def test_a_run_whose_front_is_still_waiting_keeps_its_time_when_later_ones_finish() -> None:

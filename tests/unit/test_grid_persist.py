@@ -205,7 +205,7 @@ def test_members_forming_a_new_grid_merge_their_stores_and_number_topologies_abo
     t = net.coordinator.topology
     assert t is not None and t.topology_id > 7
     assert all(n.restore_outcome == "merged" for n in net.nodes.values())
-    assert not any(n._restore_wids for n in net.nodes.values())  # every push acknowledged: the stash goes
+    assert not any(n.persistence.restore_wids for n in net.nodes.values())  # every push acknowledged: the stash goes
     assert _read(net, b"k1") == (mid, b"b-mid")
     assert _read(net, b"k2") == (new, b"a-new")
     assert _read(net, b"k3") == (old, b"c-only")

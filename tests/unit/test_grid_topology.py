@@ -409,7 +409,7 @@ def test_owners_lost_without_a_handoff_travel_with_every_topology_until_they_are
     # took them over, then m(1) left. m(5)'s topologies named only the two of them, so alone and asked to leave,
     # m(5) saw nobody who could take its segments and left with the only copy. The owners lost without a
     # handoff (m(0), m(2): crashed or behind a partition, nobody can tell) now go with every topology, through
-    # joins, graceful leaves and coordinator changes, so m(5) knows too (GridNode._no_taker).
+    # joins, graceful leaves and coordinator changes, so m(5) knows too (Membership._no_taker).
     mode = PartitionHandling.ALLOW_READ_WRITES
     t0 = joined(3, mode).topology
     assert t0 is not None and t0.lost == ()
@@ -427,7 +427,7 @@ def test_owners_lost_without_a_handoff_travel_with_every_topology_until_they_are
     alone = RebalancePlanner([m(5)], num_segments=SEGS, num_owners=2, mode=mode)
     t5 = alone.on_statuses({m(5): MemberStatus(1.0, False, handed[-1])}, 4.0)[0][1]
     assert set(t5.lost) == {m(0), m(2)}
-    # A member's own lost owners (those gone while its merge push was unfinished, GridNode._vanished_owners)
+    # A member's own lost owners (those gone while its merge push was unfinished, Membership._vanished_owners)
     # reach the coordinator in its status and every member in the next topology, rebalancing or not.
     out = alone.on_statuses({m(5): MemberStatus(1.0, False, t5, 0, (m(9),))}, 4.5)
     assert out and set(out[-1][1].lost) == {m(0), m(2), m(9)}
@@ -691,7 +691,7 @@ def test_property_planner_invariants(events: list[tuple[str, int]], n: int) -> N
 def test_ch_lists_a_member_with_capacity_even_when_nothing_moves_to_it() -> None:
     # One segment, one owner: a joiner's share rounds down to nothing and no data moves, but the current CH
     # must still list it with its capacity: a leaving member reads from the CH whether anybody could take its
-    # segments (GridNode._no_taker), and would otherwise leave at once with the only copy.
+    # segments (Membership._no_taker), and would otherwise leave at once with the only copy.
     a, b = m(0), m(1)
     p = RebalancePlanner([a], num_segments=1, num_owners=1)
     p.on_statuses({a: MemberStatus(1.0, False, None)}, 0.0)
@@ -705,7 +705,7 @@ def test_ch_lists_a_member_with_capacity_even_when_nothing_moves_to_it() -> None
 
 def test_ch_lists_client_only_members_with_capacity_zero() -> None:
     # A leaving member leaves at once with the only copy of its segments only when every other member of its
-    # view is listed in the CH with capacity 0 (GridNode._no_taker): a member the CH does not list may have
+    # view is listed in the CH with capacity 0 (Membership._no_taker): a member the CH does not list may have
     # joined after it was built, or be leaving and take segments again (seeds 2801, 3413). So client-only
     # members are listed, in the first CH and in every CH after, though they own nothing.
     a, c, d = m(0), m(1), m(2)
@@ -727,7 +727,7 @@ def test_ch_lists_client_only_members_with_capacity_zero() -> None:
 def test_topology_ending_a_rebalance_lists_the_members_that_joined_during_it() -> None:
     # Simulation seeds 2801, 4872: the topology that ends a rebalance takes the pending CH, made when the rebalance
     # started; members that joined meanwhile are taken in by the next rebalance, broadcast right behind it. The
-    # last owner, leaving, read from the first that nobody could take its segments (GridNode._no_taker) and
+    # last owner, leaving, read from the first that nobody could take its segments (Membership._no_taker) and
     # left with the only copy. Both topologies must list the joiners with their capacity.
     a, b, c, d = m(0), m(1), m(2), m(3)
     p = joined(2)

@@ -426,7 +426,7 @@ class FeedNode(GridNode):
     def _install(self, t: CacheTopology) -> None:
         if self.topology is None or t.topology_id > self.topology.topology_id:
             if not isinstance(self.store, FeedStore) or self.store.num_segments != t.num_segments:
-                # Put the feed store in place before GridNode._install would create a plain one.
+                # Put the feed store in place before GridNode._install (Membership.install) would create a plain one.
                 if self.config.persistence == "write_through":
                     from .persist import PersistentStore
 
@@ -445,7 +445,7 @@ class FeedNode(GridNode):
         stamp topology of a write we applied under an older one and are still pushing to its owners."""
         t = self.topology
         low = t.topology_id if t is not None else 0
-        for pw in self._writes.values():
+        for pw in self.replication.writes.values():
             vt = version_topology(pw.version)
             if vt < low:
                 low = vt
@@ -1451,7 +1451,7 @@ class GridRuntime(NodeTimer):
             # Wall-clock time of each install, for /v1/status (when did the last rebalance end, to the step).
             self._seen_topology = node.topology
             self.topology_installed_at = time.time()
-        if node._events:
+        if node.events.events:
             self._dispatch_events(node.take_events())
         for res in node.take_results():
             fut = self._waiting.pop(res.op_id, None)

@@ -4,7 +4,7 @@ Versions order the writes of one key: the primary owner stamps every write with 
 (:func:`make_version`), so a write accepted under a newer topology always beats one from an older topology,
 and within one topology the single primary orders them. The sequence is a hybrid clock (:func:`next_seq`): at
 least the primary's wall clock in milliseconds, so a version also dates its write, which orders the writes of
-two grids that never met when they merge (grid/node.py re-stamps them by it). Every apply is "newest version
+two grids that never met when they merge (grid/node/membership.py re-stamps them by it). Every apply is "newest version
 wins", which gives the rule Infinispan states as "a write during a transfer wins over a transferred value": a
 value that arrives by state transfer is applied only where the key is absent or holds an older version, and a
 deletion during a transfer leaves a *tombstone* (its version, no value) so an older transferred value cannot

@@ -108,7 +108,7 @@ class CacheTopology:
     # are merging; the merged grid gets a new id.
     grid_id: int = 0
     # The topology id under which the members re-stamp what they held before the last merge of grids that never
-    # met (0: none so far): above every id either grid used, below the merged group's. See GridNode._install.
+    # met (0: none so far): above every id either grid used, below the merged group's. See Membership.install.
     restamp: int = 0
     # The id of the topology that fixed ``stable_members`` (the end of a rebalance, a new grid, or the operator's
     # forced availability). After a merge of partitions that all degraded, the coordinator counts the majority
@@ -120,7 +120,7 @@ class CacheTopology:
     # of them may be alive elsewhere with a diverged copy of the grid, what we hold may be the only copy of the
     # writes acknowledged on our side. The set travels with every topology, so a member that took our data
     # over knows it too, although no owner of its own topology ever vanished: alone in its view and asked to
-    # leave, it waits for a merge instead of leaving with the only copy (GridNode._no_taker).
+    # leave, it waits for a merge instead of leaving with the only copy (Membership._no_taker).
     lost: tuple[Address, ...] = ()
     _member_set: frozenset[Address] = field(default=frozenset(), init=False, compare=False, repr=False)
 
@@ -321,7 +321,7 @@ class MemberStatus:
     # The highest topology id of the member's persistent store (0: none): a new grid starts above it. Sent
     # only when set (or when ``lost`` follows it), so statuses without persistence keep their three fields.
     floor: int = 0
-    # Owners the member lost without a handoff (GridNode._vanished_owners): the coordinator adds them to the
+    # Owners the member lost without a handoff (Membership._vanished_owners): the coordinator adds them to the
     # topology's ``lost``, so they reach every member that takes our data over. Sent only when set.
     lost: tuple[Address, ...] = ()
 
@@ -460,7 +460,7 @@ class RebalancePlanner:
             if st.topology is not None:
                 grew = self._note_lost(st.topology.lost) or grew
             if grew:
-                # The member lost owners our topology does not name (GridNode._vanished_owners: those gone while
+                # The member lost owners our topology does not name (Membership._vanished_owners: those gone while
                 # its merge push was unfinished): every member must know before it might leave alone.
                 changed = ahead = True
             info = self.members.get(m)
@@ -540,7 +540,7 @@ class RebalancePlanner:
         self.statuses = {}
         for _m, st in sorted(reported.items()):
             # Whatever side a member comes from, its owners lost elsewhere stay lost here: the data it brings
-            # may be the only copy of what its side acknowledged (GridNode._no_taker).
+            # may be the only copy of what its side acknowledged (Membership._no_taker).
             self._note_lost(st.topology.lost if st.topology is not None else ())
             self._note_lost(st.lost)
         if tops:
@@ -552,7 +552,7 @@ class RebalancePlanner:
             self.restamp = max(t.restamp for t in tops)
             if self.merge and len({t.grid_id for t in tops}) > 1:
                 # Grids that never met: their versions count topologies from 1 each. One id above all of theirs
-                # is kept for re-stamping their entries by write time (GridNode._install); the merged group's
+                # is kept for re-stamping their entries by write time (Membership.install); the merged group's
                 # topologies come after it. The merged grid is a new one: a member of either grid that missed
                 # this merge and meets the merged group later is told apart again, and re-stamps too.
                 self.restamp = self._next_id()
@@ -652,7 +652,7 @@ class RebalancePlanner:
             return [(None, self._set(self._bump(t, phase=Phase.READ_NEW_WRITE_ALL)))]
         # The pending CH lists the owner candidates of the rebalance's start; members that joined since are taken
         # in by the next rebalance, but must be listed already: every member installs this topology before the
-        # next one, and a leaving member reads "nobody could take my segments" from its CH (GridNode._no_taker).
+        # next one, and a leaving member reads "nobody could take my segments" from its CH (Membership._no_taker).
         # Seeds 2801, 4872: the last owner, leaving, read that from such a topology and left with the only copy of its
         # segments, one step before the rebalance that would have moved them to the two joiners.
         cur = self._listing(t.pending, self._owner_candidates())
@@ -687,7 +687,7 @@ class RebalancePlanner:
                 # Nothing moves, but the CH lists every member that could own segments (with its capacity),
                 # even one whose share rounds down to none, and every client-only member (capacity 0): a
                 # leaving member takes a member listed with capacity 0 for one that cannot take its segments
-                # (GridNode._no_taker), so the CH must say so as soon as we know.
+                # (Membership._no_taker), so the CH must say so as soon as we know.
                 return self._set(self._bump(t, members=members, current=target))
             return None
         self.rebalances_started += 1
@@ -791,7 +791,7 @@ class RebalancePlanner:
     def _with_clients(self, ch: ConsistentHash) -> ConsistentHash:
         """``ch`` (from :func:`balanced`, which lists the owner candidates only) also listing every client-only
         member with capacity 0: a leaving member may leave with the only copy of its segments when everyone
-        else in its view is one, and a member the CH does not list could still take them (GridNode._no_taker)."""
+        else in its view is one, and a member the CH does not list could still take them (Membership._no_taker)."""
         return self._listing(ch, self._clients())
 
     def _owner_candidates(self) -> list[Address]:

@@ -62,7 +62,7 @@ from .tx_messages import (
     Write,
 )
 
-# The stable failure reasons a member reports for a transaction or an operation (OpResult.reason in grid/node.py;
+# The stable failure reasons a member reports for a transaction or an operation (OpResult.reason, grid/node/results.py;
 # docs/grid-transactions.md, "Using transactions"). The core's own texts (TxOutcome.reason) are for people.
 REASON_CONFLICT = "conflict"  # optimistic validation: a key read changed before the commit
 REASON_LOCK_TIMEOUT = "lock_timeout"  # a lock was not granted within lock_timeout
@@ -239,6 +239,19 @@ class LockTable:
     @property
     def blocked_segments(self) -> frozenset[int]:
         return frozenset(self._blocked)
+
+    # Cheap first checks for the plain write path, true while no transaction runs here: one truth test each.
+    def any_locked(self) -> bool:
+        """Whether any key has a lock (held, or waited for)."""
+        return bool(self._locks)
+
+    def any_held(self) -> bool:
+        """Whether any transaction holds keys here."""
+        return bool(self._held)
+
+    def any_blocked(self) -> bool:
+        """Whether any segment is blocked (waiting for the previous primary's lock information)."""
+        return bool(self._blocked)
 
     def is_held(self, key: bytes) -> bool:
         """Whether a transaction holds ``key`` (the node's check before a plain write: a dict lookup)."""
@@ -424,7 +437,7 @@ class LockTable:
         """Lock information for ``segments`` arrived (or is known not to come): resume their requests.
         Returns the transactions whose requests completed."""
         segs = set(segments)
-        self._blocked.difference_update(segs)  # in place: GridNode keeps a reference
+        self._blocked.difference_update(segs)
         granted: list[TxId] = []
         # Queued waiters first (they were there before), then the parked requests in their order.
         for key in sorted(k for k in self._locks if self._segment_of(k) in segs):

@@ -69,7 +69,7 @@ from .history import History, HistoryEvent
 
 INF = math.inf
 # How long after its expiry an entry may still be held once the grid is whole: a member that was not the key's
-# primary when it expired looks again after EXPIRY_RECHECK (grid/node.py), plus slack for the removal to reach
+# primary when it expired looks again after EXPIRY_RECHECK (grid/node/expiry.py), plus slack for the removal to reach
 # every copy.
 EXPIRY_GRACE = 1.5
 # How long after the group converged the grid may still be degraded when it should not be: a merge view's

@@ -330,7 +330,7 @@ class GridTxRun(GridRun):
         if self.setup.auto_resolve:  # type: ignore[attr-defined]
             # What the grid's coordinator would decide from the same reports: if it decides, the grid should have.
             view = apps[0].grid.view
-            infos = {a.grid.address: a.grid._tx_report_info(tx) for a in apps}
+            infos = {a.grid.address: a.grid.transactions._tx_report_info(tx) for a in apps}
             verdict = resolution(tx, infos, view)
             if isinstance(verdict, str):
                 why = verdict
