@@ -83,7 +83,7 @@ def _choice(
     value = spec.get(key, default)
     if value not in allowed:
         raise SpecError(f"{where}.{key}: {value!r} is not one of {', '.join(allowed)}")
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def _preset(stack: Mapping[str, Any]) -> str:

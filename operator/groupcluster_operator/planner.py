@@ -750,9 +750,9 @@ def plan(
         fail = Failures(spec_hash=spec_hash)  # Ready again: the next exit is replaced at once
     # Pods this step asks to leave or deletes count as leaving from now on: gone at the next step, they are not
     # someone else's deletion.
-    going = {a.pod for a in out.actions if isinstance(a, RequestLeave | DeletePod)}
+    sent_off = {a.pod for a in out.actions if isinstance(a, RequestLeave | DeletePod)}
     out.status = _status(
-        spec, spec_hash, pods, reports, obs, ready, out, prev, now, degraded, reason, fail, deleted_by_others, going
+        spec, spec_hash, pods, reports, obs, ready, out, prev, now, degraded, reason, fail, deleted_by_others, sent_off
     )
     return out
 

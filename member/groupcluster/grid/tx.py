@@ -725,6 +725,7 @@ class TxTable:
         granted: list[TxId] = []
         for rec in stale:
             request, rec.pending = rec.pending, None
+            assert request is not None  # stale holds only records with a pending request
             granted.extend(self.locks.cancel_request(rec.tx))
             out.append(TxSend(rec.reply_to, TxVote(rec.tx, rec.attempt, request, VOTE_RETRY, self.topology_id)))
         self._granted(granted, now, out)  # only current-topology requests: the stale ones wait no more

@@ -687,7 +687,7 @@ class Sequencer(Layer):
     def up(self, batch: list[Message]) -> None:
         out: list[Message] | None = None
         for i, msg in enumerate(batch):
-            hdr = msg.headers.get(_PID)
+            hdr: SequencerHeader | None = msg.headers.get(_PID)
             if hdr is None:
                 if out is not None:
                     out.append(msg)
@@ -696,7 +696,7 @@ class Sequencer(Layer):
                 out = batch[:i]
             self._out = out
             try:
-                self._handle(msg, hdr)  # type: ignore[arg-type]
+                self._handle(msg, hdr)
             finally:
                 self._out = None
         if out is None:
@@ -751,7 +751,9 @@ class Sequencer(Layer):
         if seq <= self.recv_high or seq in self.cur:
             self.count("duplicate_batches")
             return
-        ident = hdr.replay if hdr.replay is not None else (hdr.epoch, seq)
+        epoch = hdr.epoch
+        assert epoch is not None  # from_wire: a BCAST names its epoch
+        ident = hdr.replay if hdr.replay is not None else (epoch, seq)
         own = self._own_runs.pop(seq, None) if self.is_coord and src == self.local_address else None
         try:
             runs = decode_batch(payload, self._address) if own is None else self._own_batch(own)
@@ -843,7 +845,7 @@ class Sequencer(Layer):
             todo = items[first:] if first else items
             if len(set(map(type, todo))) == 1 and type(todo[0]) is bytes:
                 out.extend([Message(None, p, src=origin) for p in todo])
-                todo = ()
+                todo = []
             append = out.append
             for item in todo:
                 if type(item) is bytes:
@@ -1224,14 +1226,14 @@ class Sequencer(Layer):
                 self._ask_resend(origin)
             return
         self._sequence(origin, start, items, decoded)
-        held = self.held.get(origin)
-        if held:
-            held.sort(key=lambda h: h[0])
-            while held and held[0][0] <= self.seq_high.get(origin, 0) + 1:
-                hstart, hitems = held.pop(0)
+        waiting = self.held.get(origin)
+        if waiting:
+            waiting.sort(key=lambda h: h[0])
+            while waiting and waiting[0][0] <= self.seq_high.get(origin, 0) + 1:
+                hstart, hitems = waiting.pop(0)
                 self.held_bytes -= sum(_item_size(i) for i in hitems)
                 self._sequence(origin, hstart, hitems)
-            if not held:
+            if not waiting:
                 del self.held[origin]
 
     def _ask_resend(self, origin: Address) -> None:
