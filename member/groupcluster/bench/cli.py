@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so the runner's cleanup kills the member processes of the current run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runner = Runner(settings, progress)
+    # The grid workloads interleave the chosen systems run by run; --quick loads 50,000 entries, not 1,000,000.
+    runner.lifecycle.grid_peers.systems, runner.lifecycle.grid_peers.quick = systems, args.quick
     results: list[Result] = []
     failures: list[str] = []
     for name in names:

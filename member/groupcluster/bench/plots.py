@@ -56,10 +56,14 @@ FIGURES = (
     Figure("state-transfer.png", "State transfer to a joiner (TCP)", _prefix("state-transfer-")),
     Figure(
         "grid-rebalance.png",
-        "Grid rebalance: a 4th member joins 3 (no peer: write p99 idle vs during)",
+        "Grid rebalance: a 4th member joins 3 (write p99 idle vs during; CPU per MB moved)",
         _prefix("grid-rebalance-"),
     ),
-    Figure("grid-ops.png", "Grid operations, 4 client processes, 3 members (no peer)", _prefix("grid-ops-")),
+    Figure(
+        "grid-ops.png",
+        "Grid operations, 4 client processes, 3 members (ops/s, request p50/p99, CPU per op)",
+        _prefix("grid-ops-"),
+    ),
 )
 
 
