@@ -98,6 +98,8 @@ def hazelcast_xml(cluster: str, port: int, member_ports: Sequence[int], tuned: b
 {properties}
   </properties>
   <network>
+    <!-- A member that leaves and joins again in the same JVM binds its port again at once. -->
+    <reuse-address>true</reuse-address>
     <port auto-increment="false">{port}</port>
     <interfaces enabled="true">
       <interface>127.0.0.1</interface>

@@ -54,9 +54,7 @@ public final class GridPeer {
         }
         Store store;
         if (args[0].equals("member")) {
-            int hotrod = args.length > 4 ? Integer.parseInt(args[4]) : 0;
-            store = args[1].equals("infinispan") ? new InfinispanMember(args[2], hotrod) : new HazelcastMember(args[2]);
-            ((Member) store).startMonitor();
+            store = member(args);
         } else {
             store = args[1].equals("infinispan") ? new InfinispanClient(args[3]) : new HazelcastClient(args[2], args[3]);
         }
@@ -69,6 +67,18 @@ public final class GridPeer {
             if (w.length == 0 || w[0].isEmpty()) continue;
             try {
                 if (w[0].equals("QUIT")) break;
+                if (store instanceof Member m && w[0].equals("LEAVE") && w.length > 1 && w[1].equals("stay")) {
+                    // A graceful leave that keeps the JVM (and its compiled code) for a later JOIN.
+                    m.close();
+                    say("LEFT");
+                    continue;
+                }
+                if (store instanceof Member && w[0].equals("JOIN")) {
+                    store = member(args);
+                    ops = new Client(store);
+                    say("READY");
+                    continue;
+                }
                 if (store instanceof Member m && m.command(w)) continue;
                 if (!ops.command(w)) say("ERROR unknown command " + w[0]);
             } catch (Exception e) {
@@ -79,6 +89,13 @@ public final class GridPeer {
         store.close();
         say("BYE");
         System.exit(0);
+    }
+
+    static Member member(String[] args) throws Exception {
+        int hotrod = args.length > 4 ? Integer.parseInt(args[4]) : 0;
+        Member m = args[1].equals("infinispan") ? new InfinispanMember(args[2], hotrod) : new HazelcastMember(args[2]);
+        m.startMonitor();
+        return m;
     }
 
     /** What both embedded members and remote clients offer to the workloads. */
@@ -99,6 +116,7 @@ public final class GridPeer {
     /** An embedded member: loads, reports what it holds, leaves. */
     abstract static class Member implements Store {
         private String lastState = "";
+        volatile boolean closed;
 
         /** Members in the view, segments (partitions) held in any copy, and whether no rebalance is running. */
         abstract int members();
@@ -113,7 +131,7 @@ public final class GridPeer {
 
         void startMonitor() {
             Thread t = new Thread(() -> {
-                while (true) {
+                while (!closed) {
                     try {
                         int[] own = owned();
                         String state = members() + " " + own.length + " " + (stable() ? 1 : 0) + " " + Arrays.hashCode(own);
@@ -142,7 +160,8 @@ public final class GridPeer {
         /**
          * {@code LOAD n size}: n entries bulk-0000000... of size bytes, 2000 per putAll; answers {@code LOADED ms}.
          * {@code SEGCOUNTS n}: how many of those keys each segment holds; {@code OWNED}: the segments held here;
-         * {@code SAFE}: no migration or rebalance pending; {@code LEAVE}: a graceful leave, then the JVM exits.
+         * {@code SAFE}: no migration or rebalance pending; {@code LEAVE}: a graceful leave, then the JVM exits
+         * ({@code LEAVE stay}: the JVM stays, and {@code JOIN} starts a new member in it, with warm code).
          */
         boolean command(String[] w) {
             switch (w[0]) {
@@ -272,6 +291,7 @@ public final class GridPeer {
 
         @Override
         public void close() {
+            closed = true;
             if (hotrod != null) hotrod.stop();
             manager.stop();
         }
@@ -284,6 +304,9 @@ public final class GridPeer {
         InfinispanClient(String addresses) {
             var b = new org.infinispan.client.hotrod.configuration.ConfigurationBuilder();
             b.addServers(addresses);
+            // Hot Rod gives up on a request after 2 s by default; on the loaded 2-core machine a batch of 1000
+            // waits longer in line. Our client waits 35 s per request, Hazelcast's 120 s: the same order here.
+            b.socketTimeout(35_000);
             manager = new org.infinispan.client.hotrod.RemoteCacheManager(b.build());
             cache = manager.getCache("bench");
             cache.put("warm-up", new byte[1]);
@@ -412,6 +435,7 @@ public final class GridPeer {
 
         @Override
         public void close() {
+            closed = true;
             hz.shutdown();
         }
     }
@@ -586,11 +610,12 @@ public final class GridPeer {
                 }
                 call.get().whenComplete((res, err) -> {
                     lat[req] = (System.nanoTime() - t0) / 1e6;
-                    boolean bad = err != null;
-                    if (!bad && !put) {
-                        bad = batched ? ((Map<?, ?>) res).size() != Math.min(batch, n - req * batch) : res == null;
-                    }
-                    if (bad) errors.incrementAndGet();
+                    // Failed operations, counted in keys (a failed batch fails all of its keys).
+                    int count = batched ? Math.min(batch, n - req * batch) : 1;
+                    int failed = 0;
+                    if (err != null) failed = count;
+                    else if (!put) failed = batched ? count - ((Map<?, ?>) res).size() : (res == null ? 1 : 0);
+                    errors.addAndGet(failed);
                     sem.release();
                 });
             }
