@@ -1,18 +1,21 @@
 """Time to add a member to a running group, with and without FLUSH, on real processes over loopback.
 
-    python bench/join_latency.py [--stack vsync] [--members 4] [--rounds 5] [--transport udp] [--json]
+    python bench/join_latency.py [--stack vsync] [--members 4] [--rounds 5] [--transport udp] [--warm-rounds 5] [--json]
 
 Starts ``--members`` member processes on 127.0.0.1 (each on its own free port, all multicasting a light
 load), then adds one more, ``--rounds`` times (each added member leaves again before the next round).
 Reports, per added member, the time from its stack's start to its first view with everyone (from its
 --record history: no process start-up in it) and from its process launch to that view. ``--json`` prints one
 object with the medians and every round's figures (``join_ms``, ``launch_to_view_ms``): the
-``groupcluster bench`` suite reads it (workloads ``join-4`` and ``join-flush-4``).
+``groupcluster bench`` suite reads it (workloads ``join-4`` and ``join-flush-4``). ``--warm-rounds K`` then
+joins K more times from this script's own process (``Channel.connect`` .. ``leave``, the imports and first
+use paid once): ``warm_join_ms`` is each one's time from ``connect`` to the view with everyone.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import subprocess
@@ -77,6 +80,30 @@ def wait_recorded(workdir: Path, name: str, size: int, timeout: float = 10.0) ->
             time.sleep(0.02)
 
 
+async def warm_joins(args: argparse.Namespace, port: int, everyone: str, left: Callable[[], None]) -> list[float]:
+    """``--warm-rounds`` joins from this one process: seconds from ``Channel.connect`` to the view with everyone.
+
+    Each joiner leaves, and the next connects once every member has seen it go (``left``).
+    """
+    from groupcluster.runtime.channel import Channel
+
+    times = []
+    for _ in range(args.warm_rounds):
+        t0 = time.perf_counter()
+        ch = await Channel.connect(
+            args.cluster,
+            bind=(HOST, port),
+            initial_hosts=everyone.split(","),
+            stack=args.stack,
+            transport=args.transport,
+        )
+        await ch.wait_for_view(lambda v: len(v) >= args.members + 1, timeout=30.0)
+        times.append(time.perf_counter() - t0)
+        await ch.leave()
+        await asyncio.to_thread(left)
+    return times
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stack", default="vsync", help="stack preset (default vsync: every join is flushed)")
@@ -85,6 +112,7 @@ def main() -> int:
     ap.add_argument("--rate", type=int, default=200, help="multicasts per second per existing member")
     ap.add_argument("--transport", choices=("udp", "tcp"), default="udp")
     ap.add_argument("--cluster", default="joinbench")
+    ap.add_argument("--warm-rounds", type=int, default=0, help="then this many joins in this one process")
     ap.add_argument("--json", action="store_true", help="print one JSON object (medians and every round)")
     args = ap.parse_args()
     for name in ("members", "rounds", "rate"):
@@ -95,6 +123,7 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     stack_times: list[float] = []
     launch_times: list[float] = []
+    warm_times: list[float] = []
     with tempfile.TemporaryDirectory(prefix="joinbench-") as tmp:
         workdir = Path(tmp)
         try:
@@ -122,6 +151,12 @@ def main() -> int:
                 p.wait(15)
                 procs.remove(p)
                 wait(lambda: all(view_size(workdir, n) == args.members for n in names), 30, "the joiner to leave")
+            if args.warm_rounds > 0:
+
+                def left() -> None:
+                    wait(lambda: all(view_size(workdir, n) == args.members for n in names), 30, "the joiner to leave")
+
+                warm_times.extend(asyncio.run(warm_joins(args, ports[-1], everyone, left)))
         finally:
             for p in procs:
                 p.kill()
@@ -137,6 +172,7 @@ def main() -> int:
         "launch_to_view_ms_median": round(statistics.median(launch_times) * 1000, 1),
         "join_ms": [round(t * 1000, 2) for t in stack_times],
         "launch_to_view_ms": [round(t * 1000, 2) for t in launch_times],
+        "warm_join_ms": [round(t * 1000, 2) for t in warm_times],
     }
     if args.json:
         print(json.dumps(result))

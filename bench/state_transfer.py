@@ -9,7 +9,8 @@ The clock runs from the joiner's connect (join, with a flush on the vsync stack,
 from its first view to ``set_state``; MB/s (10^6 bytes) is the state size over the latter. Members run on
 127.0.0.1, each on its own free port. ``--json`` prints one object (``size_bytes``, ``transfer_s``,
 ``join_and_transfer_s``, ``mb_per_s``, the settings): the ``groupcluster bench`` suite reads it
-(workload ``state-transfer-10MB``).
+(workloads ``state-transfer-*``). ``--repeat N`` fetches N times from this one process (join, fetch, leave):
+the first is the figure above, ``transfer_s_all`` has them all (2..N: warm).
 """
 
 from __future__ import annotations
@@ -48,6 +49,29 @@ asyncio.run(main())
 
 
 HOST = "127.0.0.1"
+REJOIN_PAUSE_S = 1.0
+
+
+async def fetch(args: argparse.Namespace, port: int, everyone: str, size: int) -> tuple[float, float]:
+    """Join, fetch the state, leave: (seconds from connect to set_state, seconds from the first view to it)."""
+    received: list[int] = []
+    t_view: list[float] = []
+    t0 = time.perf_counter()
+    ch = await Channel.connect(
+        "bench-state",
+        bind=(HOST, port),
+        initial_hosts=everyone.split(","),
+        stack=args.stack,
+        transport=args.transport,
+        stack_overrides={"state": {"chunk_size": args.chunk_size, "window": args.window}},
+        set_state=lambda data: received.append(len(data)),
+        on_view=lambda v: t_view.append(time.perf_counter()) if not t_view else None,
+    )
+    await ch.wait_state(timeout=600)
+    t1 = time.perf_counter()
+    assert received == [size], f"received {received}, expected [{size}]"
+    await ch.leave()
+    return t1 - t0, t1 - t_view[0]
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -78,23 +102,13 @@ async def run(args: argparse.Namespace) -> None:
             line = await asyncio.to_thread(donor.stdout.readline)
             if line.strip() != b"ready":
                 raise RuntimeError(f"member {HOST}:{port} did not start: {line!r}")
-        received: list[int] = []
-        t_view: list[float] = []
-        t0 = time.perf_counter()
-        ch = await Channel.connect(
-            "bench-state",
-            bind=(HOST, ports[-1]),
-            initial_hosts=everyone.split(","),
-            stack=args.stack,
-            transport=args.transport,
-            stack_overrides={"state": {"chunk_size": args.chunk_size, "window": args.window}},
-            set_state=lambda data: received.append(len(data)),
-            on_view=lambda v: t_view.append(time.perf_counter()) if not t_view else None,
-        )
-        await ch.wait_state(timeout=600)
-        t1 = time.perf_counter()
-        assert received == [size], f"received {received}, expected [{size}]"
-        transfer = t1 - t_view[0]
+        times: list[tuple[float, float]] = []  # (join + transfer, transfer) per fetch
+        for i in range(args.repeat):
+            if i:
+                # The donor must have seen the last fetcher leave before the same address joins again.
+                await asyncio.sleep(REJOIN_PAUSE_S)
+            times.append(await fetch(args, ports[-1], everyone, size))
+        (t_both, transfer) = times[0]
         if args.json:
             doc = {
                 "size_bytes": size,
@@ -103,9 +117,12 @@ async def run(args: argparse.Namespace) -> None:
                 "chunk_size": args.chunk_size,
                 "window": args.window,
                 "members": args.members,
-                "join_and_transfer_s": round(t1 - t0, 4),
+                "join_and_transfer_s": round(t_both, 4),
                 "transfer_s": round(transfer, 4),
                 "mb_per_s": round(size / 1e6 / transfer, 3),
+                # Every fetch of this process, the first included (``--repeat``): the warm ones are 2..N.
+                "transfer_s_all": [round(t, 4) for _, t in times],
+                "join_and_transfer_s_all": [round(b, 4) for b, _ in times],
             }
             print(json.dumps(doc))
         else:
@@ -113,9 +130,10 @@ async def run(args: argparse.Namespace) -> None:
                 f"state transfer: {size / 1e6:.1f} MB over {args.stack} ({args.transport}), chunk {args.chunk_size}, "
                 f"window {args.window}, joining a group of {args.members}"
             )
-            print(f"  join + transfer: {t1 - t0:.2f} s; transfer after the first view: {transfer:.2f} s")
+            print(f"  join + transfer: {t_both:.2f} s; transfer after the first view: {transfer:.2f} s")
             print(f"  throughput: {size / 1e6 / transfer:.1f} MB/s")
-        await ch.leave()
+            for i, (_, t) in enumerate(times[1:], 2):
+                print(f"  fetch {i} from this process: {size / 1e6 / t:.1f} MB/s")
     finally:
         for donor in donors:
             donor.terminate()
@@ -134,10 +152,11 @@ def main() -> None:
     ap.add_argument("--chunk-size", default="56KiB")
     ap.add_argument("--window", type=int, default=8)
     ap.add_argument("--transport", choices=("udp", "tcp"), default="udp")
+    ap.add_argument("--repeat", type=int, default=1, help="fetches from this one process (2..N are warm)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     args = ap.parse_args()
-    if args.size_mb <= 0 or args.members <= 0 or args.window <= 0:
-        ap.error("--size-mb, --members and --window must be positive")
+    if args.size_mb <= 0 or args.members <= 0 or args.window <= 0 or args.repeat <= 0:
+        ap.error("--size-mb, --members, --window and --repeat must be positive")
     asyncio.run(run(args))
 
 

@@ -1,7 +1,7 @@
 """Named stack configurations (bottom first), and loading a stack configuration from YAML.
 
 ``fifo`` is reliable FIFO multicast and unicast with membership, merge, fragmentation and flow control;
-``vsync`` adds FLUSH before every view change (virtual synchrony); ``total-order`` adds SEQUENCER.
+``vsync`` adds FLUSH before every view change (virtual synchrony); ``total-order`` is ``vsync`` plus SEQUENCER.
 """
 
 from __future__ import annotations
@@ -45,12 +45,17 @@ VSYNC: list[dict[str, Any]] = [
     {"layer": "state"},
 ]
 
-# Total order: SEQUENCER above GMS (the coordinator numbers every multicast).
+# Total order is virtual synchrony plus a sequencer: SEQUENCER above GMS (the coordinator numbers every
+# multicast), FLUSH near the top so that it latches whole application messages and its round sees the
+# sequencer's traffic below it drained. Unlike JGroups' sequencer.xml, FRAG sits below SEQUENCER: the
+# sequencer then numbers whole messages, so a flush that ends an epoch cannot split one message's fragments
+# between two epochs (a member merged in from the other side would receive only the second part).
 TOTAL_ORDER: list[dict[str, Any]] = [
-    *[dict(e) for e in FIFO if e["layer"] not in ("flow", "frag")],
+    *[dict(e) for e in VSYNC if e["layer"] not in ("flow", "frag", "flush", "state")],
+    {"layer": "frag"},
     {"layer": "sequencer"},
     {"layer": "flow"},
-    {"layer": "frag"},
+    {"layer": "flush"},
     {"layer": "state"},
 ]
 

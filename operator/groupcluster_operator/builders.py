@@ -91,8 +91,15 @@ def service_account_name(spec: ClusterSpec) -> str:
     return f"{spec.name}-member"
 
 
-def service_name(spec: ClusterSpec) -> str:
+def client_service_name(spec: ClusterSpec) -> str:
+    """The Service clients connect to: the cluster's own name, as Infinispan names its client Service."""
     return spec.name
+
+
+def headless_service_name(spec: ClusterSpec) -> str:
+    """The headless Service of the members' DNS names (``NAME-0.NAME-members``); the cluster's own name is the
+    client Service's, the one users type."""
+    return f"{spec.name}-members"
 
 
 def member_args(spec: ClusterSpec, *, initial_cluster_size: int) -> list[str]:
@@ -228,7 +235,7 @@ def build_member_pod(
         "serviceAccountName": service_account_name(spec),
         "restartPolicy": "Never",
         "hostname": name,
-        "subdomain": service_name(spec),
+        "subdomain": headless_service_name(spec),
         "terminationGracePeriodSeconds": tspec.get("terminationGracePeriodSeconds", spec.leave_timeout + EXIT_GRACE),
         "containers": [container],
     }
@@ -290,11 +297,11 @@ def build_auth_secret(spec: ClusterSpec, uid: str, *, cluster_secret: str, admin
 
 
 def build_headless_service(spec: ClusterSpec, uid: str) -> Manifest:
-    """A headless Service: stable DNS names per member (``NAME-0.NAME``), including members not ready yet."""
+    """A headless Service: stable DNS names per member (``NAME-0.NAME-members``), including members not ready."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(spec, uid, service_name(spec)),
+        "metadata": _metadata(spec, uid, headless_service_name(spec)),
         "spec": {
             "clusterIP": "None",
             # Joiners are not ready until they joined: they must be resolvable before that.
@@ -309,6 +316,25 @@ def build_headless_service(spec: ClusterSpec, uid: str) -> Manifest:
                     "protocol": _protocol(spec),
                 },
             ],
+        },
+    }
+
+
+def build_client_service(spec: ClusterSpec, uid: str) -> Manifest:
+    """The Service clients reach the grid through (``NAME``): the members' HTTP API, ready members only.
+
+    No ``publishNotReadyAddresses``: a member that is still joining or fetching its state is not ready (its
+    ``/readyz``), so its endpoint is marked not ready and gets no client traffic; the headless Service keeps
+    publishing it for the members' own DNS names.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, uid, client_service_name(spec), "client"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(spec),
+            "ports": [{"name": "http", "port": spec.http_port, "targetPort": "http", "protocol": "TCP"}],
         },
     }
 
@@ -363,5 +389,6 @@ def build_supporting_objects(spec: ClusterSpec, uid: str) -> list[Manifest]:
         build_member_role(spec, uid),
         build_member_role_binding(spec, uid),
         build_headless_service(spec, uid),
+        build_client_service(spec, uid),
         build_pod_disruption_budget(spec, uid),
     ]

@@ -8,6 +8,8 @@ GroupCluster names none: the chart sets it to the operator's own image.
 
 kopf runs with its cluster-wide scans off (namespaces and CRDs): a namespaced install may not list them, so
 the operator checks at start that the GroupCluster CRD is served and exits with a message when it is not.
+``--peering NAME`` (the chart sets it) lets several replicas run: one reconciles, the others stand by and take
+over when it dies (:mod:`groupcluster_operator.peering`); without it the operator runs alone (kopf standalone).
 On exit it removes its finalizer from the GroupClusters (:mod:`groupcluster_operator.release`);
 ``--hand-over DEPLOYMENT`` (the chart's pre-delete hook) stops that Deployment first, then does the same.
 """
@@ -19,7 +21,7 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, cast
 
 from groupcluster.core.errors import ConfigError
 
@@ -54,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--interval", type=_positive, default=2.0, metavar="SECONDS", help="reconcile every N seconds (default 2)"
+    )
+    parser.add_argument(
+        "--peering",
+        metavar="NAME",
+        default=os.environ.get("GROUPCLUSTER_PEERING", ""),
+        help="run as one of several replicas peering through kopf's peering object NAME: the oldest live replica "
+        "reconciles, the others stand by (needs kopf's peering CRDs: crds/kopf-peering.yaml; env "
+        "GROUPCLUSTER_PEERING). Default: run alone",
     )
     parser.add_argument(
         "--liveness",
@@ -125,27 +135,25 @@ async def crd_problem(api: Any, namespaces: list[str] | None = None, wait: float
     from .model import GROUP, PLURAL, VERSION
 
     try:
-        found = await api.request("GET", f"/apis/{GROUP}/{VERSION}")
+        served = await api.served_resources()
     except ApiError as exc:
         if exc.status != 404:
             return f"cannot read the API server's discovery of {GROUP}/{VERSION}: {exc}"
-        found = None
-    if not any(r.get("name") == PLURAL for r in (found or {}).get("resources") or ()):
+        served = []
+    if PLURAL not in served:
         return (
             f"the API server does not serve {PLURAL}.{GROUP}/{VERSION}: install the CRD first "
             "(`kubectl apply -f crds/`, or the Helm chart), then start the operator"
         )
-    base = f"/apis/{GROUP}/{VERSION}"
-    paths = [f"{base}/{PLURAL}"] if namespaces is None else [f"{base}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    for path in paths:
+    for namespace in [None] if namespaces is None else namespaces:
         while True:
             try:
-                await api.request("GET", path, params={"limit": "1"})
+                await api.list_groupclusters(namespace, limit=1)
                 break
             except ApiError as exc:
-                where = "cluster-wide" if namespaces is None else f"in namespace {path.split('/')[5]}"
+                where = "cluster-wide" if namespace is None else f"in namespace {namespace}"
                 if exc.status in (401, 403):
                     return f"cannot list {PLURAL} {where} (check the operator's RBAC): {exc}"
                 if exc.status not in (0, 429) and exc.status < 500:
@@ -160,36 +168,68 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     from . import handlers
-    from .kubeapi import KubeApi
+    from .kubeapi import ApiError, KubeApi
+    from .peering import LIFETIME, announce, peering_problem, replica_identity, start_priority
     from .release import hand_over
 
     quiet_logging()
-    try:
-        api = KubeApi.auto(args.kubeconfig)
-    except ConfigError as exc:
-        print(f"groupcluster operator: error: {exc}", file=sys.stderr)
-        return 2
-    namespaces = [] if args.all_namespaces else (args.namespaces or [_own_namespace(api.namespace)])
-    where = "all namespaces" if args.all_namespaces else ", ".join(namespaces)
-    if args.hand_over:
-        own = _own_namespace(api.namespace)
-        return asyncio.run(hand_over(api, own, args.hand_over, None if args.all_namespaces else namespaces))
-    handlers.CONFIG.api = api
-    handlers.CONFIG.kubeconfig = args.kubeconfig
-    handlers.CONFIG.interval = args.interval
-    handlers.CONFIG.default_image = args.member_image
-    handlers.CONFIG.namespaces = None if args.all_namespaces else namespaces
-    handlers.register(args.interval)
+    # Taken before anything slow: the replica started first must rank first.
+    priority = start_priority()
 
     async def main() -> int:
-        problem = await crd_problem(api, None if args.all_namespaces else namespaces)
+        # One event loop for everything: the client's connections belong to the loop that opened them.
+        try:
+            api = await KubeApi.auto(args.kubeconfig)
+        except ConfigError as exc:
+            print(f"groupcluster operator: error: {exc}", file=sys.stderr)
+            return 2
+        namespaces = [] if args.all_namespaces else (args.namespaces or [_own_namespace(api.namespace)])
+        where = "all namespaces" if args.all_namespaces else ", ".join(namespaces)
+        if args.hand_over:
+            own = _own_namespace(api.namespace)
+            return await hand_over(api, own, args.hand_over, None if args.all_namespaces else namespaces)
+        handlers.CONFIG.api = api
+        handlers.CONFIG.kubeconfig = args.kubeconfig
+        handlers.CONFIG.interval = args.interval
+        handlers.CONFIG.default_image = args.member_image
+        handlers.CONFIG.namespaces = None if args.all_namespaces else namespaces
+        handlers.CONFIG.peering = args.peering or None
+        handlers.register(args.interval)
+        watched = None if args.all_namespaces else namespaces
+        identity = replica_identity()
+        try:
+            problem = await crd_problem(api, watched)
+            if problem is None and args.peering:
+                problem = await peering_problem(api, args.peering, watched)
+            if problem is None and args.peering:
+                await announce(api, args.peering, watched, identity, priority)
+        except ConfigError as exc:
+            problem = str(exc)
+        except ApiError as exc:
+            problem = f"--peering {args.peering}: cannot write this replica's keep-alive: {exc}"
         if problem:
             await api.close()
             print(f"groupcluster operator: error: {problem}", file=sys.stderr)
             return 2
         print(f"groupcluster operator: watching GroupClusters in {where} at {api.server}", flush=True)
+        if not args.peering:
+            await kopf.operator(
+                standalone=True,
+                clusterwide=bool(args.all_namespaces),
+                namespaces=namespaces,
+                liveness_endpoint=args.liveness,
+            )
+            return 0
+        print(
+            f"groupcluster operator: peering {args.peering!r} as {identity} (priority {priority}): reconciling only "
+            f"while no older replica lives, else standing by (a dead one is replaced within {LIFETIME} s)",
+            flush=True,
+        )
         await kopf.operator(
-            standalone=True,
+            standalone=False,
+            peering_name=args.peering,
+            priority=priority,
+            identity=cast(Any, identity),  # kopf's Identity: a NewType of str that kopf does not export
             clusterwide=bool(args.all_namespaces),
             namespaces=namespaces,
             liveness_endpoint=args.liveness,

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 import kopf
 
-from . import builders
+from . import builders, peering
 from .auth import RANDOM_BYTES, AuthMaterial, AuthSecretError, read_auth_secret
 from .kubeapi import ApiError, KubeApi
 from .model import CLUSTER_LABEL, GROUP, LEAVE_ANNOTATION, PLURAL, STOP_ANNOTATION, VERSION, ClusterSpec, SpecError
@@ -68,15 +68,20 @@ class OperatorConfig:
     http: aiohttp.ClientSession | None = None
     ensured: dict[str, tuple[float, str]] = field(default_factory=dict)  # uid -> (when, spec hash)
     auth: dict[str, _AuthState] = field(default_factory=dict)  # uid -> the Secret as last read
+    # uid -> (resourceVersion the last step planned from, the status it wrote): see _previous_status
+    written: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
     namespaces: list[str] | None = None  # what the operator watches (None: every namespace)
+    peering: str | None = None  # kopf's peering object of the replicas (None: the operator runs alone)
+    active: bool = False  # this replica has reconciled since it started (with peering: it is the one at work)
+    logins: int = 0  # kopf's calls of the login handler
 
 
 CONFIG = OperatorConfig()
 
 
-def _api() -> KubeApi:
+async def _api() -> KubeApi:
     if CONFIG.api is None:
-        CONFIG.api = KubeApi.auto(CONFIG.kubeconfig)
+        CONFIG.api = await KubeApi.auto(CONFIG.kubeconfig)
     return CONFIG.api
 
 
@@ -96,12 +101,20 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # scans on, a namespaced install (a Role, no ClusterRole) had kopf retry the forbidden cluster-wide lists for
     # about 50 s, logging an ERROR for each attempt, before it reconciled anything.
     settings.scanning.disabled = True
+    # With --peering: how long a killed replica's keep-alive counts before a standby takes over.
+    settings.peering.lifetime = peering.LIFETIME
 
 
 @kopf.on.cleanup()
 async def cleanup(**_: Any) -> None:
-    """On exit: hand the GroupClusters over (no finalizer left for a gone operator), close the clients."""
-    if CONFIG.api is not None:
+    """On exit: hand the GroupClusters over (no finalizer left for a gone operator), close the clients.
+
+    A standby replica that never reconciled leaves the finalizer alone: the replica at work still handles the
+    GroupClusters' deletion, and a standby must not act on them, not even on its way out.
+    """
+    if CONFIG.peering and not CONFIG.active:
+        log.info("standby replica of peering %r: leaving the GroupClusters to the replica at work", CONFIG.peering)
+    elif CONFIG.api is not None:
         try:
             released = await release_finalizers(CONFIG.api, CONFIG.namespaces)
         except ApiError as exc:
@@ -118,9 +131,14 @@ async def cleanup(**_: Any) -> None:
 
 
 @kopf.on.login()
-def login(**_: Any) -> Any:
-    """The operator's identity for kopf's own calls: the same as :class:`KubeApi` uses."""
-    return _api().connection_info()
+async def login(**_: Any) -> Any:
+    """The operator's identity for kopf's own calls: the same as :class:`KubeApi` uses.
+
+    kopf asks again when the credential expires (a bound token's minute, an exec credential's expiry) and
+    after a 401, and gets the renewed one.
+    """
+    CONFIG.logins += 1
+    return await (await _api()).connection_info(renew=CONFIG.logins > 1)
 
 
 async def _http() -> aiohttp.ClientSession:
@@ -183,6 +201,7 @@ async def _ensure_supporting(api: KubeApi, spec: ClusterSpec, uid: str) -> None:
     spec_hash = spec.pod_hash() + str(spec.max_unavailable)
     if done_hash == spec_hash and loop.time() - when < ENSURE_EVERY:
         return
+    await _replace_old_headless_service(api, spec, uid)
     for manifest in builders.build_supporting_objects(spec, uid):
         if await api.ensure(manifest):
             log.info("%s/%s: created %s %s", spec.namespace, spec.name, manifest["kind"], manifest["metadata"]["name"])
@@ -191,6 +210,25 @@ async def _ensure_supporting(api: KubeApi, spec: ClusterSpec, uid: str) -> None:
     if current is not None and current.get("spec", {}).get("maxUnavailable") != pdb["spec"]["maxUnavailable"]:
         await api.merge_patch(pdb, {"spec": {"maxUnavailable": pdb["spec"]["maxUnavailable"]}})
     CONFIG.ensured[uid] = (loop.time(), spec_hash)
+
+
+async def _replace_old_headless_service(api: KubeApi, spec: ClusterSpec, uid: str) -> None:
+    """Delete this cluster's headless Service that still holds the cluster's name (older operators named it so):
+    that name is now the client Service's, and a Service cannot stop being headless in place."""
+    client = builders.build_client_service(spec, uid)
+    current = await api.get(client)
+    if current is None or (current.get("spec") or {}).get("clusterIP") != "None":
+        return
+    if not any(ref.get("uid") == uid for ref in (current.get("metadata") or {}).get("ownerReferences") or ()):
+        return  # not ours: ensure() leaves it alone
+    await api.delete(client)
+    log.info(
+        "%s/%s: replaced the headless Service %s by the client Service of that name (headless now: %s)",
+        spec.namespace,
+        spec.name,
+        spec.name,
+        builders.headless_service_name(spec),
+    )
 
 
 def _secret_ref(spec: ClusterSpec) -> dict[str, Any]:
@@ -274,8 +312,10 @@ async def _execute(
                 await api.create(pod_manifest)
             elif isinstance(action, DeletePod):
                 pod = pods[action.pod]
-                if not pod.finished and not pod.leave_requested:
-                    # Says "the operator stopped it" to the planner (not someone else's deletion to replace).
+                if not pod.leave_requested:
+                    # Says "the operator stopped it" to the planner (not someone else's deletion to replace),
+                    # also for a pod that already finished: one seen terminating and finished at once could
+                    # otherwise be either ours or someone else's.
                     try:
                         await api.merge_patch(_pod_ref(spec, pod.name), _annotate(STOP_ANNOTATION))
                     except ApiError as exc:
@@ -304,16 +344,39 @@ async def _execute(
     return failed
 
 
+def _previous_status(uid: str, resource_version: str, current: dict[str, Any]) -> dict[str, Any]:
+    """The status the last step left: the body's, or, while the body is still the one that step planned from
+    (the watch has not delivered the status it wrote yet: same resourceVersion), the status that step wrote.
+
+    The planner reads what it decided last time from there (e.g. which vanished pod was deleted by someone else):
+    planning twice from the same old status would forget a step's observation.
+    """
+    last = CONFIG.written.get(uid)
+    if last is not None and last[0] == resource_version:
+        return {**current, **last[1]}
+    return current
+
+
 def _changed(status: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
     """Only the status fields that differ (a timer every few seconds should not rewrite an unchanged status)."""
     return {k: v for k, v in status.items() if current.get(k) != v}
 
 
+def _at_work() -> None:
+    """Note (and with peering, log once) that this replica acts: kopf runs handlers only in the replica at work."""
+    if not CONFIG.active:
+        CONFIG.active = True
+        if CONFIG.peering:
+            log.info("active replica of peering %r: reconciling", CONFIG.peering)
+
+
 async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-    api = _api()
+    api = await _api()
+    _at_work()
     meta = body.get("metadata") or {}
     uid = str(meta.get("uid"))
     current_status = dict(body.get("status") or {})
+    planned_from = str(meta.get("resourceVersion"))  # kopf may refresh the body while this step runs
     if meta.get("deletionTimestamp"):
         return  # being deleted: on_delete stops the members; creating one now would only delay that
     try:
@@ -347,7 +410,7 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         pods,
         reports,
         spec_hash=spec_hash,
-        previous_status=current_status,
+        previous_status=_previous_status(uid, planned_from, current_status),
         now=_now(),
         auth_problem=auth.problem if auth is not None else None,
     )
@@ -362,8 +425,10 @@ async def reconcile(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         log.warning("%s/%s: %s", spec.namespace, spec.name, msg)
     status = dict(step.status)
     status["observedGeneration"] = meta.get("generation")
+    status["clientService"] = builders.client_service_name(spec)
     for key, value in _changed(status, current_status).items():
         patch.status[key] = value
+    CONFIG.written[uid] = (planned_from, status)
 
 
 # Deleting a GroupCluster discards its (in-memory) data: members are stopped at once rather than each waiting
@@ -373,15 +438,17 @@ DELETE_GRACE_SECONDS = 5
 
 async def on_delete(body: kopf.Body, **_: Any) -> None:
     """Stop the member pods promptly; the garbage collector removes the rest (owner references)."""
+    _at_work()
     meta = body.get("metadata") or {}
     name, namespace, uid = meta.get("name"), meta.get("namespace"), meta.get("uid")
-    api = _api()
+    api = await _api()
     pods = await api.list_pods(str(namespace), f"{CLUSTER_LABEL}={name}")
     owned = [p for p in pods if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or ())]
     for pod in owned:
         await api.delete_pod(str(namespace), pod["metadata"]["name"], DELETE_GRACE_SECONDS)
     CONFIG.ensured.pop(str(uid), None)
     CONFIG.auth.pop(str(uid), None)
+    CONFIG.written.pop(str(uid), None)
     log.info("%s/%s: deleted; stopped %d member pod(s)", namespace, name, len(owned))
 
 

@@ -1,256 +1,140 @@
-"""A small asyncio client of the Kubernetes API (aiohttp): the few calls the operator makes itself.
+"""The operator's own calls to the Kubernetes API, through the official asyncio client (``kubernetes_asyncio``).
 
-kopf watches the GroupClusters and posts events; creating pods, services and RBAC objects, deleting pods and
-patching annotations go through :class:`KubeApi`. The same credentials feed kopf's login handler
-(:meth:`KubeApi.connection_info`), so the operator talks to one server with one identity.
+kopf watches the GroupClusters and posts events; creating pods, services, secrets and RBAC objects, deleting
+pods, patching annotations, and the start-up and hand-over calls go through :class:`KubeApi`. The same
+credentials feed kopf's login handler (:meth:`KubeApi.connection_info`), so the operator talks to one server
+with one identity.
 
-Credentials, in this order: in a pod, the service account (``$GROUPCLUSTER_SA_DIR`` or the standard mount;
-the token file is re-read every minute and after a 401, like the members' discovery); else a kubeconfig
-(``--kubeconfig``, ``$KUBECONFIG`` or ``~/.kube/config``: its current context, with a bearer token or a
-client certificate, and a CA file or inline CA data).
+Credentials (:class:`groupcluster.runtime.kube_client.KubeClient`): in a pod, the service account (the token
+file is re-read every minute and after a 401); else a kubeconfig (``--kubeconfig``, ``$KUBECONFIG`` or
+``~/.kube/config``, its current context) with any credential the official client supports: a token or token
+file, a client certificate, an ``exec`` plugin (EKS, GKE, AKS with kubelogin) or the ``gcp`` and ``oidc``
+auth-providers. Failures raise :class:`ApiError`, whose message names the call (and for a 403 the RBAC rule).
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import datetime
-import json
-import os
-import ssl
-import tempfile
-import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-import yaml
-from groupcluster.runtime.kube_discovery import (
-    InClusterConfig,
-    KubeConfigError,
-    TokenSource,
-    api_error_message,
-    ssl_context_for_bundle,
+from groupcluster.runtime.kube_client import ApiError, KubeClient, Op, to_json
+from kubernetes_asyncio.client import (
+    AppsV1Api,
+    CoreV1Api,
+    CustomObjectsApi,
+    PolicyV1Api,
+    RbacAuthorizationV1Api,
 )
 
-REQUEST_TIMEOUT = 15.0
+from .model import GROUP, PLURAL, VERSION
+
+__all__ = ["ApiError", "KubeApi"]
+
+MERGE_PATCH = "application/merge-patch+json"
 
 
-class ApiError(Exception):
-    """An API call failed: ``status`` is the HTTP status (0: no answer), the message is the server's."""
+# kind -> (API class, the method name's suffix, plural, API group): the kinds the operator creates.
+KINDS: dict[str, tuple[type, str, str, str]] = {
+    "Pod": (CoreV1Api, "namespaced_pod", "pods", ""),
+    "Service": (CoreV1Api, "namespaced_service", "services", ""),
+    "ServiceAccount": (CoreV1Api, "namespaced_service_account", "serviceaccounts", ""),
+    "Secret": (CoreV1Api, "namespaced_secret", "secrets", ""),
+    "Role": (RbacAuthorizationV1Api, "namespaced_role", "roles", "rbac.authorization.k8s.io"),
+    "RoleBinding": (RbacAuthorizationV1Api, "namespaced_role_binding", "rolebindings", "rbac.authorization.k8s.io"),
+    "PodDisruptionBudget": (PolicyV1Api, "namespaced_pod_disruption_budget", "poddisruptionbudgets", "policy"),
+}
 
-    def __init__(self, status: int, message: str, *, method: str = "", path: str = "") -> None:
-        super().__init__(f"{method} {path}: HTTP {status}: {message}" if method else message)
-        self.status = status
-        self.reason = message
+# kind -> (API group, version, plural, namespaced): custom objects the operator makes (kopf's peering objects).
+CUSTOM_KINDS: dict[str, tuple[str, str, str, bool]] = {
+    "KopfPeering": ("kopf.dev", "v1", "kopfpeerings", True),
+    "ClusterKopfPeering": ("kopf.dev", "v1", "clusterkopfpeerings", False),
+}
 
 
 class KubeApi:
-    """Authenticated JSON requests to one API server."""
+    """The operator's calls, on one :class:`KubeClient`; objects go in and come out as JSON dicts."""
 
-    def __init__(
-        self,
-        server: str,
-        ssl_context: ssl.SSLContext | bool,
-        *,
-        tokens: TokenSource | None = None,
-        static_token: str | None = None,
-        namespace: str | None = None,
-        ca_file: Path | None = None,
-        ca_data: str | None = None,
-        cert_file: str | None = None,
-        key_file: str | None = None,
-        cert_data: str | None = None,
-        key_data: str | None = None,
-    ) -> None:
-        self.server = server.rstrip("/")
-        self.ssl_context = ssl_context
-        self.tokens = tokens
-        self.static_token = static_token
-        self.namespace = namespace
-        self.ca_file = ca_file
-        self.ca_data = ca_data
-        self.cert_file = cert_file
-        self.key_file = key_file
-        self.cert_data = cert_data
-        self.key_data = key_data
-        self._session: aiohttp.ClientSession | None = None
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
 
     # -- construction ------------------------------------------------------------------------------------
     @classmethod
-    def in_cluster(cls, env: Mapping[str, str] | None = None) -> KubeApi:
-        cfg = InClusterConfig.from_env(env)
-        return cls(
-            cfg.server,
-            ssl_context_for_bundle(cfg.ca_file),
-            tokens=TokenSource(cfg.token_file),
-            namespace=cfg.namespace,
-            ca_file=cfg.ca_file,
-        )
-
-    @classmethod
-    def from_kubeconfig(cls, path: str | Path | None = None, context: str | None = None) -> KubeApi:
-        path = Path(path or os.environ.get("KUBECONFIG", "").split(os.pathsep)[0] or Path.home() / ".kube" / "config")
-        try:
-            cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise KubeConfigError(f"kubeconfig {path}: {exc}") from None
-        name = context or cfg.get("current-context")
-
-        def pick(kind: str, wanted: str | None) -> dict[str, Any]:
-            for entry in cfg.get(f"{kind}s") or ():
-                if entry.get("name") == wanted:
-                    return entry.get(kind) or {}
-            raise KubeConfigError(f"kubeconfig {path}: no {kind} named {wanted!r}")
-
-        ctx = pick("context", name)
-        cluster = pick("cluster", ctx.get("cluster"))
-        user = pick("user", ctx.get("user"))
-        base = path.parent
-
-        def file_or_data(key: str, entry: Mapping[str, Any]) -> tuple[str | None, str | None]:
-            if entry.get(f"{key}-data"):
-                return None, base64.b64decode(entry[f"{key}-data"]).decode()
-            if entry.get(key):
-                return str(base / entry[key]), None
-            return None, None
-
-        ca_path, ca_pem = file_or_data("certificate-authority", cluster)
-        if cluster.get("insecure-skip-tls-verify"):
-            ctx_ssl = ssl.create_default_context()
-            ctx_ssl.check_hostname = False
-            ctx_ssl.verify_mode = ssl.CERT_NONE
-        elif ca_path:
-            ctx_ssl = ssl_context_for_bundle(Path(ca_path))
-        else:
-            ctx_ssl = ssl.create_default_context(cadata=ca_pem) if ca_pem else ssl.create_default_context()
-        cert_path, cert_pem = file_or_data("client-certificate", user)
-        key_path, key_pem = file_or_data("client-key", user)
-        if user.get("exec") or user.get("auth-provider"):
-            raise KubeConfigError(f"kubeconfig {path}: exec and auth-provider users are not supported; use a token")
-        if cert_path or cert_pem:
-            with _materialized(cert_path, cert_pem) as c, _materialized(key_path, key_pem) as k:
-                ctx_ssl.load_cert_chain(c, k)
-        token = user.get("token")
-        if not token and user.get("tokenFile"):
-            token = Path(base / user["tokenFile"]).read_text(encoding="utf-8").strip()
-        server = cluster.get("server")
-        if not server:
-            raise KubeConfigError(f"kubeconfig {path}: cluster {ctx.get('cluster')!r} has no server")
-        return cls(
-            server,
-            ctx_ssl,
-            static_token=token,
-            namespace=ctx.get("namespace") or "default",
-            ca_file=Path(ca_path) if ca_path else None,
-            ca_data=ca_pem,
-            cert_file=cert_path,
-            key_file=key_path,
-            cert_data=cert_pem,
-            key_data=key_pem,
-        )
-
-    @classmethod
-    def auto(cls, kubeconfig: str | None = None) -> KubeApi:
+    async def auto(cls, kubeconfig: str | Path | None = None) -> KubeApi:
         """In-cluster credentials when running in a pod (and no kubeconfig was named), else the kubeconfig."""
-        if not kubeconfig and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            return cls.in_cluster()
-        return cls.from_kubeconfig(kubeconfig)
+        return cls(await KubeClient.auto(kubeconfig))
 
-    def connection_info(self) -> Any:
-        """kopf's ConnectionInfo for these credentials; it expires in a minute so kopf re-reads the token."""
+    @property
+    def server(self) -> str:
+        return self.client.server
+
+    @property
+    def namespace(self) -> str:
+        return self.client.namespace
+
+    async def connection_info(self, *, renew: bool = False) -> Any:
+        """kopf's ConnectionInfo for the same credentials, with their expiry so that kopf asks again in time.
+
+        ``renew``: get a fresh credential first (kopf asks again only when the one it had expired or was
+        refused, and it never uses a refused one again).
+        """
         import kopf
 
-        token = self.tokens.get() if self.tokens is not None else self.static_token
-        expiration = None
-        if self.tokens is not None:
-            expiration = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=self.tokens.max_age)
+        if renew:
+            self.client.renew()
+        conf = self.client.configuration
+        token = await self.client.current_token()
         return kopf.ConnectionInfo(
-            server=self.server,
-            ca_path=str(self.ca_file) if self.ca_file else None,
-            ca_data=self.ca_data if not self.ca_file else None,
-            insecure=self.ssl_context is not True and getattr(self.ssl_context, "verify_mode", None) == ssl.CERT_NONE,
+            server=self.client.server,
+            ca_path=conf.ssl_ca_cert or None,
+            insecure=not conf.verify_ssl,
             scheme="Bearer" if token else None,
-            token=token,
-            certificate_path=self.cert_file,
-            certificate_data=self.cert_data,
-            private_key_path=self.key_file,
-            private_key_data=self.key_data,
-            default_namespace=self.namespace,
-            expiration=expiration,
+            token=token or None,
+            certificate_path=conf.cert_file or None,
+            private_key_path=conf.key_file or None,
+            default_namespace=self.client.namespace,
+            expiration=await self.client.expiration(),
         )
 
-    # -- requests ---------------------------------------------------------------------------------------
-    async def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self.ssl_context),
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
-            )
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.client.close()
 
-    def _token(self) -> str | None:
-        return self.tokens.get() if self.tokens is not None else self.static_token
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        params: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-    ) -> Any:
-        """One call; returns the decoded JSON answer. A 401 re-reads the token and retries once."""
-        session = await self._client()
-        url = self.server + path + (f"?{urllib.parse.urlencode(params)}" if params else "")
-        data = None if body is None else json.dumps(body)
-        for attempt in (1, 2):
-            headers = {"Accept": "application/json"}
-            if data is not None:
-                headers["Content-Type"] = content_type
-            token = self._token()
-            if token:
-                headers["Authorization"] = f"Bearer {token}"
-            try:
-                async with session.request(method, url, data=data, headers=headers) as resp:
-                    raw = await resp.read()
-                    if resp.status == 401 and attempt == 1 and self.tokens is not None:
-                        self.tokens.invalidate()
-                        continue
-                    if resp.status >= 400:
-                        raise ApiError(resp.status, api_error_message(raw), method=method, path=path)
-                    return json.loads(raw) if raw else None
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise ApiError(0, f"{type(exc).__name__}: {exc}", method=method, path=path) from None
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    # -- helpers ----------------------------------------------------------------------------------------
+    # -- objects the operator creates -------------------------------------------------------------------
     @staticmethod
-    def path_of(manifest: Mapping[str, Any], name: str | None = None) -> str:
-        """The collection path of a manifest's kind (``name`` appended for one object)."""
-        api_version = manifest["apiVersion"]
+    def _kind(manifest: Mapping[str, Any]) -> tuple[type, str, str, str]:
         kind = manifest["kind"]
-        ns = manifest["metadata"].get("namespace")
-        prefix = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-        plural = PLURALS.get(kind)
-        if plural is None:
+        if kind not in KINDS:
             raise ValueError(f"kubeapi: unknown kind {kind!r}")
-        path = f"{prefix}/namespaces/{ns}/{plural}" if ns else f"{prefix}/{plural}"
-        return f"{path}/{name}" if name else path
+        return KINDS[kind]
 
-    async def create(self, manifest: Mapping[str, Any]) -> Any:
-        return await self.request("POST", self.path_of(manifest), body=manifest)
+    async def _on(self, verb: str, manifest: Mapping[str, Any], **kwargs: Any) -> Any:
+        if manifest["kind"] in CUSTOM_KINDS:
+            return await self._on_custom(verb, manifest, **kwargs)
+        api_class, suffix, plural, group = self._kind(manifest)
+        namespace = manifest["metadata"]["namespace"]
+        method = {"get": "read", "patch": "patch", "create": "create", "delete": "delete"}[verb]
+        op = Op(verb, plural, namespace, group)
+        return await self.client.call(op, api_class, f"{method}_{suffix}", namespace=namespace, **kwargs)
 
-    async def get(self, manifest: Mapping[str, Any]) -> Any | None:
+    async def _on_custom(self, verb: str, manifest: Mapping[str, Any], **kwargs: Any) -> Any:
+        group, version, plural, namespaced = CUSTOM_KINDS[manifest["kind"]]
+        namespace = manifest["metadata"].get("namespace") if namespaced else None
+        scope = "namespaced" if namespaced else "cluster"
+        method = f"{verb}_{scope}_custom_object"  # get, create, patch, delete
+        where = (group, version, namespace, plural) if namespaced else (group, version, plural)
+        if "name" in kwargs:
+            where = (*where, kwargs.pop("name"))
+        if "body" in kwargs:
+            where = (*where, kwargs.pop("body"))
+        return await self.client.call(Op(verb, plural, namespace, group), CustomObjectsApi, method, *where, **kwargs)
+
+    async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        return to_json(await self._on("create", manifest, body=dict(manifest)))
+
+    async def get(self, manifest: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The object named by ``manifest`` (kind, name, namespace) as it is now, or None if it does not exist."""
         try:
-            return await self.request("GET", self.path_of(manifest, manifest["metadata"]["name"]))
+            return to_json(await self._on("get", manifest, name=manifest["metadata"]["name"]))
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -268,52 +152,72 @@ class KubeApi:
             raise
         return True
 
-    async def merge_patch(self, manifest: Mapping[str, Any], patch: Mapping[str, Any]) -> Any:
-        return await self.request(
-            "PATCH",
-            self.path_of(manifest, manifest["metadata"]["name"]),
-            body=patch,
-            content_type="application/merge-patch+json",
-        )
+    async def merge_patch(self, manifest: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+        name = manifest["metadata"]["name"]
+        return to_json(await self._on("patch", manifest, name=name, body=dict(patch), _content_type=MERGE_PATCH))
+
+    async def delete(self, manifest: Mapping[str, Any]) -> bool:
+        """Delete the object (in the background); returns False when it was already gone."""
+        try:
+            await self._on("delete", manifest, name=manifest["metadata"]["name"], propagation_policy="Background")
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
-        data = await self.request("GET", f"/api/v1/namespaces/{namespace}/pods", params={"labelSelector": selector})
-        return list((data or {}).get("items") or [])
+        op = Op("list", "pods", namespace)
+        return await self.client.list_all(op, CoreV1Api, "list_namespaced_pod", namespace, label_selector=selector)
 
     async def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
-        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        """Delete a pod (gone already is fine), with ``grace_seconds`` instead of its own grace period."""
+        kwargs: dict[str, Any] = {"propagation_policy": "Background"}
         if grace_seconds is not None:
-            body["gracePeriodSeconds"] = grace_seconds
+            kwargs["grace_period_seconds"] = grace_seconds
         try:
-            await self.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", body=body)
+            await self.client.call(
+                Op("delete", "pods", namespace), CoreV1Api, "delete_namespaced_pod", name, namespace, **kwargs
+            )
         except ApiError as exc:
             if exc.status != 404:
                 raise
 
+    # -- GroupClusters ----------------------------------------------------------------------------------
+    async def served_resources(self, group: str = GROUP, version: str = VERSION) -> list[str]:
+        """The resource names the API server serves in an API group and version (default: the GroupCluster's)."""
+        op = Op("get", f"the API discovery of {group}/{version}")
+        found = to_json(await self.client.call(op, CustomObjectsApi, "get_api_resources", group, version))
+        return [str(r.get("name")) for r in (found or {}).get("resources") or ()]
 
-PLURALS = {
-    "Pod": "pods",
-    "Service": "services",
-    "ServiceAccount": "serviceaccounts",
-    "Role": "roles",
-    "RoleBinding": "rolebindings",
-    "PodDisruptionBudget": "poddisruptionbudgets",
-    "GroupCluster": "groupclusters",
-    "Event": "events",
-    "Secret": "secrets",
-}
+    async def list_groupclusters(self, namespace: str | None, limit: int | None = None) -> list[dict[str, Any]]:
+        """GroupClusters in ``namespace`` (None: every namespace); ``limit``: one page of at most that many."""
+        op = Op("list", PLURAL, namespace, GROUP)
+        args: Sequence[Any]
+        if namespace is None:
+            method, args = "list_cluster_custom_object", (GROUP, VERSION, PLURAL)
+        else:
+            method, args = "list_namespaced_custom_object", (GROUP, VERSION, namespace, PLURAL)
+        if limit is not None:
+            page = await self.client.call(op, CustomObjectsApi, method, *args, limit=limit)
+            return list((page or {}).get("items") or [])
+        return await self.client.list_all(op, CustomObjectsApi, method, *args)
 
+    async def json_patch_groupcluster(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> Any:
+        """A JSON patch (a list of operations; the client sends it as ``application/json-patch+json``)."""
+        op = Op("patch", PLURAL, namespace, GROUP)
+        return await self.client.call(
+            op, CustomObjectsApi, "patch_namespaced_custom_object", GROUP, VERSION, namespace, PLURAL, name, patch
+        )
 
-@contextlib.contextmanager
-def _materialized(path: str | None, pem: str | None) -> Any:
-    """A file path for PEM data (``ssl`` loads client certificates from files only); removed afterwards."""
-    if path or pem is None:
-        yield path
-        return
-    fd, tmp = tempfile.mkstemp(suffix=".pem")
-    try:
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(pem)
-        yield tmp
-    finally:
-        os.unlink(tmp)
+    # -- the operator's own Deployment (hand-over) ----------------------------------------------------------
+    async def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        op = Op("get", "deployments", namespace, "apps")
+        return to_json(await self.client.call(op, AppsV1Api, "read_namespaced_deployment", name, namespace))
+
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        op = Op("patch", "deployments/scale", namespace, "apps")
+        body = {"spec": {"replicas": replicas}}
+        await self.client.call(
+            op, AppsV1Api, "patch_namespaced_deployment_scale", name, namespace, body, _content_type=MERGE_PATCH
+        )

@@ -42,7 +42,11 @@ PARTITION_HANDLING = {
     "AllowReads": "allow_reads",
     "AllowReadWrites": "allow_read_writes",
 }
-PRESETS = ("fifo", "vsync", "total-order")
+# Only presets that flush every view change: the operator's scaling (joins, graceful leaves) relies on it, and
+# the grid's guarantees are verified on flushed views. fifo stays for embedded channels and `groupcluster member`.
+PRESETS = ("vsync", "total-order")
+# spec.stack.set keys that would let views change without a flush (or a flush without reconciliation).
+FLUSH_PARAMS = ("gms.use_flush", "flush.enable_reconciliation")
 TRANSPORTS = ("udp", "tcp")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 
@@ -80,6 +84,16 @@ def _choice(
     if value not in allowed:
         raise SpecError(f"{where}.{key}: {value!r} is not one of {', '.join(allowed)}")
     return value  # type: ignore[no-any-return]
+
+
+def _preset(stack: Mapping[str, Any]) -> str:
+    value = stack.get("preset", "vsync")
+    if value == "fifo":
+        raise SpecError(
+            "spec.stack.preset: 'fifo' is no longer offered for a GroupCluster (its views change without a flush, "
+            "which scaling and the grid rely on); use vsync (the default) or total-order"
+        )
+    return _choice(stack, "preset", "vsync", PRESETS, "spec.stack")
 
 
 def _str_map(spec: Mapping[str, Any], key: str, where: str = "spec") -> dict[str, str]:
@@ -273,7 +287,7 @@ class ClusterSpec:
             num_owners=_int(spec, "numOwners", 2, 1, 16),
             num_segments=_int(spec, "numSegments", 256, 1, 65536),
             partition_handling=_choice(spec, "partitionHandling", "DenyReadWrites", PARTITION_HANDLING),
-            preset=_choice(stack, "preset", "vsync", PRESETS, "spec.stack"),
+            preset=_preset(stack),
             transport=_choice(stack, "transport", "udp", TRANSPORTS, "spec.stack"),
             stack_set=_str_map(stack, "set", "spec.stack"),
             grid=_str_map(spec, "grid"),
@@ -292,6 +306,11 @@ class ClusterSpec:
                 raise SpecError(f"spec.stack.set: key {key!r} should look like layer.key (e.g. fd.timeout)")
             if key in AUTH_MANAGED_PARAMS:
                 raise SpecError(f"spec.stack.set: {key} is managed by spec.auth (the operator's Secret); remove it")
+            if key in FLUSH_PARAMS:
+                raise SpecError(
+                    f"spec.stack.set: {key} cannot be set: every GroupCluster flushes its view changes (virtual "
+                    "synchrony), which the operator's joins and leaves rely on; remove it"
+                )
         # More copies than members: the PodDisruptionBudget (numOwners-1 at once) could let a drain evict every
         # member, and the grid holds fewer copies than asked. 0 stays allowed: it stops the cluster.
         owners = [("spec.numOwners", out.num_owners)] + [

@@ -546,17 +546,12 @@ def plan(
     fail = Failures.from_status(previous.get("failures"), spec_hash)
     names = {p.name for p in pods}
     # Pods deleted by someone else (kubectl delete pod, a drain): neither a leave the operator asked for nor a
-    # deletion of its own. A pod that had died before its deletion is not one (the operator deletes those); the
-    # last step's word is kept, since a deleted member that left is Succeeded too.
+    # deletion of its own (the operator annotates every pod it deletes, finished ones too). Its phase says
+    # nothing: a deleted member that hands its data off and leaves is Succeeded, possibly before any step saw
+    # it running and terminating.
     last_members = {str(m.get("pod")): m for m in previous.get("members") or () if isinstance(m, Mapping)}
     was_deleted = {name for name, m in last_members.items() if m.get("deleted")}
-    deleted_by_others = {
-        p.name
-        for p in obs.terminating
-        if not p.leave_requested
-        and not p.stopped_by_operator
-        and (p.phase not in ("Succeeded", "Failed") or p.name in was_deleted)
-    }
+    deleted_by_others = {p.name for p in obs.terminating if not p.leave_requested and not p.stopped_by_operator}
     # Members of the last step that are gone though the operator neither asked them to leave nor deleted them
     # (the status marks those as leaving): deleted by someone else, seen terminating or not (a member that
     # leaves quickly on SIGTERM can be gone before the next step).

@@ -21,16 +21,9 @@ import asyncio
 from collections.abc import Sequence
 
 from .kubeapi import ApiError, KubeApi
-from .model import GROUP, PLURAL, VERSION
+from .model import GROUP
 
 FINALIZER = f"{GROUP}/operator"
-
-
-def _collections(namespaces: Sequence[str] | None) -> list[str]:
-    base = f"/apis/{GROUP}/{VERSION}"
-    if namespaces is None:
-        return [f"{base}/{PLURAL}"]
-    return [f"{base}/namespaces/{ns}/{PLURAL}" for ns in namespaces]
 
 
 def removal_patch(finalizers: Sequence[str]) -> list[dict[str, object]] | None:
@@ -55,10 +48,10 @@ async def release_finalizers(api: KubeApi, namespaces: Sequence[str] | None) -> 
     namespace means nothing to release.
     """
     released: list[str] = []
-    for path in _collections(namespaces):
+    for namespace in [None] if namespaces is None else namespaces:
         for _ in range(3):
             try:
-                items = ((await api.request("GET", path)) or {}).get("items") or []
+                items = await api.list_groupclusters(namespace)
             except ApiError as exc:
                 if exc.status == 404:
                     break
@@ -69,9 +62,8 @@ async def release_finalizers(api: KubeApi, namespaces: Sequence[str] | None) -> 
                 patch = removal_patch(meta.get("finalizers") or ())
                 if patch is None:
                     continue
-                one = f"/apis/{GROUP}/{VERSION}/namespaces/{meta['namespace']}/{PLURAL}/{meta['name']}"
                 try:
-                    await api.request("PATCH", one, body=patch, content_type="application/json-patch+json")
+                    await api.json_patch_groupcluster(meta["namespace"], meta["name"], patch)
                 except ApiError as exc:
                     if exc.status == 404:
                         continue
@@ -90,12 +82,9 @@ async def stop_deployment(api: KubeApi, namespace: str, name: str, timeout: floa
 
     A missing Deployment counts as stopped.
     """
-    path = f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}"
     try:
-        deployment = await api.request("GET", path)
-        await api.request(
-            "PATCH", path + "/scale", body={"spec": {"replicas": 0}}, content_type="application/merge-patch+json"
-        )
+        deployment = await api.read_deployment(namespace, name)
+        await api.scale_deployment(namespace, name, 0)
     except ApiError as exc:
         if exc.status == 404:
             return True

@@ -4,6 +4,7 @@ scheduler, kubectl and helm, with the node agent running pods as local processes
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import urllib.request
@@ -73,7 +74,8 @@ def test_deployment_ready_scale_and_garbage_collection(kube: Kube, namespace: st
     (pod,) = _pods(kube, ns, "app=web")
     assert _ready(pod)
     ip = pod["status"]["podIP"]
-    assert ip.startswith("127.0.0.") and ip != "127.0.0.1", ip
+    subnet = os.environ.get("LOCAL_KUBE_POD_SUBNET", "127.0.0")  # the node agent's pod addresses
+    assert ip.startswith(f"{subnet}.") and ip != "127.0.0.1", ip
     assert pod["status"]["hostIP"] == "127.0.0.1"
     assert _http_ok(ip, 8080), f"pod {ip}:8080 not reachable from the test"
     assert len(kube.pod_pids(pod["metadata"]["uid"])) == 1

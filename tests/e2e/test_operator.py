@@ -1,7 +1,8 @@
 """The operator end to end on the real local control plane (scripts/local-kube).
 
-The Helm chart is installed with its defaults (namespaced: a Role, no ClusterRole; the operator runs as a pod
-of the project's image on the local node) and reconciles at once, without an ERROR in its log. A GroupCluster
+The Helm chart is installed with its defaults (namespaced: a Role, no ClusterRole; the operator runs as two
+pods of the project's image on the local node, peering: one reconciles, the other stands by) and reconciles at
+once, without an ERROR in its log. A GroupCluster
 with an image that cannot run is applied first and stays in the background: its members are replaced with a
 back-off and the reason reaches its status. A GroupCluster of 3 is applied and waited for with ``kubectl wait
 --for=condition=Ready``, 10,000 keys are written through the members' HTTP API, the cluster is scaled to 5
@@ -138,8 +139,10 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     assert typo.returncode != 0 and "repositry" in typo.stderr and "not allowed" in typo.stderr, typo.stderr
     kube.helm("install", "gco", str(CHART), "-n", ns, "--set", "operator.interval=1", "--wait", "--timeout", "120s")
     kube.kubectl("wait", "--for=condition=Established", "crd/groupclusters.groupcluster.io", "--timeout=60s")
-    (op,) = kube.json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator")["items"]
-    assert op["spec"]["serviceAccountName"] == "gco-groupcluster"
+    ops = kube.json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator")["items"]
+    # Two replicas by default, peering through kopf: one reconciles, the other stands by.
+    assert len(ops) == 2 and {o["spec"]["serviceAccountName"] for o in ops} == {"gco-groupcluster"}
+    assert kube.json("get", "kopfpeering", "gco-groupcluster", "-n", ns)["metadata"]["name"] == "gco-groupcluster"
     # The default install is namespaced: a Role, no ClusterRole.
     assert kube.json("get", "role", "gco-groupcluster", "-n", ns)["rules"]
     assert kube.kubectl("get", "clusterrole", "gco-groupcluster", check=False).returncode != 0
@@ -174,7 +177,8 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     gc = _wait_settled(kube, ns, 3)
     # The operator's first step came right after its start, not after kopf's retries of forbidden cluster-wide
     # scans (which took the ~54 s of KOPF_RETRY_SECONDS before anything happened).
-    started = _time(op["status"]["containerStatuses"][0]["state"]["running"]["startedAt"])
+    # From the first replica's start: the oldest one is the one at work.
+    started = min(_time(o["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]) for o in ops)
     first_pod = min(
         _time(p["metadata"]["creationTimestamp"]) for p in _member_pods(kube, ns) + _member_pods(kube, ns, "broken")
     )
@@ -197,7 +201,11 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     for kind, name in (("sa", "demo-member"), ("role", "demo-member"), ("rolebinding", "demo-member")):
         kube.kubectl("get", kind, name, "-n", ns)
     assert kube.json("get", "pdb", "demo", "-n", ns)["spec"]["maxUnavailable"] == 1
-    assert kube.json("get", "svc", "demo", "-n", ns)["spec"]["clusterIP"] == "None"
+    # The headless Service of the members' DNS names, and the client Service named after the cluster.
+    assert kube.json("get", "svc", "demo-members", "-n", ns)["spec"]["clusterIP"] == "None"
+    client_svc = kube.json("get", "svc", "demo", "-n", ns)["spec"]
+    assert client_svc["type"] == "ClusterIP" and client_svc["clusterIP"] != "None"
+    assert gc["status"]["clientService"] == "demo"
 
     expected = _expected()
     client = _client(kube, ns)
@@ -364,9 +372,12 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
 
     # The operator's log at the chart's default level: its steps and warnings, no ERROR, none of kopf's per-run
     # "Timer ... succeeded" lines, no access-log line per liveness probe.
-    log = kube.pod_log_file(ns, op["metadata"]["name"], "operator").read_text(errors="replace")
+    logs = [kube.pod_log_file(ns, o["metadata"]["name"], "operator").read_text(errors="replace") for o in ops]
+    log = "\n".join(logs)
     errors = [line for line in log.splitlines() if " ERROR " in line]
     assert not errors, "\n".join(errors[:5])
+    # Exactly one of the two replicas worked; the other stood by all along.
+    assert [("active replica of peering" in text) for text in logs].count(True) == 1, logs
     assert "Timer 'reconcile' succeeded" not in log
     assert "aiohttp.access" not in log
     assert f"{ns}/demo: GridDegraded: the grid is degraded" in log and f"{ns}/broken: MemberDied:" in log

@@ -88,8 +88,11 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
     kube.kubectl("wait", "--for=condition=Established", "crd/groupclusters.groupcluster.io", "--timeout=60s")
     rules = kube.json("get", "clusterrole", "gca-groupcluster")["rules"]
     assert not [r for r in rules if "namespaces" in r["resources"]], rules
-    (op,) = kube.json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator")["items"]
-    assert "--all-namespaces" in op["spec"]["containers"][0]["args"]
+    ops = kube.json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator")["items"]
+    assert len(ops) == 2 and all("--all-namespaces" in op["spec"]["containers"][0]["args"] for op in ops)
+    # The replicas of a cluster-wide install peer cluster-wide.
+    assert [r["resources"] for r in rules if "kopf.dev" in r["apiGroups"]] == [["clusterkopfpeerings"]], rules
+    kube.kubectl("get", "clusterkopfpeering", "gca-groupcluster")
     manifest = {
         "apiVersion": "groupcluster.io/v1alpha1",
         "kind": "GroupCluster",
@@ -236,7 +239,7 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
         90,
         1.0,
     )
-    log = kube.pod_log_file(ns, op["metadata"]["name"], "operator").read_text(errors="replace")
+    log = "\n".join(kube.pod_log_file(ns, op["metadata"]["name"], "operator").read_text(errors="replace") for op in ops)
     errors = [line for line in log.splitlines() if " ERROR " in line]
     assert not errors, "\n".join(errors[:5])
     kube.helm("uninstall", "gca", "-n", ns, "--wait", "--timeout", "120s")

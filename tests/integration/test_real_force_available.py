@@ -11,8 +11,8 @@ from typing import Any
 
 from groupcluster.grid.client import GridClient
 
+from .grids import Grid, http
 from .procs import Members, wait_until
-from .test_real_grid import Grid, http
 
 ADMIN = "admin-" + "f" * 24
 AUTH = {"Authorization": "Bearer " + ADMIN}

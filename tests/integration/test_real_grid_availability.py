@@ -13,8 +13,8 @@ from typing import Any
 from groupcluster.grid.client import GridClient
 from groupcluster.runtime.faults_control import HEAL_DOCUMENT, partition_document, write_control
 
+from .grids import Grid
 from .procs import Members, wait_until
-from .test_real_grid import Grid
 
 KEYS = 3000
 

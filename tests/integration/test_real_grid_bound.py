@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from groupcluster.grid.client import GridBatchError, GridClient, GridRequestError, GridTxAborted
 
+from .grids import Grid, http, http_json
 from .procs import Members, wait_until
-from .test_real_grid import Grid, http, http_json
 
 BOUND = 50
 

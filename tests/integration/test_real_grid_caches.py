@@ -27,8 +27,8 @@ import msgpack
 import pytest
 from groupcluster.grid.client import AsyncGridClient, GridClient, GridRequestError
 
+from .grids import Grid, http, http_json
 from .procs import Members, wait_until
-from .test_real_grid import Grid, http, http_json
 
 CACHES = (
     "--cache",

@@ -10,8 +10,8 @@ import json
 import pytest
 from groupcluster.grid.client import AsyncGridClient, GridClient, GridRequestError
 
+from .grids import Grid, http, http_json
 from .procs import Members, wait_until
-from .test_real_grid import Grid, http, http_json
 
 NAMES = ["m0", "m1", "m2"]
 

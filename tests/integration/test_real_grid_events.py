@@ -13,8 +13,8 @@ import re
 
 from groupcluster.grid.client import GridClient
 
+from .grids import Grid, http
 from .procs import Members, wait_until
-from .test_real_grid import Grid, http
 
 
 def _metrics(url: str) -> str:

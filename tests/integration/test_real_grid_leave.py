@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from groupcluster.grid.client import GridClient, GridRequestError, GridUnavailableError
 
+from .grids import Grid, http_json
 from .procs import MemberProcess, Members, wait_until
-from .test_real_grid import Grid, http_json
 
 NAMES = ["m0", "m1", "m2", "m3"]
 KEYS = 200

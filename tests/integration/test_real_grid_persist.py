@@ -20,8 +20,8 @@ from pathlib import Path
 
 from groupcluster.grid.client import GridClient
 
+from .grids import Grid
 from .procs import Members, wait_until
-from .test_real_grid import Grid
 
 N_KEYS = 3000
 

@@ -45,8 +45,8 @@ from groupcluster.grid.client import (
 )
 from groupcluster.grid.consistent_hash import segment_of
 
+from .grids import Grid, http
 from .procs import Members, wait_until
-from .test_real_grid import Grid, http
 
 ACCOUNTS = 8
 START = 100

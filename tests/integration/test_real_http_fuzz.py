@@ -24,8 +24,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from .grids import Grid, http
 from .procs import Members, wait_until
-from .test_real_grid import Grid, http
 
 ROUTES = ["/healthz", "/readyz", "/v1/status", "/metrics", "/v1/batch", "/v1/segments/", "/v1/kv/", "/v1/kv", "/v1/"]
 # The transaction endpoints (POST /v1/tx, /v1/tx/begin, /v1/tx/{id}/...) have a fuzz test of their own below.

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from groupcluster.grid.client import GridClient, GridRequestError
 
+from .grids import Grid, http
 from .procs import Members, wait_until
-from .test_real_grid import Grid, http
 
 ADMIN = "admin-" + "a" * 24
 KV = "kv-" + "k" * 24

@@ -243,3 +243,40 @@ REGRESSIONS += [
         "was coordinator, asked itself to join and was rejected forever (now: such answers count as none)",
     ),
 ]
+
+# ---- total-order as vsync plus a sequencer (FLUSH on the preset), found by its first sweep ------------------------
+FROZEN_COMMITS = (
+    "the coordinator committed (and delivered) batches after FLUSH took its digest; the others held those COMMITs "
+    "as next-view traffic, so the old view's survivors delivered different multicasts (now: the hold freezes it)"
+)
+MERGED_EARLIER = (
+    "checker: the sequencer replays earlier epochs to a new view; a member delivered there what another had "
+    "applied before it (the other side of a merge, or a joiner's state from a crashed coordinator)"
+)
+REGRESSIONS += [
+    (20, TOTAL_ORDER_STARTUP, MERGED_EARLIER),
+    (42, TOTAL_ORDER_STARTUP, MERGED_EARLIER),
+    (198, TOTAL_ORDER_STARTUP, MERGED_EARLIER),
+    (242, TOTAL_ORDER_STARTUP, MERGED_EARLIER),
+    (310000054, TOTAL_ORDER_STARTUP, FROZEN_COMMITS),
+    (310000056, TOTAL_ORDER_STARTUP, FROZEN_COMMITS),
+    (310000059, TOTAL_ORDER_STARTUP, FROZEN_COMMITS),
+]
+REGRESSIONS += [
+    (
+        310500287,
+        VSYNC_STARTUP,
+        "checker: a joiner's state held messages its donor sent in the joiner's first view and crashed before "
+        "anyone else got them; crediting the joiner with its donor's deliveries broke virtual synchrony (vsync "
+        "judges deliveries strictly; total-order counts what a member applied, state included, before the view)",
+    ),
+]
+FRAGMENTS_SPLIT = (
+    "a flush ended an epoch after some fragments of a big message were committed; the rest was replayed in the "
+    "merged view, where a member from the other side held only the rest and never delivered the message "
+    "(now: FRAG below SEQUENCER, whole messages are sequenced)"
+)
+REGRESSIONS += [
+    (310000376, TOTAL_ORDER_STARTUP, FRAGMENTS_SPLIT),
+    (311000206, TOTAL_ORDER_STARTUP, FRAGMENTS_SPLIT),
+]

@@ -15,6 +15,7 @@ from groupcluster.sim.checkers import (
     check_reliable_delivery,
     check_safety,
     check_view_agreement,
+    check_virtual_synchrony,
 )
 from groupcluster.sim.history import History, HistoryEvent
 
@@ -290,3 +291,41 @@ def test_checkers_read_json_lines_round_trip(tmp_path) -> None:  # type: ignore[
 def test_check_safety_rejects_unknown_skip() -> None:
     with pytest.raises(ValueError, match="allowed values"):
         check_safety(History(), skip=["nope"])
+
+
+# ---- virtual synchrony and state transfer -------------------------------------------------------------------
+
+
+def _joiner_history(*, state_after_delivery: bool) -> History:
+    """B joins A's view 2 by a state from A; A delivers a1 (sent in view 1, a sequencer's replay) in view 2,
+    before or after taking B's state. Then both move on to view 3 together."""
+    h = H().start(A, B).view(1, [A]).send(A, "a1", view=1)
+    h._add(B, "state", op="request")
+    h.view(2, [A, B])
+    if state_after_delivery:
+        h.deliver(A, A, "a1")
+    h._add(A, "state", op="get", transfer=[B, 1], size=1 if state_after_delivery else 0, digest="d")
+    h._add(B, "state", op="set", donor=A, transfer=[B, 1], size=1 if state_after_delivery else 0, digest="d")
+    if not state_after_delivery:
+        h.deliver(A, A, "a1")
+    h.view(3, [A, B])
+    return h.history
+
+
+def test_total_orders_virtual_synchrony_counts_what_a_member_applied_before_the_view() -> None:
+    # a1 is in B's state (A delivered it before the cut): both have it when they leave view 2.
+    assert check_virtual_synchrony(_joiner_history(state_after_delivery=True), merged_earlier=True) == []
+    # Strictly (vsync), B did not deliver it in view 2.
+    assert [v.member for v in check_virtual_synchrony(_joiner_history(state_after_delivery=True))] == [B]
+    # A delivered a1 after the cut: B has it neither from the state nor delivered, and moved on with A.
+    violations = check_virtual_synchrony(_joiner_history(state_after_delivery=False), merged_earlier=True)
+    assert [(v.property, v.member) for v in violations] == [("virtual-synchrony", B)]
+
+
+def test_after_a_merge_a_message_the_other_side_delivered_earlier_is_no_difference() -> None:
+    h = H().start(A, B).view(1, [A, B]).send(A, "a1", view=1).deliver(B, A, "a1")
+    h.view(2, [A], at=[A]).view(2, [B], at=[B], creator=B)
+    h.view(3, [A, B]).deliver(A, A, "a1")  # A gets its own message by the merged view's replay
+    h.view(4, [A, B])
+    assert check_virtual_synchrony(h.history, merged_earlier=True) == []
+    assert [v.member for v in check_virtual_synchrony(h.history)] == [B]

@@ -1,16 +1,15 @@
 """Spark tests: one local[2] SparkSession per test session, grids of real member processes on loopback.
 
-PySpark and pyarrow are installed into the running interpreter when missing (pinned versions, from PyPI), so
-these tests never skip; Spark needs Java 17+ (a missing ``java`` fails with a message saying so). Python
+PySpark and pyarrow come with the package's ``spark`` extra, which scripts/bootstrap installs; without them
+collection fails with a message saying so (these tests never skip). Spark needs Java 17+ (a missing ``java``
+fails with a message saying so too). Python
 workers run this interpreter (``PYSPARK_PYTHON``), so they import the same ``groupcluster``.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,30 +17,21 @@ from typing import Any
 
 import pytest
 
-PYSPARK_PIN = "pyspark==4.3.0"
-PYARROW_PIN = "pyarrow==26.0.1"
 
-
-def _ensure_installed() -> None:
-    missing = []
-    for module, pin in (("pyspark", PYSPARK_PIN), ("pyarrow", PYARROW_PIN)):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            missing.append(pin)
-    if missing:
-        # Install into this interpreter: the Spark tests must run, not skip, on a fresh machine.
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *missing], check=True)
-        importlib.invalidate_caches()
-    import pyspark
-
-    if not pyspark.__version__.startswith("4."):
+def _require_spark() -> None:
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark
+    except ImportError as exc:
         raise RuntimeError(
-            f"the Spark tests need pyspark 4 ({PYSPARK_PIN}); this interpreter has {pyspark.__version__}"
-        )
+            f"the Spark tests need the 'spark' extra ({exc.name} is missing): run scripts/bootstrap, or "
+            "pip install -e '.[test,spark]'"
+        ) from exc
+    if not pyspark.__version__.startswith("4."):
+        raise RuntimeError(f"the Spark tests need pyspark 4; this interpreter has {pyspark.__version__}")
 
 
-_ensure_installed()
+_require_spark()
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 # Loopback only: the members listen on 127.0.0.x and Spark need not pick a public interface.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from tests.integration.test_real_grid import Grid, http
+from tests.integration.grids import Grid, http
 
 __all__ = ["SparkGrid", "http"]
 

@@ -83,7 +83,7 @@ def test_aggregate_ratios_table_and_json() -> None:
 
     table = model.format_table(results)
     lines = table.splitlines()
-    assert lines[0].split()[:4] == ["workload", "system", "value", "unit"]
+    assert lines[0].split()[:4] == ["workload", "system", "median", "unit"]
     assert set(lines[1]) <= {"-", " "}
     assert "100,000" in lines[2] and "3 (90,000 - 110,000)" in lines[2]
     assert lines[3].endswith("2.00x") and lines[4].endswith("0.25x")

@@ -7,9 +7,9 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict
 
 import pytest
+from groupcluster.bench import fair, model
 from groupcluster.bench import gridpeers as gp
-from groupcluster.bench import model
-from groupcluster.bench.gridpeers_run import GridPeerRunner, harness_dir
+from groupcluster.bench.gridpeers_run import GridPeerFailed, GridPeerRunner, harness_dir
 from groupcluster.bench.model import WORKLOADS as W
 from groupcluster.bench.runner import Settings
 
@@ -132,16 +132,30 @@ def test_ops_step_figures_span_all_clients() -> None:
         gp.OpsStep([], 0.0, 0.0).figures()
 
 
-def test_spread_and_results_carry_median_quartiles_and_cpu() -> None:
-    s = gp.spread([30.0, 10.0, 20.0, 50.0])
-    assert (s["median"], s["min"], s["max"], s["runs"]) == (25.0, 10.0, 50.0, 4)
+def test_results_carry_median_quartiles_and_cpu() -> None:
+    s = gp.grid_result("grid-ops-single-put", "infinispan", "ops/s", [30.0, 10.0, 20.0, 50.0]).spread
+    assert s is not None
+    assert (s["median"], s["min"], s["max"], s["n"]) == (25.0, 10.0, 50.0, 4)
     assert s["q1"] == pytest.approx(17.5) and s["q3"] == pytest.approx(35.0)
-    assert gp.spread([7.0]) == {"median": 7.0, "min": 7.0, "max": 7.0, "q1": 7.0, "q3": 7.0, "runs": 1}
     r = gp.grid_result("grid-rebalance-3to4", "hazelcast", "MB/s", [3.0, 1.0, 2.0], [400, 300, 500], "ms CPU/MB")
     doc = json.loads(json.dumps(asdict(r)))
     assert (doc["value"], doc["cpu"], doc["cpu_unit"], doc["samples"]) == (2.0, 400, "ms CPU/MB", [3.0, 1.0, 2.0])
-    assert doc["spread"]["min"] == 1.0 and doc["spread"]["max"] == 3.0
+    assert doc["spread"]["min"] == 1.0 and doc["spread"]["max"] == 3.0 and doc["cpu_samples"] == [400, 300, 500]
     assert model.validate_json({"results": [doc]}) == []
+    with pytest.raises(gp.HarnessError):
+        gp.grid_result("grid-rebalance-3to4", "hazelcast", "MB/s", [])
+
+
+def test_by_workload_and_the_table_carry_the_grid_rows_cpu() -> None:
+    r = gp.grid_result("grid-rebalance-3to4", "infinispan", "MB/s", [3.0, 1.0, 2.0], [400, 300, 500], "ms CPU/MB")
+    m = model.aggregate("fifo-4x100B", "groupcluster", model.THROUGHPUT_UNIT, [1.0])
+    m.cpu_us_per_message = 2.5
+    doc = fair.by_workload([r, m])
+    grid = doc["grid-rebalance-3to4"]["infinispan"]
+    assert (grid["median"], grid["cpu"], grid["cpu_unit"], grid["spread"]["max"]) == (2.0, 400, "ms CPU/MB", 3.0)
+    assert doc["fifo-4x100B"]["groupcluster"]["cpu"] is None
+    lines = model.format_table([r, m]).splitlines()
+    assert "400.0 ms/MB" in lines[2] and "2.50 us/msg" in lines[3]
 
 
 def test_grid_workloads_run_every_system_and_share_a_run_per_group() -> None:
@@ -169,10 +183,29 @@ def test_grid_workloads_run_every_system_and_share_a_run_per_group() -> None:
 
 
 def test_runner_takes_the_quick_size_and_the_chosen_systems() -> None:
+    import argparse
+
+    from groupcluster.bench import cli
+
     r = GridPeerRunner(Settings(), lambda _: None, lambda n: list(range(n)))
     assert r.entries(W["grid-rebalance-3to4"]) == 1_000_000
-    r.quick = True
-    assert r.entries(W["grid-rebalance-3to4"]) == 50_000
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    quick = GridPeerRunner(cli._settings(parser.parse_args(["--quick"])), lambda _: None, lambda n: list(range(n)))
+    assert quick.entries(W["grid-rebalance-3to4"]) == 50_000
+    ran: list[tuple[str, list[str]]] = []
+    chosen = GridPeerRunner(Settings(systems=("groupcluster", "hazelcast")), lambda _: None, lambda n: [])
+    chosen._run_group = lambda group, w, systems: ran.append((group, systems))  # type: ignore[method-assign]
+    with pytest.raises(GridPeerFailed, match="no run of groupcluster"):
+        chosen.measure("groupcluster", W["grid-ops-batch-put"])
+    assert ran == [("grid-ops", ["groupcluster", "hazelcast"])]
     # The harness sources are in the repository, next to the JGroups peer.
     assert (harness_dir() / "pom.xml").is_file()
     assert (harness_dir() / "src/main/java/io/groupcluster/bench/grid/GridPeer.java").is_file()
+
+
+def test_every_system_has_its_own_plot_colour() -> None:
+    from groupcluster.bench.plots import COLOURS
+
+    assert set(model.SYSTEMS) <= set(COLOURS)
+    assert len({COLOURS[s] for s in model.SYSTEMS}) == len(model.SYSTEMS)

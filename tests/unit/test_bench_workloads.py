@@ -57,6 +57,8 @@ def test_workloads_of_one_run_share_it() -> None:
     assert groups == {"grid-rebalance"}
     assert {w.run_group for w in W.values() if w.name.startswith("grid-ops-")} == {"grid-ops"}
     assert W["join-4"].run_group == "join-4" and W["fifo-4x100B"].run_group == "fifo-4x100B"
+    assert W["join-4-launch"].run_group == W["join-4-warm"].run_group == "join-4"
+    assert W["join-flush-4"].run_group == "join-flush-4"
 
 
 def test_quick_selection_includes_new_workloads_but_not_the_long_rebalance() -> None:
@@ -154,7 +156,8 @@ def test_script_arguments_and_one_run_per_repeat_for_a_group() -> None:
 
     fake.calls.clear()
     result = fake.measure("groupcluster", W["state-transfer-10MB"])[0]
-    assert fake.calls[0] == ("state_transfer.py", ["--size-mb", "10", "--members", "1", "--transport", "tcp"])
+    state_args = ["--size-mb", "10", "--members", "1", "--transport", "tcp", "--repeat", "4"]
+    assert fake.calls[0] == ("state_transfer.py", state_args)
     assert result.value == pytest.approx(40.0) and result.note == "join + transfer 300 ms"
 
 
@@ -218,3 +221,45 @@ def test_plots_put_each_new_workload_in_one_figure() -> None:
     assert placed["join-4"] == ["join.png"] and placed["fifo-4x100B-latency-p50"] == ["latency.png"]
     assert [u for u, _ in panels(results, FIGURES[5])] == ["MB/s", "entries/s", "ms"]  # grid-rebalance.png
     assert len(placed) == len(results)
+
+
+def test_join_launch_and_warm_figures_keep_launched_and_warm_joins_apart() -> None:
+    doc = {**JOIN_DOC, "warm_join_ms": [120.0, 30.0, 50.0, 40.0]}
+    assert figures.join_launch_ms(doc) == pytest.approx(3226.35)
+    assert figures.join_warm_ms(doc) == pytest.approx(40.0)  # the first, cold in its process, left out
+    with pytest.raises(figures.FigureError):
+        figures.join_warm_ms({**JOIN_DOC, "warm_join_ms": [12.0]})
+    java = [
+        {"join_ms": 900.0, "launch_to_view_ms": 1500},
+        {"join_ms": 300.0, "launch_to_view_ms": 1300},
+        {"join_ms": 700.0, "warm": True, "iteration": 1},
+        {"join_ms": 20.0, "warm": True, "iteration": 2},
+        {"join_ms": 40.0, "warm": True, "iteration": 3},
+    ]
+    assert figures.java_join_ms(java) == 600.0  # the warm joins are not launched joins
+    assert figures.java_join_launch_ms(java) == 1400.0
+    assert figures.java_join_warm_ms(java) == 30.0
+
+
+def test_state_warm_figures_leave_the_first_fetch_out() -> None:
+    doc = {"size_bytes": 10_000_000, "transfer_s": 1.0, "transfer_s_all": [1.0, 0.5, 0.25, 0.2]}
+    assert figures.state_mb_per_s(doc, 10_000_000) == pytest.approx(10.0)
+    assert figures.state_warm_mb_per_s(doc, 10_000_000) == pytest.approx(40.0)
+    with pytest.raises(figures.FigureError):
+        figures.state_warm_mb_per_s({**doc, "transfer_s_all": [1.0]}, 10_000_000)
+    first = {"state_bytes": 10_000_000, "state_ms": 1000.0}
+    java = {**first, "warm": [{"state_bytes": 10_000_000, "state_ms": ms} for ms in (500.0, 250.0, 100.0)]}
+    assert figures.java_state_mb_per_s(java, 10_000_000) == pytest.approx(10.0)
+    assert figures.java_state_warm_mb_per_s(java, 10_000_000) == pytest.approx(40.0)
+
+
+def test_the_large_states_run_only_when_named() -> None:
+    optional = model.select(model.OPTIONAL_WORKLOADS, W)
+    assert set(optional) == {
+        "state-transfer-100MB",
+        "state-transfer-100MB-warm",
+        "state-transfer-1GB",
+        "state-transfer-1GB-warm",
+    }
+    assert W["state-transfer-1GB"].size == 1_000_000_000
+    assert W["state-transfer-10MB-warm"].run_group == "state-transfer-10MB"

@@ -186,8 +186,8 @@ def le64(*versions: int) -> bytes:
         (raw([9, 1, 0, chunk([b"k"], le64(1), [b"x"], ["0"]), [], False]), r"entries\.tombstones\[0\]"),
         (raw([9, 1, 0, chunk([], b"", []), [], "yes"]), r"\.last"),
         (raw([3]), "expected 2 items"),
-        (raw([2, [3, 1, 0, 0, 0, [], [], [8, 2, [], [], []], None, 0, 0, 0]]), "members"),
-        (raw([2, [3, 1, 0, 0, 0, [], [], [8, 2, [], [], []], None]]), r"topology: expected 12 items, got 9"),
+        (raw([2, [3, 1, 0, 0, 0, [], [], [8, 2, [], [], []], None, 0, 0, 0, []]]), "members"),
+        (raw([2, [3, 1, 0, 0, 0, [], [], [8, 2, [], [], []], None]]), r"topology: expected 13 items, got 9"),
     ],
 )
 def test_bad_payloads_are_rejected_with_the_field_named(payload: bytes, message: str) -> None:

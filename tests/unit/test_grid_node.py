@@ -1064,6 +1064,47 @@ def test_member_cut_off_again_before_its_merge_push_arrived_does_not_leave_with_
     heal_and_check_handoff(net, a, b, 18.0)
 
 
+def test_member_that_took_over_the_data_of_a_cut_off_member_does_not_leave_alone_with_the_only_copy() -> None:
+    # Simulation seed 203002143 (allow_read_writes): a member cut off alone acknowledged writes (the only copy),
+    # handed them to a restarted member that joined its side, and left. That member, asked to leave, was alone:
+    # no owner of its own topology had ever vanished (its topologies named only the two of them), so it left at
+    # once with the only copy. The owners the grid lost without a handoff now travel with every topology
+    # (CacheTopology.lost): it waits for the merge, hands its data off, and only then leaves.
+    net, a, b = cut_off_alone_with_a_write(15)
+    behind = net.nodes[b]
+    behind.on_view((b,), net.now)  # b notices the partition too; what it sends stays on its side
+    behind.take_outbox()
+    (c,) = net.add(1)  # joins a's side (the net's view is [a])
+    net.run_until(net.now + 2.0)
+    assert net.stable() and c in owner_set(net.nodes[c].topology.current)  # type: ignore[union-attr]
+    net.nodes[a].leave(net.now)
+    net.collect(a)
+    _step_until(net, lambda: net.nodes[a].ready_to_leave, limit=5.0)
+    assert net.nodes[a].metrics["grid.left_without_taker"] == 0  # c could take a's segments: a handed off
+    net.remove_left()
+    assert net.view == [c]
+    net.run_until(net.now + 1.0)
+    node = net.nodes[c]
+    t = node.topology
+    assert t is not None and t.lost == (b,)  # a left after handing off: not lost; b is behind the partition
+    assert set(owner_set(t.current)) == {c}
+    node.leave(net.now)
+    net.collect(c)
+    net.run_until(net.now + 1.0)
+    assert not node.ready_to_leave
+    assert node.metrics["grid.left_without_taker"] == 0
+    # The partition heals: c's push reaches b, b takes the segments, then c is ready to leave.
+    net.view = [b, c]
+    for x in (b, c):
+        net.nodes[x].on_view((b, c), net.now, merge=True)
+    for x in (b, c):
+        net.collect(x)
+    _step_until(net, lambda: node.ready_to_leave, limit=10.0)
+    assert node.metrics["grid.left_without_taker"] == 0
+    store = behind.store
+    assert store is not None and (b"k", b"only-on-a") in {(k, v) for _s, k, _ver, v in store.items()}
+
+
 def test_member_that_joined_a_group_never_starts_an_empty_grid_alone() -> None:
     # Seed 590: a joiner that never received the grid's topology was cut off and, coordinator of its own view,
     # started an empty grid whose reads answered "absent" for keys the grid held.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from dataclasses import replace
 
 import msgpack
 import pytest
@@ -11,6 +12,7 @@ from groupcluster.core.address import Address
 from groupcluster.core.errors import WireError
 from groupcluster.grid.consistent_hash import ConsistentHash, balanced
 from groupcluster.grid.topology import (
+    MAX_LOST,
     Availability,
     CacheTopology,
     MemberStatus,
@@ -240,8 +242,6 @@ def test_status_from_a_member_ahead_bumps_the_id() -> None:
     p = joined(3)
     t = p.topology
     assert t is not None
-    from dataclasses import replace
-
     ahead = replace(t, topology_id=40)
     out = p.on_statuses({m(1): MemberStatus(1.0, False, ahead)}, 1.0)
     assert out and out[-1][1].topology_id == 41
@@ -404,6 +404,57 @@ def test_majority_after_repeated_splits_counts_against_the_newest_stable_set() -
     assert _recover(everyone, tops, owners=3).topology.availability == Availability.AVAILABLE  # type: ignore[union-attr]
 
 
+def test_owners_lost_without_a_handoff_travel_with_every_topology_until_they_are_back() -> None:
+    # Simulation seed 203002143 (allow_read_writes): m(1), cut off alone, took writes; m(5) joined its side and
+    # took them over, then m(1) left. m(5)'s topologies named only the two of them, so alone and asked to leave,
+    # m(5) saw nobody who could take its segments and left with the only copy. The owners lost without a
+    # handoff (m(0), m(2): crashed or behind a partition, nobody can tell) now go with every topology, through
+    # joins, graceful leaves and coordinator changes, so m(5) knows too (GridNode._no_taker).
+    mode = PartitionHandling.ALLOW_READ_WRITES
+    t0 = joined(3, mode).topology
+    assert t0 is not None and t0.lost == ()
+    side = RebalancePlanner([m(1)], num_segments=SEGS, num_owners=2, mode=mode)
+    t1 = side.on_statuses({m(1): MemberStatus(1.0, False, t0)}, 1.0)[0][1]
+    assert set(t1.lost) == {m(0), m(2)} and t1.availability == Availability.AVAILABLE
+    side.on_view([m(1), m(5)], 2.0)
+    joining = side.on_statuses({m(5): MemberStatus(1.0, False, None)}, 2.0)
+    assert joining and all(set(t.lost) == {m(0), m(2)} for _, t in joining)
+    confirm_all(side)
+    side.on_statuses({m(1): MemberStatus(1.0, True, side.topology)}, 3.0)  # m(1) leaves gracefully
+    handed = confirm_all(side)
+    assert handed and owner_set(handed[-1].current) == (m(5),) and set(handed[-1].lost) == {m(0), m(2)}
+    # m(1) leaves the view: it handed its segments off, so it is not lost; m(5) takes over as coordinator.
+    alone = RebalancePlanner([m(5)], num_segments=SEGS, num_owners=2, mode=mode)
+    t5 = alone.on_statuses({m(5): MemberStatus(1.0, False, handed[-1])}, 4.0)[0][1]
+    assert set(t5.lost) == {m(0), m(2)}
+    # A member's own lost owners (those gone while its merge push was unfinished, GridNode._vanished_owners)
+    # reach the coordinator in its status and every member in the next topology, rebalancing or not.
+    out = alone.on_statuses({m(5): MemberStatus(1.0, False, t5, 0, (m(9),))}, 4.5)
+    assert out and set(out[-1][1].lost) == {m(0), m(2), m(9)}
+    assert alone.on_statuses({m(5): MemberStatus(1.0, False, out[-1][1], 0, (m(9),))}, 4.6) == []
+    # The other side, where m(1) is the lost one: at the merge the lost owners back in the view are lost no
+    # more. m(1) stays: it left m(5)'s side gracefully, but from m(0)'s side it vanished, and nobody can tell
+    # it from an owner that is still away.
+    other = joined(3, mode)
+    t_other = other.on_view([m(0), m(2)], 1.0)[0][1]
+    assert t_other.lost == (m(1),)
+    merged = _recover(
+        [m(0), m(2), m(5)],
+        {m(0): t_other, m(2): t_other, m(5): alone.topology},  # type: ignore[dict-item]
+    )
+    assert merged.topology is not None and set(merged.topology.lost) == {m(1), m(9)}
+    # A graceful leave adds nothing.
+    p = joined(4, mode)
+    p.on_statuses({m(3): MemberStatus(1.0, True, p.topology)}, 1.0)
+    confirm_all(p)
+    p.on_view([m(0), m(1), m(2)], 2.0)
+    assert p.topology is not None and p.topology.lost == ()
+    # At most MAX_LOST are kept, the newest.
+    p.on_statuses({m(0): MemberStatus(1.0, False, None, 0, tuple(m(100 + i) for i in range(MAX_LOST)))}, 3.0)
+    out = p.on_statuses({m(0): MemberStatus(1.0, False, None, 0, (m(99),))}, 3.1)
+    assert len(out[-1][1].lost) == MAX_LOST and out[-1][1].lost[-1] == m(99) and m(100) not in out[-1][1].lost
+
+
 def test_force_available_accepts_the_loss() -> None:
     p = joined(2)
     p.on_view([m(0)], 1.0)
@@ -490,13 +541,28 @@ def test_topology_and_status_wire_round_trip_and_validation() -> None:
     bad[9], bad[10] = 1, t.topology_id  # the re-stamp id lies below the topology's own
     with pytest.raises(WireError, match=r"topology\.restamp"):
         CacheTopology.from_wire(bad)
-    with pytest.raises(WireError, match="expected 12 items, got 9"):
+    with pytest.raises(WireError, match="expected 13 items, got 9"):
         CacheTopology.from_wire(t.to_wire()[:9])
     assert t.stable_id and CacheTopology.from_wire(t.to_wire()).stable_id == t.stable_id
     bad = msgpack.unpackb(msgpack.packb(t.to_wire()), raw=False)
     bad[11] = t.topology_id + 1  # a stable set fixed after the topology that carries it
     with pytest.raises(WireError, match=r"topology\.stable_id"):
         CacheTopology.from_wire(bad)
+    lost = replace(t, lost=(m(7), m(8)))
+    assert CacheTopology.from_wire(msgpack.unpackb(msgpack.packb(lost.to_wire()), raw=False)).lost == (m(7), m(8))
+    bad = msgpack.unpackb(msgpack.packb(lost.to_wire()), raw=False)
+    bad[12] = [m(7).to_wire(), m(7).to_wire()]
+    with pytest.raises(WireError, match=r"topology\.lost: a member is listed twice"):
+        CacheTopology.from_wire(bad)
+    bad[12] = [m(7).to_wire()] * (MAX_LOST + 1)
+    with pytest.raises(WireError, match=r"topology\.lost"):
+        CacheTopology.from_wire(bad)
+    # A status carries its member's lost owners only when it has some (a floor of 0 in front of them).
+    st = MemberStatus(1.0, False, None, 0, (m(7),))
+    assert st.to_wire()[3:] == [0, [m(7).to_wire()]] and MemberStatus.from_wire(st.to_wire()) == st
+    assert len(MemberStatus(1.0, False, None).to_wire()) == 3
+    with pytest.raises(WireError, match=r"status\.lost\[0\]"):
+        MemberStatus.from_wire([1.0, False, None, 0, ["x"]])
 
 
 def _grid(first: int, n: int, now: float) -> RebalancePlanner:
@@ -717,3 +783,29 @@ def test_routing_table_matches_the_per_segment_answers(
         assert r.i_read == (me in t.read_owners(s))
         assert r.i_write == (me in t.write_owners(s))
         assert r.primary == (t.write_primary(s) == me)
+
+
+def test_an_unchanged_topology_announced_after_recovery_keeps_the_newest_stable_set() -> None:
+    # As above, but the merged side holds exactly the members of the topology it continues, so recovery has
+    # nothing to change and only re-announces it under a new id. That announcement must keep the newest
+    # stable set ({0, 1, 2}, reported by another member), not the older one of the topology it continues.
+    p = _planner(5, owners=3)
+    t0 = p.topology
+    assert t0 is not None
+    p.on_view([m(0), m(1), m(2)], 1.0)
+    confirm_all(p)
+    ta = p.topology
+    assert ta is not None
+    side = RebalancePlanner([m(3), m(4)], num_segments=SEGS, num_owners=3)
+    side.on_statuses({x: MemberStatus(1.0, False, t0) for x in (m(3), m(4))}, 1.0)
+    for i in range(ta.topology_id):
+        side.on_view([m(3), m(4), m(8)] if i % 2 == 0 else [m(3), m(4)], 1.0)
+        side.on_statuses({m(8): MemberStatus(1.0, False, None)}, 1.0)
+    tb = side.topology
+    assert tb is not None and set(tb.members) == {m(3), m(4)} and tb.stable_id < ta.stable_id
+    alone = RebalancePlanner([m(0)], num_segments=SEGS, num_owners=3)
+    t = alone.on_statuses({m(0): MemberStatus(1.0, False, ta)}, 2.0)[-1][1]
+    merged = _recover([m(3), m(4)], {m(3): tb, m(4): t}, owners=3)
+    tm = merged.topology
+    assert tm is not None and tm.topology_id > tb.topology_id and tm.availability == Availability.DEGRADED
+    assert set(tm.stable_members) == {m(0), m(1), m(2)} and tm.stable_id == ta.stable_id

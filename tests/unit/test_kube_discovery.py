@@ -13,6 +13,7 @@ import datetime
 import ipaddress
 import json
 import logging
+import os
 import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -139,6 +140,7 @@ class FakeApi:
         self.valid_tokens = {"token-1"}
         self.forbid = False
         self.chunked = False  # answer in several chunks with pauses, as a real API server may
+        self.page = 0  # > 0: at most this many pods per answer, the rest behind a `continue` token
         self.pods: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str, str]] = []  # (path, selector, token)
 
@@ -154,6 +156,11 @@ class FakeApi:
                 f'in API group "" in the namespace "{ns}"'
             )
             return web.json_response({"kind": "Status", "message": msg, "code": 403}, status=403)
+        if self.page:
+            start = int(request.query.get("continue") or 0)
+            end = start + min(self.page, int(request.query.get("limit") or self.page))
+            meta = {"continue": str(end)} if end < len(self.pods) else {}
+            return web.json_response({"kind": "PodList", "metadata": meta, "items": self.pods[start:end]})
         if not self.chunked:
             return web.json_response({"kind": "PodList", "items": self.pods})
         body = json.dumps({"kind": "PodList", "items": self.pods}).encode()
@@ -317,6 +324,43 @@ def test_a_pod_list_answered_in_chunks_is_read_to_its_end(tmp_path: Path, pki: d
     asyncio.run(body())
 
 
+def test_a_pod_list_in_pages_is_followed_to_its_last_page(tmp_path: Path, pki: dict[str, Path]) -> None:
+    async def body() -> None:
+        async with serve_api(pki) as api:
+            fake, server = api
+            fake.page = 2
+            fake.pods = [_pod(f"p{i}", f"10.0.0.{i}") for i in range(1, 6)]
+            updates: list[UpdateHosts] = []
+            disc = _discovery(server, _sa_dir(tmp_path, pki), updates)
+            try:
+                assert await disc.poll() is True
+            finally:
+                await disc.aclose()
+            assert [h for h, _ in updates[-1].hosts] == [f"10.0.0.{i}" for i in range(1, 6)]
+            assert len(fake.requests) == 3  # three pages, each with the selector
+            assert {sel for _, sel, _ in fake.requests} == {"groupcluster.io/cluster=orders"}
+
+    asyncio.run(body())
+
+
+def test_a_ca_bundle_rotated_in_place_is_trusted_as_it_is_now(tmp_path: Path, pki: dict[str, Path]) -> None:
+    async def body() -> None:
+        async with serve_api(pki) as api:
+            fake, server = api
+            fake.pods = [_pod("b", "10.0.0.2")]
+            sa = _sa_dir(tmp_path, pki, bundle="only-other.crt")
+            disc = _discovery(server, sa, [])
+            try:
+                assert await disc.poll() is False and disc.failures == 1
+                (sa / "ca.crt").write_text((pki["dir"] / "bundle.crt").read_text())
+                os.utime(sa / "ca.crt", (1, 1))  # a different mtime even on a coarse clock
+                assert await disc.poll() is True and disc.failures == 1
+            finally:
+                await disc.aclose()
+
+    asyncio.run(body())
+
+
 def test_a_bundle_without_the_signing_ca_fails_tls_and_is_logged(
     tmp_path: Path, pki: dict[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -402,6 +446,7 @@ def test_a_403_names_the_missing_permission_and_discovery_recovers(
                 assert len(errors) == 1, errors  # said once, not every few seconds
                 assert "list pods in namespace prod" in errors[0]
                 assert "system:serviceaccount:prod:member" in errors[0]
+                assert "a Role in namespace prod with verbs [list] on resources [pods]" in errors[0]
                 fake.forbid = False  # someone created the RoleBinding
                 assert await disc.poll() is True
                 assert updates == [UpdateHosts((("10.0.0.2", 7800),))]

@@ -224,9 +224,29 @@ def test_pod_template_overrides_merge_without_breaking_our_labels() -> None:
 
 def test_headless_service_publishes_members_before_they_are_ready() -> None:
     svc = builders.build_headless_service(spec(), UID)
+    assert svc["metadata"]["name"] == "orders-members"
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
     assert svc["spec"]["selector"] == {"groupcluster.io/cluster": "orders", "app.kubernetes.io/component": "member"}
     assert {p["name"]: p["protocol"] for p in svc["spec"]["ports"]} == {"http": "TCP", "member": "UDP"}
+    # The members' DNS names (orders-0.orders-members) come from this Service.
+    assert builders.build_member_pod(spec(), UID, 0, initial_cluster_size=1)["spec"]["subdomain"] == "orders-members"
+
+
+def test_client_service_is_named_after_the_cluster_and_serves_ready_members_http_only() -> None:
+    svc = builders.build_client_service(spec(), UID)
+    meta, sspec = svc["metadata"], svc["spec"]
+    assert meta["name"] == "orders" and meta["namespace"] == "shop"
+    assert meta["ownerReferences"] == [builders.owner_reference(spec(), UID)]
+    assert sspec["type"] == "ClusterIP" and "clusterIP" not in sspec
+    # Only ready members: the Service must not publish addresses that are not ready.
+    assert "publishNotReadyAddresses" not in sspec
+    assert sspec["selector"] == builders.selector_labels(spec())
+    assert sspec["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
+    custom = spec(httpPort=9000)
+    assert builders.build_client_service(custom, UID)["spec"]["ports"][0]["port"] == 9000
+    # Both Services exist side by side: distinct names, one headless, one not.
+    names = {o["metadata"]["name"] for o in builders.build_supporting_objects(spec(), UID) if o["kind"] == "Service"}
+    assert names == {"orders", "orders-members"}
 
 
 def test_disruption_budget_never_lets_a_drain_take_every_owner_of_a_segment() -> None:
@@ -256,6 +276,7 @@ def test_member_rbac_is_least_privilege() -> None:
         "ServiceAccount",
         "Role",
         "RoleBinding",
+        "Service",
         "Service",
         "PodDisruptionBudget",
     ]

@@ -100,11 +100,15 @@ def test_crd_defaults_agree_with_the_operator_defaults() -> None:
     assert "default" not in props["existingSecret"]
 
 
-def _rules() -> list[dict[str, Any]]:
+def _rules(cluster_wide: bool = False) -> list[dict[str, Any]]:
     text = (CHART / "templates" / "_helpers.tpl").read_text()
     block = re.search(r'define "groupcluster.rules" -\}\}\n(.*?)\{\{- end', text, re.S)
     assert block, "groupcluster.rules not found in _helpers.tpl"
-    return yaml.safe_load(block.group(1))
+    # The one conditional in the rules: which of kopf's peering resources (namespaced or cluster-wide).
+    peering = "{{ if .Values.rbac.clusterWide }}cluster{{ end }}"
+    rules = block.group(1).replace(peering, "cluster" if cluster_wide else "")
+    assert "{{" not in rules, rules
+    return yaml.safe_load(rules)
 
 
 def _allowed(rules: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
@@ -136,11 +140,18 @@ def test_operator_rbac_covers_every_object_it_creates_and_no_more_than_needed() 
         assert _allowed(rules, "", "secrets", verb), f"{verb} secrets"
     for verb in ("list", "watch", "update", "patch", "delete", "deletecollection"):
         assert not _allowed(rules, "", "secrets", verb), f"{verb} secrets is more than the operator needs"
-    # Least privilege: no wildcards, no deletion of anything but pods.
+    # The replicas' peering: kopf watches and patches its peering object, the operator makes a missing one; the
+    # namespaced install in its namespaces, the cluster-wide one cluster-wide.
+    for verb in ("get", "list", "watch", "patch", "create"):
+        assert _allowed(rules, "kopf.dev", "kopfpeerings", verb), f"{verb} kopfpeerings"
+        assert _allowed(_rules(cluster_wide=True), "kopf.dev", "clusterkopfpeerings", verb)
+    assert not _allowed(rules, "kopf.dev", "clusterkopfpeerings", "get")
+    # Least privilege: no wildcards, no deletion of anything but pods and services (an older operator's headless
+    # Service that held the client Service's name).
     for r in rules:
         assert "*" not in r["verbs"] and "*" not in r["resources"]
         if "delete" in r["verbs"]:
-            assert r["resources"] == ["pods"]
+            assert r["resources"] in (["pods"], ["services"])
 
 
 def test_values_are_documented() -> None:

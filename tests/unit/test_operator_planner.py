@@ -403,6 +403,10 @@ def test_pod_state_and_member_report_are_read_from_api_objects() -> None:
         ({"memberPort": 8080}, "memberPort and spec.httpPort"),
         ({"stack": {"set": {"nodot": "1"}}}, "layer.key"),
         ({"stack": {"preset": "fast"}}, "spec.stack.preset"),
+        # Scaling relies on flushed view changes: no preset or override may take the flush away.
+        ({"stack": {"preset": "fifo"}}, "spec.stack.preset: 'fifo' is no longer offered"),
+        ({"stack": {"set": {"gms.use_flush": "false"}}}, "spec.stack.set: gms.use_flush cannot be set"),
+        ({"stack": {"set": {"flush.enable_reconciliation": "false"}}}, "flush.enable_reconciliation cannot be set"),
         # The operator sets it per pod (join-only members); a user's value would fight it.
         ({"grid": {"initial_cluster_size": "3"}}, "spec.grid.initial_cluster_size: set by the operator"),
     ],
@@ -411,6 +415,18 @@ def test_bad_specs_are_refused_naming_the_field(fields: dict[str, Any], message:
     body = {"metadata": {"name": "demo", "namespace": "ns"}, "spec": {"replicas": 3, **fields}}
     with pytest.raises(SpecError, match=re.escape(message)):
         ClusterSpec.from_resource(body, default_image="groupcluster:test")
+
+
+def test_every_offered_preset_flushes_its_view_changes() -> None:
+    from groupcluster.stacks import preset
+    from groupcluster_operator.model import PRESETS
+
+    for name in PRESETS:
+        layers = preset(name)
+        assert any(e["layer"] == "flush" for e in layers), name
+        assert next(e for e in layers if e["layer"] == "gms").get("use_flush") is True, name
+        body = {"metadata": {"name": "demo", "namespace": "ns"}, "spec": {"stack": {"preset": name}}}
+        assert ClusterSpec.from_resource(body, default_image="groupcluster:test").preset == name
 
 
 def test_an_image_is_required_from_the_spec_or_the_operator() -> None:
@@ -694,8 +710,10 @@ def test_pod_state_reads_the_termination_message_the_waiting_reason_and_the_sche
 
 def test_only_pods_deleted_by_someone_else_count_as_deleted() -> None:
     pods, reports = cluster(3)
-    # The operator's own deletions: a dead member's pod, one it stopped itself (annotated first).
-    pods[1] = PodState(**{**pods[1].__dict__, "deleting": True, "phase": "Failed", "ready": False})
+    # The operator's own deletions, annotated first: a dead member's pod, one it stopped itself.
+    pods[1] = PodState(
+        **{**pods[1].__dict__, "deleting": True, "phase": "Failed", "ready": False, "stopped_by_operator": True}
+    )
     pods[2] = PodState(**{**pods[2].__dict__, "deleting": True, "stopped_by_operator": True})
     step = plan(spec(3), pods, reports)
     assert step.events == [] and not any(m["deleted"] for m in step.status["members"])
@@ -710,6 +728,13 @@ def test_only_pods_deleted_by_someone_else_count_as_deleted() -> None:
     del pods[2], reports["demo-2"]
     third = plan(spec(3), pods, reports, previous_status=second.status)
     assert third.actions == [CreatePod(2, "replacing demo-2 (pod deleted): 2 of 3 members", 3)]
+    # Deleted by a user and already Succeeded (it left on SIGTERM) when a step first sees it: deleted too.
+    pods, reports = cluster(3)
+    first = plan(spec(3), pods, reports)
+    pods[2] = PodState(**{**pods[2].__dict__, "deleting": True, "phase": "Succeeded", "ready": False})
+    second = plan(spec(3), pods, reports, previous_status=first.status)
+    assert {m["pod"]: m["deleted"] for m in second.status["members"]}["demo-2"] is True
+    assert [e.reason for e in second.events] == ["MemberDeleted"]
 
 
 def test_a_member_pod_gone_between_two_steps_was_deleted_unless_the_operator_removed_it() -> None:

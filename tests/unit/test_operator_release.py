@@ -14,11 +14,9 @@ from groupcluster_operator.cli import QuietTimers, crd_problem
 from groupcluster_operator.kubeapi import ApiError
 from groupcluster_operator.release import FINALIZER, release_finalizers, removal_patch, stop_deployment
 
-GC = "/apis/groupcluster.io/v1alpha1"
-
 
 class FakeApi:
-    """Answers GET/PATCH of GroupClusters, a Deployment's scale and pod lists from dicts; records the calls."""
+    """Stands in for KubeApi's GroupCluster, Deployment and pod calls with dicts; records the calls."""
 
     def __init__(self, objects: dict[str, dict[str, Any]], pods_left: int = 0) -> None:
         self.objects = objects  # "ns/name" -> GroupCluster
@@ -26,30 +24,31 @@ class FakeApi:
         self.pods_left = pods_left
         self.conflict_once: set[str] = set()
 
-    async def request(self, method: str, path: str, *, body: Any = None, content_type: str = "") -> Any:
-        self.calls.append((method, path, body))
-        if method == "GET" and path.endswith("/groupclusters"):
-            ns = path.split("/namespaces/")[1].split("/")[0] if "/namespaces/" in path else None
-            return {"items": [o for k, o in self.objects.items() if ns is None or k.startswith(f"{ns}/")]}
-        if method == "PATCH" and "/groupclusters/" in path:
-            ns, name = path.split("/namespaces/")[1].split("/groupclusters/")
-            key = f"{ns}/{name}"
-            if key in self.conflict_once:
-                self.conflict_once.discard(key)
-                self.objects[key]["metadata"]["finalizers"].insert(0, "other.io/first")  # moved our index
-                raise ApiError(422, "the test operation failed")
-            assert content_type == "application/json-patch+json"
-            fins = self.objects[key]["metadata"]["finalizers"]
-            test, remove = body
-            assert fins[int(test["path"].rsplit("/", 1)[1])] == test["value"]
-            del fins[int(remove["path"].rsplit("/", 1)[1])]
-            return self.objects[key]
-        if method == "GET" and "/deployments/" in path:
-            return {"spec": {"selector": {"matchLabels": {"app": "op", "tier": "x"}}}}
-        if method == "PATCH" and path.endswith("/scale"):
-            assert body == {"spec": {"replicas": 0}}
-            return {}
-        raise ApiError(404, "not found")
+    async def list_groupclusters(self, namespace: str | None, limit: int | None = None) -> list[dict[str, Any]]:
+        self.calls.append(("LIST", f"groupclusters in {namespace}", None))
+        return [o for k, o in self.objects.items() if namespace is None or k.startswith(f"{namespace}/")]
+
+    async def json_patch_groupcluster(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> Any:
+        self.calls.append(("PATCH", f"{namespace}/{name}", patch))
+        key = f"{namespace}/{name}"
+        if key not in self.objects:
+            raise ApiError(404, "not found")
+        if key in self.conflict_once:
+            self.conflict_once.discard(key)
+            self.objects[key]["metadata"]["finalizers"].insert(0, "other.io/first")  # moved our index
+            raise ApiError(422, "the test operation failed")
+        fins = self.objects[key]["metadata"]["finalizers"]
+        test, remove = patch
+        assert fins[int(test["path"].rsplit("/", 1)[1])] == test["value"]
+        del fins[int(remove["path"].rsplit("/", 1)[1])]
+        return self.objects[key]
+
+    async def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        self.calls.append(("GET", f"deployment {namespace}/{name}", None))
+        return {"spec": {"selector": {"matchLabels": {"app": "op", "tier": "x"}}}}
+
+    async def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        self.calls.append(("SCALE", f"deployment {namespace}/{name}", replicas))
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         self.calls.append(("LIST", f"{namespace}:{selector}", None))
@@ -92,40 +91,44 @@ def test_release_removes_the_finalizer_in_the_watched_namespaces_and_keeps_other
 def test_stop_deployment_scales_to_zero_and_waits_for_the_pods() -> None:
     api = FakeApi({}, pods_left=2)
     assert asyncio.run(stop_deployment(api, "ops", "gco", timeout=30))  # type: ignore[arg-type]
-    assert ("PATCH", "/apis/apps/v1/namespaces/ops/deployments/gco/scale", {"spec": {"replicas": 0}}) in api.calls
+    assert ("SCALE", "deployment ops/gco", 0) in api.calls
     assert [c[1] for c in api.calls if c[0] == "LIST"] == ["ops:app=op,tier=x"] * 3
 
 
 def test_the_operator_waits_for_a_new_crd_and_refuses_to_start_without_one() -> None:
     class Discovery:
-        """Discovery answers ``answer``; lists answer ``lists`` in turn (an exception is raised), then items."""
+        """Serves ``answer`` (resource names, or an exception to raise); lists raise ``lists`` in turn."""
 
         def __init__(self, answer: Any, *lists: Exception) -> None:
             self.answer = answer
             self.lists = list(lists)
-            self.listed: list[str] = []
+            self.listed: list[str | None] = []
 
-        async def request(self, method: str, path: str, params: Any = None) -> Any:
-            if path != GC:
-                self.listed.append(path)
-                if self.lists:
-                    raise self.lists.pop(0)
-                return {"items": []}
+        async def served_resources(self) -> list[str]:
             if isinstance(self.answer, Exception):
                 raise self.answer
             return self.answer
 
-    served = {"resources": [{"name": "groupclusters"}]}
+        async def list_groupclusters(self, namespace: str | None, limit: int | None = None) -> list[dict[str, Any]]:
+            assert limit == 1  # a probe, not a full list
+            self.listed.append(namespace)
+            if self.lists:
+                raise self.lists.pop(0)
+            return []
+
+    served = ["groupclusters", "groupclusters/status"]
     assert asyncio.run(crd_problem(Discovery(served), ["a", "b"])) is None
     # A CRD installed moments ago: its storage answers 429 for a while; that is waited out, not logged.
     api = Discovery(served, ApiError(429, "storage is (re)initializing"))
     assert asyncio.run(crd_problem(api, None)) is None
-    assert api.listed == [f"{GC}/groupclusters"] * 2
+    assert api.listed == [None, None]
     problem = asyncio.run(crd_problem(Discovery(served, ApiError(403, "forbidden")), ["shop"]))
     assert problem is not None and problem.startswith("cannot list groupclusters in namespace shop (check the")
     problem = asyncio.run(crd_problem(Discovery(served, *[ApiError(429, "later")] * 5), ["shop"], wait=0.5))
     assert problem is not None and "does not serve groupclusters in namespace shop yet" in problem
     problem = asyncio.run(crd_problem(Discovery(ApiError(404, "not found"))))
+    assert problem is not None and "install the CRD first" in problem
+    problem = asyncio.run(crd_problem(Discovery(["other"])))
     assert problem is not None and "install the CRD first" in problem
     problem = asyncio.run(crd_problem(Discovery(ApiError(403, "forbidden"))))
     assert problem is not None and problem.startswith("cannot read") and "forbidden" in problem

@@ -14,7 +14,7 @@ import pytest
 from groupcluster.core import protocol_ids
 from groupcluster.core.address import Address
 from groupcluster.core.errors import ConfigError, WireError
-from groupcluster.core.events import Backpressure, Disconnect, Left, ViewChange
+from groupcluster.core.events import Backpressure, Disconnect, FlushHold, FlushRelease, Left, ViewChange
 from groupcluster.core.message import NO_RELIABILITY, OOB, Message
 from groupcluster.core.stack import resolve_config
 from groupcluster.core.view import ViewId
@@ -188,6 +188,34 @@ def test_the_coordinator_waits_for_every_sync_then_sequences_a_step_in_one_batch
     assert got == [(P1, b"p1"), (P1, b"p2"), (P1, b"p3"), (ME, b"m1"), (ME, b"m2")]
     commits = sent_kind(h, COMMIT)
     assert [m.headers[PID].commit for _, m in commits] == [2]
+
+
+def test_a_flush_hold_freezes_the_coordinators_commits_and_sequencing_until_released() -> None:
+    # FLUSH's digest is what every survivor delivers of the coordinator's stream: a commit the coordinator made
+    # after it (and delivered itself) would reach nobody else in the old view.
+    h, epoch = coordinator_with()
+    h.receive(P1, [forward(1, [b"p1"])])
+    assert len(sent_kind(h, BCAST)) == 1
+    h.control(FlushHold())
+    h.receive(P1, [ack(epoch, 1)])
+    assert h.take_delivered() == []  # acknowledged by all, but not committed while the flush holds us
+    assert sent_kind(h, COMMIT) == []
+    h.receive(P1, [forward(2, [b"p2"])])
+    assert sent_kind(h, BCAST) == []  # nothing sequenced either: it waits, or goes with the next view
+    h.control(FlushRelease())  # the round was superseded or abandoned: carry on in this view
+    assert payloads(h.take_delivered()) == [(P1, b"p1")]
+    bcasts = sent_kind(h, BCAST)
+    assert [runs_of(m) for _, m in bcasts] == [[(P1, 2, [b"p2"])]]
+    assert bcasts[0][1].headers[PID].commit == 1
+
+
+def test_a_new_view_ends_the_freeze() -> None:
+    h, epoch = coordinator_with()
+    h.control(FlushHold())
+    view = h.install_view([ME, P1], seq=2)
+    h.receive(P1, [sync_msg(view.view_id, epochs=[epoch, view.view_id])])
+    h.receive(P1, [forward(1, [b"p1"])])
+    assert [runs_of(m) for _, m in sent_kind(h, BCAST)] == [[(P1, 1, [b"p1"])]]
 
 
 def test_batches_are_cut_at_max_batch_size() -> None:

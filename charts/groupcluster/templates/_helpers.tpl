@@ -67,8 +67,12 @@ create only), and events.
   # list: also what the members' Role grants, which the operator may only grant if it holds it itself.
   verbs: ["get", "list", "create", "delete", "patch"]
 - apiGroups: [""]
-  resources: ["services", "serviceaccounts"]
+  resources: ["serviceaccounts"]
   verbs: ["get", "create"]
+# delete: a cluster's headless Service that an older operator named NAME is replaced by the client Service NAME.
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create", "delete"]
 # Each GroupCluster's auth Secret (NAME-auth, or spec.auth.existingSecret): get reads the admin token and checks
 # the keys by name; create makes NAME-auth once. No list or watch (the operator never needs all the namespace's
 # Secrets), no update, patch or delete (it never rewrites keys; the garbage collector removes NAME-auth).
@@ -84,4 +88,8 @@ create only), and events.
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]
+# kopf's peering of the operator replicas (create: the operator makes a missing peering object itself).
+- apiGroups: ["kopf.dev"]
+  resources: ["{{ if .Values.rbac.clusterWide }}cluster{{ end }}kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch", "create"]
 {{- end -}}

@@ -1,12 +1,19 @@
 """``groupcluster bench --suite peers``: our stack and its peers on the same workloads, in one invocation.
 
-    groupcluster bench --suite peers --quick                 # headline workloads, one run each (~4 minutes)
-    groupcluster bench --suite peers --out docs/benchmarks   # everything, 3 runs each; table, JSON and PNGs
+    groupcluster bench --suite peers --quick                 # headline workloads, a short smoke run
+    groupcluster bench --suite peers --out docs/benchmarks   # everything; table, JSON and PNGs
     groupcluster bench --suite peers --workloads 'fifo-*' --systems groupcluster,raw-asyncio --json
     groupcluster bench --list
 
-Progress goes to stderr; stdout gets the table, or with ``--json`` one JSON object whose ``results`` entries
-carry ``workload``, ``system``, ``value`` and ``unit``. Systems that cannot run (a missing JDK, say) are
+The multicast and counter workloads keep every system's member processes up for the whole workload and run
+``--warmup`` discarded rounds, then ``--repeat`` measured rounds, systems interleaved round by round
+(:mod:`groupcluster.bench.fair`); each figure is the median of the measured rounds, with their spread and the
+CPU time (user+sys of all member processes) per delivered message. The grid workloads interleave our grid,
+Infinispan and Hazelcast run by run after a warm-up of their own (:mod:`groupcluster.bench.gridpeers_run`),
+with the members' CPU per MB moved or per operation. Progress goes to stderr; stdout gets the table, or with
+``--json`` one JSON object whose ``results`` entries carry ``workload``, ``system``, ``value`` (the median),
+``unit``, ``spread``, ``cpu_us_per_message`` (multicast) and ``cpu`` / ``cpu_unit`` (grid), and whose
+``by_workload`` has the same per workload and system. Systems that cannot run (a missing JDK, say) are
 reported and skipped, and the exit status is then 1.
 """
 
@@ -21,8 +28,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .fair import by_workload
 from .model import (
+    LIFECYCLE_KINDS,
+    OPTIONAL_WORKLOADS,
     QUICK_WORKLOADS,
+    REBALANCE_ENTRIES,
     SYSTEMS,
     WORKLOADS,
     Result,
@@ -43,9 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="headline workloads, 1 run each, fewer messages")
     parser.add_argument("--workloads", type=_csv, metavar="PATTERNS", help="comma-separated names or globs")
     parser.add_argument("--systems", type=_csv, metavar="PATTERNS", help=f"comma-separated of {', '.join(SYSTEMS)}")
-    parser.add_argument("--repeat", type=int, help="runs per figure; the median is reported (default 3, quick 1)")
-    parser.add_argument("--messages", type=int, help="messages per sender when all send (default 12000, quick 10000)")
-    parser.add_argument("--counter-ops", type=int, help="increments per node, replicated counter (default 5000)")
+    parser.add_argument(
+        "--repeat", type=int, help="measured rounds (multicast) or runs (lifecycle) per figure; median (default 5)"
+    )
+    parser.add_argument("--warmup", type=int, help="discarded rounds before them, same processes (default 2)")
+    parser.add_argument("--messages", type=int, help="messages per sender when all send (default 200000)")
+    parser.add_argument("--counter-ops", type=int, help="increments per node and round, counter (default 50000)")
+    parser.add_argument("--mperf-seconds", type=int, help="length of a round of JGroups' MPerf (default 20)")
     parser.add_argument("--latency-seconds", type=float, help="length of a paced latency run (default 4, quick 2)")
     parser.add_argument("--join-rounds", type=int, help="joins per run of join-4 / join-flush-4 (default 3, quick 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -58,12 +73,13 @@ def _settings(args: argparse.Namespace) -> Any:
 
     s = Settings()
     if args.quick:
-        s.repeat, s.messages, s.counter_ops, s.latency_seconds = 1, 10000, 3000, 2.0
-        s.join_rounds, s.grid_single_ops, s.grid_batch_ops = 2, 500, 10000
-    for name in ("repeat", "messages", "counter_ops", "latency_seconds", "join_rounds"):
+        s.repeat, s.warmup, s.messages, s.counter_ops, s.latency_seconds = 2, 1, 20000, 5000, 2.0
+        s.join_rounds, s.grid_single_ops, s.grid_batch_ops, s.mperf_seconds = 2, 500, 10000, 3
+        s.join_warm_rounds, s.state_repeat, s.grid_entries = 3, 3, 50_000
+    for name in ("repeat", "warmup", "messages", "counter_ops", "latency_seconds", "join_rounds", "mperf_seconds"):
         value = getattr(args, name)
         if value is not None:
-            if value <= 0:
+            if value <= 0 and not (name == "warmup" and value == 0):
                 raise SystemExit(f"groupcluster bench: --{name.replace('_', '-')} must be positive")
             setattr(s, name, value)
     return s
@@ -76,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     patterns = args.workloads or (list(QUICK_WORKLOADS) if args.quick else ["*"])
     names = with_peaks(select(patterns, WORKLOADS))
+    if not args.workloads:  # the 100 MB and 1 GB states run only when named
+        names = [n for n in names if n not in select(OPTIONAL_WORKLOADS, WORKLOADS)]
     if not names:
         raise SystemExit(f"groupcluster bench: no workload matches {patterns}; see --list")
     systems = select(args.systems, SYSTEMS) if args.systems else list(SYSTEMS)
@@ -96,13 +114,17 @@ def run(args: argparse.Namespace) -> int:
         progress(f"  load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
     # SIGTERM unwinds like Ctrl-C, so the runner's cleanup kills the member processes of the current run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    settings.systems = tuple(systems)  # the grid workloads interleave the chosen systems run by run
     runner = Runner(settings, progress)
-    # The grid workloads interleave the chosen systems run by run; --quick loads 50,000 entries, not 1,000,000.
-    runner.lifecycle.grid_peers.systems, runner.lifecycle.grid_peers.quick = systems, args.quick
     results: list[Result] = []
     failures: list[str] = []
     for name in names:
         w = WORKLOADS[name]
+        if w.kind not in LIFECYCLE_KINDS:
+            done, failed = runner.measure_interleaved(w, [x for x in w.systems if x in systems])
+            results.extend(done)
+            failures.extend(failed)
+            continue
         for system in w.systems:
             if system not in systems:
                 continue
@@ -118,18 +140,25 @@ def run(args: argparse.Namespace) -> int:
     env["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     settings_doc = {
         "repeat": settings.repeat,
+        "warmup_rounds": settings.warmup,
         "messages_per_sender": settings.messages,
         "counter_ops_per_node": settings.counter_ops,
+        "counter_window": settings.counter_window,
         "raw_factor": settings.raw_factor,
+        "mperf_seconds": settings.mperf_seconds,
+        "tcp_bundler_capacity": settings.tcp_bundler_capacity,
+        "jgroups_configs": runner.config_diffs,
         "latency_seconds": settings.latency_seconds,
         "join_rounds": settings.join_rounds,
         "rebalance_idle_seconds": settings.rebalance_idle_seconds,
+        "grid_rebalance_entries": settings.grid_entries or REBALANCE_ENTRIES,
         "grid_single_ops_per_client": settings.grid_single_ops,
         "grid_batch_ops_per_client": settings.grid_batch_ops,
         "workloads": names,
         "systems": systems,
     }
     doc = to_json(results, env, settings_doc)
+    doc["by_workload"] = by_workload(results)
     doc["failures"] = failures
     table = format_table(results)
     if args.out:

@@ -78,6 +78,23 @@ def join_ms(doc: Mapping[str, Any]) -> float:
     return statistics.median(numbers(doc, "join_ms", "join_latency.py"))
 
 
+def join_launch_ms(doc: Mapping[str, Any]) -> float:
+    """One join run of bench/join_latency.py: the median over its rounds of process launch to view, in ms."""
+    return statistics.median(numbers(doc, "launch_to_view_ms", "join_latency.py"))
+
+
+def warm_median(values: Sequence[float], source: str) -> float:
+    """The median of repeated joins from one process, the first (cold in that process) left out."""
+    if len(values) < 2:
+        raise FigureError(f"{source}: {len(values)} warm joins, need at least 2 (the first is left out)")
+    return statistics.median(values[1:])
+
+
+def join_warm_ms(doc: Mapping[str, Any]) -> float:
+    """One join run of bench/join_latency.py: the median of its warm joins (``--warm-rounds``)."""
+    return warm_median(numbers(doc, "warm_join_ms", "join_latency.py"), "join_latency.py")
+
+
 def state_mb_per_s(doc: Mapping[str, Any], size: int) -> float:
     """One run of bench/state_transfer.py: the state's MB (10^6 bytes) over the transfer seconds."""
     got = number(doc, "size_bytes", source="state_transfer.py")
@@ -113,10 +130,25 @@ def view_line(line: str) -> int | None:
 
 
 def java_join_ms(results: Sequence[Mapping[str, Any]]) -> float:
-    """The median ``join_ms`` of a run's joiners (one RESULT per round)."""
-    if not results:
+    """The median ``join_ms`` of a run's joiner JVMs (one RESULT per round; the warm joins are not among them)."""
+    launched = [r for r in results if not r.get("warm")]
+    if not launched:
         raise FigureError("Lifecycle harness: no joiner reported a result")
-    return statistics.median(number(r, "join_ms", source="Lifecycle harness") for r in results)
+    return statistics.median(number(r, "join_ms", source="Lifecycle harness") for r in launched)
+
+
+def java_join_launch_ms(results: Sequence[Mapping[str, Any]]) -> float:
+    """The median ``launch_to_view_ms`` of a run's joiner JVMs (JVM start-up included)."""
+    values = [float(r["launch_to_view_ms"]) for r in results if not r.get("warm") and "launch_to_view_ms" in r]
+    if not values:
+        raise FigureError("Lifecycle harness: no joiner reported launch_to_view_ms")
+    return statistics.median(values)
+
+
+def java_join_warm_ms(results: Sequence[Mapping[str, Any]]) -> float:
+    """The median ``join_ms`` of the repeated joins of one joiner JVM, its first left out."""
+    values = [float(r["join_ms"]) for r in results if r.get("warm")]
+    return warm_median(values, "Lifecycle harness")
 
 
 def java_state_mb_per_s(result: Mapping[str, Any], size: int) -> float:
@@ -128,6 +160,23 @@ def java_state_mb_per_s(result: Mapping[str, Any], size: int) -> float:
     if ms <= 0:
         raise FigureError(f"Lifecycle harness: state_ms is {ms}, not positive")
     return size / 1e6 / (ms / 1000.0)
+
+
+def state_warm_mb_per_s(doc: Mapping[str, Any], size: int) -> float:
+    """bench/state_transfer.py ``--repeat``: the median MB/s of the fetches after the first of its process."""
+    state_mb_per_s(doc, size)  # the same checks of the size
+    seconds = numbers(doc, "transfer_s_all", "state_transfer.py")
+    if len(seconds) < 2 or min(seconds) <= 0:
+        raise FigureError(f"state_transfer.py: transfer_s_all is {seconds}, need 2 or more positive times")
+    return statistics.median(size / 1e6 / t for t in seconds[1:])
+
+
+def java_state_warm_mb_per_s(doc: Mapping[str, Any], size: int) -> float:
+    """The median MB/s of the joiner JVM's fetches after its first (``warm``: their RESULT objects)."""
+    warm = doc.get("warm")
+    if not isinstance(warm, list) or not warm:
+        raise FigureError("Lifecycle harness: no warm state fetches")
+    return statistics.median(java_state_mb_per_s(r, size) for r in warm)
 
 
 def _median_of(values: Sequence[Any]) -> float | None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from xml.sax.saxutils import escape
 
+from .fair import summarize
 from .model import (
     GROUPCLUSTER,
     HAZELCAST,
@@ -281,25 +282,6 @@ class OpsStep:
 
 
 # -- results --------------------------------------------------------------------------------------------------
-def spread(samples: Sequence[float]) -> dict[str, float]:
-    """Median, min, max and quartiles of a workload's runs (``statistics.quantiles``, inclusive)."""
-    xs = sorted(float(x) for x in samples)
-    if not xs:
-        raise HarnessError("no samples")
-    q1, _, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) >= 2 else (xs[0], xs[0], xs[0])
-    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "q1": q1, "q3": q3, "runs": len(xs)}
-
-
-@dataclass
-class GridResult(Result):
-    """A grid-peer figure: the median of the runs, their spread, and the CPU the members spent for it."""
-
-    spread: dict[str, Any] | None = None
-    cpu: float | None = None  # median over the runs, in cpu_unit
-    cpu_unit: str = ""
-    cpu_samples: list[float] = field(default_factory=list)
-
-
 def grid_result(
     workload: str,
     system: str,
@@ -308,9 +290,12 @@ def grid_result(
     cpu: Sequence[float] = (),
     cpu_unit: str = "",
     note: str = "",
-) -> GridResult:
-    s = spread(samples)
-    return GridResult(
+) -> Result:
+    """A grid-peer figure: the median of the runs, their spread, and the CPU the members spent for it."""
+    if not samples:
+        raise HarnessError(f"{workload}/{system}: no samples")
+    s = summarize(samples)
+    return Result(
         workload,
         system,
         s["median"],
@@ -318,9 +303,9 @@ def grid_result(
         [float(x) for x in samples],
         note,
         spread=s,
+        cpu_samples=[float(x) for x in cpu],
         cpu=statistics.median(cpu) if cpu else None,
         cpu_unit=cpu_unit,
-        cpu_samples=[float(x) for x in cpu],
     )
 
 

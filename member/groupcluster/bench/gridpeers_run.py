@@ -19,6 +19,7 @@ every system alike; each figure is the median of the rounds, with its spread. Th
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import queue
@@ -71,7 +72,6 @@ from .model import (
 if TYPE_CHECKING:
     from .runner import Settings
 
-QUICK_ENTRIES = 50_000
 VALUE_SIZE = 100
 WRITE_RATE = 200.0
 SINGLE_INFLIGHT = 16
@@ -207,20 +207,30 @@ class LineProc:
 
 
 # -- the systems under test -----------------------------------------------------------------------------------
-class Grid:
+class Grid(abc.ABC):
     """What the workloads need of a grid; one instance per run."""
 
     system: str
 
+    @abc.abstractmethod
     def start(self, n: int) -> None: ...
+    @abc.abstractmethod
     def load(self, entries: int, size: int) -> None: ...
+    @abc.abstractmethod
     def member_pids(self) -> list[int]: ...
+    @abc.abstractmethod
     def client_cmd(self) -> list[str]: ...
+    @abc.abstractmethod
     def join(self) -> tuple[float, float]: ...  # (spawned at, joined at), seconds since the epoch
+    @abc.abstractmethod
     def wait_balanced(self, n: int, since: float, at_end: Callable[[], None]) -> float: ...
+    @abc.abstractmethod
     def leave_newest(self, stay: bool = False) -> None: ...
+    @abc.abstractmethod
     def moved_before(self, entries: int) -> None: ...
+    @abc.abstractmethod
     def moved_after(self) -> tuple[int, float]: ...
+    @abc.abstractmethod
     def close(self) -> None: ...
 
 
@@ -468,8 +478,6 @@ class GridPeerRunner:
         self.settings = settings
         self.progress = progress
         self.free_ports = free_ports
-        self.systems: list[str] | None = None
-        self.quick = False
         self._classpath = ""
         self._figures: dict[tuple[str, str], list[Any]] = {}
         self._failed: dict[tuple[str, str], str] = {}
@@ -482,13 +490,13 @@ class GridPeerRunner:
         return self._classpath
 
     def entries(self, w: Workload) -> int:
-        return QUICK_ENTRIES if self.quick else w.size
+        return self.settings.grid_entries or w.size
 
     def measure(self, system: str, w: Workload) -> list[Result]:
         group = w.run_group
         if group not in self._done:
             self._done.add(group)
-            chosen = [s for s in w.systems if self.systems is None or s in self.systems]
+            chosen = [s for s in w.systems if not self.settings.systems or s in self.settings.systems]
             self._run_group(group, w, chosen)
         if (group, system) in self._failed:
             raise GridPeerFailed(self._failed[(group, system)])

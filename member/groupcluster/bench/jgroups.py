@@ -15,7 +15,8 @@ import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,12 +84,15 @@ class JavaPeer:
     conf_dir: Path
     lifecycle_class: str = ""
 
-    def _java(self, config: str, ports: list[int], rank: int, discover: int, main: str) -> list[str]:
+    def _java(
+        self, config: str, ports: list[int], rank: int, discover: int, main: str, extra: Sequence[str] = ()
+    ) -> list[str]:
         conf = self.conf_dir / CONFIGS[(self.system, config)]
         hosts = ",".join(f"127.0.0.1[{p}]" for p in ports)
         return [
             "java",
             *JVM_OPTS,
+            *extra,  # after JVM_OPTS: a later -Xmx wins
             f"-Djgroups.bind_port={ports[rank]}",
             f"-Djgroups.initial_hosts={hosts}",
             f"-Djgroups.members={discover}",
@@ -103,7 +107,15 @@ class JavaPeer:
         return [*main, cluster, "--rank", str(rank), *options]
 
     def lifecycle_command(
-        self, config: str, cluster: str, ports: list[int], rank: int, mode: str, options: list[str], discover: int
+        self,
+        config: str,
+        cluster: str,
+        ports: list[int],
+        rank: int,
+        mode: str,
+        options: list[str],
+        discover: int,
+        jvm_extra: Sequence[str] = (),
     ) -> list[str]:
         """A member (``mode`` "member") or the joiner ("join") of a join or state workload.
 
@@ -112,7 +124,7 @@ class JavaPeer:
         """
         if not self.lifecycle_class:
             raise BenchSetupError(f"{self.system}: no join/state harness")
-        main = self._java(config, ports, rank, discover, self.lifecycle_class)
+        main = self._java(config, ports, rank, discover, self.lifecycle_class, jvm_extra)
         return [*main, cluster, mode, *options]
 
 
@@ -148,6 +160,21 @@ def jgroups5(log: Callable[[str], None] | None = None) -> JavaPeer:
     return JavaPeer(
         "jgroups-5", classpath, "io.groupcluster.bench.Harness", src / "conf", "io.groupcluster.bench.Lifecycle"
     )
+
+
+def jgroups5_jar(peer: JavaPeer) -> Path:
+    """The JGroups 5 jar on the harness's class path (Maven copies it to target/lib)."""
+    for entry in peer.classpath.split(os.pathsep):
+        name = Path(entry).name
+        if name.startswith("jgroups-") and name.endswith(".jar") and "harness" not in name:
+            return Path(entry)
+    raise BenchSetupError(f"no JGroups jar on the class path {peer.classpath}")
+
+
+def stock_xml(peer: JavaPeer, name: str) -> str:
+    """The text of ``name`` (``tcp.xml``, ``tcp-new.xml``) exactly as shipped in the JGroups 5 jar."""
+    with zipfile.ZipFile(jgroups5_jar(peer)) as jar:
+        return jar.read(name).decode("utf-8")
 
 
 def _jgroups212_jar(log: Callable[[str], None] | None) -> Path:

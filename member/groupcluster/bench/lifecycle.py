@@ -127,8 +127,16 @@ class LifecycleRunner:
 
     def figure(self, system: str, w: Workload, doc: Any) -> float:
         if w.kind == "join":
+            if w.figure == "launch":
+                return figures.join_launch_ms(doc) if system == GROUPCLUSTER else figures.java_join_launch_ms(doc)
+            if w.figure == "warm":
+                return figures.join_warm_ms(doc) if system == GROUPCLUSTER else figures.java_join_warm_ms(doc)
             return figures.join_ms(doc) if system == GROUPCLUSTER else figures.java_join_ms(doc)
         if w.kind == "state":
+            if w.figure == "warm":
+                if system == GROUPCLUSTER:
+                    return figures.state_warm_mb_per_s(doc, w.size)
+                return figures.java_state_warm_mb_per_s(doc, w.size)
             if system == GROUPCLUSTER:
                 return figures.state_mb_per_s(doc, w.size)
             return figures.java_state_mb_per_s(doc, w.size)
@@ -138,10 +146,13 @@ class LifecycleRunner:
         s = self.settings
         if w.kind == "join":
             args = ["--members", str(w.members - 1), "--rounds", str(s.join_rounds), "--stack", w.stack]
+            if w.stack == "fifo":
+                args += ["--warm-rounds", str(s.join_warm_rounds)]
             return "join_latency.py", [*args, "--transport", "tcp", "--rate", str(JOIN_LOAD_RATE), "--cluster", cluster]
         if w.kind == "state":
             # TCP like the JGroups peer; one member holds the state (the JGroups coordinator serves it too).
-            return "state_transfer.py", ["--size-mb", f"{w.size / 1e6:g}", "--members", "1", "--transport", "tcp"]
+            args = ["--size-mb", f"{w.size / 1e6:g}", "--members", "1", "--transport", "tcp"]
+            return "state_transfer.py", [*args, "--repeat", str(s.state_repeat)]
         raise LifecycleFailed(f"{w.name}: unknown kind {w.kind!r}")
 
     def _script(self, name: str, args: list[str]) -> dict[str, Any]:
@@ -173,32 +184,50 @@ class LifecycleRunner:
         if config is None:
             raise LifecycleFailed(f"{w.name}: no {system} configuration for a {w.stack} join")
         n, rounds = w.members, self.settings.join_rounds
+        warm = self.settings.join_warm_rounds if w.stack == "fifo" else 0
         # A fresh port per joiner: JGroups 2.12 members take ~15 s to let a leaver's address go, and a joiner
         # reusing it waits that long (ours reuse one port; their clock starts after it is bound either way).
-        ports = self.free_ports(n - 1 + rounds)
+        ports = self.free_ports(n - 1 + rounds + (1 if warm else 0))
         with _JavaGroup(self.java_peer(system), config, cluster, ports, self.progress) as group:
             group.start_members(n - 1, ["--rate", str(JOIN_LOAD_RATE)])
             results = []
             for r in range(rounds):
-                results.append(group.join(n, [], f"joiner{r}", self.settings.script_timeout, n - 1 + r))
+                launch = ["--launch-wall-ms", str(int(time.time() * 1000))]
+                results.append(group.join(n, launch, f"joiner{r}", self.settings.script_timeout, n - 1 + r))
                 group.wait_left(n - 1, 60.0)  # back to n-1 members before the next round
+            if warm:
+                # One JVM joins ``warm`` times (disconnect, connect): the warm figures, marked as such.
+                for doc in group.join_repeated(n, warm, "joiner-warm", self.settings.script_timeout, n - 1 + rounds):
+                    results.append({**doc, "warm": True})
             return results
 
     def _java_state(self, system: str, w: Workload, cluster: str) -> dict[str, Any]:
         config = JAVA_CONFIGS.get(("state", "", system))
         if config is None:
             raise LifecycleFailed(f"{w.name}: no {system} state configuration")
-        with _JavaGroup(self.java_peer(system), config, cluster, self.free_ports(2), self.progress) as group:
+        # The donor holds the state in its heap; JVM_OPTS' 512 MB would not hold the 1 GB state.
+        heap = ["-Xmx" + str(max(512, 3 * w.size // 1_000_000)) + "m"]
+        with _JavaGroup(self.java_peer(system), config, cluster, self.free_ports(2), self.progress, heap) as group:
             group.start_members(1, ["--state-bytes", str(w.size)])
-            return group.join(2, ["--state-bytes", str(w.size)], "joiner", self.settings.script_timeout, 1)
+            # One joiner JVM fetches ``state_repeat`` times: the first is the figure, the rest the warm figure.
+            opts = ["--state-bytes", str(w.size)]
+            done = group.join_repeated(2, self.settings.state_repeat, "joiner", self.settings.script_timeout, 1, opts)
+            return {**done[0], "warm": done[1:]}
 
 
 class _JavaGroup:
     """Member JVMs of one run (stdout read by threads: READY, VIEW n) and their joiners; all killed at exit."""
 
     def __init__(
-        self, peer: JavaPeer, config: str, cluster: str, ports: list[int], progress: Callable[[str], None]
+        self,
+        peer: JavaPeer,
+        config: str,
+        cluster: str,
+        ports: list[int],
+        progress: Callable[[str], None],
+        jvm_extra: list[str] | None = None,
     ) -> None:
+        self.jvm_extra = jvm_extra or []
         self.peer = peer
         self.config = config
         self.cluster = cluster
@@ -258,7 +287,9 @@ class _JavaGroup:
         self.discover = count
         for rank in range(count):
             opts = ["--members", str(count), *options]
-            cmd = self.peer.lifecycle_command(self.config, self.cluster, self.ports, rank, "member", opts, count)
+            cmd = self.peer.lifecycle_command(
+                self.config, self.cluster, self.ports, rank, "member", opts, count, self.jvm_extra
+            )
             err = open(self.logdir / f"member{rank}.err", "w")  # noqa: SIM115  # closed with the process
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
             self.procs.append(proc)
@@ -276,11 +307,51 @@ class _JavaGroup:
 
         self._wait(back, timeout, f"waiting for the joiner to leave (views of {size})")
 
+    def join_repeated(
+        self, size: int, repeat: int, name: str, timeout: float, port_index: int, options: list[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """One joiner JVM that joins ``repeat`` times; after each result, once it has left, it is told ``next``."""
+        opts = ["--members", str(size), "--repeat", str(repeat), *(options or [])]
+        ports, config = self.ports, self.config
+        cmd = self.peer.lifecycle_command(
+            config, self.cluster, ports, port_index, "join", opts, self.discover, self.jvm_extra
+        )
+        with self.changed:
+            self._changes_at_join = dict(self.view_changes)
+        err = open(self.logdir / f"{name}.err", "w")  # noqa: SIM115  # closed below
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+        assert proc.stdin is not None and proc.stdout is not None
+        results: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        try:
+            for line in proc.stdout:
+                doc = figures.lifecycle_result(line.strip())
+                if doc is None:
+                    continue
+                results.append(doc)
+                self.wait_left(size - 1, max(1.0, min(60.0, deadline - time.monotonic())))
+                if len(results) == repeat:
+                    break
+                with self.changed:
+                    self._changes_at_join = dict(self.view_changes)
+                proc.stdin.write("next\n")
+                proc.stdin.flush()
+            if len(results) < repeat:
+                raise self._fail(f"{name} gave {len(results)} of {repeat} results (exit {proc.poll()})")
+            return results
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            err.close()
+
     def join(self, size: int, options: list[str], name: str, timeout: float, port_index: int) -> dict[str, Any]:
         """Run one joiner JVM on ``ports[port_index]`` to its exit; its RESULT object."""
         opts = ["--members", str(size), *options]
         rank = port_index
-        cmd = self.peer.lifecycle_command(self.config, self.cluster, self.ports, rank, "join", opts, self.discover)
+        cmd = self.peer.lifecycle_command(
+            self.config, self.cluster, self.ports, rank, "join", opts, self.discover, self.jvm_extra
+        )
         with self.changed:
             self._changes_at_join = dict(self.view_changes)
         with open(self.logdir / f"{name}.err", "w") as err:

@@ -26,7 +26,39 @@ JGROUPS212 = "jgroups-2.12"
 PYSYNCOBJ = "pysyncobj"
 RAW = "raw-asyncio"
 RAW_RELAY = "raw-asyncio-relay"
-SYSTEMS = (GROUPCLUSTER, JGROUPS5, JGROUPS212, PYSYNCOBJ, RAW, RAW_RELAY)
+# JGroups 5 on the XML files shipped in its jar: "jgroups-5" runs tcp-new.xml (NAKACK4/UNICAST4, no flow
+# control), "jgroups-5-tcp" the stock tcp.xml, "-tcp-capacity" tcp.xml with its bundler's capacity raised (the
+# one stated tuning), and "jgroups-5-mperf" is JGroups' own MPerf tool on tcp-new.xml, the reference a harness
+# far below would be caught by.
+JGROUPS5_STOCK = "jgroups-5-tcp"
+JGROUPS5_TUNED = "jgroups-5-tcp-capacity"
+JGROUPS5_MPERF = "jgroups-5-mperf"
+# The grid workloads (groupcluster.bench.gridpeers): our members, and Infinispan and Hazelcast embedded in member
+# JVMs, each also with its documented bulk-transfer tuning (the "-tuned" rows of the rebalance workloads).
+INFINISPAN = "infinispan"
+HAZELCAST = "hazelcast"
+INFINISPAN_TUNED = "infinispan-tuned"
+HAZELCAST_TUNED = "hazelcast-tuned"
+GRID_PEERS = (INFINISPAN, HAZELCAST, INFINISPAN_TUNED, HAZELCAST_TUNED)
+SYSTEMS = (
+    GROUPCLUSTER,
+    JGROUPS5,
+    JGROUPS212,
+    PYSYNCOBJ,
+    RAW,
+    RAW_RELAY,
+    JGROUPS5_STOCK,
+    JGROUPS5_TUNED,
+    JGROUPS5_MPERF,
+    *GRID_PEERS,
+)
+# system -> (the jar's XML file, bundler capacity raised?)
+JGROUPS5_VARIANTS = {
+    JGROUPS5: ("tcp-new.xml", False),
+    JGROUPS5_STOCK: ("tcp.xml", False),
+    JGROUPS5_TUNED: ("tcp.xml", True),
+    JGROUPS5_MPERF: ("tcp-new.xml", False),
+}
 
 THROUGHPUT_UNIT = "msgs/s per member"
 OPS_UNIT = "ops/s per node"
@@ -35,15 +67,7 @@ MB_UNIT = "MB/s"  # 10^6 bytes per second
 ENTRIES_UNIT = "entries/s"
 GRID_OPS_UNIT = "ops/s"  # all clients of a grid together
 
-# The grid workloads (groupcluster.bench.gridpeers): our members, and Infinispan and Hazelcast embedded in member
-# JVMs, each also with its documented bulk-transfer tuning (the "-tuned" rows of the rebalance workloads).
-GRID_PEER_KIND = "grid-peers"
-INFINISPAN = "infinispan"
-HAZELCAST = "hazelcast"
-INFINISPAN_TUNED = "infinispan-tuned"
-HAZELCAST_TUNED = "hazelcast-tuned"
-GRID_PEERS = (INFINISPAN, HAZELCAST, INFINISPAN_TUNED, HAZELCAST_TUNED)
-SYSTEMS = (*SYSTEMS, *GRID_PEERS)
+GRID_PEER_KIND = "grid-peers"  # the workload kind of groupcluster.bench.gridpeers_run
 CPU_PER_MB_UNIT = "ms CPU/MB"
 CPU_PER_OP_UNIT = "us CPU/op"
 
@@ -81,6 +105,8 @@ class Workload:
         """Workloads of one group read their figures from the same runs (one rebalance gives MB/s and more)."""
         if self.kind == GRID_PEER_KIND:
             return "grid-ops" if self.name.startswith("grid-ops-") else "grid-rebalance"
+        if self.kind in ("join", "state") and self.figure:
+            return self.name.removesuffix(f"-{self.figure}")  # one join-4 run gives its launch and warm figures
         return self.name
 
 
@@ -90,16 +116,23 @@ def _size_label(size: int) -> str:
 
 def _workloads() -> list[Workload]:
     out: list[Workload] = []
+    jg5 = (JGROUPS5, JGROUPS5_STOCK, JGROUPS5_TUNED)
     peers = {
-        "fifo": (GROUPCLUSTER, JGROUPS5, JGROUPS212, RAW),
-        "total-order": (GROUPCLUSTER, JGROUPS5, JGROUPS212, RAW_RELAY),
+        "fifo": (GROUPCLUSTER, *jg5, JGROUPS212, RAW),
+        "total-order": (GROUPCLUSTER, *jg5, JGROUPS212, RAW_RELAY),
     }
     for order, systems in peers.items():
         for size in (100, 1000):
             label = _size_label(size)
             out.append(
                 Workload(
-                    f"{order}-4x{label}", order, 4, 4, size, systems=systems, description=f"4 members, all send {label}"
+                    f"{order}-4x{label}",
+                    order,
+                    4,
+                    4,
+                    size,
+                    systems=(*systems, JGROUPS5_MPERF),  # MPerf's own workload: every member sends
+                    description=f"4 members, all send {label}",
                 )
             )
             out.append(
@@ -122,7 +155,7 @@ def _workloads() -> list[Workload]:
                 100,
                 kind="latency",
                 peak_of=f"{order}-4x100B",
-                systems=systems,
+                systems=tuple(x for x in systems if x not in (JGROUPS5_STOCK, JGROUPS5_TUNED)),
                 description="4 members, all send 100B, paced at half the system's own peak",
             )
         )
@@ -134,7 +167,8 @@ def _workloads() -> list[Workload]:
             3,
             16,
             systems=(GROUPCLUSTER, PYSYNCOBJ),
-            description="3 nodes, every node increments a replicated counter",
+            description="3 nodes, every node increments a replicated counter, 1000 increments in flight per node; "
+            "ops applied per node per second, the final value checked on every node",
         )
     )
     out.extend(_lifecycle_workloads())
@@ -143,6 +177,9 @@ def _workloads() -> list[Workload]:
 
 # Sizes of the lifecycle workloads (the names carry them; the runner passes them to the scripts).
 STATE_BYTES = 10_000_000
+# Larger states, run only when named (--workloads 'state-transfer-100MB*'): minutes each on 2 cores.
+OPTIONAL_STATE_BYTES = (100_000_000, 1_000_000_000)
+OPTIONAL_WORKLOADS = ("state-transfer-100MB*", "state-transfer-1GB*")
 REBALANCE_ENTRIES = 1_000_000
 GRID_OPS_CLIENTS = 4
 
@@ -164,6 +201,33 @@ def _lifecycle_workloads() -> list[Workload]:
             "ms from its stack's start to the view of 4",
         ),
         Workload(
+            "join-4-launch",
+            "",
+            4,
+            0,
+            0,
+            kind="join",
+            stack="fifo",
+            figure="launch",
+            systems=(GROUPCLUSTER, JGROUPS5),
+            fixed_unit=LATENCY_UNIT,
+            description="the join-4 joins timed from the joiner process's launch (Python / JVM start-up included)",
+        ),
+        Workload(
+            "join-4-warm",
+            "",
+            4,
+            0,
+            0,
+            kind="join",
+            stack="fifo",
+            figure="warm",
+            systems=(GROUPCLUSTER, JGROUPS5),
+            fixed_unit=LATENCY_UNIT,
+            description="repeated joins from one process (connect .. leave, the first left out): ms from connect "
+            "to the view of 4",
+        ),
+        Workload(
             "join-flush-4",
             "",
             4,
@@ -175,19 +239,27 @@ def _lifecycle_workloads() -> list[Workload]:
             fixed_unit=LATENCY_UNIT,
             description="the same join with a flush before the view (our vsync stack, JGroups 2.12 pbcast.FLUSH)",
         ),
-        Workload(
-            f"state-transfer-{STATE_BYTES // 1_000_000}MB",
-            "",
-            2,
-            0,
-            STATE_BYTES,
-            kind="state",
-            systems=(GROUPCLUSTER, JGROUPS5),
-            fixed_unit=MB_UNIT,
-            description=f"a joiner fetches a {STATE_BYTES // 1_000_000} MB state from one member; "
-            "MB/s from its first view to the last byte",
-        ),
     ]
+    for size in (STATE_BYTES, *OPTIONAL_STATE_BYTES):
+        label = f"{size // 1_000_000_000}GB" if size >= 1_000_000_000 else f"{size // 1_000_000}MB"
+        for suffix, figure, what in (
+            ("", "", "the first fetch of a joiner process; MB/s from its first view to the last byte"),
+            ("-warm", "warm", "one process joins, fetches and leaves repeatedly; the median of fetches 2..N"),
+        ):
+            out.append(
+                Workload(
+                    f"state-transfer-{label}{suffix}",
+                    "",
+                    2,
+                    0,
+                    size,
+                    kind="state",
+                    figure=figure,
+                    systems=(GROUPCLUSTER, JGROUPS5),
+                    fixed_unit=MB_UNIT,
+                    description=f"a {label} state on one member: {what}",
+                )
+            )
     # One shared run per group and system gives all its figures (groupcluster.bench.gridpeers_run).
     reb = "grid-rebalance-3to4"
     loaded = (
@@ -240,13 +312,13 @@ def _lifecycle_workloads() -> list[Workload]:
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _workloads()}
 
-# The quick selection: the headline workloads, about four minutes for every system.
+# The quick selection: the headline workloads, a smoke run of every system.
 QUICK_WORKLOADS = (
     "fifo-4x100B",
     "total-order-4x100B",
     "replicated-counter-3",
-    "join-4",
-    "state-transfer-10MB",
+    "join-4*",  # join-4's runs give its -launch and -warm figures too
+    "state-transfer-10MB*",
     "grid-ops-batch-*",
 )
 # Higher is better for these units (the table's ratio column); lower is better for ms.
@@ -349,6 +421,25 @@ class Result:
     unit: str
     samples: list[float] = field(default_factory=list)
     note: str = ""
+    # The fair suite's round statistics (multicast workloads): median/min/max/q1/q3 of the measured rounds, CPU
+    # (user+sys of all member processes) per delivered message, and the 1-minute load before each round.
+    spread: dict[str, Any] | None = None
+    cpu_us_per_message: float | None = None
+    cpu_samples: list[float] = field(default_factory=list)
+    load_before: list[float] = field(default_factory=list)
+    # The grid workloads' CPU (all member processes), median over the runs, per MB moved or per operation:
+    # ``cpu_unit`` says which (CPU_PER_MB_UNIT, CPU_PER_OP_UNIT); their cpu_samples are the runs' values.
+    cpu: float | None = None
+    cpu_unit: str = ""
+
+
+def cpu_cell(r: Result) -> str:
+    """The table's CPU figure of a result: per delivered message (multicast) or per MB / operation (grid)."""
+    if r.cpu_us_per_message is not None:
+        return f"{r.cpu_us_per_message:.2f} us/msg"
+    if r.cpu is not None:
+        return f"{r.cpu:,.1f} {r.cpu_unit.replace(' CPU', '')}"
+    return ""
 
 
 def aggregate(workload: str, system: str, unit: str, samples: Sequence[float], note: str = "") -> Result:
@@ -380,7 +471,7 @@ def fmt_value(value: float, unit: str) -> str:
 def format_table(results: Sequence[Result], base: str = GROUPCLUSTER) -> str:
     """A plain-text table: one row per result, with our figure relative to each peer (``ours / peer``)."""
     rel = ratios(results, base)
-    rows = [("workload", "system", "value", "unit", "runs (min - max)", f"{base} / this")]
+    rows = [("workload", "system", "median", "unit", "rounds (min - max)", "CPU", f"{base} / this")]
     for r in results:
         spread = f"{len(r.samples)}"
         if len(r.samples) >= 2:
@@ -393,11 +484,12 @@ def format_table(results: Sequence[Result], base: str = GROUPCLUSTER) -> str:
                 fmt_value(r.value, r.unit),
                 r.unit,
                 spread,
+                cpu_cell(r),
                 "" if ratio is None else f"{ratio:.2f}x",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    right = {2, 5}
+    right = {2, 5, 6}
     lines = []
     for n, row in enumerate(rows):
         cells = [cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)]

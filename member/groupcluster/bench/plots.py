@@ -16,6 +16,14 @@ COLOURS = {
     "raw-asyncio": "#7f7f7f",
     "raw-asyncio-relay": "#bcbcbc",
     "pysyncobj": "#2ca02c",
+    "jgroups-5-tcp": "#ff9896",
+    "jgroups-5-tcp-capacity": "#e377c2",
+    "jgroups-5-mperf": "#8c564b",
+    # The grid peers: a colour of their own each (the default cycle would start at groupcluster's blue).
+    "infinispan": "#9467bd",
+    "infinispan-tuned": "#c5b0d5",
+    "hazelcast": "#17becf",
+    "hazelcast-tuned": "#9edae5",
 }
 YLABELS = {
     THROUGHPUT_UNIT: "delivered msgs/s per member",
@@ -79,14 +87,19 @@ def _grouped_bars(ax: Any, results: Sequence[Mapping[str, Any]], ylabel: str) ->
     workloads = list(dict.fromkeys(r["workload"] for r in results))
     systems = list(dict.fromkeys(r["system"] for r in results))
     width = min(0.8 / max(len(systems), 1), 0.5)  # a lone system's bars stay bars, not slabs
-    by_key = {(r["workload"], r["system"]): r["value"] for r in results}
+    by_key = {(r["workload"], r["system"]): r for r in results}
     for i, system in enumerate(systems):
-        xs, ys = [], []
+        xs, ys, lo, hi = [], [], [], []
         for j, w in enumerate(workloads):
             if (w, system) in by_key:
+                r = by_key[(w, system)]
+                samples = r.get("samples") or [r["value"]]
                 xs.append(j + (i - (len(systems) - 1) / 2) * width)
-                ys.append(by_key[(w, system)])
-        bars = ax.bar(xs, ys, width, label=system, color=COLOURS.get(system))
+                ys.append(r["value"])
+                lo.append(r["value"] - min(samples))
+                hi.append(max(samples) - r["value"])
+        # The bar is the median; the whisker spans the min-max of the measured rounds (the spread, not a point).
+        bars = ax.bar(xs, ys, width, label=system, color=COLOURS.get(system), yerr=[lo, hi], capsize=2)
         ax.bar_label(bars, labels=[_label(y) for y in ys], fontsize=6)
     ax.set_xticks(range(len(workloads)), workloads, rotation=20, ha="right", fontsize=8)
     ax.set_xlim(-0.7, len(workloads) - 0.3)
@@ -111,7 +124,7 @@ def write_plots(doc: Mapping[str, Any], out: Path) -> list[Path]:
 
     env = doc.get("environment", {})
     repeat = doc.get("settings", {}).get("repeat")
-    runs = "one run each" if repeat == 1 else f"medians of {repeat or 'repeated'} runs"
+    runs = "one run each" if repeat == 1 else f"medians of {repeat or 'repeated'} rounds, whiskers min-max"
     subtitle = f"{env.get('date', '')}, {env.get('cores', '?')} cores, loopback; {runs}"
     written = []
     out.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,9 @@
 Every node increments a replicated counter (pysyncobj.batteries.ReplCounter) ``--count`` times, keeping at
 most ``--window`` increments in flight; followers' increments travel through the leader as Raft requires.
 An increment is done at a node when the node has applied it, so a node is done when its counter reaches
-``nodes * count``. The result line is the same ``RESULT {json}`` as the other workers
-(:mod:`groupcluster.bench.workers`), with ``delivered`` = increments applied at this node.
+``nodes * count`` per round. Rounds run on command (``round K`` on standard input, as the other workers of
+:mod:`groupcluster.bench.workers`), and each prints ``RESULT {json}`` with ``delivered`` = increments applied
+at this node in the round and ``value`` = its counter (checked by the runner on every node).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             return 3
         time.sleep(0.01)
 
-    total = len(nodes) * args.count
+    total = len(nodes) * args.count  # per round
     slots = threading.Semaphore(args.window)
     failures = [0]
 
@@ -60,31 +61,44 @@ def main(argv: list[str] | None = None) -> int:
             slots.acquire()
             counter.inc(callback=done)
 
-    send_start = time.monotonic()
-    sender = threading.Thread(target=submit, daemon=True)
-    sender.start()
-    first: float | None = None
-    value = 0
-    # Polling the applied value from another thread: reads only, and 0.5 ms granularity is plenty at ~10k/s.
-    while value < total and time.monotonic() < deadline:
+    print("READY", flush=True)
+    for line in sys.stdin:
+        line = line.strip()
+        if line == "exit":
+            break
+        if not line.startswith("round "):
+            continue
+        round_no = int(line.split()[1])
+        target = round_no * total
+        deadline = time.monotonic() + args.timeout
+        send_start = time.monotonic()
+        sender = threading.Thread(target=submit, daemon=True)
+        sender.start()
+        first: float | None = None
         value = counter.get()
-        if value and first is None:
-            first = time.monotonic()
-        time.sleep(0.0005)
-    last = time.monotonic()
-    if value < total:
-        print(f"pysyncobj {args.rank}: applied {value} of {total} (failed {failures[0]})", file=sys.stderr)
-        return 4
-    result = {
-        "rank": args.rank,
-        "delivered": value,
-        "first": first,
-        "last": last,
-        "send_start": send_start,
-        "send_end": None,  # submission is paced by the window, not a figure of its own
-        "failed": failures[0],
-    }
-    print("RESULT " + json.dumps(result), flush=True)
+        # Polling the applied value from another thread: reads only, and 0.5 ms granularity is plenty at ~10k/s.
+        while value < target and time.monotonic() < deadline:
+            value = counter.get()
+            if value > target - total and first is None:
+                first = time.monotonic()
+            time.sleep(0.0005)
+        last = time.monotonic()
+        if value < target:
+            print(f"FAILED {round_no} applied {value - target + total} of {total} (failed {failures[0]})", flush=True)
+            return 4
+        sender.join()
+        result = {
+            "rank": args.rank,
+            "round": round_no,
+            "delivered": total,
+            "value": value,
+            "first": first,
+            "last": last,
+            "send_start": send_start,
+            "send_end": None,  # submission is paced by the window, not a figure of its own
+            "failed": failures[0],
+        }
+        print("RESULT " + json.dumps(result), flush=True)
     while True:  # stay in the cluster until the runner kills us
         time.sleep(1)
 

@@ -1,33 +1,40 @@
-"""Run the peers suite: start every system's member processes on loopback, collect their result lines.
+"""Run the peers suite: every system's member processes on loopback, in interleaved rounds.
 
-(The join, state-transfer and grid workloads go to :class:`groupcluster.bench.lifecycle.LifecycleRunner`.)
+(The join, state-transfer and grid workloads go to :class:`groupcluster.bench.lifecycle.LifecycleRunner`, which
+hands the grid ones to :class:`groupcluster.bench.gridpeers_run.GridPeerRunner`.)
 
-One run = one system on one workload: N member processes on 127.0.0.1 (Python workers, member JVMs or
-PySyncObj nodes), each printing one ``RESULT`` line when it has delivered everything; then the runner kills
-them all (SIGKILL: nobody leaves while another still needs it, and teardown is not measured). Runs are
-sequential, so systems never compete with each other for the two cores; they do compete with whatever else
-the machine is doing, which is why every figure is the median of ``--repeat`` runs.
+For a multicast or counter workload, :meth:`Runner.measure_interleaved` starts every system's N member
+processes on 127.0.0.1 (Python workers, member JVMs on JGroups' own shipped XML, JGroups' MPerf, or PySyncObj
+nodes) and keeps them up: W warm-up rounds and R measured rounds run in the same processes, the systems taking
+turns round by round (:func:`groupcluster.bench.fair.interleave`), only one system sending at a time. Each
+round gives a figure, the CPU of all the system's processes per delivered message, and the load before it; the
+median and spread of the measured rounds are the result. Afterwards the members are killed (SIGKILL: nobody
+leaves while another still needs it, and teardown is not measured).
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import jgroups
+from .fair import address_properties, config_diff, cpu_per_message_us, interleave, jgroups_config, summarize
 from .lifecycle import LifecycleRunner
 from .model import (
     GROUPCLUSTER,
     JGROUPS5,
+    JGROUPS5_MPERF,
+    JGROUPS5_STOCK,
+    JGROUPS5_TUNED,
+    JGROUPS5_VARIANTS,
     JGROUPS212,
     LATENCY_UNIT,
     LIFECYCLE_KINDS,
@@ -39,9 +46,12 @@ from .model import (
     Workload,
     aggregate,
     latency,
-    parse_result_line,
     throughput,
 )
+from .rounds import MemberSet, MPerfSet, RoundFailed
+
+# A replicated-counter round shorter than this is flagged: too short to say much about a Raft peer.
+MIN_COUNTER_SECONDS = 5.0
 
 
 class RunFailed(Exception):
@@ -52,18 +62,29 @@ class RunFailed(Exception):
 class Settings:
     """How much each run sends (the same for every system of a workload) and how often runs repeat."""
 
-    # Per sender when all send; a lone sender sends members * messages. 12000 keeps the default suite (3 runs of
-    # everything, joins, state transfer and the grid included) near 25 minutes on the shared 2-core machine.
-    messages: int = 12000
-    counter_ops: int = 5000  # increments per node in replicated-counter-3
-    raw_factor: int = 4  # the raw limit runs longer, or it ends before a measurement is meaningful
-    repeat: int = 3
+    # Per sender when all send; a lone sender sends members * messages. Long rounds, so start-up, JIT and
+    # scheduling noise are small against the measured window.
+    messages: int = 200_000
+    # Increments per node and round in replicated-counter-3: long enough that PySyncObj's rounds last well over
+    # 5 s here (a round shorter than MIN_COUNTER_SECONDS is flagged in the result's note).
+    counter_ops: int = 50_000
+    counter_window: int = 1000  # increments in flight per node, for both systems
+    raw_factor: int = 1  # raw asyncio sends what every other system sends
+    repeat: int = 5  # measured rounds per system (multicast workloads) or runs (lifecycle workloads)
+    warmup: int = 2  # discarded rounds before them, in the same processes
+    mperf_seconds: int = 20  # length of one MPerf round (it measures for a fixed time)
+    tcp_bundler_capacity: int = 262_144  # the stated tuning of the jgroups-5-tcp-capacity row (stock: 16384)
     latency_seconds: float = 4.0
     timeout: float = 180.0
     join_rounds: int = 3  # joins per run of join-4 / join-flush-4 (the run's figure is their median)
-    rebalance_idle_seconds: float = 3.0  # writes on the idle grid before the 4th member starts
-    grid_single_ops: int = 1000  # keys per client, one per request (grid-ops-*-single)
-    grid_batch_ops: int = 20000  # keys per client in batches (grid-ops-*-batch)
+    state_repeat: int = 4  # state fetches per state run from one process: the first, then the warm ones
+    join_warm_rounds: int = 5  # join-4-warm: joins from one process (the first, cold in that process, left out)
+    rebalance_idle_seconds: float = 3.0  # grid-rebalance-3to4*: writes on the idle grid before the 4th member starts
+    grid_single_ops: int = 1000  # keys per client and pass, one per request (grid-ops-single-put/-get)
+    grid_batch_ops: int = 20000  # keys per client and pass, in batches of 1000 (grid-ops-batch-put/-get)
+    grid_entries: int = 0  # entries grid-rebalance-3to4* loads; 0: the workload's size (--quick: 50,000)
+    # The systems chosen with --systems (empty: all): a grid group's runs interleave all of them from the start.
+    systems: tuple[str, ...] = ()
     script_timeout: float = 600.0  # one run of a bench/ script or of a JGroups joiner
     cluster_prefix: str = field(default_factory=lambda: f"gcb{os.getpid()}")
 
@@ -95,6 +116,7 @@ class Runner:
         self.peaks: dict[tuple[str, str], float] = {}
         self._java: dict[str, jgroups.JavaPeer] = {}
         self._runs = 0
+        self.config_diffs: dict[str, dict[str, str]] = {}
         self.lifecycle = LifecycleRunner(settings, progress, self._java_peer, free_ports)
 
     # -- commands ----------------------------------------------------------------------------------------
@@ -134,45 +156,15 @@ class Runner:
 
     # -- one run -----------------------------------------------------------------------------------------
     def run_once(self, system: str, w: Workload, count: int, rate: float = 0.0) -> list[RunReport]:
-        self._runs += 1
-        ports = free_ports(w.members)
-        cluster = f"{self.settings.cluster_prefix}-{self._runs}"
-        cmds = self.commands(system, w, count, rate, ports, cluster)
-        logdir = Path(tempfile.mkdtemp(prefix="gc-bench-peers-"))
-        lines: queue.Queue[tuple[int, str]] = queue.Queue()
-        procs: list[subprocess.Popen[str]] = []
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        """One round in fresh processes (no warm-up): for scripts such as bench/latency.py, not the suite."""
+        ms = self.member_set(system, w, count, rate)
         try:
-            for rank, cmd in enumerate(cmds):
-                err = open(logdir / f"member{rank}.err", "w")  # noqa: SIM115  # closed with the process
-                p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-                procs.append(p)
-                threading.Thread(target=_pump, args=(rank, p, lines), daemon=True).start()
-            reports: dict[int, RunReport] = {}
-            deadline = time.monotonic() + self.settings.timeout + 60
-            while len(reports) < len(procs):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RunFailed(f"timed out with {len(reports)} of {len(procs)} results" + _tails(logdir))
-                try:
-                    rank, line = lines.get(timeout=min(left, 1.0))
-                except queue.Empty:
-                    # Quiet for a second: a member that died without a result fails the run at once.
-                    dead = [i for i, p in enumerate(procs) if p.poll() is not None and i not in reports]
-                    if dead:
-                        msg = f"member {dead[0]} exited with {procs[dead[0]].returncode}" + _tails(logdir)
-                        raise RunFailed(msg) from None
-                    continue
-                report = parse_result_line(line)
-                if report is not None:
-                    reports[rank] = report
-            return [reports[i] for i in range(len(procs))]
+            ms.start(timeout=120.0)
+            return ms.run_round(1, timeout=self.settings.timeout).reports
+        except RoundFailed as exc:
+            raise RunFailed(str(exc)) from None
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for p in procs:
-                p.wait()
+            ms.close()
 
     # -- a workload --------------------------------------------------------------------------------------
     def count_for(self, system: str, w: Workload) -> int:
@@ -183,52 +175,198 @@ class Runner:
         return per_sender * (s.raw_factor if system in (RAW, RAW_RELAY) else 1)
 
     def measure(self, system: str, w: Workload) -> list[Result]:
-        """The figure(s) of one system on one workload: the median of ``repeat`` runs."""
+        """The figure(s) of one system on one workload (the suite measures all systems of a workload at once)."""
         if w.kind in LIFECYCLE_KINDS:
             return self.lifecycle.measure(system, w)
-        reps = self.settings.repeat
-        if w.kind == "throughput":
-            samples = []
-            for i in range(reps):
-                value = throughput(self.run_once(system, w, self.count_for(system, w)))
-                self.progress(f"  {w.name:<24} {system:<18} run {i + 1}/{reps}: {value:,.0f} {w.unit}")
-                samples.append(value)
-            result = aggregate(w.name, system, w.unit, samples)
-            self.peaks[(w.name, system)] = result.value
-            return [result]
-        assert w.peak_of is not None
-        peak = self.peaks.get((w.peak_of, system))
-        if peak is None:
-            raise RunFailed(f"no peak of {w.peak_of} for {system} in this run")
-        # Half of the peak delivered rate, shared by the senders; every member delivers all senders' messages.
-        rate = 0.5 * peak / w.senders
-        count = max(int(rate * self.settings.latency_seconds), 100)
-        p50s, p99s = [], []
-        for i in range(reps):
-            p50, p99 = latency(self.run_once(system, w, count, rate))
-            self.progress(f"  {w.name:<24} {system:<18} run {i + 1}/{reps}: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
-            p50s.append(p50)
-            p99s.append(p99)
-        note = f"{rate * w.senders:,.0f} msgs/s sent in all, half of the peak {peak:,.0f}"
-        return [
-            aggregate(f"{w.name}-p50", system, LATENCY_UNIT, p50s, note),
-            aggregate(f"{w.name}-p99", system, LATENCY_UNIT, p99s, note),
-        ]
+        results, failures = self.measure_interleaved(w, [system])
+        if failures:
+            raise RunFailed("; ".join(failures))
+        return results
 
+    # -- the fair suite: interleaved rounds in long-lived processes --------------------------------------
+    def jgroups5_config(self, system: str, order: str, workdir: Path) -> Path:
+        """Write the jar's XML for ``system`` (SEQUENCER for total order, capacity where stated); record the diff."""
+        name, tuned = JGROUPS5_VARIANTS[system]
+        peer = self._java_peer(JGROUPS5)
+        stock = jgroups.stock_xml(peer, name)
+        used = jgroups_config(
+            stock,
+            sequencer=order in ("total-order", "counter"),
+            bundler_capacity=self.settings.tcp_bundler_capacity if tuned else None,
+        )
+        path = workdir / f"{system}-{order}.xml"
+        path.write_text(used)
+        key = f"{system}/{order}"
+        if key not in self.config_diffs:
+            diff = config_diff(stock, used, name)
+            props = "jgroups.bind_addr=127.0.0.1, jgroups.bind_port=<member's port>, "
+            props += "jgroups.tcpping.initial_hosts=<the 4 ports>, jgroups.tcp.port_range=0"
+            self.config_diffs[key] = {"file": name, "diff": diff, "system_properties": props}
+            shown = diff if diff else "  (no change to the file)\n"
+            self.progress(f"  {key}: jar's {name}, addresses via system properties ({props}); diff:\n{shown}")
+        return path
 
-def _pump(rank: int, proc: subprocess.Popen[str], out: queue.Queue[tuple[int, str]]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        out.put((rank, line.rstrip("\n")))
+    def member_set(self, system: str, w: Workload, count: int, rate: float) -> MemberSet:
+        """Start ``system``'s members for ``w`` (not yet ready: the caller calls ``start``)."""
+        self._runs += 1
+        ports = free_ports(w.members)
+        cluster = f"{self.settings.cluster_prefix}-{self._runs}"
+        workdir = Path(tempfile.mkdtemp(prefix="gc-bench-conf-"))
+        if system in JGROUPS5_VARIANTS:
+            conf = self.jgroups5_config(system, w.order, workdir)
+            peer = self._java_peer(JGROUPS5)
+            cmds = []
+            for rank in range(w.members):
+                props = [f"-D{k}={v}" for k, v in address_properties(ports, rank).items()]
+                base = ["java", *jgroups.JVM_OPTS, *props, "-cp", peer.classpath]
+                if system == JGROUPS5_MPERF:
+                    args = ["-props", str(conf), "-name", f"m{rank}", "-size", str(w.size)]
+                    args += ["-time", str(self.settings.mperf_seconds)]
+                    cmds.append([*base, "org.jgroups.tests.perf.MPerf", *args, *(["-nohup"] if rank else [])])
+                else:
+                    opts = ["--members", str(w.members), "--senders", str(w.senders), "--count", str(count)]
+                    opts += ["--size", str(w.size), "--rate", f"{rate:.3f}", "--timeout", str(self.settings.timeout)]
+                    cmds.append([*base, peer.main_class, str(conf), cluster, "--rank", str(rank), *opts])
+            return (MPerfSet if system == JGROUPS5_MPERF else MemberSet)(system, cmds)
+        cmds = self.commands(system, w, count, rate, ports, cluster)
+        if w.order == "counter" and system == GROUPCLUSTER:
+            cmds = [[*c, "--window", str(self.settings.counter_window)] for c in cmds]
+        if system == PYSYNCOBJ:
+            cmds = [[*c, "--window", str(self.settings.counter_window)] for c in cmds]
+        return MemberSet(system, cmds)
 
+    def measure_interleaved(self, w: Workload, systems: list[str]) -> tuple[list[Result], list[str]]:
+        """Every system of ``w`` up at once; W warm-up then R measured rounds, systems taking turns per round."""
+        s = self.settings
+        rate_of: dict[str, float] = {}
+        if w.kind == "latency":
+            assert w.peak_of is not None
+            for system in systems:
+                peak = self.peaks.get((w.peak_of, system))
+                if peak is not None:
+                    rate_of[system] = 0.5 * peak / w.senders
+        failures: list[str] = []
+        sets: dict[str, MemberSet] = {}
+        results: list[Result] = []
+        try:
+            for system in systems:
+                if w.kind == "latency" and system not in rate_of:
+                    failures.append(f"{w.name} / {system}: no peak of {w.peak_of} in this run")
+                    continue
+                rate = rate_of.get(system, 0.0)
+                count = max(int(rate * s.latency_seconds), 100) if rate else self.count_for(system, w)
+                try:
+                    if system == PYSYNCOBJ:
+                        ensure_pysyncobj(self.progress)
+                    ms = self.member_set(system, w, count, rate)
+                    sets[system] = ms
+                    ms.start(timeout=120.0)
+                except Exception as exc:  # one peer failing must not lose the others' figures
+                    failures.append(f"{w.name} / {system}: did not start: {exc}")
+                    self.progress(f"  {w.name:<24} {system:<22} FAILED to start: {exc}")
+                    sets.pop(system, None)
+            rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in sets}
+            for round_no, system, measured in interleave(list(sets), s.warmup, s.repeat):
+                current = sets.get(system)
+                if current is None:  # failed in an earlier round
+                    continue
+                ms = current
+                load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+                cpu0 = ms.cpu()
+                t0 = time.monotonic()
+                try:
+                    outcome = ms.run_round(round_no, timeout=s.timeout + (s.mperf_seconds * 3))
+                    wall = time.monotonic() - t0
+                    cpu = cpu_per_message_us(cpu0, ms.cpu(), outcome.delivered)
+                    entry = self._round_figures(w, system, round_no, outcome, wall, load, cpu, measured)
+                except (RoundFailed, ValueError) as exc:
+                    why = str(exc)
+                    if system == JGROUPS5_STOCK:
+                        why += (
+                            "\n  (stock tcp.xml: its transfer-queue bundler drops messages when its queue is full "
+                            "and retransmission then dominates; see the jgroups-5-tcp-capacity row)"
+                        )
+                    failures.append(f"{w.name} / {system}: round {round_no} failed: {why}")
+                    self.progress(f"  {w.name:<24} {system:<22} round {round_no} FAILED: {why}")
+                    ms.close()
+                    sets.pop(system)
+                    continue
+                rounds[system].append(entry)
+            for system, entries in rounds.items():
+                kept = [e for e in entries if e["measured"]]
+                if not kept or system not in sets:
+                    continue
+                results.extend(self._round_results(w, system, kept, rate_of.get(system, 0.0)))
+        finally:
+            for ms in sets.values():
+                ms.close()
+        return results, failures
 
-def _tails(logdir: Path, lines: int = 6) -> str:
-    parts = []
-    for f in sorted(logdir.glob("member*.err")):
-        text = f.read_text(errors="replace").strip().splitlines()[-lines:]
-        if text:
-            parts.append(f"\n  {f.name}:\n    " + "\n    ".join(text))
-    return "".join(parts) + f"\n  (logs in {logdir})"
+    def _round_figures(
+        self,
+        w: Workload,
+        system: str,
+        round_no: int,
+        outcome: Any,
+        wall: float,
+        load: float,
+        cpu: float | None,
+        measured: bool,
+    ) -> dict[str, Any]:
+        entry: dict[str, Any] = {"round": round_no, "measured": measured, "load": load, "cpu_us": cpu, "wall": wall}
+        tag = "" if measured else " (warm-up)"
+        if w.kind == "latency":
+            p50, p99 = latency(outcome.reports)
+            entry.update(p50=p50, p99=p99)
+            text = f"p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+        else:
+            value = outcome.value if outcome.value is not None else throughput(outcome.reports)
+            entry["value"] = value
+            text = f"{value:,.0f} {w.unit}"
+        if w.order == "counter":
+            expect = round_no * w.members * self.settings.counter_ops
+            values = [d.get("value") for d in outcome.data]
+            if any(v != expect for v in values):
+                raise RoundFailed(f"{system}: counter values {values} after round {round_no}, expected {expect}")
+            text += f", every node's counter {expect:,}"
+        cpu_text = "" if cpu is None else f", {cpu:.2f} us CPU/msg"
+        self.progress(
+            f"  {w.name:<24} {system:<22} round {round_no}{tag}: {text}{cpu_text} ({wall:.1f} s, load {load:.2f})"
+        )
+        return entry
+
+    def _round_results(self, w: Workload, system: str, measured: list[dict[str, Any]], rate: float) -> list[Result]:
+        cpus = [e["cpu_us"] for e in measured if e["cpu_us"] is not None]
+        loads = [e["load"] for e in measured]
+        cpu_median = summarize(cpus)["median"] if cpus else None
+
+        def result(name: str, unit: str, samples: list[float], note: str) -> Result:
+            r = aggregate(name, system, unit, samples, note)
+            r.spread = summarize(samples)
+            r.cpu_us_per_message = cpu_median
+            r.cpu_samples = cpus
+            r.load_before = loads
+            return r
+
+        if w.kind == "latency":
+            note = f"{rate * w.senders:,.0f} msgs/s sent in all, half of the peak"
+            return [
+                result(f"{w.name}-p50", LATENCY_UNIT, [e["p50"] for e in measured], note),
+                result(f"{w.name}-p99", LATENCY_UNIT, [e["p99"] for e in measured], note),
+            ]
+        note = ""
+        if w.order == "counter":
+            short = [e["wall"] for e in measured if e["wall"] < MIN_COUNTER_SECONDS]
+            if short:
+                note = f"{len(short)} round(s) shorter than {MIN_COUNTER_SECONDS:g} s: raise --counter-ops"
+        if system == JGROUPS5_TUNED:
+            note = f"stated tuning: TCP bundler.capacity={self.settings.tcp_bundler_capacity} (stock 16384)"
+        if system == JGROUPS5_MPERF:
+            seq = " with SEQUENCER" if w.order == "total-order" else ""
+            note = f"JGroups' MPerf on tcp-new.xml{seq}, {self.settings.mperf_seconds} s per round, 100 sender threads"
+        r = result(w.name, w.unit, [e["value"] for e in measured], note)
+        self.peaks[(w.name, system)] = r.value
+        return [r]
 
 
 def ensure_pysyncobj(progress: Callable[[str], None]) -> None:

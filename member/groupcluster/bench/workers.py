@@ -6,9 +6,12 @@
 Both run the workload of the JGroups harness (bench/peers/jgroups/src/main/java/io/groupcluster/bench/Core.java):
 members ``0 .. senders-1`` multicast ``--count`` payloads of ``--size`` bytes each (a payload starts with the
 send time in CLOCK_MONOTONIC nanoseconds, the sender's rank and a sequence number), unpaced or at ``--rate``
-messages per second; once a member has delivered every message it prints ``RESULT {json}`` (see
-:func:`groupcluster.bench.model.parse_result_line`) and waits for the runner to kill it, so no member leaves
-while others still need it.
+messages per second, in rounds that standard input commands (``round K``; see :func:`serve_rounds`): the same
+processes run the warm-up rounds and the measured ones. Once a member has delivered every message of a round it
+prints ``RESULT {json}`` (see :func:`groupcluster.bench.model.parse_result_line`) and waits for the next
+command; the runner kills the members after the last round, so no member leaves while others still need it.
+Every delivered message is touched (its length and last byte), as in the Java harness. ``--window`` makes the
+messages increments of a replicated counter (the ``replicated-counter-3`` workload).
 
 The raw worker carries the same payloads with the same batching (``SEND_CHUNK`` messages per event-loop
 iteration, one frame per chunk and peer) over a full mesh of TCP connections with no protocol work: no
@@ -16,8 +19,8 @@ headers beyond lengths, no acknowledgements, no retransmission table, no flow co
 ``--relay`` every sender sends to member 0, which delivers and forwards each frame to the others: the
 shape of a sequencer's total order without its bookkeeping.
 
-Our members run with failure detection of 40 s (``BENCH_FD``), as the JGroups configurations do: a member
-starved of CPU by other work on the machine must not be excluded mid-run.
+Our members run with failure detection of 40 s and a 1.5 s verification (``BENCH_FD``), the values of the
+FD_ALL3 and VERIFY_SUSPECT2 lines of JGroups' own shipped ``tcp.xml``/``tcp-new.xml``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import importlib
 import json
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,7 +42,7 @@ SEND_CHUNK = 200
 # Failure detection in benchmark runs: the suite shares a 2-core machine with other work, and a member starved
 # of CPU for a few seconds must not be suspected and excluded (a run cannot finish across that view change:
 # fifo-1of4x1KB once stalled so with the default 4 s). Every system gets 40 s of silence before a suspicion,
-# then a 1.5 s verification: JGroups 5's FD_ALL3/VERIFY_SUSPECT2 in bench/peers/jgroups/conf, and JGroups
+# then a 1.5 s verification: JGroups 5's FD_ALL3/VERIFY_SUSPECT2 in its own shipped tcp.xml, and JGroups
 # 2.12's FD (10 s x 4 tries) there too. No member crashes in these workloads, so this costs nothing.
 BENCH_FD = {"timeout": "40s", "verify_timeout": "1500ms"}
 HEADER = struct.Struct(">qii")  # send time (ns), sender rank, sequence number
@@ -52,28 +56,64 @@ def make_payload(rank: int, seq: int, size: int) -> bytes:
 
 
 class Accounting:
-    """Delivery counting and latency sampling, the same as the Java harness."""
+    """Delivery counting, latency sampling and the per-message touch, the same as the Java harness (Core.java).
+
+    Deliveries are counted over the process's life; round ``K`` is complete when ``K`` rounds' worth have been
+    delivered, so a message of round K that arrives before this member read its own ``round K`` counts for K.
+    With ``--window`` (the replicated counter) every payload is an increment applied to :attr:`value`, and at
+    most ``window`` of this member's own increments are in flight (sent, not yet delivered back in total order).
+    """
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.expected = args.senders * args.count
+        self.expected = args.senders * args.count  # per round
         self.count = args.count
         self.sample = args.rate > 0
-        self.delivered = 0
+        self.rank = args.rank
+        self.window = getattr(args, "window", 0)
+        self.total = 0
+        self.base = 0
+        self.target = 0
+        self.active = False
         self.first: float | None = None
         self.last: float | None = None
         self.send_start: float | None = None
         self.send_end: float | None = None
         self.latencies: list[int] = []
+        self.touched_bytes = 0
+        self.check = 0
+        self.value = 0  # the replicated counter (window mode)
+        self.inflight = 0  # own increments sent and not yet delivered (window mode)
+        self.room = asyncio.Event()
         self.done = asyncio.Event()
-        self.rank = args.rank
+
+    def start_round(self, round_no: int) -> None:
+        self.base = (round_no - 1) * self.expected
+        self.target = round_no * self.expected
+        self.first = self.last = self.send_start = self.send_end = None
+        self.latencies = []
+        self.done.clear()
+        self.active = self.total < self.target
+        if not self.active:
+            self.last = time.monotonic()
+            self.done.set()
 
     def deliver(self, payloads: list[bytes]) -> None:
         now_ns = time.monotonic_ns()
         now = now_ns / 1e9
+        # Touch every message as the Java harness does: its length and its last byte.
+        nbytes, check = 0, self.check
+        for p in payloads:
+            nbytes += len(p)
+            check ^= p[-1]
+        self.touched_bytes += nbytes
+        self.check = check
+        if self.window:
+            self._apply(payloads)
+        self.total += len(payloads)
+        if not self.active:
+            return
         if self.first is None:
             self.first = now
-        self.last = now
-        self.delivered += len(payloads)
         if self.sample:
             # Latency only in paced runs, past each sender's first tenth (connection set-up).
             skip = self.count // 10
@@ -83,18 +123,46 @@ class Accounting:
                 sent, _rank, seq = unpack(p)
                 if seq >= skip:
                     lat.append(now_ns - sent)
-        if self.delivered >= self.expected:
+        if self.total >= self.target:
+            self.last = now
+            self.active = False
             self.done.set()
 
-    def result(self) -> dict[str, Any]:
+    def _apply(self, payloads: list[bytes]) -> None:
+        """Apply increments (the byte after the header) and retire our own from the in-flight window."""
+        unpack = HEADER.unpack_from
+        at = HEADER.size
+        mine = 0
+        value = self.value
+        for p in payloads:
+            value += p[at]
+            if unpack(p)[1] == self.rank:
+                mine += 1
+        self.value = value
+        if mine:
+            self.inflight -= mine
+            if self.inflight < self.window:
+                self.room.set()
+
+    async def wait_room(self) -> None:
+        while self.window and self.inflight >= self.window:
+            self.room.clear()
+            await self.room.wait()
+
+    def result(self, round_no: int) -> dict[str, Any]:
         out: dict[str, Any] = {
             "rank": self.rank,
-            "delivered": self.delivered,
+            "round": round_no,
+            "delivered": self.expected,
             "first": self.first,
             "last": self.last,
             "send_start": self.send_start,
             "send_end": self.send_end,
+            "touched_bytes": self.touched_bytes,
+            "check": self.check,
         }
+        if self.window:
+            out["value"] = self.value
         if self.latencies:
             lat = sorted(self.latencies)
             n = len(lat)
@@ -105,7 +173,10 @@ class Accounting:
 async def send_workload(
     args: argparse.Namespace, acc: Accounting, send: Callable[[list[bytes]], Any], wait: Callable[[], Any]
 ) -> None:
-    """Send our share: chunks of SEND_CHUNK unpaced, or on schedule at ``--rate``; ``wait`` applies backpressure."""
+    """Send our share: chunks of SEND_CHUNK unpaced, or on schedule at ``--rate``; ``wait`` applies backpressure.
+
+    With ``--window`` a chunk never takes more than the room left in the window of increments in flight.
+    """
     if args.rank >= args.senders:
         return
     loop = asyncio.get_running_loop()
@@ -113,8 +184,11 @@ async def send_workload(
     acc.send_start = time.monotonic()
     sent = 0
     total, size, rank, rate = args.count, args.size, args.rank, args.rate
+    make = make_increment if acc.window else make_payload
     while sent < total:
         await wait()
+        if acc.window:
+            await acc.wait_room()
         if rate <= 0:
             n = min(SEND_CHUNK, total - sent)
         else:
@@ -123,7 +197,10 @@ async def send_workload(
             if n <= 0:
                 await asyncio.sleep(min(0.002, max(0.0002, (sent + 1) / rate - (loop.time() - start))))
                 continue
-        result = send([make_payload(rank, i, size) for i in range(sent, sent + n)])
+        if acc.window:
+            n = min(n, acc.window - acc.inflight)
+            acc.inflight += n
+        result = send([make(rank, i, size) for i in range(sent, sent + n)])
         if asyncio.iscoroutine(result):
             await result
         sent += n
@@ -131,15 +208,54 @@ async def send_workload(
     acc.send_end = time.monotonic()
 
 
-async def finish(acc: Accounting, timeout: float) -> int:
-    try:
-        await asyncio.wait_for(acc.done.wait(), timeout)
-    except TimeoutError:
-        print(f"worker {acc.rank}: delivered {acc.delivered} of {acc.expected} before the timeout", file=sys.stderr)
-        return 4
-    print("RESULT " + json.dumps(acc.result()), flush=True)
-    await asyncio.Event().wait()  # stay a member until the runner kills us
-    return 0
+def make_increment(rank: int, seq: int, size: int) -> bytes:
+    """A counter increment: the usual header, then the amount (1)."""
+    return HEADER.pack(time.monotonic_ns(), rank, seq) + b"\x01"
+
+
+def stdin_commands() -> asyncio.Queue[str | None]:
+    """Lines of standard input as they come (None at its end), read by a thread so the event loop never blocks."""
+    loop = asyncio.get_running_loop()
+    out: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def pump() -> None:
+        for line in sys.stdin:
+            loop.call_soon_threadsafe(out.put_nowait, line.strip())
+        loop.call_soon_threadsafe(out.put_nowait, None)
+
+    threading.Thread(target=pump, daemon=True, name="commands").start()
+    return out
+
+
+async def serve_rounds(
+    args: argparse.Namespace, acc: Accounting, send: Callable[[list[bytes]], Any], wait: Callable[[], Any]
+) -> int:
+    """Run rounds as standard input commands them (``round K``), until ``exit`` or its end.
+
+    Prints ``READY`` once, then per round ``RESULT {json}`` (see :func:`groupcluster.bench.model.parse_result_line`)
+    or ``FAILED K ...`` when the round did not complete within ``--timeout``; the process stays a member in
+    between, so warm-up rounds warm exactly the process that is measured next.
+    """
+    commands = stdin_commands()
+    print("READY", flush=True)
+    while True:
+        line = await commands.get()
+        if line is None or line == "exit":
+            return 0
+        if not line.startswith("round "):
+            continue
+        round_no = int(line.split()[1])
+        acc.start_round(round_no)
+        sender = asyncio.ensure_future(send_workload(args, acc, send, wait))
+        try:
+            await asyncio.wait_for(acc.done.wait(), args.timeout)
+        except TimeoutError:
+            sender.cancel()
+            got = acc.total - acc.base
+            print(f"FAILED {round_no} delivered {got} of {acc.expected} in {args.timeout:g} s", flush=True)
+            return 4
+        await sender
+        print("RESULT " + json.dumps(acc.result(round_no)), flush=True)
 
 
 # -- our stack -----------------------------------------------------------------------------------------------
@@ -153,7 +269,7 @@ async def run_groupcluster(args: argparse.Namespace) -> int:
     hosts = [f"127.0.0.1:{p}" for p in args.ports]
 
     def on_messages(msgs: list[Any]) -> None:
-        acc.deliver([m.payload for m in msgs] if acc.sample else msgs)
+        acc.deliver([m.payload for m in msgs])
 
     ch = await Channel.connect(
         f"bench-{args.cluster}",
@@ -166,10 +282,7 @@ async def run_groupcluster(args: argparse.Namespace) -> int:
         stack_overrides={"fd": BENCH_FD},
     )
     await ch.wait_for_view(lambda v: len(v) >= args.members, timeout=60.0)
-    sender = asyncio.ensure_future(send_workload(args, acc, ch.send_many, ch.wait_unblocked))
-    code = await finish(acc, args.timeout)
-    sender.cancel()
-    return code
+    return await serve_rounds(args, acc, ch.send_many, ch.wait_unblocked)
 
 
 # -- raw asyncio TCP ----------------------------------------------------------------------------------------
@@ -253,9 +366,7 @@ async def run_raw(args: argparse.Namespace) -> int:
     async def no_wait() -> None:
         return None
 
-    sender = asyncio.ensure_future(send_workload(args, acc, send, no_wait))
-    code = await finish(acc, args.timeout)
-    sender.cancel()
+    code = await serve_rounds(args, acc, send, no_wait)
     server.close()
     return code
 
@@ -274,6 +385,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stack", default="fifo")
     parser.add_argument("--transport", default="tcp")
     parser.add_argument("--relay", action="store_true", help="raw: everything through member 0")
+    parser.add_argument(
+        "--window", type=int, default=0, help="replicated counter: apply increments, at most this many own in flight"
+    )
     args = parser.parse_args(argv)
     args.members = len(args.ports)
     args.senders = args.senders or args.members

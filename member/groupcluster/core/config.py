@@ -118,6 +118,11 @@ def describe(config_cls: type) -> list[tuple[str, str, Any, str]]:
     """(name, kind, default, doc) for every parameter, for documentation and ``--help`` output."""
     rows = []
     for f in dataclasses.fields(config_cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            raise TypeError(f"{config_cls.__name__}.{f.name}: a configuration parameter needs a default")
         rows.append((f.name, f.metadata.get("kind", "?"), default, f.metadata.get("doc", "")))
     return rows

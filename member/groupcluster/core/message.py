@@ -76,7 +76,10 @@ class Message:
         self.src = src
         self.payload = payload
         self.flags = flags
-        self.headers: dict[int, Header] = headers if headers is not None else {}
+        # Each layer reads its own header class under its protocol id, a pairing the type system cannot
+        # express for one dict: values are typed Any, and a layer annotates the header it reads
+        # (``hdr: NakackHeader | None = msg.headers.get(pid)``), which costs nothing at run time.
+        self.headers: dict[int, Any] = headers if headers is not None else {}
 
     @property
     def is_multicast(self) -> bool:

@@ -148,7 +148,7 @@ def _grid_config(params: dict[str, Any], where: str) -> GridConfig:
     from ..core.config import parse_params
 
     try:
-        return parse_params(GridConfig, params, where)  # type: ignore[no-any-return]
+        return parse_params(GridConfig, params, where)
     except ConfigError as exc:
         text = str(exc)
         # GridConfig's own range checks name "grid.KEY"; say which cache.

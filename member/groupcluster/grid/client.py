@@ -319,12 +319,13 @@ class _BatchRun:
         ops = self.ops
         # An operation is its (kind, key, value) tuple as it is (msgpack packs a tuple as an array) for a put;
         # gets and deletes leave the value out.
+        body: list[tuple[Any, ...]]
         if self.options is None:
             body = [op if op[0] == "put" else op[:2] for op in map(ops.__getitem__, idxs)]
         else:
             opts = self.options
             body = [(*op, opts) if op[0] == "put" else op[:2] for op in map(ops.__getitem__, idxs)]
-        return msgpack.packb({"ops": body}, use_bin_type=True)  # type: ignore[no-any-return]
+        return msgpack.packb({"ops": body}, use_bin_type=True)
 
     def absorb(self, router: _Router, ep: str, idxs: list[int], reply: _Reply | None, error: str = "") -> None:
         """Take one request's outcome: results in, retryable keys to ``retry``; raises for a refused request."""
@@ -528,7 +529,7 @@ class _Router:
                     raise ValueError("entries or next missing")
             except Exception as exc:
                 raise GridClientError(f"{ep}: malformed segment page: {exc}") from None
-            return page  # type: ignore[no-any-return]
+            return page
         if reply.status == 409 or reply.status in RETRYABLE_STATUS:
             # 409: a rebalance moved the segment; the refresh before the retry finds its new owner.
             return None
@@ -678,7 +679,7 @@ class GridClient:
         return self._r.stats
 
     def get(self, key: bytes) -> bytes | None:
-        return self._call("GET", key, None)  # type: ignore[no-any-return]
+        return self._call("GET", key, None)
 
     def put(self, key: bytes, value: bytes, *, lifespan: float | None = None) -> None:
         """Write ``key``; with ``lifespan`` (seconds, above 0, at most 10 years) the grid removes the entry once
@@ -807,7 +808,7 @@ class GridClient:
             raise GridRequestError(reply.status, self._r.error_message(reply))
         doc = json.loads(reply.body)
         self._r.check_clock(ep, doc, sent, received, self.clock_skew)
-        return doc  # type: ignore[no-any-return]
+        return doc
 
     def set_capacity(self, endpoint: str, capacity: float) -> None:
         """``POST /v1/capacity`` on the member at ``endpoint``: its new capacity factor (0 to 1000000; at 0 it
@@ -825,7 +826,7 @@ class GridClient:
 
     def caches(self) -> list[dict[str, Any]]:
         """``GET /v1/caches`` of some member: every cache with its mode, segments, owners and status."""
-        return self.status(path="/v1/caches")["caches"]  # type: ignore[no-any-return]
+        return self.status(path="/v1/caches")["caches"]
 
     def _learn_cache(self, route: _CacheRoute, avoid: str | None = None) -> bool:
         """Reload a named cache's mode and routing table from some member; a 404 (no such cache) raises."""
@@ -928,6 +929,8 @@ class GridClient:
         conn = conns.get(ep)
         if conn is None:
             u = urllib.parse.urlsplit(ep)
+            if u.hostname is None:
+                raise GridClientError(f"endpoint {ep!r}: no host")
             conn = conns[ep] = http.client.HTTPConnection(u.hostname, u.port, timeout=self.request_timeout)
             with self._conns_lock:
                 self._all_conns.append(conn)
@@ -1108,7 +1111,7 @@ class AsyncGridClient:
         return self._r.stats
 
     async def get(self, key: bytes) -> bytes | None:
-        return await self._call("GET", key, None)  # type: ignore[no-any-return]
+        return await self._call("GET", key, None)
 
     async def put(self, key: bytes, value: bytes, *, lifespan: float | None = None) -> None:
         """Write ``key``; with ``lifespan`` (seconds, above 0, at most 10 years) the grid removes the entry once
@@ -1238,7 +1241,7 @@ class AsyncGridClient:
             raise GridRequestError(reply.status, self._r.error_message(reply))
         doc = json.loads(reply.body)
         self._r.check_clock(ep, doc, sent, received, self.clock_skew)
-        return doc  # type: ignore[no-any-return]
+        return doc
 
     async def set_capacity(self, endpoint: str, capacity: float) -> None:
         """See :meth:`GridClient.set_capacity`."""
@@ -1254,7 +1257,7 @@ class AsyncGridClient:
 
     async def caches(self) -> list[dict[str, Any]]:
         """``GET /v1/caches`` of some member."""
-        return (await self.status(path="/v1/caches"))["caches"]  # type: ignore[no-any-return]
+        return (await self.status(path="/v1/caches"))["caches"]
 
     async def _learn_cache(self, route: _CacheRoute, avoid: str | None = None) -> bool:
         route.stats["refreshes"] += 1
@@ -1473,7 +1476,7 @@ class CacheClient:
         return self._route.mode
 
     def get(self, key: bytes) -> bytes | None:
-        return self._c._call("GET", key, None, cache=self._route)  # type: ignore[no-any-return]
+        return self._c._call("GET", key, None, cache=self._route)
 
     def put(self, key: bytes, value: bytes, *, lifespan: float | None = None) -> None:
         """As :meth:`GridClient.put`; an invalidation cache refuses a lifespan (:class:`GridRequestError`, 400)."""
@@ -1506,7 +1509,7 @@ class AsyncCacheClient:
         return self._route.mode
 
     async def get(self, key: bytes) -> bytes | None:
-        return await self._c._call("GET", key, None, cache=self._route)  # type: ignore[no-any-return]
+        return await self._c._call("GET", key, None, cache=self._route)
 
     async def put(self, key: bytes, value: bytes, *, lifespan: float | None = None) -> None:
         """As :meth:`AsyncGridClient.put`; an invalidation cache refuses a lifespan (:class:`GridRequestError`)."""
@@ -1650,7 +1653,7 @@ class _TxCore:
         doc: dict[str, Any] = {"reads": self.reads, "writes": self.writes}
         if oneshot:
             doc["mode"] = self.mode
-        return msgpack.packb(doc, use_bin_type=True)  # type: ignore[no-any-return]
+        return msgpack.packb(doc, use_bin_type=True)
 
     def commit_target(self, router: _Router) -> str:
         """Where a one-shot commit goes: the write primary of a written key (it coordinates from there, one
@@ -1700,7 +1703,7 @@ class Transaction(_TxHandle):
             self.lock([key])
         value, version = self._c._call("GET", key, None, versioned=True)
         t.read(key, value, version)
-        return value  # type: ignore[no-any-return]
+        return value
 
     def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes | None]:
         """Several keys in one round of batch requests (pessimistic: one lock request for all first)."""
@@ -1818,7 +1821,7 @@ class AsyncTransaction(_TxHandle):
             await self.lock([key])
         value, version = await self._c._call("GET", key, None, versioned=True)
         t.read(key, value, version)
-        return value  # type: ignore[no-any-return]
+        return value
 
     async def get_many(self, keys: Iterable[bytes]) -> dict[bytes, bytes | None]:
         t = self._t

@@ -397,10 +397,10 @@ def balanced(
         for seg in owners:
             # Segments more than one owner over (the owner count shrank) shed the surplus beyond one first.
             while len(seg) > k + 1:
-                drop = max(seg[1:], key=lambda x: (excess[x], order[x]))
-                seg.remove(drop)
-                ocount[drop] -= 1
-                excess[drop] -= 1
+                surplus = max(seg[1:], key=lambda x: (excess[x], order[x]))
+                seg.remove(surplus)
+                ocount[surplus] -= 1
+                excess[surplus] -= 1
         mandatory = [len(seg) > k for seg in owners]
         optional = [
             not mandatory[s] and set(previous[s]) <= set(owners[s])  # type: ignore[index]

@@ -108,7 +108,7 @@ import hmac
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -1023,6 +1023,10 @@ class _Api:
             if view is None
             else {"id": view_id_json(view.view_id), "members": [str(m) for m in view.members]},
             "coordinator": str(view.coordinator) if view is not None else None,
+            # Every view after a member's first follows a flush that blocked it (on the flushed presets): the
+            # two counts tell whether this member's view changes were flushed.
+            "views_installed": ch.views_installed if ch is not None else 0,
+            "flushed_view_changes": ch.metrics().get("flush.unblocked", 0) if ch is not None else 0,
             "grid": None,
             "routing": None,
             # This member's clock (Unix time): clients compare it with theirs, since deadlines assume the two
@@ -1164,7 +1168,7 @@ class _Api:
             if request.method == "PUT":
                 # The lifespan goes only with a PUT that has one: the common path calls put as before.
                 extra = {} if lifespan is None else {"lifespan": lifespan}
-                res = await grid.put(key, value, request.get("deadline"), **extra)  # type: ignore[arg-type]
+                res = await grid.put(key, value, request.get("deadline"), **extra)
             else:
                 res = await grid.delete(key, request.get("deadline"))
             return web.json_response({"ok": True, "attempts": res.attempts})
@@ -1522,7 +1526,7 @@ class _Api:
         )
 
 
-def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: Sequence[tuple[str, float]]) -> None:
     lines.append(f"# HELP {name} {help_text}")
     lines.append(f"# TYPE {name} {kind}")
     for labels, value in samples:
@@ -1550,6 +1554,13 @@ def render_metrics(ctx: MemberContext) -> str:
         [("", view.view_id.seq if view else 0)],
     )
     _metric(lines, "groupcluster_joined", "gauge", "1 once joined", [("", 1 if ch is not None and ch.joined else 0)])
+    _metric(
+        lines,
+        "groupcluster_views_installed_total",
+        "counter",
+        "views this member installed (each after its first follows a flush on the flushed presets)",
+        [("", ch.views_installed if ch is not None else 0)],
+    )
     _metric(
         lines,
         "groupcluster_messages_sent_total",

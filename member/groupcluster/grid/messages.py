@@ -57,7 +57,10 @@ from .tx_messages import (
 #    none), CMD_BATCH and BACKUP_BATCH an expiry column, and a transfer chunk an expiry column (nil: none).
 # 8: topologies carry the id of the topology that fixed their stable set (CacheTopology.stable_id): after a
 #    merge of degraded partitions the coordinator counts the majority against the newest one.
-GRID_FORMAT_VERSION = 8
+# 9: topologies carry the owners the grid lost without a handoff (CacheTopology.lost), and a status may carry
+#    those its member lost (MemberStatus.lost): a member that took over data of a side cut off from the rest
+#    does not leave alone with the only copy.
+GRID_FORMAT_VERSION = 9
 
 STATUS, TOPOLOGY, CONFIRM, CMD, RSP, BACKUP, BACKUP_ACK = 1, 2, 3, 4, 5, 6, 7
 FETCH, XFER_DATA, XFER_ACK, XFER_CANCEL, XFER_FAIL = 8, 9, 10, 11, 12
@@ -399,6 +402,7 @@ class _Batch:
     """Columns shared by the batch messages; ``nbytes`` counts keys and values (for the builders' cap)."""
 
     __slots__ = ("nbytes",)
+    nbytes: int
 
     def full(self, extra: int) -> bool:
         """Whether an entry of ``extra`` key and value bytes must start a new batch (the node checks the entry
@@ -814,7 +818,7 @@ def _wire(msg: GridMessage) -> list[Any]:
 
 
 def _chunk(entries: EntryChunk | Iterable[tuple[bytes, int, bytes | None]]) -> EntryChunk:
-    return entries if type(entries) is EntryChunk else EntryChunk.of(entries)  # type: ignore[arg-type]
+    return entries if type(entries) is EntryChunk else EntryChunk.of(entries)
 
 
 def encode_payload(messages: list[GridMessage]) -> bytes:
@@ -998,7 +1002,7 @@ def _decode_one(raw: Any, f: str, lim: GridLimits) -> GridMessage:
         return XferFail(as_int(raw[1], f"{f}.xfer_id"), _segments(raw[2], f"{f}.segments"))
     batch = _BATCH_TYPES.get(kind) if type(kind) is int else None
     if batch is not None:
-        return batch.from_wire(raw, f, lim)  # type: ignore[no-any-return]
+        return batch.from_wire(raw, f, lim)
     if type(kind) is int and kind in TX_TYPES:
         return decode_tx_message(raw, f, _tx_limits(lim))
     raise WireError(f"{f}.type: unknown grid message type {kind!r}")

@@ -87,7 +87,16 @@ from .store import (
     tie_wins,
     version_seq,
 )
-from .topology import Availability, CacheTopology, MemberStatus, PartitionHandling, Phase, RebalancePlanner, owner_set
+from .topology import (
+    MAX_LOST,
+    Availability,
+    CacheTopology,
+    MemberStatus,
+    PartitionHandling,
+    Phase,
+    RebalancePlanner,
+    owner_set,
+)
 from .tx import (
     REASON_CONFLICT,
     REASON_ERROR,
@@ -1273,7 +1282,8 @@ class GridNode:
     def _send_status(self) -> None:
         if not self.view:
             return
-        status = MemberStatus(self.config.capacity, self.leaving, self.topology, self._topology_floor)
+        lost = tuple(sorted(self._vanished_owners)[:MAX_LOST])
+        status = MemberStatus(self.config.capacity, self.leaving, self.topology, self._topology_floor, lost)
         self._emit(self.view[0], Status(status))
 
     # ==== topology =========================================================================================
@@ -1562,6 +1572,10 @@ class GridNode:
             return False
         if self._vanished_owners:
             return False  # owners we lost without a handoff may be behind a partition: wait for them
+        if any(m not in self.view for m in t.lost):
+            # So may the owners our grid lost before we took its data over: no owner of our own topology vanished,
+            # but what we hold may be the only copy of what our side acknowledged while cut off from them.
+            return False
         others = [m for m in self.view if m != self.address]
         if any(m not in t.members for m in others):
             return False  # a member the topology does not know yet (joining): its capacity is unknown

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator, KeysView, Sequence
-from typing import Any
+from typing import Any, cast
 
 SEQ_BITS = 40
 MAX_SEQ = (1 << SEQ_BITS) - 1
@@ -164,7 +164,7 @@ def _live_bytes(data: Segment) -> int:
     """Key and value bytes of a segment's live entries (at C speed unless it holds tombstones)."""
     values = list(data.val.values())
     if None not in values:
-        return sum(map(len, data.ver)) + sum(map(len, values))
+        return sum(map(len, data.ver)) + sum(map(len, cast("list[bytes]", values)))
     return sum(len(k) + len(v) for k, v in data.val.items() if v is not None)
 
 

@@ -36,6 +36,11 @@ from ..core.errors import WireError
 from ..core.validate import MAX_INT, as_address_list, as_bool, as_int, as_list
 from .consistent_hash import MAX_MEMBERS, ConsistentHash, balanced
 
+# The most lost owners a topology remembers (CacheTopology.lost; the newest are kept). A leave asks only whether
+# any of them is still away: dropping one for room could matter only once more than this many were lost and
+# every newer one came back.
+MAX_LOST = 256
+
 
 class Phase(IntEnum):
     NO_REBALANCE = 0
@@ -110,6 +115,13 @@ class CacheTopology:
     # against the newest stable set any of them reports (the highest id), as Infinispan's PreferConsistency
     # strategy does: a side that went on alone fixed a newer one.
     stable_id: int = 0
+    # Owners this grid lost without a handoff (crashed, or cut off behind a partition) that have not been back
+    # in a view with it since, oldest first. From the inside a crash and a partition look the same: while one
+    # of them may be alive elsewhere with a diverged copy of the grid, what we hold may be the only copy of the
+    # writes acknowledged on our side. The set travels with every topology, so a member that took our data
+    # over knows it too, although no owner of its own topology ever vanished: alone in its view and asked to
+    # leave, it waits for a merge instead of leaving with the only copy (GridNode._no_taker).
+    lost: tuple[Address, ...] = ()
     _member_set: frozenset[Address] = field(default=frozenset(), init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -257,11 +269,12 @@ class CacheTopology:
             self.grid_id,
             self.restamp,
             self.stable_id,
+            [m.to_wire() for m in self.lost],
         ]
 
     @classmethod
     def from_wire(cls, data: Any, field_name: str = "topology") -> CacheTopology:
-        items = as_list(data, field_name, 12, exact=12)
+        items = as_list(data, field_name, 13, exact=13)
         tid = as_int(items[0], f"{field_name}.topology_id", 1, MAX_INT)
         rid = as_int(items[1], f"{field_name}.rebalance_id", 0, MAX_INT)
         phase = Phase(as_int(items[2], f"{field_name}.phase", 0, 3))
@@ -282,7 +295,10 @@ class CacheTopology:
         grid_id = as_int(items[9], f"{field_name}.grid_id", 0, MAX_INT)
         restamp = as_int(items[10], f"{field_name}.restamp", 0, tid - 1)
         stable_id = as_int(items[11], f"{field_name}.stable_id", 0, tid)
-        return cls(tid, rid, phase, current, pending, members, avail, stable, mode, grid_id, restamp, stable_id)
+        lost = as_address_list(items[12], f"{field_name}.lost", MAX_LOST)
+        if len(set(lost)) != len(lost):
+            raise WireError(f"{field_name}.lost: a member is listed twice")
+        return cls(tid, rid, phase, current, pending, members, avail, stable, mode, grid_id, restamp, stable_id, lost)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -303,27 +319,34 @@ class MemberStatus:
     leaving: bool
     topology: CacheTopology | None
     # The highest topology id of the member's persistent store (0: none): a new grid starts above it. Sent
-    # only when set, so statuses without persistence keep their three fields.
+    # only when set (or when ``lost`` follows it), so statuses without persistence keep their three fields.
     floor: int = 0
+    # Owners the member lost without a handoff (GridNode._vanished_owners): the coordinator adds them to the
+    # topology's ``lost``, so they reach every member that takes our data over. Sent only when set.
+    lost: tuple[Address, ...] = ()
 
     def to_wire(self) -> list[Any]:
         out = [self.capacity, self.leaving, None if self.topology is None else self.topology.to_wire()]
-        if self.floor:
+        if self.floor or self.lost:
             out.append(self.floor)
+        if self.lost:
+            out.append([m.to_wire() for m in self.lost])
         return out
 
     @classmethod
     def from_wire(cls, data: Any, field_name: str = "status") -> MemberStatus:
-        items = as_list(data, field_name, 4)
+        items = as_list(data, field_name, 5)
         if len(items) < 3:
-            raise WireError(f"{field_name}: expected 3 or 4 items, got {len(items)}")
+            raise WireError(f"{field_name}: expected 3 to 5 items, got {len(items)}")
         cap = items[0]
         if type(cap) not in (int, float) or not (math.isfinite(cap) and 0 <= cap <= 1_000_000):
             raise WireError(f"{field_name}.capacity: expected a number in [0, 1000000], got {cap!r}")
         leaving = as_bool(items[1], f"{field_name}.leaving")
         topo = None if items[2] is None else CacheTopology.from_wire(items[2], f"{field_name}.topology")
-        floor = as_int(items[3], f"{field_name}.floor", 1, MAX_INT) if len(items) == 4 else 0
-        return cls(float(cap), leaving, topo, floor)
+        # A floor of 0 (none) is written only in front of a lost list.
+        floor = as_int(items[3], f"{field_name}.floor", 0 if len(items) == 5 else 1, MAX_INT) if len(items) > 3 else 0
+        lost = as_address_list(items[4], f"{field_name}.lost", MAX_LOST) if len(items) == 5 else ()
+        return cls(float(cap), leaving, topo, floor, lost)
 
 
 @dataclass(slots=True)
@@ -398,11 +421,15 @@ class RebalancePlanner:
         self.now = now  # the latest time given: a new grid's id is made from it
         self.grid_id = 0  # of the grid we continue (or start); given to every topology we make
         self.restamp = 0  # see CacheTopology.restamp
+        # Owners lost without a handoff and not back in our view since, oldest first (CacheTopology.lost): those
+        # of the topologies and statuses reported to us, and every owner of our topology that leaves the view.
+        self.lost: dict[Address, None] = {}
 
     # -- inputs ---------------------------------------------------------------------------------------------
     def on_view(self, view: Sequence[Address], now: float) -> list[Output]:
         self.view = tuple(view)
         self.now = now
+        self._forget_lost_in_view()
         if self.recovering:
             for m in [m for m in self.statuses if m not in self.view]:
                 del self.statuses[m]
@@ -428,6 +455,13 @@ class RebalancePlanner:
             if st.topology is not None and st.topology.topology_id > self.max_seen_id:
                 # A member is ahead of us (a topology we never saw); re-announce ours above it.
                 self.max_seen_id = st.topology.topology_id
+                changed = ahead = True
+            grew = self._note_lost(st.lost)
+            if st.topology is not None:
+                grew = self._note_lost(st.topology.lost) or grew
+            if grew:
+                # The member lost owners our topology does not name (GridNode._vanished_owners: those gone while
+                # its merge push was unfinished): every member must know before it might leave alone.
                 changed = ahead = True
             info = self.members.get(m)
             if info is None:
@@ -504,6 +538,11 @@ class RebalancePlanner:
         self.members = {m: _Info(st.capacity, st.leaving) for m, st in reported.items() if m in self.view}
         tops = [st.topology for st in reported.values() if st.topology is not None]
         self.statuses = {}
+        for _m, st in sorted(reported.items()):
+            # Whatever side a member comes from, its owners lost elsewhere stay lost here: the data it brings
+            # may be the only copy of what its side acknowledged (GridNode._no_taker).
+            self._note_lost(st.topology.lost if st.topology is not None else ())
+            self._note_lost(st.lost)
         if tops:
             self.max_seen_id = max(self.max_seen_id, *(t.topology_id for t in tops))
             self.max_rebalance_id = max(t.rebalance_id for t in tops)
@@ -539,18 +578,20 @@ class RebalancePlanner:
                 # available partition its topology and stable set are the newest: only a majority stays so.)
                 same = [t for t in tops if t.grid_id == base.grid_id]
                 stable = max(same, key=lambda t: (t.stable_id, t.topology_id))
-            self.topology = replace(
+            corrected = self.topology = replace(
                 base,
                 grid_id=self.grid_id,
                 restamp=self.restamp,
                 stable_members=stable.stable_members,
                 stable_id=stable.stable_id,
+                lost=tuple(self.lost),
             )
             out = self._update()
             if not out:
                 # Announce even an unchanged topology under a new id above every id anyone reported, so all
                 # members (those that missed the last broadcast included) install the same one.
-                out.append((None, self._set(self._bump(base, members=self._member_tuple()))))
+                # Bump the corrected topology, not ``base``: that one may carry an older stable set.
+                out.append((None, self._set(self._bump(corrected, members=self._member_tuple()))))
             return out
         return self._update()
 
@@ -571,6 +612,10 @@ class RebalancePlanner:
         out: list[Output] = []
         holders = set(t.current.members) | (set(t.pending.members) if t.pending is not None else set())
         dead = {m for m in holders | set(t.members) if m not in live}
+        # An owner that leaves the view still owning segments hands nothing off (a graceful leave ends only once
+        # a topology without it as an owner is installed).
+        owning = owner_set(t.current) + (owner_set(t.pending) if t.pending is not None else ())
+        self._note_lost(m for m in owning if m not in live)
         if t.availability == Availability.DEGRADED:
             if self._stays_degraded(t, live):
                 if set(t.members) != live:
@@ -652,6 +697,23 @@ class RebalancePlanner:
         return self._set(nt)
 
     # -- helpers --------------------------------------------------------------------------------------------
+    def _note_lost(self, members: Iterable[Address]) -> bool:
+        """Add ``members`` not in our view to the lost owners (the newest MAX_LOST kept); whether any was new."""
+        lost, view = self.lost, self.view
+        grew = False
+        for m in members:
+            if m not in lost and m not in view:
+                lost[m] = None
+                grew = True
+        while len(lost) > MAX_LOST:
+            del lost[next(iter(lost))]
+        return grew
+
+    def _forget_lost_in_view(self) -> None:
+        """Lost owners back in our view are lost no more: a merge brings our data and theirs together."""
+        if any(m in self.lost for m in self.view):
+            self.lost = {m: None for m in self.lost if m not in self.view}
+
     def _stays_degraded(self, t: CacheTopology, live: set[Address]) -> bool:
         """Whether the degraded ``t`` must stay so with the members ``live`` (Infinispan's PreferConsistency
         after a merge): some segment has no member holding its data here (what it held is lost until one comes
@@ -790,11 +852,18 @@ class RebalancePlanner:
             self.grid_id,
             self.restamp,
             stable_id,
+            tuple(self.lost),
         )
 
     def _bump(self, t: CacheTopology, **changes: Any) -> CacheTopology:
         return replace(
-            t, topology_id=self._next_id(), mode=self.mode, grid_id=self.grid_id, restamp=self.restamp, **changes
+            t,
+            topology_id=self._next_id(),
+            mode=self.mode,
+            grid_id=self.grid_id,
+            restamp=self.restamp,
+            lost=tuple(self.lost),
+            **changes,
         )
 
     def _set(self, t: CacheTopology) -> CacheTopology:

@@ -143,15 +143,15 @@ class Discovery(Layer):
             return
         rest: list[Message] = []
         for msg in batch:
-            hdr = msg.headers.get(_PID)
+            hdr: DiscoveryHeader | None = msg.headers.get(_PID)
             if hdr is None:
                 rest.append(msg)
             elif msg.src is None or msg.src == self.local_address:
                 self.count("own_messages_ignored")
-            elif hdr.kind == GET_MBRS_REQ:  # type: ignore[attr-defined]
+            elif hdr.kind == GET_MBRS_REQ:
                 self._answer(msg.src)
             else:
-                self._collect(msg.src, hdr)  # type: ignore[arg-type]
+                self._collect(msg.src, hdr)
         if rest:
             self.above.up(rest)
 

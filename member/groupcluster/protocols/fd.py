@@ -104,7 +104,7 @@ class FailureDetection(Layer):
         if src in last:
             last[src] = self.now
             if src in self._watch:
-                self._alive_again(src)  # type: ignore[arg-type]
+                self._alive_again(src)
         for msg in batch:
             if _PID in msg.headers:
                 break
@@ -113,15 +113,15 @@ class FailureDetection(Layer):
             return
         rest: list[Message] = []
         for msg in batch:
-            hdr = msg.headers.get(_PID)
+            hdr: FdHeader | None = msg.headers.get(_PID)
             if hdr is None:
                 rest.append(msg)
-            elif hdr.kind == ARE_YOU_ALIVE:  # type: ignore[attr-defined]
+            elif hdr.kind == ARE_YOU_ALIVE:
                 if msg.src is not None and msg.src != self.local_address:
                     self.count("are_you_alive_received")
                     self.below.down(Message(msg.src, flags=_FLAGS, headers={_PID: _HEADERS[I_AM_ALIVE]}))
             else:
-                self.count("heartbeats_received" if hdr.kind == HEARTBEAT else "i_am_alive_received")  # type: ignore[attr-defined]
+                self.count("heartbeats_received" if hdr.kind == HEARTBEAT else "i_am_alive_received")
         if rest:
             self.above.up(rest)
 

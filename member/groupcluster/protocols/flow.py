@@ -241,7 +241,7 @@ class FlowControl(Layer):
         if control:
             rest: list[Message] = []
             for msg in batch:
-                hdr = msg.headers.get(_PID)
+                hdr: FlowHeader | None = msg.headers.get(_PID)
                 if hdr is None:
                     rest.append(msg)
                 else:

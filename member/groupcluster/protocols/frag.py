@@ -167,11 +167,11 @@ class Frag(Layer):
             return
         out: list[Message] = []
         for msg in batch:
-            hdr = msg.headers.get(_PID)
+            hdr: FragHeader | None = msg.headers.get(_PID)
             if hdr is None:
                 out.append(msg)
             else:
-                whole = self._add(msg, hdr)  # type: ignore[arg-type]
+                whole = self._add(msg, hdr)
                 if whole is not None:
                     out.append(whole)
         if out:

@@ -299,7 +299,7 @@ class Gms(Layer):
         # In order: messages that precede a VIEW in the stream are delivered before it is installed.
         pending: list[Message] = []
         for msg in batch:
-            hdr = msg.headers.get(pid)
+            hdr: GmsHeader | None = msg.headers.get(pid)
             if hdr is None:
                 pending.append(msg)
                 continue

@@ -331,7 +331,7 @@ class NakAck(Layer):
         w: Window | None = None
         fast = False
         for msg in batch:
-            hdr = msg.headers.get(pid)
+            hdr: NakAckHeader | None = msg.headers.get(pid)
             if hdr is None:
                 append(msg)
                 continue
@@ -353,6 +353,7 @@ class NakAck(Layer):
                     continue
                 self._add(w, seqno, msg, out)
             elif kind == XMIT_RSP:
+                assert hdr.sender is not None  # from_wire: every header but MSG names a sender
                 xw = windows.get(hdr.sender)
                 if xw is None:
                     continue
@@ -364,6 +365,7 @@ class NakAck(Layer):
             elif kind == XMIT_REQ:
                 self._serve_xmit(msg.src, hdr)  # type: ignore[arg-type]
             elif kind == XMIT_GONE:
+                assert hdr.sender is not None
                 xw = windows.get(hdr.sender)
                 if msg.src != hdr.sender:
                     # Only a sender collects its own messages (see _serve_xmit); anyone else saying so is wrong.

@@ -62,7 +62,7 @@ from ..core import protocol_ids
 from ..core.address import Address
 from ..core.config import param
 from ..core.errors import WireError
-from ..core.events import Backpressure, Disconnect, Event, Left, ViewChange
+from ..core.events import Backpressure, Disconnect, Event, FlushHold, FlushRelease, Left, ViewChange
 from ..core.layer import Layer, register_layer
 from ..core.message import ALL_FLAGS, HEADER_TYPES, NO_RELIABILITY, Header, Message, register_header
 from ..core.validate import MAX_INT, as_address, as_bytes, as_int, as_list
@@ -558,6 +558,11 @@ class Sequencer(Layer):
         self.is_coord = False
         self.sync: _Sync | None = None
         self.open = False  # epoch synced: new messages are sequenced
+        # A FLUSH above holds this member's delivery for the view change: as coordinator, sequence and commit
+        # nothing more in this epoch (see _freeze); a release before the view (the round was superseded or
+        # abandoned) resumes at the end of the step.
+        self.frozen = False
+        self.thaw_due = False
         self.next_seq = 0
         self.acks: dict[Address, int] = {}
         self.commit = 0
@@ -630,12 +635,47 @@ class Sequencer(Layer):
             self.out_decoded.append(item if item is msg.payload else (msg.flags, dict(msg.headers), msg.payload))
 
     def down_event(self, event: Event) -> Any:
+        if isinstance(event, FlushHold):
+            self._freeze()
+        elif isinstance(event, FlushRelease) and not event.members and self.frozen:
+            self.frozen = False
+            self.thaw_due = True
         if isinstance(event, Disconnect) and self.fwd_table and self.view is not None and not self.left:
             # Our multicasts are with the coordinator: leaving now would lose them. Wait (bounded).
             self.leave_pending = True
             self.set_timer("leave", self.config.leave_timeout)
             return None
         return self.below.down_event(event)
+
+    def _freeze(self) -> None:
+        """FLUSH holds our delivery at what NAKACK delivered so far, and its digest (taken below, right after
+        this) is what every survivor of the view will deliver of each stream. As coordinator we deliver a batch
+        when we commit it, but the others only when our COMMIT reaches them: so every commit we made goes out
+        now, ahead of the digest, and none follows until the view changes. Whatever this epoch left
+        uncommitted is replayed in the next one, to every member alike; forwards that arrive meanwhile wait
+        in the queue, and the senders' forward-tables carry them into the next view anyway."""
+        self.frozen = True
+        self.thaw_due = False
+        if not self.is_coord or self.left:
+            return
+        self._flush_batch()
+        if self.commit > self.commit_sent:
+            self.commit_sent = self.commit
+            self._send(None, SequencerHeader(COMMIT, self.epoch, commit=self.commit))
+
+    def _thaw(self) -> None:
+        """The flush was released without a view change: commit what was acknowledged meanwhile and sequence
+        the forwards that waited."""
+        if not self.is_coord or not self.open or self.left:
+            return
+        commit = min(self.acks.values()) if self.acks else 0
+        if commit > self.commit:
+            self.commit = commit
+            self._learn_commit(commit)
+        queue, self.queue = self.queue, []
+        for origin, start, items in queue:
+            if start + len(items) - 1 > self.seq_high.get(origin, 0):
+                self._accept(origin, start, items)
 
     def _leave_now(self) -> None:
         if self.leave_pending:
@@ -940,6 +980,7 @@ class Sequencer(Layer):
         was_coord = self.is_coord
         self.is_coord = self.coord == me
         self.open = False
+        self.frozen = self.thaw_due = False
         self.sync = None
         self._runs, self._run_origin, self._batch_bytes, self._ready = [], None, 0, []
         self._own_runs = {}
@@ -1157,7 +1198,7 @@ class Sequencer(Layer):
             return
         view = self.view
         if self.is_coord and view is not None and src in view.members:
-            if self.open:
+            if self.open and not self.frozen:
                 self._accept(src, start, items, decoded)
             else:
                 self.queue.append((src, start, items))
@@ -1294,8 +1335,8 @@ class Sequencer(Layer):
         if prev is None or seq <= prev or seq > self.next_seq:
             return
         acks[src] = seq
-        if prev != self.commit:
-            return  # the minimum did not move
+        if prev != self.commit or self.frozen:
+            return  # the minimum did not move, or a flush holds our commits (see _freeze)
         commit = min(acks.values())
         if commit > self.commit:
             self.commit = commit
@@ -1422,6 +1463,11 @@ class Sequencer(Layer):
 
     def end_of_step(self) -> bool:
         busy = False
+        if self.thaw_due:
+            self.thaw_due = False
+            if not self.frozen:
+                self._thaw()
+                busy = True
         if self.sync_due:
             self.sync_due = False
             if not self.is_coord and self.coord is not None and not self.left:
@@ -1435,7 +1481,7 @@ class Sequencer(Layer):
         if self.out_items and self.is_coord:
             items, self.out_items = self.out_items, []
             decoded, self.out_decoded = self.out_decoded, []
-            if self.open:
+            if self.open and not self.frozen:
                 self._sequence(
                     self.local_address, self.out_start, items, decoded if len(decoded) == len(items) else None
                 )

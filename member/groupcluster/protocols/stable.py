@@ -98,7 +98,7 @@ class Stable(Layer):
         out = batch
         nbytes = 0
         for i, msg in enumerate(batch):
-            hdr = msg.headers.get(pid)
+            hdr: StableHeader | None = msg.headers.get(pid)
             if hdr is None:
                 if msg.dest is None:
                     nbytes += len(msg.payload)

@@ -434,15 +434,15 @@ class StateTransfer(Layer):
         holding = self.phase == FETCHING or self.phase == WANTED
         covered: list[Message] = []
         for k, msg in enumerate(batch):
-            hdr = msg.headers.get(_PID)
-            if hdr is None or hdr.kind != DATA:  # type: ignore[attr-defined]
+            hdr: StateHeader | None = msg.headers.get(_PID)
+            if hdr is None or hdr.kind != DATA:
                 if hdr is not None:
                     if out is None:
                         out = batch[:k]
-                    if hdr.kind != REQ:  # type: ignore[attr-defined]
+                    if hdr.kind != REQ:
                         self._control(msg.src, hdr, msg)  # type: ignore[arg-type]
                         holding = self.phase == FETCHING  # the last chunk ends the holding mid-batch
-                    elif hdr.donor == self.local_address and msg.src != hdr.donor:  # type: ignore[attr-defined]
+                    elif hdr.donor == self.local_address and msg.src != hdr.donor:
                         # The cut is here: what came before the request in the stream goes up first.
                         self._pass_up(out, covered)
                         out, covered = [], []
@@ -454,7 +454,7 @@ class StateTransfer(Layer):
                     out.append(msg)
                 continue
             src = msg.src
-            seq = hdr.seq  # type: ignore[attr-defined]
+            seq = hdr.seq
             if holding:
                 if out is None:
                     out = batch[:k]
@@ -498,10 +498,10 @@ class StateTransfer(Layer):
         if seq > last:
             if seq > last + 1:
                 # A hole: multicasts the sender made while apart from us (or before we joined).
-                gaps = self.missing.setdefault(src, [])
-                gaps.append([last + 1, seq - 1])
-                if len(gaps) > MAX_GAPS:
-                    del gaps[0]
+                holes = self.missing.setdefault(src, [])
+                holes.append([last + 1, seq - 1])
+                if len(holes) > MAX_GAPS:
+                    del holes[0]
                     self.count("gaps_forgotten")
             self.delivered[src] = seq
             return FRESH

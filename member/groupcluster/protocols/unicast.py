@@ -146,7 +146,7 @@ class Unicast(Layer):
         out: list[Message] = []
         pid = protocol_ids.UNICAST
         for msg in batch:
-            hdr = msg.headers.get(pid)
+            hdr: UnicastHeader | None = msg.headers.get(pid)
             if hdr is None:
                 out.append(msg)
                 continue

@@ -239,14 +239,14 @@ class Channel:
             )
         ch._get_state = get_state
         ch._set_state = set_state
-        for register, fn in (
-            (ch.on_message, on_message),
-            (ch.on_messages, on_messages),
-            (ch.on_view, on_view),
-            (ch.on_event, on_event),
-        ):
-            if fn is not None:
-                register(fn)  # type: ignore[operator]
+        if on_message is not None:
+            ch.on_message(on_message)
+        if on_messages is not None:
+            ch.on_messages(on_messages)
+        if on_view is not None:
+            ch.on_view(on_view)
+        if on_event is not None:
+            ch.on_event(on_event)
         try:
             if discovery is not None:
                 ch.discovery = discovery(driver.control, driver.address.endpoint)

@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import functools
 import json
 import os
 import random
@@ -218,11 +219,11 @@ class Workload:
             while not self.stop.is_set():
                 key = f"k{rng.randrange(KEY_POOL):03d}".encode()
                 if role == "reader":
-                    op, ok = "get", timed_op(self.log, role, "get", key, None, lambda k=key, c=client: c.get(k))
+                    op, ok = "get", timed_op(self.log, role, "get", key, None, functools.partial(client.get, key))
                 elif rng.random() < DELETE_SHARE:
                     op, ok = (
                         "delete",
-                        timed_op(self.log, role, "delete", key, None, lambda k=key, c=client: c.delete(k)),
+                        timed_op(self.log, role, "delete", key, None, functools.partial(client.delete, key)),
                     )
                 else:
                     seq += 1
@@ -231,7 +232,7 @@ class Workload:
                         self.written.add(key)  # before the request: an unacknowledged put may have landed
                     op, ok = (
                         "put",
-                        timed_op(self.log, role, "put", key, value, lambda k=key, v=value, c=client: c.put(k, v)),
+                        timed_op(self.log, role, "put", key, value, functools.partial(client.put, key, value)),
                     )
                 with self.log.lock:
                     self.counts[f"{op} {'ok' if ok else 'failed'}"] += 1
@@ -528,7 +529,7 @@ class Chaos:
         self.log.add("checker", "grid_converged")
         with GridClient([m.http for m in self.cluster.members], request_timeout=10.0, timeout=60.0) as client:
             for key in keys:
-                timed_op(self.log, "final", "get", key, None, lambda k=key, c=client: c.get(k))
+                timed_op(self.log, "final", "get", key, None, functools.partial(client.get, key))
 
     def record_stores(self) -> None:
         """A ``grid_store`` event per member: its copy of every segment it owns, scanned from it directly."""

@@ -100,12 +100,12 @@ class Writer:
                     failed = dict.fromkeys(items, str(exc))
                     self.failed_batches += 1
                     self.errors.append(str(exc))
-                for k, v in items.items():
-                    if k in failed:
-                        self.maybe.setdefault(k, set()).add(v)
+                for key, val in items.items():
+                    if key in failed:
+                        self.maybe.setdefault(key, set()).add(val)
                     else:
-                        self.acked[k] = v
-                        self.maybe.pop(k, None)
+                        self.acked[key] = val
+                        self.maybe.pop(key, None)
                 self.batches += 1
                 self.stop.wait(WRITER_PAUSE)
             self.stats = dict(client.stats)

@@ -347,10 +347,10 @@ class _Peer:
         if sock is not None:
             # Frames are already coalesced per step; Nagle would only add latency.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         network.metrics["runtime.tcp_connects"] += 1
         if self.pending:
-            transport.write(b"".join(self.pending))  # type: ignore[attr-defined]
+            transport.write(b"".join(self.pending))
             self.pending, self.pending_bytes, self.pending_frames = [], 0, 0
 
     def lost(self, transport: asyncio.BaseTransport | None, exc: Exception | None) -> None:

@@ -276,9 +276,9 @@ class Demo:
             sending,
         )
         victim.killed_at = time.time()
-        victim.popen.kill()  # type: ignore[union-attr]
-        victim.popen.wait()  # type: ignore[union-attr]
-        pid = victim.popen.pid  # type: ignore[union-attr]
+        victim.popen.kill()
+        victim.popen.wait()
+        pid = victim.popen.pid
         self.say(f"SIGKILL {victim.name} ({victim.endpoint}, pid {pid}) while it sends (it reported {half}+ sent)")
         victim_addr = next(a for a, name in short.items() if name == victim.name)
         self.judgeable = (short, victim)

@@ -1,7 +1,8 @@
 """Discovery through the Kubernetes API: the members of one GroupCluster find each other by listing pods.
 
 Every ``interval`` seconds the member lists the pods of its namespace that match a label selector
-(``GET /api/v1/namespaces/NS/pods?labelSelector=...``) with its service-account token, keeps the pods of
+(``GET /api/v1/namespaces/NS/pods?labelSelector=...``, through the official client and its service-account
+token: :mod:`groupcluster.runtime.kube_client`), keeps the pods of
 the same GroupCluster that have an IP and are not finished, and hands their member endpoints to the stack as
 :class:`~groupcluster.core.events.UpdateHosts` whenever the set changes (like
 :class:`~groupcluster.runtime.file_discovery.FileDiscovery`).
@@ -11,7 +12,8 @@ What KUBE_PING's users kept tripping over, and what this module does about it:
 * **Bound tokens expire**: the token file is re-read every minute and at once after a 401 (the request is
   then retried once with the fresh token).
 * **CA bundles with several certificates**: every certificate of ``ca.crt`` is trusted (a bundle that holds
-  no certificate at all is a clear error).
+  no certificate at all is a clear error); a bundle rotated in place is trusted as it is now.
+* **Large namespaces**: the pods are listed in pages.
 * **RBAC 403s**: the log line names the missing permission (``list pods in namespace X``) and the service
   account that lacks it, and the discovery keeps retrying (a RoleBinding created later fixes it).
 * **Singleton clusters**: when no peer is found the member says so (namespace, selector, what was seen), and
@@ -25,169 +27,63 @@ Credentials: ``$GROUPCLUSTER_SA_DIR`` when set (the local control plane announce
 volume there), else ``/var/run/secrets/kubernetes.io/serviceaccount``; the API server is
 ``https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT``.
 
-:func:`select_peers` and :class:`TokenSource` are pure enough to test without a server; the operator reuses
-:class:`InClusterConfig` for its own API client.
+:func:`select_peers` is pure enough to test without a server.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import json
 import logging
 import os
-import ssl
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
+
+from kubernetes_asyncio.client import CoreV1Api
 
 from ..core.errors import ConfigError
 from ..core.events import UpdateHosts
+from .kube_client import (
+    ApiError,
+    InClusterConfig,
+    KubeClient,
+    KubeConfigError,
+    Op,
+    TokenSource,
+    service_account_dir,
+    ssl_context_for_bundle,
+    token_subject,
+)
 
 log = logging.getLogger("groupcluster.runtime.kube_discovery")
 
 Endpoint = tuple[str, int]
 
-DEFAULT_SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-SA_DIR_ENV = "GROUPCLUSTER_SA_DIR"
-# Bound tokens are valid for an hour or so and are rotated by the kubelet well before; a minute is what the
-# Kubernetes client libraries use too.
-TOKEN_MAX_AGE = 60.0
 DEFAULT_INTERVAL = 3.0
-REQUEST_TIMEOUT = 10.0
 # "no peer found" and "forbidden" repeat at most this often while the condition lasts.
 REPEAT_LOG_EVERY = 60.0
 CLUSTER_LABEL = "groupcluster.io/cluster"
 MEMBER_PORT_NAME = "member"
-# A pod list is small (one cluster's pods), but a broad selector must not make us buffer without bound.
-MAX_LIST_BYTES = 32 * 1024 * 1024
 
-
-async def _read_at_most(stream: Any, limit: int) -> bytes:
-    """The body up to `limit` bytes. StreamReader.read(n) returns what has arrived so far, which for a chunked
-    answer may be only its first chunk; read until the end or the limit."""
-    parts: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = await stream.read(limit - size)
-        if not chunk:
-            break
-        parts.append(chunk)
-        size += len(chunk)
-    return b"".join(parts)
-
-
-class KubeConfigError(ConfigError):
-    """In-cluster credentials are missing or unusable; the message says which file or variable."""
-
-
-def service_account_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where the service-account token, CA bundle and namespace are mounted."""
-    env = os.environ if env is None else env
-    return Path(env.get(SA_DIR_ENV) or DEFAULT_SA_DIR)
-
-
-def ssl_context_for_bundle(ca_file: Path) -> ssl.SSLContext:
-    """A client TLS context trusting every certificate in the PEM bundle ``ca_file`` (several are allowed)."""
-    try:
-        text = ca_file.read_text(encoding="ascii", errors="replace")
-    except OSError as exc:
-        raise KubeConfigError(f"CA bundle {ca_file}: {exc.strerror or exc}") from None
-    count = text.count("-----BEGIN CERTIFICATE-----")
-    if count == 0:
-        raise KubeConfigError(f"CA bundle {ca_file}: no PEM certificate in it")
-    ctx = ssl.create_default_context()
-    try:
-        # cadata loads every certificate of a concatenated bundle, not only the first.
-        ctx.load_verify_locations(cadata=text)
-    except ssl.SSLError as exc:
-        raise KubeConfigError(f"CA bundle {ca_file}: not a valid PEM certificate bundle ({exc})") from None
-    return ctx
-
-
-def token_subject(token: str) -> str | None:
-    """The ``sub`` claim of a JWT (e.g. ``system:serviceaccount:ns:name``), for log lines; None if unreadable.
-
-    The signature is not checked: the value only names who we are in messages, the API server decides.
-    """
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
-    try:
-        payload = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (ValueError, UnicodeDecodeError):
-        return None
-    sub = payload.get("sub") if isinstance(payload, dict) else None
-    return sub if isinstance(sub, str) else None
-
-
-class TokenSource:
-    """The service-account token, re-read from its file when older than ``max_age`` or after a 401."""
-
-    def __init__(self, path: Path, *, max_age: float = TOKEN_MAX_AGE, clock: Callable[[], float] = time.monotonic):
-        self.path = path
-        self.max_age = max_age
-        self.clock = clock
-        self._token: str | None = None
-        self._read_at = 0.0
-        self.reads = 0
-
-    def get(self) -> str:
-        now = self.clock()
-        if self._token is None or now - self._read_at >= self.max_age:
-            try:
-                token = self.path.read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise KubeConfigError(f"service-account token {self.path}: {exc.strerror or exc}") from None
-            if not token:
-                raise KubeConfigError(f"service-account token {self.path}: the file is empty")
-            self._token, self._read_at = token, now
-            self.reads += 1
-        return self._token
-
-    def invalidate(self) -> None:
-        """Forget the cached token: the next :meth:`get` reads the file (after the server answered 401)."""
-        self._token = None
-
-
-@dataclass
-class InClusterConfig:
-    """How a pod reaches the API server: URL, CA bundle, token file and its own namespace."""
-
-    server: str
-    ca_file: Path
-    token_file: Path
-    namespace: str
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> InClusterConfig:
-        env = os.environ if env is None else env
-        host = env.get("KUBERNETES_SERVICE_HOST", "")
-        port = env.get("KUBERNETES_SERVICE_PORT", "443")
-        if not host:
-            raise KubeConfigError(
-                "KUBERNETES_SERVICE_HOST is not set: not running in a Kubernetes pod "
-                "(in-cluster discovery and the operator's in-cluster login need it)"
-            )
-        if not port.isdigit():
-            raise KubeConfigError(f"KUBERNETES_SERVICE_PORT: expected a port number, got {port!r}")
-        sa = service_account_dir(env)
-        ns_file = sa / "namespace"
-        try:
-            namespace = ns_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise KubeConfigError(f"namespace file {ns_file}: {exc.strerror or exc}") from None
-        if not namespace:
-            raise KubeConfigError(f"namespace file {ns_file}: the file is empty")
-        shown = f"[{host}]" if ":" in host else host
-        return cls(
-            server=f"https://{shown}:{port}", ca_file=sa / "ca.crt", token_file=sa / "token", namespace=namespace
-        )
+# Re-exported: the members' and the operator's tests and callers name them here.
+__all__ = [
+    "InClusterConfig",
+    "KubeConfigError",
+    "KubeDiscovery",
+    "KubeDiscoveryConfig",
+    "TokenSource",
+    "add_arguments",
+    "factory",
+    "from_args",
+    "parse_selector_labels",
+    "select_peers",
+    "service_account_dir",
+    "ssl_context_for_bundle",
+    "token_subject",
+]
 
 
 def _labels_match(labels: Mapping[str, str], required: Mapping[str, str]) -> bool:
@@ -238,25 +134,6 @@ def _member_port(spec: Mapping[str, Any], port_name: str, default: int) -> int:
     return default
 
 
-class KubeApiError(Exception):
-    """An API request failed; ``status`` is the HTTP status (0 when no answer came)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def api_error_message(body: bytes) -> str:
-    """The ``message`` of a Kubernetes Status object, or the body's start when it is not one."""
-    try:
-        data = json.loads(body)
-        if isinstance(data, dict) and isinstance(data.get("message"), str):
-            return data["message"]
-    except ValueError:
-        pass
-    return body[:300].decode("utf-8", "replace")
-
-
 @dataclass
 class KubeDiscoveryConfig:
     """What to list: namespace, selector, and which labels a pod of our cluster must carry."""
@@ -290,14 +167,13 @@ class KubeDiscovery:
         self.config = config
         self.cluster = cluster
         self.namespace = config.namespace or cluster.namespace
-        self.tokens = TokenSource(cluster.token_file, clock=clock)
+        self.client = KubeClient.in_cluster(cluster, clock=clock)
+        assert self.client.tokens is not None
+        self.tokens: TokenSource = self.client.tokens
         self.clock = clock
         self.hosts: tuple[Endpoint, ...] = ()
         self.polls = 0
         self.failures = 0
-        self._ssl: ssl.SSLContext | None = None
-        self._ca_mtime: float | None = None
-        self._session: Any = None
         self._task: asyncio.Task[None] | None = None
         self._last_logged: dict[str, float] = {}
         self._alone = False
@@ -316,11 +192,9 @@ class KubeDiscovery:
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            # close() is a coroutine; when the loop is going away the connector is released with it anyway.
-            with contextlib.suppress(RuntimeError):
-                asyncio.get_running_loop().create_task(session.close())
+        # close() is a coroutine; when the loop is going away the connections are released with it anyway.
+        with contextlib.suppress(RuntimeError):
+            asyncio.get_running_loop().create_task(self.client.close())
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
@@ -328,9 +202,7 @@ class KubeDiscovery:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        await self.client.close()
 
     # -- one listing -----------------------------------------------------------------------------------
     def _log_limited(self, key: str, level: int, msg: str, *args: Any) -> None:
@@ -341,58 +213,14 @@ class KubeDiscovery:
             self._last_logged[key] = now
             log.log(level, msg, *args)
 
-    async def _client(self) -> Any:
-        import aiohttp
-
-        try:
-            mtime = self.cluster.ca_file.stat().st_mtime
-        except OSError as exc:
-            raise KubeConfigError(f"CA bundle {self.cluster.ca_file}: {exc.strerror or exc}") from None
-        if self._session is None or mtime != self._ca_mtime:
-            # The CA bundle is rotated in place (a projected volume): trust what it holds now.
-            self._ssl = ssl_context_for_bundle(self.cluster.ca_file)
-            self._ca_mtime = mtime
-            if self._session is not None:
-                await self._session.close()
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl),
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
-            )
-        return self._session
-
-    def _url(self) -> str:
-        ns = urllib.parse.quote(self.namespace, safe="")
-        query = urllib.parse.urlencode({"labelSelector": self.config.selector}) if self.config.selector else ""
-        return f"{self.cluster.server}/api/v1/namespaces/{ns}/pods" + (f"?{query}" if query else "")
+    def _op(self) -> Op:
+        return Op("list", "pods", self.namespace)
 
     async def list_pods(self) -> dict[str, Any]:
-        """One listing; a 401 re-reads the token and retries once. Raises KubeApiError or KubeConfigError."""
-        import aiohttp
-
-        session = await self._client()
-        for attempt in (1, 2):
-            headers = {"Authorization": f"Bearer {self.tokens.get()}", "Accept": "application/json"}
-            try:
-                async with session.get(self._url(), headers=headers) as resp:
-                    body = await _read_at_most(resp.content, MAX_LIST_BYTES + 1)
-                    if resp.status == 401 and attempt == 1:
-                        log.info("kube discovery: the API server answered 401; re-reading the token file")
-                        self.tokens.invalidate()
-                        continue
-                    if resp.status != 200:
-                        raise KubeApiError(resp.status, api_error_message(body))
-                    if len(body) > MAX_LIST_BYTES:
-                        raise KubeApiError(resp.status, f"pod list larger than {MAX_LIST_BYTES} bytes")
-                    try:
-                        data = json.loads(body)
-                    except ValueError:
-                        raise KubeApiError(resp.status, "the pod list is not JSON") from None
-                    if not isinstance(data, dict):
-                        raise KubeApiError(resp.status, "the pod list is not a JSON object")
-                    return data
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise KubeApiError(0, f"{type(exc).__name__}: {exc}") from None
-        raise AssertionError("unreachable")  # pragma: no cover
+        """One listing (every page) as a PodList; raises ApiError or KubeConfigError."""
+        kwargs: dict[str, Any] = {"label_selector": self.config.selector} if self.config.selector else {}
+        items = await self.client.list_all(self._op(), CoreV1Api, "list_namespaced_pod", self.namespace, **kwargs)
+        return {"kind": "PodList", "items": items}
 
     async def poll(self) -> bool:
         """List once and pass changed endpoints on; returns True if the hosts changed. Never raises."""
@@ -405,7 +233,7 @@ class KubeDiscovery:
                 required_labels=self.config.required_labels,
                 port_name=self.config.port_name,
             )
-        except KubeApiError as exc:
+        except ApiError as exc:
             self.failures += 1
             self._log_failure(exc)
             return False
@@ -437,33 +265,22 @@ class KubeDiscovery:
         self.control(UpdateHosts(hosts))
         return True
 
-    def _log_failure(self, exc: KubeApiError) -> None:
+    def _log_failure(self, exc: ApiError) -> None:
         if exc.status == 403:
-            who = None
-            with contextlib.suppress(KubeConfigError):
-                who = token_subject(self.tokens.get())
-            self._log_limited(
-                "forbidden",
-                logging.ERROR,
-                "kube discovery: forbidden (403): %s lacks the permission to list pods in namespace %s "
-                "(RBAC: a Role with verbs [list] on resource pods, bound to that service account); "
-                "the API server said: %s",
-                who or "this pod's service account",
-                self.namespace,
-                exc,
-            )
+            # The message names who lacks which permission and the Role that grants it; retrying fixes
+            # itself once a RoleBinding appears.
+            self._log_limited("forbidden", logging.ERROR, "kube discovery: %s", exc)
         elif exc.status == 401:
             self._log_limited(
                 "api",
                 logging.ERROR,
                 "kube discovery: unauthorized (401) even with a freshly read token from %s: %s",
                 self.cluster.token_file,
-                exc,
+                exc.reason,
             )
         else:
-            where = f"HTTP {exc.status}" if exc.status else "no answer"
             self._log_limited(
-                "api", logging.WARNING, "kube discovery: listing pods at %s failed (%s): %s", self._url(), where, exc
+                "api", logging.WARNING, "kube discovery: listing pods at %s failed: %s", self.client.server, exc
             )
 
 

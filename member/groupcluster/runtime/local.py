@@ -195,10 +195,10 @@ def get_json(url: str, timeout: float = STATUS_TIMEOUT) -> dict[str, Any] | None
     """The JSON body of a GET (whatever the status), or None when the member cannot be reached."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return json.loads(resp.read())  # type: ignore[no-any-return]
+            return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         try:
-            return json.loads(exc.read())  # type: ignore[no-any-return]
+            return json.loads(exc.read())
         except ValueError:
             return None
     except (OSError, ValueError):

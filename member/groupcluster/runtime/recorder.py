@@ -14,7 +14,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable
-from json.encoder import encode_basestring_ascii as _json_str  # type: ignore[attr-defined]
+from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any, TextIO
 

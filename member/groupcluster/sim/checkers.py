@@ -310,8 +310,8 @@ def check_reliable_delivery(history: History | HistoryIndex) -> list[Violation]:
     installed_at: dict[str, dict[VidKey, int]] = {}  # member -> view id -> index of first install
     for member, views in idx.views.items():
         firsts: dict[VidKey, int] = {}
-        for k, (_pos, vid, members) in enumerate(views):
-            view_members.setdefault(vid, members)
+        for k, (_pos, vid, vmembers) in enumerate(views):
+            view_members.setdefault(vid, vmembers)
             firsts.setdefault(vid, k)
         installed_at[member] = firsts
     ended = idx.ended
@@ -417,11 +417,16 @@ def check_liveness_delivery(
 Checker = Callable[[HistoryIndex], list[Violation]]
 
 
-def check_virtual_synchrony(history: History | HistoryIndex) -> list[Violation]:
+def check_virtual_synchrony(history: History | HistoryIndex, *, merged_earlier: bool = False) -> list[Violation]:
     """Members that install the same view V2 right after the same view V1 delivered the same multicasts in V1.
 
     A member's deliveries between installing V1 and installing its next view count as delivered in V1. Only
     members that moved on to the same next view are compared (a member that crashed in V1 has no next view).
+    ``merged_earlier`` (the ``total-order`` stack): a multicast one member delivered in V1 that the other had
+    already applied before V1, by delivering it or in a state it took (the donor's deliveries up to the cut,
+    ``state`` events ``get`` and ``set``), is no difference: both have it when they leave V1, which is what the
+    property protects. The sequencer replays earlier epochs in a new view: after a partition, each side's to
+    the merged view (extended virtual synchrony), and a replay a joiner never receives is in its state.
     """
     idx = _index(history)
     views_at: dict[str, list[tuple[int, VidKey]]] = {
@@ -437,26 +442,64 @@ def check_virtual_synchrony(history: History | HistoryIndex) -> list[Violation]:
         if k >= 0:
             delivered.setdefault((d.receiver, k), set()).add((d.sender, d.msg))
     # (V1, V2) -> [(member, its deliveries in V1)]
-    groups: dict[tuple[VidKey, VidKey], list[tuple[str, set[tuple[str, str]]]]] = {}
+    groups: dict[tuple[VidKey, VidKey], list[tuple[str, set[tuple[str, str]], int]]] = {}
     for member, vs in views_at.items():
         for k in range(len(vs) - 1):
-            groups.setdefault((vs[k][1], vs[k + 1][1]), []).append((member, delivered.get((member, k), set())))
+            groups.setdefault((vs[k][1], vs[k + 1][1]), []).append((member, delivered.get((member, k), set()), k))
+    earlier: dict[tuple[str, int], set[tuple[str, str]]] = {}
+    if merged_earlier:
+        # (member, index of its view) -> every multicast it applied before installing that view
+        from_state: dict[str, set[tuple[str, str]]] = {}
+        for joiner, donor, get_pos, _ in _state_transfers(idx):
+            from_state.setdefault(joiner, set()).update(
+                (d.sender, d.msg) for d in idx.deliveries if d.receiver == donor and d.dest is None and d.pos < get_pos
+            )
+        for member, vs in views_at.items():
+            acc: set[tuple[str, str]] = set(from_state.get(member, ()))
+            for k in range(len(vs)):
+                earlier[(member, k)] = set(acc)
+                acc |= delivered.get((member, k), set())
     out: list[Violation] = []
     for (v1, v2), members in groups.items():
-        first_member, first = members[0]
-        for member, got in members[1:]:
+        first_member, first, first_k = members[0]
+        for member, got, k in members[1:]:
             if got != first:
-                only_first = sorted(first - got)[:3]
-                only_other = sorted(got - first)[:3]
+                only_first_set = first - got - earlier.get((member, k), set())
+                only_other_set = got - first - earlier.get((first_member, first_k), set())
+                if not only_first_set and not only_other_set:
+                    continue
+                only_first = sorted(only_first_set)[:3]
+                only_other = sorted(only_other_set)[:3]
                 out.append(
                     Violation(
                         "virtual-synchrony",
                         member,
                         f"moved from view {_fmt_vid(v1)} to {_fmt_vid(v2)} like {first_member} but delivered other "
-                        f"messages in {_fmt_vid(v1)}: {len(first - got)} only at {first_member} (e.g. {only_first}), "
-                        f"{len(got - first)} only here (e.g. {only_other})",
+                        f"messages in {_fmt_vid(v1)}: {len(only_first_set)} only at {first_member} (e.g. "
+                        f"{only_first}), {len(only_other_set)} only here (e.g. {only_other})",
                     )
                 )
+    return out
+
+
+def _state_transfers(idx: HistoryIndex) -> list[tuple[str, str, int, int]]:
+    """(joiner, donor, position of the donor's ``get``, of the joiner's ``set``) for every state a joiner set
+    from a donor."""
+    gets: dict[tuple[str, str, Any], int] = {}
+    out: list[tuple[str, str, int, int]] = []
+    for pos, ev in enumerate(idx.events):
+        if ev.kind != "state":
+            continue
+        op = ev.data.get("op")
+        transfer = ev.data.get("transfer")
+        if not isinstance(transfer, list) or len(transfer) != 2:
+            continue
+        if op == "get":
+            gets[(ev.member, str(transfer[0]), transfer[1])] = pos
+        elif op == "set" and ev.data.get("donor") is not None:
+            get_pos = gets.get((str(ev.data["donor"]), ev.member, transfer[1]))
+            if get_pos is not None:
+                out.append((ev.member, str(ev.data["donor"]), get_pos, pos))
     return out
 
 
@@ -659,7 +702,12 @@ def _owed(idx: HistoryIndex, key: tuple[str, str], s: str, until: int) -> bool:
     return True
 
 
-STACK_CHECKERS["total-order"] = {"total-order": check_total_order, "crashed-prefix": check_crashed_prefix}
+# total-order is vsync plus a sequencer: it promises virtual synchrony too.
+STACK_CHECKERS["total-order"] = {
+    "virtual-synchrony": lambda idx: check_virtual_synchrony(idx, merged_earlier=True),
+    "total-order": check_total_order,
+    "crashed-prefix": check_crashed_prefix,
+}
 
 
 # ---- state transfer (stacks with the "state" layer: vsync, total-order) ------------------------------------

@@ -27,6 +27,7 @@ the member is treated as crashed, so the run (and the other checks) can go on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import logging
@@ -215,7 +216,7 @@ class World:
         if self.app_factory is not None:
             node.app = self.app_factory(node)
         self.nodes[slot] = node
-        self.network.attach(node.endpoint, lambda data, node=node: self._on_frame(node, data))
+        self.network.attach(node.endpoint, functools.partial(self._on_frame, node))
         self.stats["started"] += 1
         previous = self._previous[slot]
         extra = self.start_fields.get(slot, {})

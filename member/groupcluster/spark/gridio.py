@@ -65,6 +65,8 @@ class GridIO:
             conn = self._conns.get(ep)
             if conn is None:
                 u = urllib.parse.urlsplit(ep)
+                if u.hostname is None:
+                    raise ValueError(f"grid endpoint {ep!r}: no host")
                 conn = self._conns[ep] = http.client.HTTPConnection(u.hostname, u.port, timeout=self.opts.timeout)
             try:
                 conn.request("GET", path, headers=headers or {})

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -333,10 +333,10 @@ class GroupClusterWriter(DataSourceArrowWriter):
 
         def flush() -> None:
             if None in chunk.values():
-                puts: dict[bytes, bytes | None] = {k: v for k, v in chunk.items() if v is not None}
+                puts: dict[bytes, bytes] = {k: v for k, v in chunk.items() if v is not None}
                 dels = [k for k, v in chunk.items() if v is None]
             else:  # no deletions (the usual case): the chunk as it is (put_many copies what it keeps)
-                puts, dels = chunk, []
+                puts, dels = cast("dict[bytes, bytes]", chunk), []
             try:
                 if puts:
                     io.put_many(puts)

@@ -52,6 +52,11 @@ public final class Lifecycle212 extends ReceiverAdapter {
             }
 
             @Override
+            public void disconnect() {
+                ch.disconnect();
+            }
+
+            @Override
             public void close() {
                 ch.close();
             }

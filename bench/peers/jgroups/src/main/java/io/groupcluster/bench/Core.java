@@ -1,5 +1,7 @@
 package io.groupcluster.bench;
 
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
 import java.nio.ByteBuffer;
 import java.util.Arrays;
 import java.util.concurrent.CountDownLatch;
@@ -10,11 +12,16 @@ import java.util.concurrent.locks.LockSupport;
  * The JGroups-version-independent part of the benchmark harness: options, the workload, delivery accounting
  * and the result line. Harness (JGroups 5) and Harness212 (JGroups 2.12) adapt it to their channel API.
  *
- * <p>The workload and the result line are the same as groupcluster.bench.workers (the Python side): senders
- * multicast {@code count} messages of {@code size} bytes each, unpaced or at {@code rate} messages per second;
- * a payload starts with the send time (System.nanoTime, CLOCK_MONOTONIC on Linux, the clock Python's
- * time.monotonic reads), the sender's rank and a sequence number. Once every message is delivered the member
- * prints one line {@code RESULT {json}} and waits to be killed (leaving early would disturb the others).
+ * <p>The workload and the result line are the same as groupcluster.bench.workers (the Python side). The
+ * process runs rounds on command, so warm-up rounds run in the same JVM as the measured ones: each line
+ * {@code round K} on standard input starts round K, in which senders multicast {@code count} messages of
+ * {@code size} bytes each (unpaced or at {@code rate} messages per second; a payload starts with the send time
+ * in System.nanoTime, CLOCK_MONOTONIC on Linux as Python's time.monotonic, the sender's rank and a sequence
+ * number); once this member has delivered every message of rounds 1..K it prints {@code RESULT {json}} with
+ * {@code "round": K}, or {@code FAILED K ...} when the round times out. Deliveries are counted cumulatively,
+ * so a message of round K that arrives before this member read its own command still counts for round K.
+ * Every delivered message is touched: its length is summed and its last byte read (the Python side does the
+ * same), so neither side is credited for skipping the payload.
  */
 public final class Core {
     /** What the harness needs from a channel of either JGroups version. */
@@ -31,9 +38,13 @@ public final class Core {
     final double timeout;
     final long expected;
     final CountDownLatch viewComplete = new CountDownLatch(1);
-    final CountDownLatch allDelivered = new CountDownLatch(1);
     // Deliveries may come from several threads at once (one per sender in JGroups 5): guarded by this.
-    private long delivered;
+    private long delivered; // since the process started, over all rounds
+    private long target; // cumulative deliveries at which the current round is complete
+    private long roundBase; // cumulative deliveries when the current round's command was read
+    private boolean roundDone = true;
+    private long touchedBytes;
+    private int touchedCheck;
     private long firstNs;
     private long lastNs;
     private long sendStartNs;
@@ -65,8 +76,7 @@ public final class Core {
         rate = rt;
         timeout = to;
         expected = (long) s * c;
-        // Latency is sampled only in paced runs, and only after the first tenth of each sender's messages
-        // (connection set-up and JIT warm-up).
+        // Latency is sampled only in paced runs, and only after the first tenth of each sender's messages.
         latencies = rate > 0 ? new long[(int) expected] : new long[0];
     }
 
@@ -85,9 +95,11 @@ public final class Core {
 
     /** Account a batch of payloads under one lock (the JGroups 5 batch callback). */
     public synchronized void deliverLocked(byte[] buf, int off, int len, long nowNs) {
-        if (delivered == 0) firstNs = nowNs;
-        lastNs = nowNs;
         delivered++;
+        touchedBytes += len;
+        if (len > 0) touchedCheck ^= buf[off + len - 1];
+        if (roundDone) return;
+        if (firstNs == 0) firstNs = nowNs;
         if (latencies.length > 0 && len >= 16) {
             ByteBuffer b = ByteBuffer.wrap(buf, off, len);
             long sent = b.getLong();
@@ -95,7 +107,11 @@ public final class Core {
             int seq = b.getInt();
             if (seq >= count / 10 && latencyCount < latencies.length) latencies[latencyCount++] = nowNs - sent;
         }
-        if (delivered == expected) allDelivered.countDown();
+        if (delivered >= target) {
+            lastNs = nowNs;
+            roundDone = true;
+            notifyAll();
+        }
     }
 
     private byte[] payload(int seq) {
@@ -107,12 +123,38 @@ public final class Core {
         return p;
     }
 
-    /** Wait for the full view, send our share, wait for every delivery, print the result line. */
+    /** Wait for the full view, then run rounds as standard input commands them until it closes. */
     public int run(Sender ch) throws Exception {
-        long deadline = System.nanoTime() + (long) (timeout * 1e9);
         if (!viewComplete.await(60, TimeUnit.SECONDS)) {
             System.err.println("harness: the view never reached " + members + " members");
             return 3;
+        }
+        System.out.println("READY");
+        System.out.flush();
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+        String line;
+        while ((line = in.readLine()) != null) {
+            line = line.trim();
+            if (line.equals("exit")) break;
+            if (!line.startsWith("round ")) continue;
+            int round = Integer.parseInt(line.substring(6).trim());
+            if (!runRound(ch, round)) return 4;
+        }
+        return 0;
+    }
+
+    private boolean runRound(Sender ch, int round) throws Exception {
+        long deadline = System.nanoTime() + (long) (timeout * 1e9);
+        synchronized (this) {
+            roundBase = (long) (round - 1) * expected;
+            target = (long) round * expected;
+            firstNs = 0;
+            lastNs = 0;
+            sendStartNs = 0;
+            sendEndNs = 0;
+            latencyCount = 0;
+            roundDone = delivered >= target;
+            if (roundDone) lastNs = System.nanoTime();
         }
         if (rank < senders) {
             long start = System.nanoTime();
@@ -132,22 +174,30 @@ public final class Core {
                 sendEndNs = System.nanoTime();
             }
         }
-        long left = deadline - System.nanoTime();
-        if (!allDelivered.await(Math.max(left, 1), TimeUnit.NANOSECONDS)) {
-            synchronized (this) {
-                System.err.println("harness: delivered " + delivered + " of " + expected + " before the timeout");
+        synchronized (this) {
+            while (!roundDone) {
+                long left = deadline - System.nanoTime();
+                if (left <= 0) {
+                    System.out.println("FAILED " + round + " delivered " + (delivered - roundBase) + " of " + expected
+                            + " in " + timeout + " s");
+                    System.out.flush();
+                    return false;
+                }
+                wait(Math.max(1, left / 1_000_000));
             }
-            return 4;
         }
-        System.out.println("RESULT " + resultJson());
+        System.out.println("RESULT " + resultJson(round));
         System.out.flush();
-        return 0;
+        return true;
     }
 
-    private synchronized String resultJson() {
+    private synchronized String resultJson(int round) {
         StringBuilder sb = new StringBuilder("{");
         sb.append("\"rank\":").append(rank);
-        sb.append(",\"delivered\":").append(delivered);
+        sb.append(",\"round\":").append(round);
+        sb.append(",\"delivered\":").append(expected);
+        sb.append(",\"touched_bytes\":").append(touchedBytes);
+        sb.append(",\"check\":").append(touchedCheck);
         sb.append(",\"first\":").append(firstNs / 1e9);
         sb.append(",\"last\":").append(lastNs / 1e9);
         sb.append(",\"send_start\":").append(sendStartNs == 0 ? "null" : String.valueOf(sendStartNs / 1e9));

@@ -72,6 +72,11 @@ public final class Lifecycle implements Receiver {
             }
 
             @Override
+            public void disconnect() {
+                ch.disconnect();
+            }
+
+            @Override
             public void close() {
                 ch.close();
             }

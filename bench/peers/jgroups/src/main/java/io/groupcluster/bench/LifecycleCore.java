@@ -14,6 +14,7 @@ import java.util.concurrent.locks.LockSupport;
  * <pre>
  * java -cp ... MAIN CONFIG.xml CLUSTER member --members N [--rate R] [--state-bytes S] [--timeout SECONDS]
  * java -cp ... MAIN CONFIG.xml CLUSTER join --members N [--state-bytes S] [--timeout SECONDS]
+ *     [--repeat K] [--launch-wall-ms EPOCH_MS]
  * </pre>
  *
  * <p>A {@code member} joins, prints {@code READY} once its view has {@code --members} members and then
@@ -23,7 +24,11 @@ import java.util.concurrent.locks.LockSupport;
  * starts just before {@code connect} (the JVM's start-up is not measured, as our figure leaves out Python's),
  * {@code join_ms} ends at its first view with {@code --members} members; with {@code --state-bytes} it fetches
  * the state in the same connect call and {@code state_ms} runs from its first view to the last byte read, the
- * clock of bench/state_transfer.py. It prints {@code RESULT {json}}, leaves gracefully and exits.
+ * clock of bench/state_transfer.py. It prints {@code RESULT {json}}, leaves gracefully and exits. With
+ * {@code --launch-wall-ms} (the runner's wall clock when it launched this JVM) the first result also says
+ * {@code launch_to_view_ms} (JVM start-up included). With {@code --repeat K} the same JVM joins K times (a warm
+ * stack: JIT and class loading done): after each result it disconnects and waits for a line {@code next} on
+ * standard input (the runner sends it once the members have seen it leave) before it connects again.
  */
 public final class LifecycleCore {
     /** What the workloads need from a channel of either JGroups version. */
@@ -31,6 +36,8 @@ public final class LifecycleCore {
         void connect(String cluster, boolean withState, long timeoutMs) throws Exception;
 
         void multicast(byte[] payload) throws Exception;
+
+        void disconnect();
 
         void close();
     }
@@ -40,11 +47,14 @@ public final class LifecycleCore {
     final double rate;
     final long stateBytes;
     final long timeoutMs;
+    final int repeat;
+    final long launchWallMs;
     private final byte[] state;
-    private final CountDownLatch complete = new CountDownLatch(1);
+    private volatile CountDownLatch complete = new CountDownLatch(1);
     private volatile long stackStartNs;
     private volatile long firstViewNs;
     private volatile long fullViewNs;
+    private volatile long fullViewWallMs;
     private volatile long stateDoneNs;
     private volatile long stateRead = -1;
 
@@ -53,9 +63,9 @@ public final class LifecycleCore {
             throw new IllegalArgumentException("the mode must be member or join, not "
                     + (args.length == 0 ? "nothing" : args[0]));
         }
-        int m = 4;
+        int m = 4, k = 1;
         double r = 0, t = 120;
-        long s = 0;
+        long s = 0, lw = 0;
         for (int i = 1; i < args.length; i += 2) {
             if (i + 1 >= args.length) throw new IllegalArgumentException(args[i] + " needs a value");
             String v = args[i + 1];
@@ -64,10 +74,12 @@ public final class LifecycleCore {
                 case "--rate" -> r = Double.parseDouble(v);
                 case "--state-bytes" -> s = Long.parseLong(v);
                 case "--timeout" -> t = Double.parseDouble(v);
+                case "--repeat" -> k = Integer.parseInt(v);
+                case "--launch-wall-ms" -> lw = Long.parseLong(v);
                 default -> throw new IllegalArgumentException("unknown option " + args[i]);
             }
         }
-        if (m < 1 || r < 0 || s < 0 || s > Integer.MAX_VALUE || t <= 0) {
+        if (m < 1 || r < 0 || s < 0 || s > Integer.MAX_VALUE || t <= 0 || k < 1) {
             throw new IllegalArgumentException("--members, --rate, --state-bytes or --timeout out of range");
         }
         join = args[0].equals("join");
@@ -75,6 +87,8 @@ public final class LifecycleCore {
         rate = r;
         stateBytes = s;
         timeoutMs = (long) (t * 1000);
+        repeat = k;
+        launchWallMs = lw;
         state = join ? new byte[0] : new byte[(int) s];
         for (int i = 0; i < state.length; i++) state[i] = (byte) i;
     }
@@ -94,6 +108,7 @@ public final class LifecycleCore {
         if (firstViewNs == 0) firstViewNs = now;
         if (n >= members && fullViewNs == 0) {
             fullViewNs = now;
+            fullViewWallMs = System.currentTimeMillis();
             complete.countDown();
         }
         if (!join) {
@@ -119,7 +134,20 @@ public final class LifecycleCore {
 
     /** Run the mode; returns the exit status (a member never returns unless it fails). */
     public int run(String cluster, Channel ch) throws Exception {
-        if (join) return joinOnce(cluster, ch);
+        if (join) {
+            java.io.BufferedReader in = new java.io.BufferedReader(new java.io.InputStreamReader(System.in));
+            for (int i = 1; i <= repeat; i++) {
+                if (i > 1) {
+                    String line = in.readLine();
+                    if (line == null || !line.trim().equals("next")) break;
+                }
+                int code = joinOnce(cluster, ch, i);
+                if (code != 0) return code;
+                if (i < repeat) ch.disconnect();
+            }
+            ch.close(); // a graceful leave, as bench/join_latency.py terminates its joiners gracefully
+            return 0;
+        }
         ch.connect(cluster, false, timeoutMs);
         if (!complete.await(timeoutMs, TimeUnit.MILLISECONDS)) {
             System.err.println("lifecycle: the view never reached " + members + " members");
@@ -139,7 +167,12 @@ public final class LifecycleCore {
         }
     }
 
-    private int joinOnce(String cluster, Channel ch) throws Exception {
+    private int joinOnce(String cluster, Channel ch, int iteration) throws Exception {
+        complete = new CountDownLatch(1);
+        firstViewNs = 0;
+        fullViewNs = 0;
+        stateDoneNs = 0;
+        stateRead = -1;
         long t0 = System.nanoTime();
         ch.connect(cluster, stateBytes > 0, timeoutMs);
         if (!complete.await(timeoutMs, TimeUnit.MILLISECONDS)) {
@@ -147,7 +180,9 @@ public final class LifecycleCore {
             return 3;
         }
         StringBuilder sb = new StringBuilder("RESULT {");
-        sb.append("\"join_ms\":").append((fullViewNs - t0) / 1e6);
+        sb.append("\"iteration\":").append(iteration);
+        sb.append(",\"join_ms\":").append((fullViewNs - t0) / 1e6);
+        if (iteration == 1 && launchWallMs > 0) sb.append(",\"launch_to_view_ms\":").append(fullViewWallMs - launchWallMs);
         sb.append(",\"connect_to_first_view_ms\":").append((firstViewNs - t0) / 1e6);
         if (stackStartNs >= t0) sb.append(",\"stack_start_ms\":").append((stackStartNs - t0) / 1e6);
         if (stateBytes > 0) {
@@ -161,7 +196,6 @@ public final class LifecycleCore {
         }
         System.out.println(sb.append("}"));
         System.out.flush();
-        ch.close(); // a graceful leave, as bench/join_latency.py terminates its joiners gracefully
         return 0;
     }
 }
