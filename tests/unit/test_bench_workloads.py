@@ -1,4 +1,4 @@
-"""The join, state-transfer, rebalance and grid-operation workloads of the peers suite: their pure parts.
+"""The join, state-transfer and grid workloads of the peers suite: their pure parts.
 
 What the scripts and the JGroups Lifecycle harness print is turned into figures here (parsing, medians, units,
 errors that name the missing figure), the workloads' commands are built without running anything, and the
@@ -33,25 +33,6 @@ JOIN_DOC = {
     "launch_to_view_ms": [2512.87, 3226.35, 6451.88],
 }
 STATE_DOC = {"size_bytes": 10_000_000, "transfer_s": 0.25, "join_and_transfer_s": 0.3, "mb_per_s": 40.0}
-REBALANCE_DOC = {
-    "entries_loaded": 200_000,
-    "entries_moved": 100_208,
-    "mb_moved": 11.22,
-    "rebalance_seconds_from_join": 2.57,
-    "entries_per_s": 38974,
-    "mb_per_s": 4.36,
-    "idle_p99_ms": 27.97,
-    "during_p99_ms": 274.71,
-    "timeline": [{"t": 0.0, "writes": 4}],
-}
-GRID_DOC = {
-    "clients": 4,
-    "members": 3,
-    "single put": {"ops": 4000, "seconds": 6.6, "ops_per_s": 607, "p50_ms": 67.0, "p99_ms": 192.0},
-    "single get": {"ops": 4000, "seconds": 3.4, "ops_per_s": 1191, "p50_ms": 36.0, "p99_ms": 110.0},
-    "batch put": {"ops": 80000, "seconds": 8.8, "ops_per_s": 9042},
-    "batch get": {"ops": 80000, "seconds": 5.3, "ops_per_s": 15141},
-}
 
 
 def test_the_new_workloads_exist_with_their_units_and_peers() -> None:
@@ -59,10 +40,10 @@ def test_the_new_workloads_exist_with_their_units_and_peers() -> None:
     assert W["join-flush-4"].stack == "vsync" and "jgroups-2.12" in W["join-flush-4"].systems
     assert (W["state-transfer-10MB"].unit, W["state-transfer-10MB"].size) == ("MB/s", 10_000_000)
     assert W["state-transfer-10MB"].systems == ("groupcluster", "jgroups-5")
-    assert W["grid-rebalance-200k"].unit == "MB/s" and W["grid-rebalance-200k-entries"].unit == "entries/s"
-    assert W["grid-rebalance-200k-write-p99-during"].unit == "ms"
-    for name in ("grid-ops-put-batch", "grid-ops-get-batch", "grid-ops-put-single", "grid-ops-get-single"):
-        assert W[name].unit == "ops/s" and W[name].systems == ("groupcluster",)  # a grid has no peer here
+    assert W["grid-rebalance-3to4"].unit == "MB/s" and W["grid-rebalance-3to4-entries"].unit == "entries/s"
+    assert W["grid-rebalance-3to4-write-p99-during"].unit == "ms"
+    for name in ("grid-ops-batch-put", "grid-ops-batch-get", "grid-ops-single-put", "grid-ops-single-get"):
+        assert W[name].unit == "ops/s" and W[name].systems == ("groupcluster", "infinispan", "hazelcast")
     # Every JVM system of a lifecycle workload has a harness configuration, and it exists.
     for w in W.values():
         if w.kind in ("join", "state"):
@@ -73,7 +54,7 @@ def test_the_new_workloads_exist_with_their_units_and_peers() -> None:
 
 def test_workloads_of_one_run_share_it() -> None:
     groups = {w.run_group for w in W.values() if w.name.startswith("grid-rebalance-")}
-    assert groups == {"grid-rebalance-200k"}
+    assert groups == {"grid-rebalance"}
     assert {w.run_group for w in W.values() if w.name.startswith("grid-ops-")} == {"grid-ops"}
     assert W["join-4"].run_group == "join-4" and W["fifo-4x100B"].run_group == "fifo-4x100B"
     assert W["join-4-launch"].run_group == W["join-4-warm"].run_group == "join-4"
@@ -82,15 +63,15 @@ def test_workloads_of_one_run_share_it() -> None:
 
 def test_quick_selection_includes_new_workloads_but_not_the_long_rebalance() -> None:
     quick = model.select(model.QUICK_WORKLOADS, W)
-    assert {"join-4", "state-transfer-10MB", "grid-ops-put-batch", "grid-ops-get-batch"} <= set(quick)
+    assert {"join-4", "state-transfer-10MB", "grid-ops-batch-put", "grid-ops-batch-get"} <= set(quick)
     assert not any(n.startswith("grid-rebalance") for n in quick)
-    assert "grid-ops-put-single" not in quick
+    assert "grid-ops-single-put" not in quick
 
 
 def test_script_json_takes_the_object_printed_last() -> None:
     assert figures.script_json(json.dumps(JOIN_DOC), "s") == JOIN_DOC
-    indented = "loading...\n" + json.dumps(REBALANCE_DOC, indent=2) + "\n"
-    assert figures.script_json(indented, "s") == REBALANCE_DOC
+    indented = "loading...\n" + json.dumps(STATE_DOC, indent=2) + "\n"
+    assert figures.script_json(indented, "s") == STATE_DOC
     assert figures.script_json('{"a": 1}\nnoise\n{"b": 2}', "s") == {"b": 2}
     with pytest.raises(figures.FigureError, match="printed nothing"):
         figures.script_json("  \n", "join_latency.py")
@@ -134,35 +115,10 @@ def test_lifecycle_lines() -> None:
         figures.view_line("VIEW four")
 
 
-def test_rebalance_and_grid_ops_figures_come_from_one_run() -> None:
-    got = {n: figures.rebalance_figure(REBALANCE_DOC, W[n]) for n in W if n.startswith("grid-rebalance-")}
-    assert got == {
-        "grid-rebalance-200k": 4.36,
-        "grid-rebalance-200k-entries": 38974,
-        "grid-rebalance-200k-write-p99-idle": 27.97,
-        "grid-rebalance-200k-write-p99-during": 274.71,
-    }
-    with pytest.raises(figures.FigureError, match="loaded 1000 entries"):
-        figures.rebalance_figure({**REBALANCE_DOC, "entries_loaded": 1000}, W["grid-rebalance-200k"])
-    with pytest.raises(figures.FigureError, match="no entries"):
-        figures.rebalance_figure({**REBALANCE_DOC, "entries_moved": 0}, W["grid-rebalance-200k"])
-    assert figures.grid_ops_figure(GRID_DOC, W["grid-ops-put-batch"]) == 9042
-    assert figures.grid_ops_figure(GRID_DOC, W["grid-ops-get-single"]) == 1191
-    # A renamed step in the script is an error naming the step and what the script printed instead.
-    renamed = {k.replace("batch get", "batch read"): v for k, v in GRID_DOC.items()}
-    with pytest.raises(figures.FigureError, match=r"no 'batch get' in the top level \(found: .*'batch read'"):
-        figures.grid_ops_figure(renamed, W["grid-ops-get-batch"])
-
-
 def test_notes_carry_the_details() -> None:
     assert "rounds 41, 37, 325 ms" in figures.note("groupcluster", W["join-flush-4"], [JOIN_DOC])
     java = [[{"join_ms": 900.0, "stack_start_ms": 20.0}, {"join_ms": 300.0, "stack_start_ms": 10.0}]]
     assert "connect to stack start 15 ms" in figures.note("jgroups-5", W["join-4"], java)
-    assert "moved 100,208 entries, 11.2 MB in 2.57 s" in figures.note(
-        "groupcluster", W["grid-rebalance-200k"], [REBALANCE_DOC]
-    )
-    assert "p99 110.0 ms" in figures.note("groupcluster", W["grid-ops-get-single"], [GRID_DOC])
-    assert figures.note("groupcluster", W["grid-ops-get-batch"], [GRID_DOC]) == ""  # no latency in batches
 
 
 class FakeLifecycle(LifecycleRunner):
@@ -181,13 +137,11 @@ class FakeLifecycle(LifecycleRunner):
         return {
             "join_latency.py": JOIN_DOC,
             "state_transfer.py": STATE_DOC,
-            "grid_rebalance.py": REBALANCE_DOC,
-            "grid_throughput.py": GRID_DOC,
         }[name]
 
 
 def test_script_arguments_and_one_run_per_repeat_for_a_group() -> None:
-    fake = FakeLifecycle(Settings(repeat=2, join_rounds=4, grid_single_ops=10, grid_batch_ops=20))
+    fake = FakeLifecycle(Settings(repeat=2, join_rounds=4))
     result = fake.measure("groupcluster", W["join-flush-4"])[0]
     name, args = fake.calls[-1]
     assert name == "join_latency.py" and len(fake.calls) == 2
@@ -199,14 +153,6 @@ def test_script_arguments_and_one_run_per_repeat_for_a_group() -> None:
         "ms",
         [41.35, 41.35],
     )
-
-    fake.calls.clear()
-    for n in ("grid-ops-put-single", "grid-ops-get-single", "grid-ops-put-batch", "grid-ops-get-batch"):
-        fake.measure("groupcluster", W[n])
-    assert [c[0] for c in fake.calls] == ["grid_throughput.py"] * 2  # 2 repeats shared by four workloads
-    args = fake.calls[0][1]
-    assert args[args.index("--single-ops") + 1] == "10" and args[args.index("--batch-ops") + 1] == "20"
-    assert args[args.index("--clients") + 1] == "4"
 
     fake.calls.clear()
     result = fake.measure("groupcluster", W["state-transfer-10MB"])[0]
@@ -230,7 +176,7 @@ def test_lifecycle_commands_of_the_jvms() -> None:
 
 
 def test_the_scripts_the_suite_runs_are_in_the_repository() -> None:
-    for name in ("join_latency.py", "state_transfer.py", "grid_rebalance.py", "grid_throughput.py"):
+    for name in ("join_latency.py", "state_transfer.py"):
         assert (bench_dir() / name).is_file()
     for name in ("join_latency.py", "state_transfer.py"):
         assert "--json" in (bench_dir() / name).read_text()
@@ -245,7 +191,7 @@ def test_ratios_and_table_for_the_new_units() -> None:
         model.aggregate("state-transfer-10MB", "jgroups-5", model.MB_UNIT, [20.0]),
         model.aggregate("join-4", "groupcluster", model.LATENCY_UNIT, [50.0]),
         model.aggregate("join-4", "jgroups-5", model.LATENCY_UNIT, [500.0]),
-        model.aggregate("grid-rebalance-200k", "groupcluster", model.MB_UNIT, [4.36]),
+        model.aggregate("grid-rebalance-3to4", "groupcluster", model.MB_UNIT, [4.36]),
     ]
     assert model.ratios(results) == {("state-transfer-10MB", "jgroups-5"): 2.0}  # ms: lower is better, no ratio
     lines = model.format_table(results).splitlines()

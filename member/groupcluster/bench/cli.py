@@ -8,10 +8,12 @@
 The multicast and counter workloads keep every system's member processes up for the whole workload and run
 ``--warmup`` discarded rounds, then ``--repeat`` measured rounds, systems interleaved round by round
 (:mod:`groupcluster.bench.fair`); each figure is the median of the measured rounds, with their spread and the
-CPU time (user+sys of all member processes) per delivered message. Progress goes to stderr; stdout gets the
-table, or with ``--json`` one JSON object whose ``results`` entries carry ``workload``, ``system``, ``value``
-(the median), ``unit``, ``spread`` and ``cpu_us_per_message``, and whose ``by_workload`` has the same per
-workload and system. Systems that cannot run (a missing JDK, say) are
+CPU time (user+sys of all member processes) per delivered message. The grid workloads interleave our grid,
+Infinispan and Hazelcast run by run after a warm-up of their own (:mod:`groupcluster.bench.gridpeers_run`),
+with the members' CPU per MB moved or per operation. Progress goes to stderr; stdout gets the table, or with
+``--json`` one JSON object whose ``results`` entries carry ``workload``, ``system``, ``value`` (the median),
+``unit``, ``spread``, ``cpu_us_per_message`` (multicast) and ``cpu`` / ``cpu_unit`` (grid), and whose
+``by_workload`` has the same per workload and system. Systems that cannot run (a missing JDK, say) are
 reported and skipped, and the exit status is then 1.
 """
 
@@ -31,6 +33,7 @@ from .model import (
     LIFECYCLE_KINDS,
     OPTIONAL_WORKLOADS,
     QUICK_WORKLOADS,
+    REBALANCE_ENTRIES,
     SYSTEMS,
     WORKLOADS,
     Result,
@@ -72,7 +75,7 @@ def _settings(args: argparse.Namespace) -> Any:
     if args.quick:
         s.repeat, s.warmup, s.messages, s.counter_ops, s.latency_seconds = 2, 1, 20000, 5000, 2.0
         s.join_rounds, s.grid_single_ops, s.grid_batch_ops, s.mperf_seconds = 2, 500, 10000, 3
-        s.join_warm_rounds, s.state_repeat = 3, 3
+        s.join_warm_rounds, s.state_repeat, s.grid_entries = 3, 3, 50_000
     for name in ("repeat", "warmup", "messages", "counter_ops", "latency_seconds", "join_rounds", "mperf_seconds"):
         value = getattr(args, name)
         if value is not None:
@@ -111,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         progress(f"  load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
     # SIGTERM unwinds like Ctrl-C, so the runner's cleanup kills the member processes of the current run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    settings.systems = tuple(systems)  # the grid workloads interleave the chosen systems run by run
     runner = Runner(settings, progress)
     results: list[Result] = []
     failures: list[str] = []
@@ -147,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         "latency_seconds": settings.latency_seconds,
         "join_rounds": settings.join_rounds,
         "rebalance_idle_seconds": settings.rebalance_idle_seconds,
+        "grid_rebalance_entries": settings.grid_entries or REBALANCE_ENTRIES,
         "grid_single_ops_per_client": settings.grid_single_ops,
         "grid_batch_ops_per_client": settings.grid_batch_ops,
         "workloads": names,

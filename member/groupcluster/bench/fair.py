@@ -120,7 +120,11 @@ def parse_mperf(text: str) -> tuple[float, int] | None:
 
 
 def by_workload(results: Sequence[Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    """workload -> system -> median, unit, spread and CPU per delivered message (the ``--json`` summary)."""
+    """workload -> system -> median, unit, spread and CPU (the ``--json`` summary).
+
+    CPU is per delivered message for the multicast workloads (``cpu_us_per_message``) and per MB moved or per
+    operation for the grid workloads (``cpu`` in ``cpu_unit``); the other stays empty.
+    """
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for r in results:
         spread = r.spread if r.spread is not None else (summarize(r.samples) if r.samples else None)
@@ -129,6 +133,8 @@ def by_workload(results: Sequence[Any]) -> dict[str, dict[str, dict[str, Any]]]:
             "unit": r.unit,
             "spread": spread,
             "cpu_us_per_message": r.cpu_us_per_message,
+            "cpu": r.cpu,
+            "cpu_unit": r.cpu_unit,
             "load_before": list(r.load_before),
             "note": r.note,
         }

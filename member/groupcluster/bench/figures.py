@@ -1,11 +1,10 @@
-"""Read the join, state-transfer and grid figures out of what the scripts and the JGroups harness print.
+"""Read the join and state-transfer figures out of what the scripts and the JGroups harness print.
 
 Pure functions over text and parsed JSON, unit-tested in tests/unit/test_bench_workloads.py. The scripts
-(``bench/join_latency.py``, ``bench/state_transfer.py``, ``bench/grid_rebalance.py``,
-``bench/grid_throughput.py``) print one JSON object with ``--json``; the JGroups ``Lifecycle`` harness prints
-``RESULT {json}`` lines (``join_ms``, ``state_ms``, ``state_bytes``). A missing or malformed figure is a
-:class:`FigureError` naming the key and what was there, so a changed script fails loudly instead of feeding
-a wrong number into the table.
+(``bench/join_latency.py``, ``bench/state_transfer.py``) print one JSON object with ``--json``; the JGroups
+``Lifecycle`` harness prints ``RESULT {json}`` lines (``join_ms``, ``state_ms``, ``state_bytes``). A missing
+or malformed figure is a :class:`FigureError` naming the key and what was there, so a changed script fails
+loudly instead of feeding a wrong number into the table.
 """
 
 from __future__ import annotations
@@ -180,24 +179,6 @@ def java_state_warm_mb_per_s(doc: Mapping[str, Any], size: int) -> float:
     return statistics.median(java_state_mb_per_s(r, size) for r in warm)
 
 
-def rebalance_figure(doc: Mapping[str, Any], w: Workload) -> float:
-    """One figure of a bench/grid_rebalance.py run (``w.figure``: mb_per_s, entries_per_s, idle_p99_ms, ...)."""
-    loaded = number(doc, "entries_loaded", source="grid_rebalance.py")
-    if loaded != w.size:
-        raise FigureError(f"grid_rebalance.py: loaded {loaded:.0f} entries, expected {w.size}")
-    if number(doc, "entries_moved", source="grid_rebalance.py") <= 0:
-        raise FigureError("grid_rebalance.py: the joiner received no entries (entries_moved is 0)")
-    return number(doc, w.figure, source="grid_rebalance.py")
-
-
-def grid_ops_figure(doc: Mapping[str, Any], w: Workload) -> float:
-    """Operations per second of one step (``w.figure``: "single put", "batch get", ...) of grid_throughput.py."""
-    ops = number(doc, w.figure, "ops", source="grid_throughput.py")
-    if ops <= 0:
-        raise FigureError(f"grid_throughput.py: step {w.figure!r} did no operations")
-    return number(doc, w.figure, "ops_per_s", source="grid_throughput.py")
-
-
 def _median_of(values: Sequence[Any]) -> float | None:
     nums = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
     return statistics.median(nums) if nums else None
@@ -226,16 +207,4 @@ def note(system: str, w: Workload, docs: Sequence[Any]) -> str:
         both = _median_of([d.get("join_and_state_ms") for d in docs])
         if both is not None:
             parts.append(f"join + transfer {both:.0f} ms")
-    elif w.kind == "rebalance":
-        mb = _median_of([d.get("mb_moved") for d in docs])
-        entries = _median_of([d.get("entries_moved") for d in docs])
-        secs = _median_of([d.get("rebalance_seconds_from_join") for d in docs])
-        if mb is not None and entries is not None and secs is not None:
-            parts.append(f"moved {entries:,.0f} entries, {mb:.1f} MB in {secs:.2f} s from the join (medians)")
-    elif w.kind == "grid-ops":
-        steps = [d.get(w.figure) for d in docs if isinstance(d.get(w.figure), Mapping)]
-        p50 = _median_of([s.get("p50_ms") for s in steps])
-        p99 = _median_of([s.get("p99_ms") for s in steps])
-        if p50 is not None and p99 is not None:
-            parts.append(f"request latency p50 {p50:.1f} ms, p99 {p99:.1f} ms")
     return "; ".join(parts)

@@ -1,10 +1,11 @@
-"""Run the join, state-transfer, rebalance and grid-operation workloads of the peers suite.
+"""Run the join, state-transfer and grid workloads of the peers suite.
 
-Our side runs the standalone scripts of the repository's ``bench/`` folder as subprocesses with ``--json``
-(``join_latency.py``, ``state_transfer.py``, ``grid_rebalance.py``, ``grid_throughput.py``), so the suite and
-the scripts measure one way; :mod:`groupcluster.bench.figures` reads their output. The JGroups side runs the
-``Lifecycle`` harness (``bench/peers/jgroups``): member JVMs that print ``READY`` and ``VIEW n``, and one
-joiner JVM per round that prints ``RESULT {json}`` and leaves. All on 127.0.0.1, one run at a time.
+The grid workloads (our grid, Infinispan, Hazelcast) go to :mod:`groupcluster.bench.gridpeers_run`. For joins
+and state transfer our side runs the standalone scripts of the repository's ``bench/`` folder as subprocesses
+with ``--json`` (``join_latency.py``, ``state_transfer.py``), so the suite and the scripts measure one way;
+:mod:`groupcluster.bench.figures` reads their output. The JGroups side runs the ``Lifecycle`` harness
+(``bench/peers/jgroups``): member JVMs that print ``READY`` and ``VIEW n``, and one joiner JVM per round that
+prints ``RESULT {json}`` and leaves. All on 127.0.0.1, one run at a time.
 
 A script that overruns its time gets SIGINT first (its ``finally`` stops the members it started, some of which
 run in their own sessions), then SIGKILL for its whole process group.
@@ -25,8 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import figures
+from .gridpeers_run import GridPeerRunner
 from .jgroups import JavaPeer, harness_dir
-from .model import GROUPCLUSTER, JGROUPS5, JGROUPS212, Result, Workload, aggregate, fmt_value
+from .model import GRID_PEER_KIND, GROUPCLUSTER, JGROUPS5, JGROUPS212, Result, Workload, aggregate, fmt_value
 
 if TYPE_CHECKING:
     from .runner import Settings
@@ -88,8 +90,12 @@ class LifecycleRunner:
         self.free_ports = free_ports
         self._docs: dict[tuple[str, str], list[Any]] = {}
         self._runs = 0
+        # Our grid, Infinispan and Hazelcast: interleaved runs of their own (groupcluster.bench.gridpeers_run).
+        self.grid_peers = GridPeerRunner(settings, progress, free_ports)
 
     def measure(self, system: str, w: Workload) -> list[Result]:
+        if w.kind == GRID_PEER_KIND:
+            return self.grid_peers.measure(system, w)
         docs = self._docs.get((w.run_group, system))
         if docs is None:
             docs = []
@@ -134,10 +140,6 @@ class LifecycleRunner:
             if system == GROUPCLUSTER:
                 return figures.state_mb_per_s(doc, w.size)
             return figures.java_state_mb_per_s(doc, w.size)
-        if w.kind == "rebalance":
-            return figures.rebalance_figure(doc, w)
-        if w.kind == "grid-ops":
-            return figures.grid_ops_figure(doc, w)
         raise LifecycleFailed(f"{w.name}: unknown kind {w.kind!r}")
 
     def _script_args(self, w: Workload, cluster: str) -> tuple[str, list[str]]:
@@ -151,17 +153,6 @@ class LifecycleRunner:
             # TCP like the JGroups peer; one member holds the state (the JGroups coordinator serves it too).
             args = ["--size-mb", f"{w.size / 1e6:g}", "--members", "1", "--transport", "tcp"]
             return "state_transfer.py", [*args, "--repeat", str(s.state_repeat)]
-        if w.kind == "rebalance":
-            return "grid_rebalance.py", ["--entries", str(w.size), "--idle-seconds", f"{s.rebalance_idle_seconds:g}"]
-        if w.kind == "grid-ops":
-            args = ["--clients", str(w.senders), "--members", str(w.members), "--value-size", str(w.size)]
-            return "grid_throughput.py", [
-                *args,
-                "--single-ops",
-                str(s.grid_single_ops),
-                "--batch-ops",
-                str(s.grid_batch_ops),
-            ]
         raise LifecycleFailed(f"{w.name}: unknown kind {w.kind!r}")
 
     def _script(self, name: str, args: list[str]) -> dict[str, Any]:

@@ -3,9 +3,10 @@
 Nothing here starts a process or reads a clock, so it is unit-tested (tests/unit/test_bench_cli.py). A run of
 one system on a multicast workload yields one :class:`RunReport` per member (the ``RESULT`` line of a worker,
 see :mod:`groupcluster.bench.workers`); :func:`throughput` and :func:`latency` turn a run into one figure, and
-:func:`aggregate` turns the repeats into the median that the table, the JSON and the plots show. The join,
-state-transfer and grid workloads (:data:`LIFECYCLE_KINDS`) run the standalone scripts under ``bench/`` and
-the JGroups ``Lifecycle`` harness instead; :mod:`groupcluster.bench.figures` reads their output.
+:func:`aggregate` turns the repeats into the median that the table, the JSON and the plots show. The join and
+state-transfer workloads (:data:`LIFECYCLE_KINDS`) run the standalone scripts under ``bench/`` and the JGroups
+``Lifecycle`` harness instead (:mod:`groupcluster.bench.figures` reads their output); the grid workloads run
+our grid, Infinispan and Hazelcast through :mod:`groupcluster.bench.gridpeers_run`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ RAW_RELAY = "raw-asyncio-relay"
 JGROUPS5_STOCK = "jgroups-5-tcp"
 JGROUPS5_TUNED = "jgroups-5-tcp-capacity"
 JGROUPS5_MPERF = "jgroups-5-mperf"
+# The grid workloads (groupcluster.bench.gridpeers): our members, and Infinispan and Hazelcast embedded in member
+# JVMs, each also with its documented bulk-transfer tuning (the "-tuned" rows of the rebalance workloads).
+INFINISPAN = "infinispan"
+HAZELCAST = "hazelcast"
+INFINISPAN_TUNED = "infinispan-tuned"
+HAZELCAST_TUNED = "hazelcast-tuned"
+GRID_PEERS = (INFINISPAN, HAZELCAST, INFINISPAN_TUNED, HAZELCAST_TUNED)
 SYSTEMS = (
     GROUPCLUSTER,
     JGROUPS5,
@@ -42,6 +50,7 @@ SYSTEMS = (
     JGROUPS5_STOCK,
     JGROUPS5_TUNED,
     JGROUPS5_MPERF,
+    *GRID_PEERS,
 )
 # system -> (the jar's XML file, bundler capacity raised?)
 JGROUPS5_VARIANTS = {
@@ -58,8 +67,12 @@ MB_UNIT = "MB/s"  # 10^6 bytes per second
 ENTRIES_UNIT = "entries/s"
 GRID_OPS_UNIT = "ops/s"  # all clients of a grid together
 
-# Workload kinds that are not multicast runs of the workers: each runs a script or the JGroups Lifecycle harness.
-LIFECYCLE_KINDS = ("join", "state", "rebalance", "grid-ops")
+GRID_PEER_KIND = "grid-peers"  # the workload kind of groupcluster.bench.gridpeers_run
+CPU_PER_MB_UNIT = "ms CPU/MB"
+CPU_PER_OP_UNIT = "us CPU/op"
+
+# Workload kinds that are not multicast runs of the workers: each runs a script or a JVM harness.
+LIFECYCLE_KINDS = ("join", "state", GRID_PEER_KIND)
 
 
 @dataclass(frozen=True)
@@ -70,13 +83,13 @@ class Workload:
     order: str  # "fifo", "total-order" or "counter" (replicated counter updates, totally ordered); "" otherwise
     members: int
     senders: int
-    size: int  # bytes per message; the state's bytes (state); entries loaded (rebalance)
+    size: int  # bytes per message; the state's bytes (state); entries loaded (grid rebalance)
     kind: str = "throughput"  # "latency": paced at half the system's own peak of ``peak_of``; or LIFECYCLE_KINDS
     peak_of: str | None = None
     systems: tuple[str, ...] = ()
     description: str = ""
     stack: str = ""  # join: our stack preset ("fifo": a GMS join, "vsync": a flushed join)
-    figure: str = ""  # rebalance, grid-ops: which figure of the shared run (see groupcluster.bench.figures)
+    figure: str = ""  # grid: which figure of the shared run (see groupcluster.bench.gridpeers_run)
     fixed_unit: str = ""
 
     @property
@@ -90,10 +103,8 @@ class Workload:
     @property
     def run_group(self) -> str:
         """Workloads of one group read their figures from the same runs (one rebalance gives MB/s and more)."""
-        if self.kind == "rebalance":
-            return f"grid-rebalance-{self.size // 1000}k"
-        if self.kind == "grid-ops":
-            return "grid-ops"
+        if self.kind == GRID_PEER_KIND:
+            return "grid-ops" if self.name.startswith("grid-ops-") else "grid-rebalance"
         if self.kind in ("join", "state") and self.figure:
             return self.name.removesuffix(f"-{self.figure}")  # one join-4 run gives its launch and warm figures
         return self.name
@@ -169,7 +180,7 @@ STATE_BYTES = 10_000_000
 # Larger states, run only when named (--workloads 'state-transfer-100MB*'): minutes each on 2 cores.
 OPTIONAL_STATE_BYTES = (100_000_000, 1_000_000_000)
 OPTIONAL_WORKLOADS = ("state-transfer-100MB*", "state-transfer-1GB*")
-REBALANCE_ENTRIES = 200_000
+REBALANCE_ENTRIES = 1_000_000
 GRID_OPS_CLIENTS = 4
 
 
@@ -249,8 +260,12 @@ def _lifecycle_workloads() -> list[Workload]:
                     description=f"a {label} state on one member: {what}",
                 )
             )
-    reb = f"grid-rebalance-{REBALANCE_ENTRIES // 1000}k"
-    loaded = f"a 4th member joins 3 holding {REBALANCE_ENTRIES:,} entries of 100 B, single PUTs at 200/s"
+    # One shared run per group and system gives all its figures (groupcluster.bench.gridpeers_run).
+    reb = "grid-rebalance-3to4"
+    loaded = (
+        f"a 4th member joins 3 holding {REBALANCE_ENTRIES:,} entries of 100 B (50,000 with --quick), "
+        "single PUTs at 200/s through a remote client; warm: a discarded join and leave first"
+    )
     for suffix, figure, unit, what in (
         ("", "mb_per_s", MB_UNIT, "MB/s moved (keys and values) from its join to a balanced topology"),
         ("-entries", "entries_per_s", ENTRIES_UNIT, "entries/s moved"),
@@ -264,32 +279,32 @@ def _lifecycle_workloads() -> list[Workload]:
                 4,
                 0,
                 REBALANCE_ENTRIES,
-                kind="rebalance",
+                kind=GRID_PEER_KIND,
                 figure=figure,
-                systems=(GROUPCLUSTER,),
+                systems=(GROUPCLUSTER, *GRID_PEERS),
                 fixed_unit=unit,
                 description=f"{loaded}: {what}",
             )
         )
-    # In the order grid_throughput.py runs its steps (puts first: the gets read what they wrote).
+    # In the order the clients run the steps (puts first: the gets read what they wrote).
     for mode, what in (
         ("single", "one key per request, 16 in flight per client"),
-        ("batch", "1000 keys per request"),
+        ("batch", "1000 keys per request, 8 in flight per client"),
     ):
         for op in ("put", "get"):
             out.append(
                 Workload(
-                    f"grid-ops-{op}-{mode}",
+                    f"grid-ops-{mode}-{op}",
                     "",
                     3,
                     GRID_OPS_CLIENTS,
                     100,
-                    kind="grid-ops",
-                    figure=f"{mode} {op}",
-                    systems=(GROUPCLUSTER,),
+                    kind=GRID_PEER_KIND,
+                    figure=f"{mode}-{op}",
+                    systems=(GROUPCLUSTER, INFINISPAN, HAZELCAST),
                     fixed_unit=GRID_OPS_UNIT,
-                    description=f"{GRID_OPS_CLIENTS} client processes, 3 members, 100 B values, {what}; "
-                    "ops/s of all clients",
+                    description=f"{GRID_OPS_CLIENTS} client processes (each system's remote client), 3 members, "
+                    f"100 B values, {what}; ops/s of all clients, warm (a discarded pass first)",
                 )
             )
     return out
@@ -304,7 +319,7 @@ QUICK_WORKLOADS = (
     "replicated-counter-3",
     "join-4*",  # join-4's runs give its -launch and -warm figures too
     "state-transfer-10MB*",
-    "grid-ops-*-batch",
+    "grid-ops-batch-*",
 )
 # Higher is better for these units (the table's ratio column); lower is better for ms.
 HIGHER_IS_BETTER = (THROUGHPUT_UNIT, OPS_UNIT, MB_UNIT, ENTRIES_UNIT, GRID_OPS_UNIT)
@@ -412,6 +427,19 @@ class Result:
     cpu_us_per_message: float | None = None
     cpu_samples: list[float] = field(default_factory=list)
     load_before: list[float] = field(default_factory=list)
+    # The grid workloads' CPU (all member processes), median over the runs, per MB moved or per operation:
+    # ``cpu_unit`` says which (CPU_PER_MB_UNIT, CPU_PER_OP_UNIT); their cpu_samples are the runs' values.
+    cpu: float | None = None
+    cpu_unit: str = ""
+
+
+def cpu_cell(r: Result) -> str:
+    """The table's CPU figure of a result: per delivered message (multicast) or per MB / operation (grid)."""
+    if r.cpu_us_per_message is not None:
+        return f"{r.cpu_us_per_message:.2f} us/msg"
+    if r.cpu is not None:
+        return f"{r.cpu:,.1f} {r.cpu_unit.replace(' CPU', '')}"
+    return ""
 
 
 def aggregate(workload: str, system: str, unit: str, samples: Sequence[float], note: str = "") -> Result:
@@ -443,7 +471,7 @@ def fmt_value(value: float, unit: str) -> str:
 def format_table(results: Sequence[Result], base: str = GROUPCLUSTER) -> str:
     """A plain-text table: one row per result, with our figure relative to each peer (``ours / peer``)."""
     rel = ratios(results, base)
-    rows = [("workload", "system", "median", "unit", "rounds (min - max)", "CPU us/msg", f"{base} / this")]
+    rows = [("workload", "system", "median", "unit", "rounds (min - max)", "CPU", f"{base} / this")]
     for r in results:
         spread = f"{len(r.samples)}"
         if len(r.samples) >= 2:
@@ -456,7 +484,7 @@ def format_table(results: Sequence[Result], base: str = GROUPCLUSTER) -> str:
                 fmt_value(r.value, r.unit),
                 r.unit,
                 spread,
-                "" if r.cpu_us_per_message is None else f"{r.cpu_us_per_message:.2f}",
+                cpu_cell(r),
                 "" if ratio is None else f"{ratio:.2f}x",
             )
         )
@@ -510,6 +538,6 @@ def validate_json(doc: Mapping[str, Any]) -> list[str]:
             if not isinstance(entry.get(key), kind):
                 problems.append(f"results[{i}].{key} missing or not {kind}")
         system = entry.get("system")
-        if isinstance(system, str) and not system.startswith(SYSTEMS[:5]):
+        if isinstance(system, str) and not system.startswith((*SYSTEMS[:5], *GRID_PEERS)):
             problems.append(f"results[{i}].system {system!r} does not name a known system")
     return problems

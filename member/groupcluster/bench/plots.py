@@ -19,6 +19,11 @@ COLOURS = {
     "jgroups-5-tcp": "#ff9896",
     "jgroups-5-tcp-capacity": "#e377c2",
     "jgroups-5-mperf": "#8c564b",
+    # The grid peers: a colour of their own each (the default cycle would start at groupcluster's blue).
+    "infinispan": "#9467bd",
+    "infinispan-tuned": "#c5b0d5",
+    "hazelcast": "#17becf",
+    "hazelcast-tuned": "#9edae5",
 }
 YLABELS = {
     THROUGHPUT_UNIT: "delivered msgs/s per member",
@@ -59,10 +64,14 @@ FIGURES = (
     Figure("state-transfer.png", "State transfer to a joiner (TCP)", _prefix("state-transfer-")),
     Figure(
         "grid-rebalance.png",
-        "Grid rebalance: a 4th member joins 3 (no peer: write p99 idle vs during)",
+        "Grid rebalance: a 4th member joins 3 (write p99 idle vs during; CPU per MB moved)",
         _prefix("grid-rebalance-"),
     ),
-    Figure("grid-ops.png", "Grid operations, 4 client processes, 3 members (no peer)", _prefix("grid-ops-")),
+    Figure(
+        "grid-ops.png",
+        "Grid operations, 4 client processes, 3 members (ops/s, request p50/p99, CPU per op)",
+        _prefix("grid-ops-"),
+    ),
 )
 
 

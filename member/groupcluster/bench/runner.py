@@ -1,6 +1,7 @@
 """Run the peers suite: every system's member processes on loopback, in interleaved rounds.
 
-(The join, state-transfer and grid workloads go to :class:`groupcluster.bench.lifecycle.LifecycleRunner`.)
+(The join, state-transfer and grid workloads go to :class:`groupcluster.bench.lifecycle.LifecycleRunner`, which
+hands the grid ones to :class:`groupcluster.bench.gridpeers_run.GridPeerRunner`.)
 
 For a multicast or counter workload, :meth:`Runner.measure_interleaved` starts every system's N member
 processes on 127.0.0.1 (Python workers, member JVMs on JGroups' own shipped XML, JGroups' MPerf, or PySyncObj
@@ -78,9 +79,12 @@ class Settings:
     join_rounds: int = 3  # joins per run of join-4 / join-flush-4 (the run's figure is their median)
     state_repeat: int = 4  # state fetches per state run from one process: the first, then the warm ones
     join_warm_rounds: int = 5  # join-4-warm: joins from one process (the first, cold in that process, left out)
-    rebalance_idle_seconds: float = 3.0  # writes on the idle grid before the 4th member starts
-    grid_single_ops: int = 1000  # keys per client, one per request (grid-ops-*-single)
-    grid_batch_ops: int = 20000  # keys per client in batches (grid-ops-*-batch)
+    rebalance_idle_seconds: float = 3.0  # grid-rebalance-3to4*: writes on the idle grid before the 4th member starts
+    grid_single_ops: int = 1000  # keys per client and pass, one per request (grid-ops-single-put/-get)
+    grid_batch_ops: int = 20000  # keys per client and pass, in batches of 1000 (grid-ops-batch-put/-get)
+    grid_entries: int = 0  # entries grid-rebalance-3to4* loads; 0: the workload's size (--quick: 50,000)
+    # The systems chosen with --systems (empty: all): a grid group's runs interleave all of them from the start.
+    systems: tuple[str, ...] = ()
     script_timeout: float = 600.0  # one run of a bench/ script or of a JGroups joiner
     cluster_prefix: str = field(default_factory=lambda: f"gcb{os.getpid()}")
 
