@@ -20,6 +20,7 @@ from groupcluster.protocols.state_transfer import (
     CHUNK,
     DATA,
     MAX_CHUNKS,
+    NO_STATE_YET,
     REFUSE,
     REQ,
     GetState,
@@ -455,6 +456,42 @@ def test_refusals_move_on_to_the_next_member_then_wait_before_a_new_round() -> N
     assert reqs(j) == []  # everyone refused: no ping-pong, a pause first
     j.advance(0.3)
     assert [r.donor for r in reqs(j)] == [DONOR]
+
+
+def test_multicasts_after_a_refusal_that_founds_the_group_count_in_the_next_cut() -> None:
+    """Sim seed 311000063 (total-order): the refusal that made us found the group came in one batch with the
+    refuser's multicasts 1 and 2; they were counted in the vector the founding replaced, so our next cut showed
+    them as a hole and the refuser, taking that state, applied its own 1 and 2 a second time."""
+    h = stack(DONOR)
+    h.control(RequestState())
+    h.install_view([DONOR, P1])
+    [req] = reqs(h)
+    assert req.donor == P1
+    refusal = Message(DONOR, headers={PID: StateHeader(REFUSE, tid=req.tid, reason=NO_STATE_YET)})
+    h.receive(P1, [refusal, mcast(1), mcast(2)])
+    [s] = h.take_events(SetState)
+    assert s.state is None
+    h.receive(P1, [mcast(3)])
+    assert [m.payload for m in h.take_delivered()] == [b"m1", b"m2", b"m3"]
+    h.receive(P1, [req_from(tid=2)])
+    answer_gets(h, b"s")
+    [chunk] = [hdr for _, _, hdr in state_sent(h) if hdr.kind == CHUNK]
+    assert chunk.cut == {P1: (3, ())}
+
+
+def test_multicasts_in_the_batch_of_the_last_chunk_are_judged_against_the_new_state() -> None:
+    # The state arrives in the middle of a batch: what follows it in the batch and the state has is covered,
+    # not delivered again, and the next cut has no hole where the state's multicasts were.
+    _d, j = pair([DONOR, JOINER, P1])
+    chunk = StateHeader(CHUNK, tid=1, index=0, count=1, total=1, cut={DONOR: (2, ())})
+    j.receive(DONOR, [Message(JOINER, b"s", headers={PID: chunk}), mcast(1), mcast(2), mcast(3)])
+    assert [e.state for e in j.take_events(SetState)] == [b"s"]
+    assert [m.payload for e in j.take_events(StateCovered) for m in e.messages] == [b"m1", b"m2"]
+    assert [m.payload for m in j.take_delivered()] == [b"m3"]
+    j.receive(P1, [req_from(tid=1, donor=JOINER)])
+    answer_gets(j, b"t")
+    [cut] = [hdr.cut for _, _, hdr in state_sent(j) if hdr.kind == CHUNK]
+    assert cut == {DONOR: (3, ())}
 
 
 def test_held_messages_are_bounded_dropping_them_raises_the_floors() -> None:

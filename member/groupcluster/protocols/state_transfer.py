@@ -802,8 +802,13 @@ class StateTransfer(Layer):
         self.held_messages = 0
         self.held_bytes = 0
         self.floors = {}
-        # From now on we have applied exactly what the state has (the application replaced its own).
-        self.delivered = {s: top for s, (top, _) in cut.items()}
+        # From now on we have applied exactly what the state has (the application replaced its own). In place:
+        # ``up`` keeps the vector in a local while it walks a batch, and a state set in the middle of one (its last
+        # chunk, or a refusal that makes us found the group) must count the batch's later multicasts in the new
+        # vector; rebinding it counted them in the old one, and the next cut showed them as holes.
+        delivered = self.delivered
+        delivered.clear()
+        delivered.update((s, top) for s, (top, _) in cut.items())
         self.missing = {s: [[lo, hi] for lo, hi in gaps] for s, (_, gaps) in cut.items() if gaps}
         above = self.above
         for item in held:
