@@ -280,3 +280,12 @@ REGRESSIONS += [
     (310000376, TOTAL_ORDER_STARTUP, FRAGMENTS_SPLIT),
     (311000206, TOTAL_ORDER_STARTUP, FRAGMENTS_SPLIT),
 ]
+REGRESSIONS += [
+    (
+        722867000380,
+        VSYNC_STARTUP,
+        "a member's last message missing for a flush target was a VIEW that GMS (below FLUSH) consumed: FLUSH "
+        "checked completion only when a batch reached it, so the round hung and the group fell into singletons "
+        "(now: checked at the end of every step while the round waits for its target)",
+    ),
+]
