@@ -660,14 +660,16 @@ class LocalCluster:
     ) -> tuple[float, float | None, bool]:
         """Set member ``name``'s capacity (``POST /v1/capacity``) and wait until the grid is balanced for it.
 
-        Returns (seconds it took, the member's capacity before, whether a new topology moved segments). A
-        grid already balanced for the new capacity keeps its topology; that is known once it stayed settled
-        for ``UNCHANGED_WAIT`` seconds.
+        Returns (seconds it took, the member's capacity before, whether segments moved). A grid already
+        balanced for the new capacity keeps its owners; that is known once it stayed settled for
+        ``UNCHANGED_WAIT`` seconds. A new topology alone says nothing (a view change unrelated to the capacity
+        makes one too): segments moved when some member owns another number of them.
         """
         m = self.member(name)
         before = get_json(m.http + "/v1/status")
         old = ((before or {}).get("grid") or {}).get("capacity")
         top = self.topology_id()
+        owned = self.segments_owned()
         start = time.monotonic()
         code, body = post(m.http + "/v1/capacity", {"capacity": capacity})
         if code != 202:
@@ -678,7 +680,7 @@ class LocalCluster:
             self.wait_settled(
                 f"the grid to rebalance for {name}'s capacity", max(0.1, deadline - time.monotonic()), progress
             )
-            if self.topology_id() > top:
+            if self.topology_id() > top and self.segments_owned() != owned:
                 return time.monotonic() - start, old, True
             if time.monotonic() - start >= UNCHANGED_WAIT:
                 return time.monotonic() - start, old, False
@@ -725,6 +727,10 @@ class LocalCluster:
                 p.wait(timeout=5)
 
     # -- status ----------------------------------------------------------------------------------------------
+    def segments_owned(self) -> dict[str, int | None]:
+        """How many segments each member owns, by name (None: no answer or no topology)."""
+        return {n: ((s or {}).get("grid") or {}).get("segments_owned") for n, s in self.statuses().items()}
+
     def status_rows(self) -> list[dict[str, Any]]:
         st = self.statuses()
         by_addr = {s["address"]: name for name, s in st.items() if s and s.get("address")}
