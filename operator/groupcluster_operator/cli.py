@@ -105,8 +105,26 @@ class SecondSignal(logging.Filter):
         )
 
 
+class RetriedRequest(logging.Filter):
+    """Logs kopf's "Request attempt #N failed; will retry" and "...; will re-authenticate" as WARNINGs: kopf
+    repeats the request (with fresh credentials after a rotated token closed the session), so nothing has failed
+    yet. The last attempt ("...; escalating") stays an ERROR."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.ERROR:
+            text = record.getMessage()
+            if text.startswith("Request attempt ") and ("; will retry: " in text or "; will re-authenticate: " in text):
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 def quiet_logging() -> None:
     """At INFO the operator logs its steps, not the noise of the libraries under it."""
+    # kopf's request retries log through the logger of whoever asked (its modules' loggers, kopf.objects).
+    for name in ["kopf", *(n for n in logging.Logger.manager.loggerDict if n.startswith("kopf."))]:
+        kopf_logger = logging.getLogger(name)
+        if not any(isinstance(f, RetriedRequest) for f in kopf_logger.filters):
+            kopf_logger.addFilter(RetriedRequest())
     if logging.getLogger().level > logging.INFO:
         # The operator's steps are its output: show them.
         logging.getLogger("groupcluster_operator").setLevel(logging.INFO)

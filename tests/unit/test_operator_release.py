@@ -10,7 +10,7 @@ import asyncio
 import logging
 from typing import Any
 
-from groupcluster_operator.cli import QuietTimers, crd_problem
+from groupcluster_operator.cli import QuietTimers, RetriedRequest, crd_problem, quiet_logging
 from groupcluster_operator.kubeapi import ApiError
 from groupcluster_operator.release import FINALIZER, release_finalizers, removal_patch, stop_deployment
 
@@ -143,3 +143,27 @@ def test_kopf_timer_successes_are_dropped_and_everything_else_kept() -> None:
     assert not quiet.filter(record(logging.INFO, "Timer 'reconcile' succeeded."))
     assert quiet.filter(record(logging.INFO, "Handler 'stop-members' succeeded."))
     assert quiet.filter(record(logging.ERROR, "Timer 'reconcile' failed with an exception."))
+
+
+def test_kopf_request_retries_are_warnings_and_the_last_attempt_an_error() -> None:
+    import kopf  # noqa: F401  # its modules' loggers exist once it is imported, as in the operator
+
+    quiet_logging()
+    posting = logging.getLogger("kopf._core.engines.posting")
+    assert any(isinstance(f, RetriedRequest) for f in posting.filters)
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    keep = Keep()
+    posting.addHandler(keep)
+    try:
+        url = "POST https://127.0.0.1:6443/api/v1/namespaces/ns/events"
+        posting.error(f"Request attempt #1/9 failed; will retry: {url} -> ServerDisconnectedError()")
+        posting.error(f"Request attempt #2/9 failed; TCP closed; will re-authenticate: {url}")
+        posting.error(f"Request attempt #9/9 failed; escalating: {url} -> ServerDisconnectedError()")
+    finally:
+        posting.removeHandler(keep)
+    assert [r.levelname for r in seen] == ["WARNING", "WARNING", "ERROR"]
