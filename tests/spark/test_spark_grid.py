@@ -361,7 +361,9 @@ def test_read_while_a_member_joins_returns_every_row_once(spark: Any, grid3: Spa
     poller = threading.Thread(target=poll, daemon=True)
     origin = time.monotonic()
     poller.start()
-    grid3.start(3)
+    # The joiner takes its ~0.2 MB at 100 KiB/s, so the rebalance lasts a second or two: unpaced it can be over
+    # in 70 ms and fall wholly into the gap between two Spark jobs on a loaded machine.
+    grid3.start(3, "--grid-set", "transfer_rate=100KiB")
     deadline = time.monotonic() + 120
     overlapped = False
     try:
