@@ -108,26 +108,7 @@ def build(log: Callable[[str], None] | None = None) -> str:
     """The class path of the grid harness, built with Maven on first use (a folder per source hash)."""
     src = harness_dir()
     files = [src / "pom.xml", *(src / "src").rglob("*.java")]
-    out = jgroups.cache_root() / f"grid-{jgroups._digest(files, src)}"
-    jar = out / "target" / "grid-peers.jar"
-    if not jar.is_file():
-        jgroups._need("mvn", "install Maven (Debian: apt-get install maven) and a JDK >= 17")
-        jgroups._need("java", "install a JDK >= 17")
-        if log:
-            log(f"building the grid peers (Infinispan, Hazelcast) with Maven into {out} (once)")
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
-        shutil.copy2(src / "pom.xml", out / "pom.xml")
-        shutil.copytree(src / "src", out / "src")
-        build_log = out / "build.log"
-        if not jgroups._run(["mvn", "-B", "-q", "-o", "package"], out, build_log) and not jgroups._run(
-            ["mvn", "-B", "-q", "package"], out, build_log
-        ):
-            tail = "\n".join(build_log.read_text(errors="replace").splitlines()[-15:])
-            raise jgroups.BenchSetupError(f"the grid peers did not build (log {build_log}):\n{tail}")
-    libs = sorted((out / "target" / "lib").glob("*.jar"))
-    return os.pathsep.join(map(str, [jar, *libs]))
+    return jgroups.maven_classpath(src, files, "grid", "grid-peers.jar", "the grid peers (Infinispan, Hazelcast)", log)
 
 
 # -- one process speaking the harness's lines -----------------------------------------------------------------

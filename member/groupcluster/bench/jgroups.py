@@ -133,17 +133,18 @@ def _need(tool: str, hint: str) -> None:
         raise BenchSetupError(f"{tool} not found on PATH: {hint}")
 
 
-def jgroups5(log: Callable[[str], None] | None = None) -> JavaPeer:
-    """The JGroups 5 harness, built with Maven on first use."""
-    src = harness_dir()
-    files = [src / "pom.xml", *_sources(src, "src")]
-    out = cache_root() / f"jgroups5-{_digest(files, src)}"
-    jar = out / "target" / "jgroups-harness.jar"
-    if not jar.is_file():
+def maven_classpath(
+    src: Path, files: list[Path], name: str, jar: str, what: str, log: Callable[[str], None] | None
+) -> str:
+    """Build the Maven project ``src`` (its pom.xml and src/) into the cache, in a folder named ``name`` plus a
+    hash of ``files``, offline first; returns the class path of target/``jar`` and its libraries."""
+    out = cache_root() / f"{name}-{_digest(files, src)}"
+    jar_path = out / "target" / jar
+    if not jar_path.is_file():
         _need("mvn", "install Maven (Debian: apt-get install maven) and a JDK >= 17")
         _need("java", "install a JDK >= 17")
         if log:
-            log(f"building the JGroups 5 harness with Maven into {out} (once)")
+            log(f"building {what} with Maven into {out} (once)")
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
@@ -154,9 +155,16 @@ def jgroups5(log: Callable[[str], None] | None = None) -> JavaPeer:
             ["mvn", "-B", "-q", "package"], out, build_log
         ):
             tail = "\n".join(build_log.read_text(errors="replace").splitlines()[-15:])
-            raise BenchSetupError(f"the JGroups 5 harness did not build (log {build_log}):\n{tail}")
+            raise BenchSetupError(f"{what} did not build (log {build_log}):\n{tail}")
     libs = sorted((out / "target" / "lib").glob("*.jar"))
-    classpath = os.pathsep.join(map(str, [jar, *libs]))
+    return os.pathsep.join(map(str, [jar_path, *libs]))
+
+
+def jgroups5(log: Callable[[str], None] | None = None) -> JavaPeer:
+    """The JGroups 5 harness, built with Maven on first use."""
+    src = harness_dir()
+    files = [src / "pom.xml", *_sources(src, "src")]
+    classpath = maven_classpath(src, files, "jgroups5", "jgroups-harness.jar", "the JGroups 5 harness", log)
     return JavaPeer(
         "jgroups-5", classpath, "io.groupcluster.bench.Harness", src / "conf", "io.groupcluster.bench.Lifecycle"
     )
