@@ -141,11 +141,11 @@ def test_java_peer_command_and_configs() -> None:
         text = (conf / name).read_text()
         assert "${jgroups.bind_port}" in text and "127.0.0.1" in text
         assert ("SEQUENCER" in text) == ("sequencer" in name)
-    peer = JavaPeer("jgroups-5", "a.jar:b.jar", "io.groupcluster.bench.Harness", conf)
+    peer = JavaPeer("jgroups-2.12", "a.jar:b.jar", "io.groupcluster.bench.Harness212", conf)
     cmd = peer.command("total-order", "clu", [7000, 7001], 1, ["--count", "5"])
     assert cmd[0] == "java" and "-Djgroups.bind_port=7001" in cmd
     assert "-Djgroups.initial_hosts=127.0.0.1[7000],127.0.0.1[7001]" in cmd
-    assert cmd[cmd.index("io.groupcluster.bench.Harness") + 1] == str(conf / "jgroups5-sequencer.xml")
+    assert cmd[cmd.index("io.groupcluster.bench.Harness212") + 1] == str(conf / "jgroups212-sequencer.xml")
     assert cmd[-4:] == ["--rank", "1", "--count", "5"]
 
 

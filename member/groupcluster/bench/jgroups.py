@@ -21,16 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import GroupClusterError
+from .fair import address_properties
 
 JGROUPS_212_JARS = (Path("/usr/share/java/jgroups.jar"), Path("/usr/share/java/jgroups-2.12.2.Final.jar"))
 JVM_OPTS = ("-Xms256m", "-Xmx512m", "-Djava.net.preferIPv4Stack=true")
+# The files of bench/peers/jgroups/conf: JGroups 2.12 only. JGroups 5 runs the XML shipped in its jar
+# (groupcluster.bench.fair.jgroups_config), written per run and passed as a path.
 CONFIGS = {
-    ("jgroups-5", "fifo"): "jgroups5-nakack2.xml",
-    ("jgroups-5", "total-order"): "jgroups5-sequencer.xml",
     ("jgroups-2.12", "fifo"): "jgroups212-nakack2.xml",
     ("jgroups-2.12", "total-order"): "jgroups212-sequencer.xml",
-    ("jgroups-5", "join"): "jgroups5-nakack2.xml",  # JGroups 5 has no FLUSH: a GMS join
-    ("jgroups-5", "state"): "jgroups5-state.xml",
     ("jgroups-2.12", "join-flush"): "jgroups212-flush.xml",
 }
 
@@ -85,16 +84,21 @@ class JavaPeer:
     lifecycle_class: str = ""
 
     def _java(
-        self, config: str, ports: list[int], rank: int, discover: int, main: str, extra: Sequence[str] = ()
+        self, config: str | Path, ports: list[int], rank: int, discover: int, main: str, extra: Sequence[str] = ()
     ) -> list[str]:
-        conf = self.conf_dir / CONFIGS[(self.system, config)]
-        hosts = ",".join(f"127.0.0.1[{p}]" for p in ports)
+        """``config`` names a file of ``conf_dir`` (CONFIGS) or is the path of a file written from the jar's."""
+        if isinstance(config, Path):
+            conf = config
+            props = [f"-D{k}={v}" for k, v in address_properties(ports, rank).items()]
+        else:
+            conf = self.conf_dir / CONFIGS[(self.system, config)]
+            hosts = ",".join(f"127.0.0.1[{p}]" for p in ports)
+            props = [f"-Djgroups.bind_port={ports[rank]}", f"-Djgroups.initial_hosts={hosts}"]
         return [
             "java",
             *JVM_OPTS,
             *extra,  # after JVM_OPTS: a later -Xmx wins
-            f"-Djgroups.bind_port={ports[rank]}",
-            f"-Djgroups.initial_hosts={hosts}",
+            *props,
             f"-Djgroups.members={discover}",
             "-cp",
             self.classpath,
@@ -108,7 +112,7 @@ class JavaPeer:
 
     def lifecycle_command(
         self,
-        config: str,
+        config: str | Path,
         cluster: str,
         ports: list[int],
         rank: int,

@@ -35,7 +35,9 @@ if TYPE_CHECKING:
 
 # The light load on the members a joiner joins, as bench/join_latency.py's default.
 JOIN_LOAD_RATE = 200
-# Which harness configuration runs a lifecycle workload on a JVM system (see jgroups.CONFIGS).
+# Which harness configuration runs a lifecycle workload on a JVM system: a file of bench/peers/jgroups/conf
+# (jgroups.CONFIGS) for JGroups 2.12; for JGroups 5, the jar's tcp-new.xml as shipped (it already holds
+# pbcast.STATE_TRANSFER), written by the suite's ``jgroups5_config`` as for the multicast workloads.
 JAVA_CONFIGS = {
     ("join", "fifo", JGROUPS5): "join",
     ("join", "vsync", JGROUPS212): "join-flush",
@@ -83,10 +85,12 @@ class LifecycleRunner:
         progress: Callable[[str], None],
         java_peer: Callable[[str], JavaPeer],
         free_ports: Callable[[int], list[int]],
+        jgroups5_config: Callable[[str, str, Path], Path] | None = None,
     ) -> None:
         self.settings = settings
         self.progress = progress
         self.java_peer = java_peer
+        self.jgroups5_config = jgroups5_config
         self.free_ports = free_ports
         self._docs: dict[tuple[str, str], list[Any]] = {}
         self._runs = 0
@@ -179,16 +183,25 @@ class LifecycleRunner:
         return figures.script_json(out.decode(errors="replace"), name)
 
     # -- JGroups -----------------------------------------------------------------------------------------
+    def _java_config(self, system: str, kind: str, name: str) -> str | Path:
+        """JGroups 5: the path of the jar's file written for ``kind``; JGroups 2.12: the name in CONFIGS."""
+        if system != JGROUPS5:
+            return name
+        if self.jgroups5_config is None:
+            raise LifecycleFailed(f"{system}: no way to write the jar's configuration")
+        return self.jgroups5_config(system, kind, Path(tempfile.mkdtemp(prefix="gc-bench-conf-")))
+
     def _java_join(self, system: str, w: Workload, cluster: str) -> list[dict[str, Any]]:
         config = JAVA_CONFIGS.get(("join", w.stack, system))
         if config is None:
             raise LifecycleFailed(f"{w.name}: no {system} configuration for a {w.stack} join")
+        conf = self._java_config(system, "join", config)
         n, rounds = w.members, self.settings.join_rounds
         warm = self.settings.join_warm_rounds if w.stack == "fifo" else 0
         # A fresh port per joiner: JGroups 2.12 members take ~15 s to let a leaver's address go, and a joiner
         # reusing it waits that long (ours reuse one port; their clock starts after it is bound either way).
         ports = self.free_ports(n - 1 + rounds + (1 if warm else 0))
-        with _JavaGroup(self.java_peer(system), config, cluster, ports, self.progress) as group:
+        with _JavaGroup(self.java_peer(system), conf, cluster, ports, self.progress) as group:
             group.start_members(n - 1, ["--rate", str(JOIN_LOAD_RATE)])
             results = []
             for r in range(rounds):
@@ -205,9 +218,10 @@ class LifecycleRunner:
         config = JAVA_CONFIGS.get(("state", "", system))
         if config is None:
             raise LifecycleFailed(f"{w.name}: no {system} state configuration")
+        conf = self._java_config(system, "state", config)
         # The donor holds the state in its heap; JVM_OPTS' 512 MB would not hold the 1 GB state.
         heap = ["-Xmx" + str(max(512, 3 * w.size // 1_000_000)) + "m"]
-        with _JavaGroup(self.java_peer(system), config, cluster, self.free_ports(2), self.progress, heap) as group:
+        with _JavaGroup(self.java_peer(system), conf, cluster, self.free_ports(2), self.progress, heap) as group:
             group.start_members(1, ["--state-bytes", str(w.size)])
             # One joiner JVM fetches ``state_repeat`` times: the first is the figure, the rest the warm figure.
             opts = ["--state-bytes", str(w.size)]
@@ -221,7 +235,7 @@ class _JavaGroup:
     def __init__(
         self,
         peer: JavaPeer,
-        config: str,
+        config: str | Path,
         cluster: str,
         ports: list[int],
         progress: Callable[[str], None],

@@ -117,7 +117,7 @@ class Runner:
         self._java: dict[str, jgroups.JavaPeer] = {}
         self._runs = 0
         self.config_diffs: dict[str, dict[str, str]] = {}
-        self.lifecycle = LifecycleRunner(settings, progress, self._java_peer, free_ports)
+        self.lifecycle = LifecycleRunner(settings, progress, self._java_peer, free_ports, self.jgroups5_config)
 
     # -- commands ----------------------------------------------------------------------------------------
     def _java_peer(self, system: str) -> jgroups.JavaPeer:
@@ -200,7 +200,7 @@ class Runner:
         if key not in self.config_diffs:
             diff = config_diff(stock, used, name)
             props = "jgroups.bind_addr=127.0.0.1, jgroups.bind_port=<member's port>, "
-            props += "jgroups.tcpping.initial_hosts=<the 4 ports>, jgroups.tcp.port_range=0"
+            props += "jgroups.tcpping.initial_hosts=<every member's port>, jgroups.tcp.port_range=0"
             self.config_diffs[key] = {"file": name, "diff": diff, "system_properties": props}
             shown = diff if diff else "  (no change to the file)\n"
             self.progress(f"  {key}: jar's {name}, addresses via system properties ({props}); diff:\n{shown}")
