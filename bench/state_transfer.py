@@ -10,7 +10,11 @@ from its first view to ``set_state``; MB/s (10^6 bytes) is the state size over t
 127.0.0.1, each on its own free port. ``--json`` prints one object (``size_bytes``, ``transfer_s``,
 ``join_and_transfer_s``, ``mb_per_s``, the settings): the ``groupcluster bench`` suite reads it
 (workloads ``state-transfer-*``). ``--repeat N`` fetches N times from this one process (join, fetch, leave):
-the first is the figure above, ``transfer_s_all`` has them all (2..N: warm).
+the first is the figure above, ``transfer_s_all`` has them all (2..N: warm). With ``--launch-wall-ms`` (the
+launcher's wall clock just before it started this process) ``launch_to_state_ms`` is the joiner's time from its
+launch to the state in place: this process's start-up (interpreter and imports) plus the first fetch's join
+and transfer, leaving out the time spent starting the donors, which a joiner launched into a running group
+would not wait for.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import time
 
 from groupcluster.runtime.channel import Channel
 from groupcluster.runtime.local import free_ports
+
+STARTED_WALL = time.time()  # after the imports: what a joiner process pays before it can connect
 
 DONOR_CODE = """
 import asyncio, signal, sys
@@ -124,6 +130,10 @@ async def run(args: argparse.Namespace) -> None:
                 "transfer_s_all": [round(t, 4) for _, t in times],
                 "join_and_transfer_s_all": [round(b, 4) for b, _ in times],
             }
+            if args.launch_wall_ms is not None:
+                startup_ms = STARTED_WALL * 1000 - args.launch_wall_ms
+                doc["startup_ms"] = round(startup_ms, 1)
+                doc["launch_to_state_ms"] = round(startup_ms + t_both * 1000, 1)
             print(json.dumps(doc))
         else:
             print(
@@ -154,6 +164,9 @@ def main() -> None:
     ap.add_argument("--transport", choices=("udp", "tcp"), default="udp")
     ap.add_argument("--repeat", type=int, default=1, help="fetches from this one process (2..N are warm)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    ap.add_argument(
+        "--launch-wall-ms", type=float, default=None, help="the launcher's wall clock (ms) when it started us"
+    )
     args = ap.parse_args()
     if args.size_mb <= 0 or args.members <= 0 or args.window <= 0 or args.repeat <= 0:
         ap.error("--size-mb, --members, --window and --repeat must be positive")

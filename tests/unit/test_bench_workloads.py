@@ -8,6 +8,7 @@ plots group the new results. No benchmark runs here: figures are measured by ``g
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,13 @@ JOIN_DOC = {
     "join_ms": [41.35, 37.4, 325.48],
     "launch_to_view_ms": [2512.87, 3226.35, 6451.88],
 }
-STATE_DOC = {"size_bytes": 10_000_000, "transfer_s": 0.25, "join_and_transfer_s": 0.3, "mb_per_s": 40.0}
+STATE_DOC = {
+    "size_bytes": 10_000_000,
+    "transfer_s": 0.25,
+    "join_and_transfer_s": 0.3,
+    "mb_per_s": 40.0,
+    "launch_to_state_ms": 1234.5,
+}
 
 
 def test_the_new_workloads_exist_with_their_units_and_peers() -> None:
@@ -157,9 +164,19 @@ def test_script_arguments_and_one_run_per_repeat_for_a_group() -> None:
 
     fake.calls.clear()
     result = fake.measure("groupcluster", W["state-transfer-10MB"])[0]
-    state_args = ["--size-mb", "10", "--members", "1", "--transport", "tcp", "--repeat", "4"]
-    assert fake.calls[0] == ("state_transfer.py", state_args)
+    name, args = fake.calls[0]
+    launched = args.index("--launch-wall-ms")
+    assert abs(int(args[launched + 1]) - time.time() * 1000) < 60_000  # the wall clock just before the launch
+    del args[launched : launched + 2]
+    assert (name, args) == (
+        "state_transfer.py",
+        ["--size-mb", "10", "--members", "1", "--transport", "tcp", "--repeat", "4"],
+    )
     assert result.value == pytest.approx(40.0) and result.note == "join + transfer 300 ms"
+    # The -launch figure reads the same run (one run per group), in ms.
+    runs = len(fake.calls)
+    launch = fake.measure("groupcluster", W["state-transfer-10MB-launch"])[0]
+    assert len(fake.calls) == runs and (launch.unit, launch.samples) == ("ms", [1234.5] * runs)
 
 
 def test_lifecycle_commands_of_the_jvms() -> None:
@@ -265,8 +282,10 @@ def test_the_large_states_run_only_when_named() -> None:
     optional = model.select(model.OPTIONAL_WORKLOADS, W)
     assert set(optional) == {
         "state-transfer-100MB",
+        "state-transfer-100MB-launch",
         "state-transfer-100MB-warm",
         "state-transfer-1GB",
+        "state-transfer-1GB-launch",
         "state-transfer-1GB-warm",
     }
     assert W["state-transfer-1GB"].size == 1_000_000_000

@@ -171,6 +171,16 @@ def state_warm_mb_per_s(doc: Mapping[str, Any], size: int) -> float:
     return statistics.median(size / 1e6 / t for t in seconds[1:])
 
 
+def state_launch_ms(doc: Mapping[str, Any]) -> float:
+    """bench/state_transfer.py ``--launch-wall-ms``: ms from the joiner process's launch to its state in place."""
+    return number(doc, "launch_to_state_ms", source="state_transfer.py")
+
+
+def java_state_launch_ms(doc: Mapping[str, Any]) -> float:
+    """The joiner JVM's first fetch: ms from its launch to the last byte of the state (JVM start-up included)."""
+    return number(doc, "launch_to_state_ms", source="Lifecycle harness")
+
+
 def java_state_warm_mb_per_s(doc: Mapping[str, Any], size: int) -> float:
     """The median MB/s of the joiner JVM's fetches after its first (``warm``: their RESULT objects)."""
     warm = doc.get("warm")

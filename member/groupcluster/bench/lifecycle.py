@@ -137,6 +137,8 @@ class LifecycleRunner:
                 return figures.join_warm_ms(doc) if system == GROUPCLUSTER else figures.java_join_warm_ms(doc)
             return figures.join_ms(doc) if system == GROUPCLUSTER else figures.java_join_ms(doc)
         if w.kind == "state":
+            if w.figure == "launch":
+                return figures.state_launch_ms(doc) if system == GROUPCLUSTER else figures.java_state_launch_ms(doc)
             if w.figure == "warm":
                 if system == GROUPCLUSTER:
                     return figures.state_warm_mb_per_s(doc, w.size)
@@ -156,6 +158,8 @@ class LifecycleRunner:
         if w.kind == "state":
             # TCP like the JGroups peer; one member holds the state (the JGroups coordinator serves it too).
             args = ["--size-mb", f"{w.size / 1e6:g}", "--members", "1", "--transport", "tcp"]
+            # Built just before the script starts: its launch_to_state_ms counts from here.
+            args += ["--launch-wall-ms", str(int(time.time() * 1000))]
             return "state_transfer.py", [*args, "--repeat", str(s.state_repeat)]
         raise LifecycleFailed(f"{w.name}: unknown kind {w.kind!r}")
 
@@ -224,7 +228,7 @@ class LifecycleRunner:
         with _JavaGroup(self.java_peer(system), conf, cluster, self.free_ports(2), self.progress, heap) as group:
             group.start_members(1, ["--state-bytes", str(w.size)])
             # One joiner JVM fetches ``state_repeat`` times: the first is the figure, the rest the warm figure.
-            opts = ["--state-bytes", str(w.size)]
+            opts = ["--state-bytes", str(w.size), "--launch-wall-ms", str(int(time.time() * 1000))]
             done = group.join_repeated(2, self.settings.state_repeat, "joiner", self.settings.script_timeout, 1, opts)
             return {**done[0], "warm": done[1:]}
 

@@ -244,6 +244,7 @@ def _lifecycle_workloads() -> list[Workload]:
         label = f"{size // 1_000_000_000}GB" if size >= 1_000_000_000 else f"{size // 1_000_000}MB"
         for suffix, figure, what in (
             ("", "", "the first fetch of a joiner process; MB/s from its first view to the last byte"),
+            ("-launch", "launch", "the same first fetch, ms from the joiner process's launch (start-up included)"),
             ("-warm", "warm", "one process joins, fetches and leaves repeatedly; the median of fetches 2..N"),
         ):
             out.append(
@@ -256,7 +257,7 @@ def _lifecycle_workloads() -> list[Workload]:
                     kind="state",
                     figure=figure,
                     systems=(GROUPCLUSTER, JGROUPS5),
-                    fixed_unit=MB_UNIT,
+                    fixed_unit=LATENCY_UNIT if figure == "launch" else MB_UNIT,
                     description=f"a {label} state on one member: {what}",
                 )
             )

@@ -26,7 +26,8 @@ import java.util.concurrent.locks.LockSupport;
  * the state in the same connect call and {@code state_ms} runs from its first view to the last byte read, the
  * clock of bench/state_transfer.py. It prints {@code RESULT {json}}, leaves gracefully and exits. With
  * {@code --launch-wall-ms} (the runner's wall clock when it launched this JVM) the first result also says
- * {@code launch_to_view_ms} (JVM start-up included). With {@code --repeat K} the same JVM joins K times (a warm
+ * {@code launch_to_view_ms} (JVM start-up included), and with a state {@code launch_to_state_ms}, from the launch to
+ * the last byte of the state read. With {@code --repeat K} the same JVM joins K times (a warm
  * stack: JIT and class loading done): after each result it disconnects and waits for a line {@code next} on
  * standard input (the runner sends it once the members have seen it leave) before it connects again.
  */
@@ -56,6 +57,7 @@ public final class LifecycleCore {
     private volatile long fullViewNs;
     private volatile long fullViewWallMs;
     private volatile long stateDoneNs;
+    private volatile long stateDoneWallMs;
     private volatile long stateRead = -1;
 
     private LifecycleCore(String[] args) {
@@ -129,6 +131,7 @@ public final class LifecycleCore {
         int n;
         while ((n = in.read(buf)) >= 0) total += n;
         stateDoneNs = System.nanoTime();
+        stateDoneWallMs = System.currentTimeMillis();
         stateRead = total;
     }
 
@@ -193,6 +196,9 @@ public final class LifecycleCore {
             sb.append(",\"state_bytes\":").append(stateRead);
             sb.append(",\"state_ms\":").append((stateDoneNs - firstViewNs) / 1e6);
             sb.append(",\"join_and_state_ms\":").append((stateDoneNs - t0) / 1e6);
+            if (iteration == 1 && launchWallMs > 0) {
+                sb.append(",\"launch_to_state_ms\":").append(stateDoneWallMs - launchWallMs);
+            }
         }
         System.out.println(sb.append("}"));
         System.out.flush();
