@@ -18,7 +18,7 @@
    the writes of all joins (5 joins: the 11th-slowest of about 1,050) and each join is listed too.
 5. Reported: entries and MB moved per join (the members' ``rebalance_*_received_total`` counters, summed; key
    and value bytes), entries/s and MB/s over the joins' rebalances, and the writer's latency p50/p99 on the
-   idle grid (before the first join) against during the rebalances. Targets (issue 4): >= 50 MB/s moved,
+   idle grid (before the first join) against during the rebalances. The goals it is read against: >= 50 MB/s moved,
    p99 during <= 3x idle.
 6. Also reported: the CPU time spent from each join to the end of its rebalance, per MB moved: the joiner's,
    the three old members' together, the writer's, and the whole machine's (``/proc/stat``: every process and

@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/state_transfer.py [--size-mb 50] [--members 1] [--stack vsync] [--chunk-size 56KiB]
         [--transport udp] [--json]
-    .venv/bin/python bench/state_transfer.py --members 4 --size-mb 10   # time to add a 5th member (issue 3)
+    .venv/bin/python bench/state_transfer.py --members 4 --size-mb 10   # time to add a 5th member
 
 The clock runs from the joiner's connect (join, with a flush on the vsync stack, included) and, separately,
 from its first view to ``set_state``; MB/s (10^6 bytes) is the state size over the latter. Members run on

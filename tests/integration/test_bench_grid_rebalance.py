@@ -1,5 +1,5 @@
 """``bench/grid_rebalance.py`` end to end with a small grid: it moves entries and reports its figures, the CPU
-accounting per MB moved included (what the issue 4 speed work is judged by), with members on TCP through
+accounting per MB moved included (what rebalance speed is judged by), with members on TCP through
 ``--member-args``."""
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def test_a_joiner_gets_a_consistent_state_while_the_group_keeps_sending(tmp_path
 
 
 def test_total_order_join_with_state_then_the_sequencer_is_killed(tmp_path: Path) -> None:
-    """Issue 3's real-process scenario: four processes multicast in total order, one of them joining with state
+    """A real-process scenario: four processes multicast in total order, one of them joining with state
     transfer while the others send; then the coordinator (the sequencer) is killed mid-traffic. The three
     survivors end with the very same log — the joiner's transferred state included — holding every multicast
     each survivor sent exactly once, in order."""

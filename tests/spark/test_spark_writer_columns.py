@@ -1,4 +1,4 @@
-"""The writer's column conversion (issue 7): string and binary Arrow columns come out as bytes, UTF-8 for text,
+"""The writer's column conversion: string and binary Arrow columns come out as bytes, UTF-8 for text,
 whatever Arrow layout Spark hands over (no Spark session needed)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How a grid node schedules state-transfer work against operations (issue 4: write latency during a rebalance).
+"""How a grid node schedules state-transfer work against operations (write latency during a rebalance).
 
 * Transfer chunks and their acknowledgements are held back behind the operations of the same delivery and
   handled one per step (:attr:`GridNode.defer_transfer`), while everything else that arrives after a held

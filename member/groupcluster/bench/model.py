@@ -185,7 +185,7 @@ GRID_OPS_CLIENTS = 4
 
 
 def _lifecycle_workloads() -> list[Workload]:
-    """Joins, state transfer, rebalance and grid operations (issue 8 item 4)."""
+    """Joins, state transfer, rebalance and grid operations."""
     out = [
         Workload(
             "join-4",

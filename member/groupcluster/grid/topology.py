@@ -221,7 +221,7 @@ class CacheTopology:
 
         A member computes this once per topology it installs, on every member at the same moment: per segment,
         with a Python address comparison per owner, it cost 1.3-2.5 ms of CPU per topology with 256 segments,
-        and a single write during a rebalance crossed several members each busy with it (issue 4). Segments
+        and a single write during a rebalance crossed several members each busy with it. Segments
         with the same owner indexes share one answer, so the work is per distinct owner combination (a few
         dozen), not per segment. The phase rules are the per-segment methods' own (:meth:`_candidates`); a unit
         test checks that both give the same answers."""

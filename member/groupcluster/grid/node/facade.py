@@ -92,7 +92,7 @@ MAX_PAYLOAD_SPLIT = 1024 * 1024  # a payload is cut near this size (the transpor
 # Entries of dropped segments freed per slice (SegmentStore.collect), at most one slice per FREE_INTERVAL.
 # A slice of 2,048 cost ~1 ms of CPU; freed on every step, back to back, the three old owners of a 1M-entry
 # rebalance each spent ~80 ms of CPU in a row after the last topology, on a 2-core machine with the joiner
-# and the writer, and single writes there took 10-25 ms (issue 4). Paced, freeing takes ~10% of a core
+# and the writer, and single writes there took 10-25 ms. Paced, freeing takes ~10% of a core
 # (~1.2 s for a member's ~250,000 entries and feed-log entries) and operations find the CPUs free.
 FREE_PER_STEP = 1024
 FREE_INTERVAL = 0.005
@@ -148,7 +148,7 @@ class GridNode:
         # applied or produced. So a write's backup or answer leaves before the transfer work of its step, and
         # a driver's other inputs (the next delivered batch, HTTP requests) wait behind one chunk, not all
         # chunks of a delivered batch: with 4 members on 2 cores, single writes during a rebalance waited
-        # behind 1-2 ms of chunk work per hop (issue 4). Every other message that arrives while some are held
+        # behind 1-2 ms of chunk work per hop. Every other message that arrives while some are held
         # back queues behind them, in order, so a chunk is never overtaken by a topology, a fetch or a cancel
         # (see StateProvider._pump, seed 39); a view change first handles everything held back. Operations may overtake
         # chunks: stores keep the newest version whichever comes first, and an operation sent after a

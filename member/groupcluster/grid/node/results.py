@@ -22,7 +22,7 @@ class Outgoing:
 
 # Not frozen, to be treated as read-only: one is made per operation, and a frozen dataclass's __init__ cost
 # ~1.1 us against ~0.2 us (its field assignments go through object.__setattr__), ~6% of a member's CPU in
-# Spark batch writes (issue 7).
+# Spark batch writes.
 @dataclass(slots=True)
 class OpResult:
     """A finished client operation. ``ok`` False carries ``error``; a GET of an absent key is ok, value None."""

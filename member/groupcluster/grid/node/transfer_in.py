@@ -83,7 +83,7 @@ class StateConsumer:
         by_source: dict[Address, list[int]] = {}
         # Segments each source already streams to us: a segment goes to the least loaded of its owners. Always
         # asking the primary left one old member streaming 45% of a joiner's segments and another 15%, so
-        # the last ~100 ms of a 1M-entry rebalance ran one stream alone (issue 4).
+        # the last ~100 ms of a 1M-entry rebalance ran one stream alone.
         load: Counter[Address] = Counter()
         for xf in self.in_xfers.values():
             load[xf.source] += len(xf.remaining)
