@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rows, --members and --value-bytes must be at least 1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    from groupcluster.runtime.local import LocalCluster
     from groupcluster.spark import register
+    from groupcluster.tools.local import LocalCluster
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from groupcluster.runtime.chaos import (
+from groupcluster.sim.history import History, HistoryEvent
+from groupcluster.tools.chaos import (
     ATTEMPT_TIMEOUT,
     CAPACITY,
     CAPACITY_VALUES,
@@ -34,8 +35,7 @@ from groupcluster.runtime.chaos import (
     FaultSchedule,
     check_history,
 )
-from groupcluster.runtime.local import pid_alive
-from groupcluster.sim.history import History, HistoryEvent
+from groupcluster.tools.local import pid_alive
 
 SUMMARY = re.compile(r"^chaos: (\d+) ops, (\d+) violations, (\d+) lost$")
 # The one-minute run's seed: its first fault is a cut long enough (9.9 s) to get the member excluded, and the

@@ -17,7 +17,7 @@ before they leave); the other members see a member that went silent, and it sees
 A file that is not valid (not JSON, not an object, an unknown key, a bad rate, duration or endpoint) is logged
 with the reason and ignored: a control file never takes a member down. A missing file applies nothing, and
 deleting the file does not undo what was applied (write ``{"partitions": []}`` to heal). ``groupcluster
-chaos`` cuts members off this way (:mod:`groupcluster.runtime.chaos`).
+chaos`` cuts members off this way (:mod:`groupcluster.tools.chaos`).
 
 :func:`with_faults_layer` puts a ``faults`` layer directly above the transport of a stack that has none (a
 ``faults`` layer with nothing configured passes batches through at the cost of one attribute test).

@@ -23,7 +23,7 @@ newest first; the coordinator leaves last, because a new coordinator has to reco
 and waits until the grid is balanced for it: at 0 the member keeps serving requests but owns no segments,
 at 2 it takes about twice the share of a member at 1. The change lasts as long as the member process.
 
-The same :class:`LocalCluster` runs the grid demo (:mod:`groupcluster.runtime.demo`).
+The same :class:`LocalCluster` runs the grid demo (:mod:`groupcluster.tools.demo`).
 """
 
 from __future__ import annotations
