@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from groupcluster.sim.checkers import HistoryFormatError
-from groupcluster.sim.grid_checkers import (
+from groupcluster.sim.grid.checkers import (
     LIVENESS_BOUND,
     check_grid_expired,
     check_grid_fresh_reads,

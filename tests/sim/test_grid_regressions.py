@@ -2,8 +2,8 @@
 
 Each entry names what the seed found; the fix is in grid/node/, grid/topology.py or grid/store.py (and a unit
 test in tests/unit/test_grid_node.py or test_grid_store.py where the case can be built by hand), or in the
-checkers (sim/grid_checkers.py, with a test in tests/sim/test_grid_checkers.py) when the run was right and the
-judgement wrong, or in the scenario (sim/grid.py, with a test here) when its fault schedule broke the promise it
+checkers (sim/grid/checkers.py, with a test in tests/sim/test_grid_checkers.py) when the run was right and the
+judgement wrong, or in the scenario (sim/grid/run.py, with a test here) when its fault schedule broke the promise it
 keeps.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from groupcluster.core.view import View, ViewId
 from groupcluster.grid.topology import MemberStatus, RebalancePlanner
-from groupcluster.sim.grid import GridApp, GridRun, grid_scenario
+from groupcluster.sim.grid.run import GridApp, GridRun, grid_scenario
 from groupcluster.sim.scenario import Scenario
 
 from . import seedruns

@@ -9,7 +9,7 @@ pass (then it moves to test_grid_regressions.py), so the list cannot rot.
 from __future__ import annotations
 
 import pytest
-from groupcluster.sim.grid import grid_scenario
+from groupcluster.sim.grid.run import grid_scenario
 from groupcluster.sim.scenario import SeedResult, check_determinism
 
 from . import seedruns

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from groupcluster.sim.grid_tx_checkers import (
+from groupcluster.sim.grid.tx_checkers import (
     check_tx_atomicity_and_lost_writes,
     check_tx_auto_resolved,
     check_tx_conserved_total,

@@ -2,7 +2,7 @@
 
 Each entry names what the seed found; the fix is in grid/node/ or grid/tx.py (with a unit test in
 tests/unit/test_grid_node_tx.py where the case can be built by hand), or in the checkers
-(sim/grid_tx_checkers.py, tested in tests/sim/test_grid_tx_checkers.py) when the run was right and the judgement
+(sim/grid/tx_checkers.py, tested in tests/sim/test_grid_tx_checkers.py) when the run was right and the judgement
 wrong.
 """
 

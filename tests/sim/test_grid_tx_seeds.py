@@ -1,6 +1,6 @@
 """Grid transaction simulation seeds (``groupcluster sim --stack grid-tx``): transactions, plain operations,
 joins, leaves, crashes and partitions, judged by the grid checkers and the transaction checkers
-(sim/grid_tx_checkers.py). ``scripts/test --slow`` runs more.
+(sim/grid/tx_checkers.py). ``scripts/test --slow`` runs more.
 
 A failing seed prints its replay command. Seeds in :data:`KNOWN_OPEN` still fail: each names the property and
 what is known; the test fails when another seed breaks a property *and* when a known one starts to pass (then it
@@ -10,7 +10,7 @@ moves to test_grid_tx_regressions.py), so the list cannot rot.
 from __future__ import annotations
 
 import pytest
-from groupcluster.sim.grid_tx import grid_tx_scenario
+from groupcluster.sim.grid.tx_run import grid_tx_scenario
 from groupcluster.sim.scenario import SeedResult, check_determinism
 
 from . import seedruns

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from groupcluster.sim import cli as sim_cli
 from groupcluster.sim import sweep as sweep_cli
-from groupcluster.sim.grid import GRID_DEFAULT_SAFETY
+from groupcluster.sim.grid.run import GRID_DEFAULT_SAFETY
 
 from .simtoy import TOY_STACK
 

@@ -13,7 +13,6 @@ import argparse
 import json
 import sys
 
-from . import grid_checkers, grid_tx_checkers  # noqa: F401  (register --stack grid and grid-tx)
 from .checkers import (
     SAFETY_CHECKERS,
     STACK_CHECKERS,
@@ -22,6 +21,7 @@ from .checkers import (
     check_merge_convergence,
     check_safety,
 )
+from .grid import checkers, tx_checkers  # noqa: F401  (register --stack grid and grid-tx)
 from .history import History, HistoryEvent
 
 

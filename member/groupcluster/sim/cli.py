@@ -20,8 +20,8 @@ import yaml
 
 from ..core.errors import ConfigError
 from ..core.stack import resolve_config
-from .grid import GRID_DEFAULT_OPS, GRID_DEFAULT_SAFETY
-from .grid_tx import GRID_TX_DEFAULT_OPS, GRID_TX_DEFAULT_SAFETY, GRID_TX_STACK
+from .grid.run import GRID_DEFAULT_OPS, GRID_DEFAULT_SAFETY
+from .grid.tx_run import GRID_TX_DEFAULT_OPS, GRID_TX_DEFAULT_SAFETY, GRID_TX_STACK
 from .runner import default_jobs, run_many
 from .scenario import GRID_STACK, MEMBER_LOG, Scenario, SeedResult, build_spec
 from .world import slot_endpoint

@@ -32,17 +32,17 @@ from ..core.events import UpdateHosts
 from ..core.layer import LAYER_TYPES
 from ..core.stack import resolve_config
 from ..stacks import PRESETS, load_stack_file, preset
-from . import grid_checkers, grid_tx_checkers  # noqa: F401  (register the grid stacks' checkers)
 from .checkers import Violation, check_all
 from .faults import FaultPlan, draw_plan, draw_startup
+from .grid import checkers, tx_checkers  # noqa: F401  (register the grid stacks' checkers)
 from .history import History
 from .loop import EventLoop
 from .network import Link, LinkConfig, Network
 from .world import LEAVING, PAUSED, RUNNING, AppFactory, Node, World, slot_endpoint
 
-# ``--stack grid``: the data grid (:mod:`groupcluster.sim.grid`) on the group stack a grid member runs.
+# ``--stack grid``: the data grid (:mod:`groupcluster.sim.grid.run`) on the group stack a grid member runs.
 GRID_STACK = "grid"
-GRID_TX_STACK = "grid-tx"  # the grid plus transactions (:mod:`groupcluster.sim.grid_tx`)
+GRID_TX_STACK = "grid-tx"  # the grid plus transactions (:mod:`groupcluster.sim.grid.tx_run`)
 GRID_STACKS = (GRID_STACK, GRID_TX_STACK)
 GRID_GROUP_STACK = "vsync"
 
@@ -609,11 +609,11 @@ def run_seed(
     """Run one seed and judge it. ``record`` writes the history as JSON lines; ``digest`` hashes them."""
     sc = scenario or Scenario()
     if sc.stack == GRID_STACK:
-        from .grid import GridRun
+        from .grid.run import GridRun
 
         run: _Run = GridRun(seed, sc, logger or MEMBER_LOG)
     elif sc.stack == GRID_TX_STACK:
-        from .grid_tx import GridTxRun
+        from .grid.tx_run import GridTxRun
 
         run = GridTxRun(seed, sc, logger or MEMBER_LOG)
     else:

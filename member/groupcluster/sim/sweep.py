@@ -23,8 +23,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any, TextIO
 
-from .grid import GRID_DEFAULT_OPS, GRID_DEFAULT_SAFETY
-from .grid_tx import GRID_TX_DEFAULT_OPS, GRID_TX_DEFAULT_SAFETY, GRID_TX_STACK
+from .grid.run import GRID_DEFAULT_OPS, GRID_DEFAULT_SAFETY
+from .grid.tx_run import GRID_TX_DEFAULT_OPS, GRID_TX_DEFAULT_SAFETY, GRID_TX_STACK
 from .runner import default_jobs
 from .scenario import GRID_STACK, MEMBER_LOG, Scenario, SeedResult, run_seed
 

@@ -11,7 +11,7 @@
 2. Runs a writer and a reader, each a thread with its own :class:`~groupcluster.grid.client.GridClient`,
    over a small pool of keys (puts of unique values, some deletes; gets). Every operation is recorded as a
    ``grid_start`` event before the request and a ``grid_end`` event after the answer: the events of the
-   simulator's grid histories (:mod:`groupcluster.sim.grid_checkers`), so one code judges both.
+   simulator's grid histories (:mod:`groupcluster.sim.grid.checkers`), so one code judges both.
 3. Every few seconds it injects a fault drawn from a :class:`random.Random` seeded with ``--seed``:
 
    * ``kill``: SIGKILL a member and start a replacement;
@@ -658,7 +658,7 @@ def check_history(history: Any) -> tuple[dict[str, int], list[str], set[str]]:
     A key is lost when its read-back after convergence returned a value no write allows
     (``grid-lost-write``) or failed: a key that cannot be read back cannot be shown to hold its value.
     """
-    from ..sim.grid_checkers import GRID_CHECKERS
+    from ..sim.grid.checkers import GRID_CHECKERS
 
     violations: dict[str, int] = {}
     samples: list[str] = []

@@ -18,7 +18,7 @@ leaves are ``GridNode.leave`` first, then the group leave once the node is ready
 Each seed picks a partition-handling mode, 2 or 3 owners and a segment count. After the safety phase the
 network heals and the grid must converge: one view, one balanced topology installed everywhere, no
 rebalance, every client operation finished. Then every key ever written is read back through a random
-member and each member's store is recorded, for the checkers in :mod:`groupcluster.sim.grid_checkers`.
+member and each member's store is recorded, for the checkers in :mod:`groupcluster.sim.grid.checkers`.
 
 History events (besides the group's views, starts, crashes and leaves):
 
@@ -51,15 +51,15 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from ..core.message import Message
-from ..core.view import View
-from ..grid.messages import DELETE, GET, OP_NAMES, PUT
-from ..grid.node import GridConfig, GridNode, OpResult
-from ..grid.topology import Availability, PartitionHandling, Phase, owner_set
-from .checkers import Violation
-from .faults import FaultPlan
-from .scenario import Scenario, _Run
-from .world import LEAVING, PAUSED, RUNNING, AppFactory, Node
+from ...core.message import Message
+from ...core.view import View
+from ...grid.messages import DELETE, GET, OP_NAMES, PUT
+from ...grid.node import GridConfig, GridNode, OpResult
+from ...grid.topology import Availability, PartitionHandling, Phase, owner_set
+from ..checkers import Violation
+from ..faults import FaultPlan
+from ..scenario import Scenario, _Run
+from ..world import LEAVING, PAUSED, RUNNING, AppFactory, Node
 
 # The runtime's tag byte for grid payloads (grid/runtime.py): the same bytes travel here.
 TAG_GRID = 0xF7

@@ -1,7 +1,7 @@
 """Grid transactions under simulation (``groupcluster sim --stack grid-tx``): the ``grid`` simulation plus
 clients that run multi-key transactions, and an operator that resolves in-doubt transactions.
 
-Everything of :mod:`groupcluster.sim.grid` holds (members, faults with the rule "at most ``num_owners - 1``
+Everything of :mod:`groupcluster.sim.grid.run` holds (members, faults with the rule "at most ``num_owners - 1``
 members lost before rebalancing completes", plain GET/PUT/DELETE clients on keys ``k0..k23`` judged by the grid
 checkers). On top, each member's client starts transactions (2 to 5 keys, optimistic or pessimistic):
 
@@ -51,14 +51,14 @@ import random
 from collections import Counter
 from typing import Any
 
-from ..grid.messages import GET
-from ..grid.node import GridConfig, OpResult
-from ..grid.tx import REASON_MIXED, CoordState, resolution, termination_decision
-from ..grid.tx_messages import TxId
-from .checkers import Violation
-from .grid import GridApp, GridRun, GridSetup, grid_scenario
-from .scenario import Scenario
-from .world import RUNNING, Node
+from ...grid.messages import GET
+from ...grid.node import GridConfig, OpResult
+from ...grid.tx import REASON_MIXED, CoordState, resolution, termination_decision
+from ...grid.tx_messages import TxId
+from ..checkers import Violation
+from ..scenario import Scenario
+from ..world import RUNNING, Node
+from .run import GridApp, GridRun, GridSetup, grid_scenario
 
 GRID_TX_STACK = "grid-tx"
 COUNTERS = 8

@@ -1,5 +1,5 @@
-"""Grid transaction checkers: judge the transaction events of a history (:mod:`groupcluster.sim.grid_tx`), never
-the code. The plain grid checkers (:mod:`groupcluster.sim.grid_checkers`) judge the plain operations of the same
+"""Grid transaction checkers: judge the transaction events of a history (:mod:`groupcluster.sim.grid.tx_run`), never
+the code. The plain grid checkers (:mod:`groupcluster.sim.grid.checkers`) judge the plain operations of the same
 runs (their keys are apart).
 
 A transaction's *outcome* as its client saw it: **committed** (``tx_end`` ok, reason not "mixed"), **rolled back**
@@ -41,10 +41,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .checkers import STACK_CHECKERS, HistoryIndex, Violation
-from .grid_checkers import GRID_CHECKERS, _widen
-from .grid_checkers import parse as parse_grid
-from .history import History, HistoryEvent
+from ..checkers import STACK_CHECKERS, HistoryIndex, Violation
+from ..history import History, HistoryEvent
+from .checkers import GRID_CHECKERS, _widen
+from .checkers import parse as parse_grid
 
 INF = float("inf")
 
@@ -122,7 +122,7 @@ def check_tx_atomicity_and_lost_writes(history: History | HistoryIndex | Iterabl
     h = parse(history)
     # Two groups that both took writes (members that formed grids apart, a side that did not notice it was cut
     # off): the merge keeps the newest version of each key, so writes in such a window are concurrent
-    # (the grid checkers' rule; grid_checkers.parse finds the windows).
+    # (the grid checkers' rule; checkers.parse finds the windows).
     grid = parse_grid(history)
     windows = grid.write_windows
     out: list[Violation] = []

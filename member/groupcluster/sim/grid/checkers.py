@@ -1,4 +1,4 @@
-"""Grid property checkers: judge the grid events of a history (see :mod:`groupcluster.sim.grid`), never the code.
+"""Grid property checkers: judge the grid events of a history (see :mod:`groupcluster.sim.grid.run`), never the code.
 
 Operations are intervals: a ``grid_start`` and, unless its member crashed first, a ``grid_end`` (``ok``
 True: acknowledged). A write is a PUT (its value) or a DELETE (value absent). Two operations are
@@ -64,8 +64,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .checkers import STACK_CHECKERS, HistoryFormatError, HistoryIndex, Violation, _field, _str
-from .history import History, HistoryEvent
+from ..checkers import STACK_CHECKERS, HistoryFormatError, HistoryIndex, Violation, _field, _str
+from ..history import History, HistoryEvent
 
 INF = math.inf
 # How long after its expiry an entry may still be held once the grid is whole: a member that was not the key's
