@@ -16,25 +16,7 @@ import pytest
 from groupcluster.core.address import Address
 from groupcluster.core.errors import ConfigError, WireError
 from groupcluster.grid.store import make_version
-from groupcluster.grid.tx import (
-    CoordState,
-    LockingMode,
-    LockTable,
-    TxConfig,
-    TxCoordinator,
-    TxDecided,
-    TxLocked,
-    TxOutcome,
-    TxOutput,
-    TxResolver,
-    TxSend,
-    TxState,
-    TxTable,
-    report_info,
-    resolution,
-    termination_decision,
-)
-from groupcluster.grid.tx_messages import (
+from groupcluster.grid.tx.messages import (
     ACK_COMMITTED,
     ACK_OK,
     ACK_RETRY,
@@ -62,6 +44,24 @@ from groupcluster.grid.tx_messages import (
     TxVote,
     decode_tx_payload,
     encode_tx_payload,
+)
+from groupcluster.grid.tx.participant import (
+    CoordState,
+    LockingMode,
+    LockTable,
+    TxConfig,
+    TxCoordinator,
+    TxDecided,
+    TxLocked,
+    TxOutcome,
+    TxOutput,
+    TxResolver,
+    TxSend,
+    TxState,
+    TxTable,
+    report_info,
+    resolution,
+    termination_decision,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -25,7 +25,7 @@ from ..core.validate import MAX_INT, as_bool, as_bytes, as_int, as_list, as_str
 from ..core.wire import unpack_bounded
 from .consistent_hash import MAX_SEGMENTS
 from .topology import CacheTopology, MemberStatus
-from .tx_messages import (
+from .tx.messages import (
     TX_TYPES,
     TxAck,
     TxCommit,

@@ -46,7 +46,7 @@ Where a rule lives (one part per file, each holding its own state):
   routing answers.
 """
 
-from ..tx import (
+from ..tx.participant import (
     REASON_CONFLICT,
     REASON_ERROR,
     REASON_FULL,

@@ -22,7 +22,23 @@ from ..store import (
 from ..topology import (
     CacheTopology,
 )
-from ..tx import (
+from ..tx.messages import (
+    NO,
+    TxAck,
+    TxCommit,
+    TxId,
+    TxInfoAck,
+    TxLock,
+    TxLockInfo,
+    TxPrepare,
+    TxReportAnswer,
+    TxReportInfo,
+    TxReportRequest,
+    TxRollback,
+    TxVote,
+    VersionedWrite,
+)
+from ..tx.participant import (
     REASON_CONFLICT,
     REASON_FULL,
     REASON_LOCK_TIMEOUT,
@@ -43,22 +59,6 @@ from ..tx import (
     decision,
     report_info,
     resolution,
-)
-from ..tx_messages import (
-    NO,
-    TxAck,
-    TxCommit,
-    TxId,
-    TxInfoAck,
-    TxLock,
-    TxLockInfo,
-    TxPrepare,
-    TxReportAnswer,
-    TxReportInfo,
-    TxReportRequest,
-    TxRollback,
-    TxVote,
-    VersionedWrite,
 )
 from .results import TX_COMMIT_OP, TX_LOCK_OP, TX_RESOLVE_OP, TX_ROLLBACK_OP, OpResult
 

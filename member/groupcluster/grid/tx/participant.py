@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any
 
-from ..core.address import Address
-from ..core.config import param, parse_params
-from ..core.errors import ConfigError
-from .tx_messages import (
+from ...core.address import Address
+from ...core.config import param, parse_params
+from ...core.errors import ConfigError
+from .messages import (
     ACK_COMMITTED,
     ACK_OK,
     ACK_RETRY,

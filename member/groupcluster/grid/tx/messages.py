@@ -28,11 +28,11 @@ from typing import Any
 
 import msgpack
 
-from ..core.address import Address
-from ..core.errors import WireError
-from ..core.validate import MAX_INT, as_address, as_bool, as_bytes, as_int, as_list, as_str
-from ..core.wire import unpack_bounded
-from .consistent_hash import MAX_SEGMENTS
+from ...core.address import Address
+from ...core.errors import WireError
+from ...core.validate import MAX_INT, as_address, as_bool, as_bytes, as_int, as_list, as_str
+from ...core.wire import unpack_bounded
+from ..consistent_hash import MAX_SEGMENTS
 
 TX_FORMAT_VERSION = 1
 
