@@ -16,6 +16,9 @@ import pytest
 from groupcluster.core.address import Address
 from groupcluster.core.errors import ConfigError, WireError
 from groupcluster.grid.store import make_version
+from groupcluster.grid.tx.config import LockingMode, TxConfig
+from groupcluster.grid.tx.coordinator import CoordState, TxCoordinator
+from groupcluster.grid.tx.locks import LockTable
 from groupcluster.grid.tx.messages import (
     ACK_COMMITTED,
     ACK_OK,
@@ -45,24 +48,9 @@ from groupcluster.grid.tx.messages import (
     decode_tx_payload,
     encode_tx_payload,
 )
-from groupcluster.grid.tx.participant import (
-    CoordState,
-    LockingMode,
-    LockTable,
-    TxConfig,
-    TxCoordinator,
-    TxDecided,
-    TxLocked,
-    TxOutcome,
-    TxOutput,
-    TxResolver,
-    TxSend,
-    TxState,
-    TxTable,
-    report_info,
-    resolution,
-    termination_decision,
-)
+from groupcluster.grid.tx.outputs import TxLocked, TxOutcome, TxOutput, TxSend
+from groupcluster.grid.tx.participant import TxState, TxTable
+from groupcluster.grid.tx.resolution import TxDecided, TxResolver, report_info, resolution, termination_decision
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

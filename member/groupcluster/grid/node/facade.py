@@ -51,6 +51,7 @@ from ..topology import (
     Phase,
     RebalancePlanner,
 )
+from ..tx.coordinator import TxCoordinator
 from ..tx.messages import (
     TxAck,
     TxCommit,
@@ -65,7 +66,8 @@ from ..tx.messages import (
     TxVote,
 )
 from ..tx.messages import approx_size as _tx_approx_size
-from ..tx.participant import InDoubt, TxCoordinator, TxReport, TxResolver, TxTable
+from ..tx.participant import InDoubt, TxReport, TxTable
+from ..tx.resolution import TxResolver
 from .capacity import EntryBounds
 from .config import MAX_CAPACITY, GridConfig
 from .events import EVENT_WRITTEN, EntryEventLog, EntryEvents
