@@ -19,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "chaos": ("groupcluster.tools.chaos", "kill, pause and replace real members under load; check the history"),
     "sim": ("groupcluster.sim.cli", "deterministic simulation with fault injection and property checks"),
     "sweep": ("groupcluster.sim.sweep", "run simulation seeds nobody has run, on every stack, for N minutes"),
-    "tx": ("groupcluster.grid.tx_cli", "list and resolve in-doubt grid transactions on running members"),
+    "tx": ("groupcluster.grid.tx.cli", "list and resolve in-doubt grid transactions on running members"),
     "check": ("groupcluster.sim.check_cli", "run the property checkers over recorded history files"),
     "bench": ("groupcluster.bench.cli", "benchmarks: our stack side by side with JGroups, PySyncObj and raw TCP"),
     "operator": ("groupcluster_operator.cli", "run the Kubernetes operator for GroupCluster resources (kopf)"),

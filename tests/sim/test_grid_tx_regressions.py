@@ -1,6 +1,6 @@
 """Grid-tx seeds that once broke a property replay here (``groupcluster sim --stack grid-tx --seeds 1 --start S``).
 
-Each entry names what the seed found; the fix is in grid/node/ or grid/tx.py (with a unit test in
+Each entry names what the seed found; the fix is in grid/node/ or grid/tx/ (with a unit test in
 tests/unit/test_grid_node_tx.py where the case can be built by hand), or in the checkers
 (sim/grid/tx_checkers.py, tested in tests/sim/test_grid_tx_checkers.py) when the run was right and the judgement
 wrong.
@@ -27,7 +27,7 @@ COMMIT_OWNERS_GONE = (
     "the originator was cut off (a grid of its own) right after every owner voted YES; its view change dropped "
     "the unanswered commits and it reported the transaction committed with no owner having applied it; the "
     "owners, in doubt, were rolled back by the operator: a committed write lost (now: a commit whose owner left "
-    "unacknowledged completes only once the next topology's owners acknowledged it; grid/tx.py)"
+    "unacknowledged completes only once the next topology's owners acknowledged it; grid/tx/coordinator.py)"
 )
 TOPOLOGY_BEFORE_VIEW = (
     "the coordinator member installed the topology without a departed participant before its transactions saw "
@@ -52,7 +52,7 @@ RESOLVER_IS_ORIGINATOR = (
     "automatic resolution: the originator came back (a partition healed) and was the view coordinator; its "
     "resolver's commits were ignored by the participants in doubt, which ignore the originator's own late "
     "decisions, so the transaction stayed in doubt for good (now a resolver's TX_COMMIT/TX_ROLLBACK is marked "
-    "resolved and taken from any sender; grid/tx.py)"
+    "resolved and taken from any sender; grid/tx/participant.py)"
 )
 VIEW_BEHIND = (
     "automatic resolution: in the round right after the originator's crash, one participant had not installed "
@@ -109,7 +109,7 @@ REFETCH_AFTER_COMMIT = (
     "emptied for a fresh transfer); the transfer came from an owner the commit had not reached yet, with c5's "
     "older value, and the originator's repeated commit was taken as a duplicate (c5 on record as applied): two "
     "owners kept different values for good (now a committed record forgets what a dropped or emptied copy "
-    "lost, and a repeated commit or pushed lock information applies it again; grid/tx.py, forget_applied)"
+    "lost, and a repeated commit or pushed lock information applies it again; grid/tx/participant.py, forget_applied)"
 )
 
 OWN_COMMIT_DONE = (
@@ -117,7 +117,7 @@ OWN_COMMIT_DONE = (
     "c2's write without a version at the merge to the new primary, the transaction's originator, which held c2 "
     "for a commit to bring the version; its own commit was complete (every owner had acknowledged it), so none "
     "came, and the pusher left with its in-doubt record: c2 locked for good (now the originator releases such "
-    "keys of its completed commits; grid/tx.py, settle_own)"
+    "keys of its completed commits; grid/tx/participant.py, settle_own)"
 )
 
 REPEAT_AFTER_TRANSFER = (

@@ -33,7 +33,7 @@ from groupcluster.core.stack import Stack
 from groupcluster.core.view import View, ViewId
 from groupcluster.core.wire import decode_frame, encode_messages
 from groupcluster.grid import messages as grid_messages
-from groupcluster.grid import tx_messages as tm
+from groupcluster.grid.tx import messages as tm
 from groupcluster.protocols import sequencer as _sequencer  # noqa: F401  # registers the sequencer
 from groupcluster.protocols.flow import MULTICAST, REPLENISH, UNICAST, FlowHeader
 from groupcluster.protocols.frag import FragHeader

@@ -80,7 +80,7 @@ def test_every_message_round_trips_in_one_payload() -> None:
 
 
 def _tx_messages() -> list[object]:
-    from groupcluster.grid import tx_messages as tm
+    from groupcluster.grid.tx import messages as tm
 
     tx = tm.TxId(A, 7)
     info = tm.TxRecordInfo(tx, 2, tm.INFO_PREPARED, True, (b"k",), ((b"k", b"v"),), ((b"k", 1 << 40),))

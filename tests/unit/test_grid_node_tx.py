@@ -30,8 +30,9 @@ from groupcluster.grid.node import (
     Outgoing,
 )
 from groupcluster.grid.topology import Availability, CacheTopology, PartitionHandling, Phase
-from groupcluster.grid.tx import TxState, termination_decision
-from groupcluster.grid.tx_messages import TxCommit, TxId, TxLockInfo, TxPrepare, TxReportAnswer, TxReportRequest
+from groupcluster.grid.tx.messages import TxCommit, TxId, TxLockInfo, TxPrepare, TxReportAnswer, TxReportRequest
+from groupcluster.grid.tx.participant import TxState
+from groupcluster.grid.tx.resolution import termination_decision
 
 from .test_grid_node import CONFIG, FakeNet
 

@@ -139,7 +139,7 @@ from .runtime import (
     GridTxUnknown,
     GridUnavailable,
 )
-from .tx_messages import TxId
+from .tx.messages import TxId
 
 if TYPE_CHECKING:
     from ..runtime.channel import Channel

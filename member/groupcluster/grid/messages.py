@@ -25,7 +25,7 @@ from ..core.validate import MAX_INT, as_bool, as_bytes, as_int, as_list, as_str
 from ..core.wire import unpack_bounded
 from .consistent_hash import MAX_SEGMENTS
 from .topology import CacheTopology, MemberStatus
-from .tx_messages import (
+from .tx.messages import (
     TX_TYPES,
     TxAck,
     TxCommit,
@@ -46,7 +46,7 @@ from .tx_messages import (
 # 2: XFER_DATA carries its entries as one packed chunk (:class:`EntryChunk`) instead of a list per entry.
 # 3: operations, responses, backups and their acknowledgements travel as batches (CMD_BATCH, RSP_BATCH,
 #    BACKUP_BATCH, BACKUP_ACK_BATCH: one message per destination and step, fields as columns).
-# 4: the transaction messages (types 20-27, grid/tx_messages.py) share the payload, and answers carry the
+# 4: the transaction messages (types 20-27, grid/tx/messages.py) share the payload, and answers carry the
 #    version of the entry a GET read (RSP and RSP_BATCH gain a version field; 0 when absent or not a GET).
 # 5: topologies carry the grid's id and the re-stamp topology of the last merge of grids that never met
 #    (CacheTopology.grid_id, restamp), so the members of a merged group order those grids' writes by time.

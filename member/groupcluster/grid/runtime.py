@@ -70,8 +70,8 @@ from .messages import DELETE, GET, PUT
 from .node import EVENT_KINDS, EntryEvents, GridConfig, GridNode, OpResult, _PendingWrite
 from .store import FREE_AT_ONCE, SEQ_BITS, Segment, SegmentStore, version_topology
 from .topology import Availability, CacheTopology, Phase
-from .tx import InDoubt, TxReport
-from .tx_messages import TxId
+from .tx.messages import TxId
+from .tx.participant import InDoubt, TxReport
 
 if TYPE_CHECKING:
     from ..runtime.channel import Channel

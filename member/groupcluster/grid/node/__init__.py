@@ -39,14 +39,14 @@ Where a rule lives (one part per file, each holding its own state):
   across topologies, merge and repair pushes;
 * ``transfer_in.py``: inbound state transfer (the state consumer): fetches, chunks applied, pacing;
 * ``transfer_out.py``: outbound state transfer (the state provider): windowed streams of chunks;
-* ``transactions.py``: the transaction calls and the glue to the state machines of ``grid/tx.py``;
+* ``transactions.py``: the transaction calls and the glue to the state machines of ``grid/tx/``;
 * ``capacity.py``: the max_entries and max_bytes bounds; ``expiry.py``: expired entries and tombstones;
 * ``restore.py``: what a persistent store brought back; ``events.py``: entry events;
 * ``config.py``: :class:`GridConfig`; ``results.py``: what the driver collects; ``routes.py``: per-topology
   routing answers.
 """
 
-from ..tx import (
+from ..tx.reasons import (
     REASON_CONFLICT,
     REASON_ERROR,
     REASON_FULL,

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..tx import (
-    REASON_FULL,
-)
+from ..tx.reasons import REASON_FULL
 
 if TYPE_CHECKING:
     from .facade import GridNode

@@ -8,7 +8,7 @@ from typing import Any
 from ...core.config import param, parse_params
 from ..consistent_hash import DEFAULT_OWNERS, DEFAULT_SEGMENTS, MAX_OWNERS, MAX_SEGMENTS
 from ..topology import PartitionHandling
-from ..tx import LockingMode, TxConfig
+from ..tx.config import LockingMode, TxConfig
 
 MAX_CAPACITY = 1_000_000.0  # a member's capacity factor is in [0, MAX_CAPACITY]
 

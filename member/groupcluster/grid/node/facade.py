@@ -51,14 +51,8 @@ from ..topology import (
     Phase,
     RebalancePlanner,
 )
-from ..tx import (
-    InDoubt,
-    TxCoordinator,
-    TxReport,
-    TxResolver,
-    TxTable,
-)
-from ..tx_messages import (
+from ..tx.coordinator import TxCoordinator
+from ..tx.messages import (
     TxAck,
     TxCommit,
     TxId,
@@ -71,7 +65,9 @@ from ..tx_messages import (
     TxRollback,
     TxVote,
 )
-from ..tx_messages import approx_size as _tx_approx_size
+from ..tx.messages import approx_size as _tx_approx_size
+from ..tx.participant import InDoubt, TxReport, TxTable
+from ..tx.resolution import TxResolver
 from .capacity import EntryBounds
 from .config import MAX_CAPACITY, GridConfig
 from .events import EVENT_WRITTEN, EntryEventLog, EntryEvents

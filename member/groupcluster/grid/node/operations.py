@@ -22,13 +22,7 @@ from ..messages import (
     Response,
     ResponseBatch,
 )
-from ..tx import (
-    REASON_ERROR,
-    REASON_FULL,
-    REASON_LOCKED,
-    REASON_TIMEOUT,
-    REASON_UNAVAILABLE,
-)
+from ..tx.reasons import REASON_ERROR, REASON_FULL, REASON_LOCKED, REASON_TIMEOUT, REASON_UNAVAILABLE
 from .expiry import _check_expires
 from .results import OpResult
 

@@ -33,9 +33,7 @@ from ..store import (
 from ..topology import (
     CacheTopology,
 )
-from ..tx import (
-    REASON_LOCKED,
-)
+from ..tx.reasons import REASON_LOCKED
 from .operations import _PRIMARY_CUTOFF_ERROR
 from .routes import _fetching, _Routes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...core.address import Address
-from ..tx_messages import TxId
+from ..tx.messages import TxId
 
 # OpResult.kind of the transaction calls (never on the wire: operations on the wire are GET, PUT, DELETE).
 TX_LOCK_OP, TX_COMMIT_OP, TX_ROLLBACK_OP = 16, 17, 18

@@ -1,10 +1,10 @@
 """The node's transaction glue (docs/grid-transactions.md): the ``tx_*`` calls, the participant table's and the
 originator's callbacks and outputs, lock information handed between primaries, and in-doubt resolution.
 
-The state machines are in ``grid/tx.py`` (:class:`~..tx.TxTable`, :class:`~..tx.TxCoordinator`,
-:class:`~..tx.TxResolver`, held by the node as ``tx``, ``txc``, ``txr``); this part holds what ties them to
-the node: pending calls by transaction, finished transactions kept for late calls, lock information pushed
-and awaited, and ``tx_resolve_all`` queries."""
+The state machines are in ``grid/tx/`` (:class:`~..tx.participant.TxTable`,
+:class:`~..tx.coordinator.TxCoordinator`, :class:`~..tx.resolution.TxResolver`, held by the node as ``tx``,
+``txc``, ``txr``); this part holds what ties them to the node: pending calls by transaction, finished
+transactions kept for late calls, lock information pushed and awaited, and ``tx_resolve_all`` queries."""
 
 from __future__ import annotations
 
@@ -22,29 +22,8 @@ from ..store import (
 from ..topology import (
     CacheTopology,
 )
-from ..tx import (
-    REASON_CONFLICT,
-    REASON_FULL,
-    REASON_LOCK_TIMEOUT,
-    REASON_MIXED,
-    REASON_ROLLED_BACK,
-    REASON_TIMEOUT,
-    REASON_UNAVAILABLE,
-    CoordState,
-    InDoubt,
-    ResolverOutput,
-    TxDecided,
-    TxLocked,
-    TxOutcome,
-    TxOutput,
-    TxReport,
-    TxSend,
-    TxState,
-    decision,
-    report_info,
-    resolution,
-)
-from ..tx_messages import (
+from ..tx.coordinator import CoordState
+from ..tx.messages import (
     NO,
     TxAck,
     TxCommit,
@@ -60,6 +39,18 @@ from ..tx_messages import (
     TxVote,
     VersionedWrite,
 )
+from ..tx.outputs import TxLocked, TxOutcome, TxOutput, TxSend
+from ..tx.participant import InDoubt, TxReport, TxState
+from ..tx.reasons import (
+    REASON_CONFLICT,
+    REASON_FULL,
+    REASON_LOCK_TIMEOUT,
+    REASON_MIXED,
+    REASON_ROLLED_BACK,
+    REASON_TIMEOUT,
+    REASON_UNAVAILABLE,
+)
+from ..tx.resolution import ResolverOutput, TxDecided, decision, report_info, resolution
 from .results import TX_COMMIT_OP, TX_LOCK_OP, TX_RESOLVE_OP, TX_ROLLBACK_OP, OpResult
 
 if TYPE_CHECKING:

@@ -53,8 +53,10 @@ from typing import Any
 
 from ...grid.messages import GET
 from ...grid.node import GridConfig, OpResult
-from ...grid.tx import REASON_MIXED, CoordState, resolution, termination_decision
-from ...grid.tx_messages import TxId
+from ...grid.tx.coordinator import CoordState
+from ...grid.tx.messages import TxId
+from ...grid.tx.reasons import REASON_MIXED
+from ...grid.tx.resolution import resolution, termination_decision
 from ..checkers import Violation
 from ..scenario import Scenario
 from ..world import RUNNING, Node

@@ -32,8 +32,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from ..runtime.member_cli import _token_file
-from .client import normalize_endpoint
+from ...runtime.member_cli import _token_file
+from ..client import normalize_endpoint
 
 
 class CliError(Exception):

@@ -8,13 +8,13 @@ The types are TX_LOCK (pessimistic: lock keys before the commit), TX_PREPARE, TX
 TX_COMMIT, TX_ROLLBACK, TX_ACK (the answer to both) and TX_LOCK_INFO (state transfer: the transactions that
 hold or wait for locks in given segments). A transaction id is ``[originator address, sequence]``.
 
-Inside a member these messages travel in the grid payload (:mod:`.messages`, format 5), under their own type
+Inside a member these messages travel in the grid payload (:mod:`..messages`, format 5), under their own type
 numbers (20 and up, apart from the grid's); :func:`tx_to_wire` and :func:`decode_tx_message` are the per-message
 halves the grid codec uses. The standalone payload (:func:`encode_tx_payload`) is what the core's unit tests
 exchange. TX_INFO_ACK acknowledges a TX_LOCK_INFO: the pushing owner re-sends the information until the new
 primary acknowledges it, since a new primary blocks lock acquisition until it has it. TX_REPORT_REQ and
 TX_REPORT are the automatic resolution of in-doubt transactions: the view coordinator asks every member for
-its reports, and decides from all of them (grid/tx.py, :class:`~.tx.TxResolver`).
+its reports, and decides from all of them (:class:`~.resolution.TxResolver`).
 
 :func:`decode_tx_payload` checks every field and every size a peer controls and raises
 :class:`~groupcluster.core.errors.WireError` naming the bad field.
@@ -28,11 +28,11 @@ from typing import Any
 
 import msgpack
 
-from ..core.address import Address
-from ..core.errors import WireError
-from ..core.validate import MAX_INT, as_address, as_bool, as_bytes, as_int, as_list, as_str
-from ..core.wire import unpack_bounded
-from .consistent_hash import MAX_SEGMENTS
+from ...core.address import Address
+from ...core.errors import WireError
+from ...core.validate import MAX_INT, as_address, as_bool, as_bytes, as_int, as_list, as_str
+from ...core.wire import unpack_bounded
+from ..consistent_hash import MAX_SEGMENTS
 
 TX_FORMAT_VERSION = 1
 
