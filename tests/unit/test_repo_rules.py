@@ -1,4 +1,5 @@
-"""Rules of the repository's layout that no linter checks: no module imports a test module.
+"""Rules of the test layout that no linter checks: no module imports a test module, and every test carries the
+marker of its directory (integration, e2e, spark).
 
 A test module (``test_*.py``) holds tests; what several of them share (fakes, fixtures' helpers, generators)
 lives in a harness module beside them (tests/unit/harness.py, gridnet.py, fuzzwire.py,
@@ -10,6 +11,8 @@ twice.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,3 +87,31 @@ def test_the_rule_sees_every_way_of_importing_a_test_module() -> None:
     ]
     for source in good:
         assert not imports_of_test_modules(here, source), source
+
+
+def _collected(*args: str) -> list[str]:
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode in (0, 5), f"collection failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+    return [line.split("::")[0] for line in res.stdout.splitlines() if "::" in line]
+
+
+def test_every_test_carries_the_marker_of_its_directory() -> None:
+    """tests/conftest.py marks by directory, so ``-m`` picks a kind of test without the files saying so."""
+    files = [
+        "tests/unit/test_config.py",
+        "tests/sim/test_sim_world.py",
+        "tests/integration/test_real_bad_input.py",
+        "tests/e2e/test_localkube_rules.py",
+        "tests/spark/test_spark_plan.py",
+    ]
+    for marker in ("integration", "e2e", "spark"):
+        got = set(_collected("-m", marker, *files))
+        assert got == {f for f in files if f.startswith(f"tests/{marker}/")}, (marker, got)
+    pure = set(_collected("-m", "not integration and not e2e and not spark", *files))
+    assert pure == {"tests/unit/test_config.py", "tests/sim/test_sim_world.py"}
