@@ -257,18 +257,22 @@ def check_frame_decoder(data: bytes) -> str:
     try:
         decode_frame(data, SIM_CLUSTER)
     except WireError as exc:
-        assert str(exc).startswith("frame"), f"rejection does not name the field: {exc}"
-        return "rejected"
-    return "ok"
+        rejection = str(exc)
+    else:
+        return "ok"
+    assert rejection.startswith("frame"), f"rejection does not name the field: {rejection}"
+    return "rejected"
 
 
 def check_grid_decoder(data: bytes) -> str:
     try:
         grid_messages.decode_payload(data)
     except WireError as exc:
-        assert str(exc).startswith("grid"), f"rejection does not name the field: {exc}"
-        return "rejected"
-    return "ok"
+        rejection = str(exc)
+    else:
+        return "ok"
+    assert rejection.startswith("grid"), f"rejection does not name the field: {rejection}"
+    return "rejected"
 
 
 def check_header_decoder(pid: int, value: Any) -> str:
