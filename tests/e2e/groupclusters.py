@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .conftest import Kube, wait_for
+from .kubeharness import Kube, wait_for
 
 CLUSTER_LABEL = "groupcluster.io/cluster"
 

@@ -29,8 +29,8 @@ import pytest
 from groupcluster.grid.client import GridClient
 from groupcluster_operator.planner import failure_backoff
 
-from .conftest import Kube, wait_for
 from .groupclusters import CLUSTER_LABEL, gc_events, get_gc, member_pods, settled, wait_settled
+from .kubeharness import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "groupcluster"

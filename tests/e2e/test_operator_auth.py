@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 from groupcluster.grid.client import GridClient
 
-from .conftest import Kube, wait_for
 from .groupclusters import gc_events, get_gc, member_pods, wait_settled
+from .kubeharness import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "groupcluster"

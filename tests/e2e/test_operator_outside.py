@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import Kube, wait_for
 from .groupclusters import member_pods, wait_settled
+from .kubeharness import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "groupcluster"

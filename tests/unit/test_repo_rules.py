@@ -1,11 +1,11 @@
-"""Rules of the test layout that no linter checks: no module imports a test module, and every test carries the
-marker of its directory (integration, e2e, spark).
+"""Rules of the test layout that no linter checks: no module imports a test module or a conftest.py, and every
+test carries the marker of its directory (integration, e2e, spark).
 
 A test module (``test_*.py``) holds tests; what several of them share (fakes, fixtures' helpers, generators)
 lives in a harness module beside them (tests/unit/harness.py, gridnet.py, fuzzwire.py,
-tests/integration/procs.py, tests/e2e/groupclusters.py, ...). A test module imported from elsewhere ties every
+tests/integration/procs.py, tests/e2e/kubeharness.py, ...). A test module imported from elsewhere ties every
 importer to the test's own imports and module-level set-up, and a test function imported by name is collected
-twice.
+twice. A conftest.py is pytest's to load (as a plugin, once per directory): its fixtures reach tests by name.
 """
 
 from __future__ import annotations
@@ -25,15 +25,19 @@ def _module_parts(path: Path) -> list[str]:
     return list(path.relative_to(REPO).with_suffix("").parts)
 
 
+def _is_test_module(parts: list[str]) -> bool:
+    return any(p.startswith("test_") or p == "conftest" for p in parts)
+
+
 def imports_of_test_modules(path: Path, source: str) -> list[str]:
-    """The imports in ``source`` (the text of ``path``) that name a test module of this repository."""
+    """The imports in ``source`` (the text of ``path``) that name a test module or a conftest of this repository."""
     found: list[str] = []
     package = _module_parts(path)[:-1]
     for node in ast.walk(ast.parse(source, filename=str(path))):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if parts[0] == "tests" and any(p.startswith("test_") for p in parts):
+                if parts[0] == "tests" and _is_test_module(parts):
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}: import {alias.name}")
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -44,10 +48,10 @@ def imports_of_test_modules(path: Path, source: str) -> list[str]:
             if not target or target[0] != "tests":
                 continue
             names = [a.name for a in node.names]
-            if any(p.startswith("test_") for p in target):
+            if _is_test_module(target):
                 found.append(f"{path.relative_to(REPO)}:{node.lineno}: from {'.' * node.level}{node.module or ''}")
             for name in names:
-                if name.startswith("test_") and REPO.joinpath(*target, f"{name}.py").is_file():
+                if _is_test_module([name]) and REPO.joinpath(*target, f"{name}.py").is_file():
                     found.append(f"{path.relative_to(REPO)}:{node.lineno}: imports test module {name}")
     return found
 
@@ -61,7 +65,8 @@ def _python_files() -> list[Path]:
 
 def test_no_module_imports_a_test_module() -> None:
     offenders = [hit for path in _python_files() for hit in imports_of_test_modules(path, path.read_text())]
-    assert not offenders, "move what they share into a harness module (not test_*.py):\n" + "\n".join(offenders)
+    hint = "move what they share into a harness module (not test_*.py, not conftest.py):\n"
+    assert not offenders, hint + "\n".join(offenders)
 
 
 def test_the_rule_sees_every_way_of_importing_a_test_module() -> None:
@@ -74,6 +79,8 @@ def test_the_rule_sees_every_way_of_importing_a_test_module() -> None:
         "import tests.unit.test_grid_node",
         "from ..unit.test_grid_node import member",
         "def f():\n    from .test_grid_node_tx import TxNet\n",
+        "from .conftest import Kube",
+        "from tests.e2e.conftest import wait_for",
     ]
     for source in bad:
         assert imports_of_test_modules(here, source), source
@@ -81,6 +88,7 @@ def test_the_rule_sees_every_way_of_importing_a_test_module() -> None:
         "from .gridnet import FakeNet",
         "from .harness import LayerHarness",
         "from tests.integration.procs import Members",
+        "from .kubeharness import Kube, wait_for",
         "from . import seedruns",
         "from groupcluster.grid.node import GridNode",
         "import pytest",
