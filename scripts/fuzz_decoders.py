@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/fuzz_decoders.py [--inputs 1000000] [--seed 1] [--jobs 2] [--stack-frames 20000]
 
-The inputs come from the generators of tests/unit/test_fuzz_wire.py (arbitrary bytes; real frames captured from
+The inputs come from the generators of tests/unit/fuzzwire.py (arbitrary bytes; real frames captured from
 simulated fifo, vsync and total-order groups, mutated byte-wise and structurally; grid payloads of every message
 type, mutated the same ways; arbitrary values for every header decoder). Every decoder must return or raise
 WireError naming the field; anything else stops the run with a traceback (the work unit's seed replays it).
@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _chunk(args: tuple[int, int]) -> tuple[dict[str, dict[str, int]], float]:
-    from tests.unit import test_fuzz_wire as fz
+    from tests.unit import fuzzwire as fz
 
     n, seed = args
     start = time.perf_counter()
@@ -33,7 +33,7 @@ def _chunk(args: tuple[int, int]) -> tuple[dict[str, dict[str, int]], float]:
 def _stack_frames(n: int, seed: int) -> dict[str, int]:
     import random
 
-    from tests.unit import test_fuzz_wire as fz
+    from tests.unit import fuzzwire as fz
 
     fed: dict[str, int] = {}
     for preset in ("fifo", "vsync", "total-order"):
@@ -61,7 +61,7 @@ def main() -> int:
     parser.add_argument("--stack-frames", type=int, default=20_000)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    from tests.unit import test_fuzz_wire as fz
+    from tests.unit import fuzzwire as fz
 
     corpus = fz.frame_corpus()  # built once here; forked workers inherit it
     units = [(min(args.chunk, args.inputs - i), args.seed * 1_000_003 + k)

@@ -77,7 +77,8 @@ async def release_finalizers(api: KubeApi, namespaces: Sequence[str] | None) -> 
     return released
 
 
-async def stop_deployment(api: KubeApi, namespace: str, name: str, timeout: float = 120.0) -> bool:
+# A timeout parameter (ASYNC109): running out is an answer (False), not the error asyncio.timeout() raises.
+async def stop_deployment(api: KubeApi, namespace: str, name: str, timeout: float = 120.0) -> bool:  # noqa: ASYNC109
     """Scale the Deployment to 0 and wait until none of its pods is left; False if it is still running then.
 
     A missing Deployment counts as stopped.

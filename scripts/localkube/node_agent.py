@@ -156,8 +156,9 @@ class Container:
         env = self.pod.container_env(self.spec)
         argv = podspec.resolve_argv(self.spec, env)
         workdir = self.spec.get("workingDir")
-        cwd = workdir if workdir and os.path.isdir(workdir) else str(self.pod.dir)
-        logf = open(self.pod.log_path(self.name), "ab")  # noqa: SIM115 - the child owns a copy of the fd
+        # Local files, once per container start, before the child exists: nothing on the loop waits on them.
+        cwd = workdir if workdir and os.path.isdir(workdir) else str(self.pod.dir)  # noqa: ASYNC240
+        logf = open(self.pod.log_path(self.name), "ab")  # noqa: SIM115, ASYNC230 - the child owns a copy of the fd
         try:
             # Own session: signals reach the whole process group (a shell and its children).
             self.proc = await asyncio.create_subprocess_exec(
@@ -295,7 +296,8 @@ class Container:
         ok_min = int(probe.get("successThreshold", 1))
         await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
         if kind != "startup":
-            while not self.started:
+            # started is a flag that goes up and down with restarts; a probe's start may lag by 0.2 s.
+            while not self.started:  # noqa: ASYNC110
                 await asyncio.sleep(0.2)
         oks = fails = 0
         while True:
@@ -328,7 +330,8 @@ class Container:
                 return
             await asyncio.sleep(period)
 
-    async def _probe_once(self, probe: dict[str, Any], timeout: float) -> tuple[bool, str]:
+    # A timeout parameter (ASYNC109): the probe's timeoutSeconds; running out is a failed probe, not an error.
+    async def _probe_once(self, probe: dict[str, Any], timeout: float) -> tuple[bool, str]:  # noqa: ASYNC109
         try:
             if "httpGet" in probe:
                 g = probe["httpGet"]
@@ -1092,7 +1095,7 @@ class Agent:
             pos = path.stat().st_size
             while not self.stopping.is_set():
                 await asyncio.sleep(0.5)
-                with open(path, "rb") as f:
+                with open(path, "rb") as f:  # noqa: ASYNC230  a local log file the agent writes: reads do not block
                     f.seek(pos)
                     chunk = f.read()
                 if chunk:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from .conftest import Kube, wait_for
+from .kubeharness import Kube, wait_for
 
 # pytest-timeout counts the session fixture's set-up in the first test: on a machine whose cache lacks the
 # binaries that set-up includes the cold build (several minutes), so allow for it.

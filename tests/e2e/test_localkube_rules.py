@@ -37,7 +37,7 @@ def test_field_refs() -> None:
     assert get("spec.nodeName") == "n1"
     assert get("spec.serviceAccountName") == "sa"
     assert get("status.hostIP") == "127.0.0.1"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"unsupported fieldRef 'spec\.nonsense'"):
         get("spec.nonsense")
 
 

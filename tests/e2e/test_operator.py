@@ -29,29 +29,21 @@ import pytest
 from groupcluster.grid.client import GridClient
 from groupcluster_operator.planner import failure_backoff
 
-from .conftest import Kube, wait_for
+from .groupclusters import CLUSTER_LABEL, gc_events, get_gc, member_pods, settled, wait_settled
+from .kubeharness import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "groupcluster"
 KEYS = 10_000
-CLUSTER_LABEL = "groupcluster.io/cluster"
 
 # The session fixture's set-up (a cold build of the binaries on a fresh machine) counts in the first test.
 pytestmark = pytest.mark.timeout(1800)
 
 
-def _gc(kube: Kube, ns: str, name: str = "demo") -> dict[str, Any]:
-    return kube.json("get", "groupcluster", name, "-n", ns)
-
-
-def _member_pods(kube: Kube, ns: str, name: str = "demo") -> list[dict[str, Any]]:
-    return kube.json("get", "pods", "-n", ns, "-l", f"{CLUSTER_LABEL}={name}")["items"]
-
-
 def _initial_sizes(kube: Kube, ns: str) -> dict[str, str | None]:
     """Each member pod's ``--grid-set initial_cluster_size=N`` (None without one), by pod name."""
     out: dict[str, str | None] = {}
-    for pod in _member_pods(kube, ns):
+    for pod in member_pods(kube, ns):
         args = pod["spec"]["containers"][0]["args"]
         sets = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--grid-set"]
         sizes = [v.partition("=")[2] for v in sets if v.startswith("initial_cluster_size=")]
@@ -60,30 +52,8 @@ def _initial_sizes(kube: Kube, ns: str) -> dict[str, str | None]:
     return out
 
 
-def _settled(kube: Kube, ns: str, n: int) -> dict[str, Any] | None:
-    """The GroupCluster once n members are ready in one view and nothing is moving; else None."""
-    gc = _gc(kube, ns)
-    st = gc.get("status") or {}
-    conds = {c["type"]: c["status"] for c in st.get("conditions") or ()}
-    pods = [p for p in _member_pods(kube, ns) if not p["metadata"].get("deletionTimestamp")]
-    ok = (
-        st.get("phase") == "Running"
-        and st.get("replicas") == n
-        and st.get("readyReplicas") == n
-        and len(pods) == n
-        and conds.get("WellFormed") == "True"
-        and conds.get("Rebalancing") == "False"
-        and len(st.get("members") or ()) == n
-    )
-    return gc if ok else None
-
-
-def _wait_settled(kube: Kube, ns: str, n: int, timeout: float = 150) -> dict[str, Any]:
-    return wait_for(f"GroupCluster demo settled with {n} members", lambda: _settled(kube, ns, n), timeout, 1.0)
-
-
 def _client(kube: Kube, ns: str) -> GridClient:
-    urls = [f"http://{p['status']['podIP']}:8080" for p in _member_pods(kube, ns) if p["status"].get("podIP")]
+    urls = [f"http://{p['status']['podIP']}:8080" for p in member_pods(kube, ns) if p["status"].get("podIP")]
     return GridClient(urls, timeout=30)
 
 
@@ -103,15 +73,6 @@ def _check_all_keys(kube: Kube, ns: str, expected: dict[bytes, bytes], when: str
         client.close()
     missing = [k for k, v in expected.items() if got.get(k) != v]
     assert not missing, f"{when}: {len(missing)} of {len(expected)} keys lost or wrong, e.g. {missing[:3]}"
-
-
-def _events(kube: Kube, ns: str, reason: str, name: str | None = None) -> list[dict[str, Any]]:
-    items = kube.json("get", "events", "-n", ns, "--field-selector", f"reason={reason}")["items"]
-    return [
-        e
-        for e in items
-        if e["involvedObject"].get("kind") == "GroupCluster" and name in (None, e["involvedObject"].get("name"))
-    ]
 
 
 def _condition(gc: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -174,13 +135,13 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     kube.kubectl("apply", "-f", "-", input=json.dumps(manifest))
     # The Ready condition: kubectl can wait for it.
     kube.kubectl("wait", "--for=condition=Ready", "groupcluster/demo", "-n", ns, "--timeout=150s", timeout=180)
-    gc = _wait_settled(kube, ns, 3)
+    gc = wait_settled(kube, ns, 3)
     # The operator's first step came right after its start, not after kopf's retries of forbidden cluster-wide
     # scans (which took the ~54 s of KOPF_RETRY_SECONDS before anything happened).
     # From the first replica's start: the oldest one is the one at work.
     started = min(_time(o["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]) for o in ops)
     first_pod = min(
-        _time(p["metadata"]["creationTimestamp"]) for p in _member_pods(kube, ns) + _member_pods(kube, ns, "broken")
+        _time(p["metadata"]["creationTimestamp"]) for p in member_pods(kube, ns) + member_pods(kube, ns, "broken")
     )
     first_step = (first_pod - started).total_seconds()
     assert first_step < FIRST_STEP_BOUND < KOPF_RETRY_SECONDS, f"first member pod {first_step:.0f} s after the start"
@@ -229,7 +190,7 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
 
     # kubectl scale goes through the scale subresource.
     kube.kubectl("scale", "groupcluster/demo", "-n", ns, "--replicas=5")
-    gc = _wait_settled(kube, ns, 5)
+    gc = wait_settled(kube, ns, 5)
     scale = json.loads(
         kube.kubectl("get", "--raw", f"/apis/groupcluster.io/v1alpha1/namespaces/{ns}/groupclusters/demo/scale").stdout
     )
@@ -242,17 +203,17 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     _check_all_keys(kube, ns, expected, "after scaling to 5")
 
     # Kill a member's process outright (not the coordinator, so the survivors keep a majority either way).
-    victim = next(p for p in _member_pods(kube, ns) if p["metadata"]["name"] != gc["status"]["coordinator"])
+    victim = next(p for p in member_pods(kube, ns) if p["metadata"]["name"] != gc["status"]["coordinator"])
     uid, name = victim["metadata"]["uid"], victim["metadata"]["name"]
-    survivors = {p["metadata"]["name"] for p in _member_pods(kube, ns)} - {name}
+    survivors = {p["metadata"]["name"] for p in member_pods(kube, ns)} - {name}
     pids = kube.pod_pids(uid)
     assert pids, f"no process for pod {name}"
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    wait_for("a MemberDied event", lambda: _events(kube, ns, "MemberDied"), 60, 1.0)
+    wait_for("a MemberDied event", lambda: gc_events(kube, ns, "MemberDied"), 60, 1.0)
     wait_for(
         f"pod {name} replaced",
-        lambda: all(p["metadata"]["uid"] != uid for p in _member_pods(kube, ns)) and _settled(kube, ns, 5),
+        lambda: all(p["metadata"]["uid"] != uid for p in member_pods(kube, ns)) and settled(kube, ns, 5),
         150,
         1.0,
     )
@@ -263,29 +224,29 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
 
     # A member pod deleted by hand: it hands its data off and leaves, and the operator says it replaces it
     # (not "scaling up").
-    gc = _gc(kube, ns)
-    deleted = next(p for p in _member_pods(kube, ns) if p["metadata"]["name"] != gc["status"]["coordinator"])
+    gc = get_gc(kube, ns)
+    deleted = next(p for p in member_pods(kube, ns) if p["metadata"]["name"] != gc["status"]["coordinator"])
     name = deleted["metadata"]["name"]
     kube.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
-    wait_for("a MemberDeleted event", lambda: _events(kube, ns, "MemberDeleted"), 60, 1.0)
+    wait_for("a MemberDeleted event", lambda: gc_events(kube, ns, "MemberDeleted"), 60, 1.0)
     wait_for(
         f"pod {name} replaced",
         lambda: (
-            all(p["metadata"]["uid"] != deleted["metadata"]["uid"] for p in _member_pods(kube, ns))
-            and _settled(kube, ns, 5)
+            all(p["metadata"]["uid"] != deleted["metadata"]["uid"] for p in member_pods(kube, ns))
+            and settled(kube, ns, 5)
         ),
         150,
         1.0,
     )
-    created = [e["message"] for e in _events(kube, ns, "MemberCreated", "demo")]
+    created = [e["message"] for e in gc_events(kube, ns, "MemberCreated", "demo")]
     assert any(f"replacing {name} (pod deleted)" in m for m in created), created
     _check_all_keys(kube, ns, expected, "after a member pod was deleted and replaced")
 
     kube.kubectl("scale", "groupcluster/demo", "-n", ns, "--replicas=2")
-    gc = _wait_settled(kube, ns, 2, timeout=200)
-    assert {m["pod"] for m in gc["status"]["members"]} == {p["metadata"]["name"] for p in _member_pods(kube, ns)}
+    gc = wait_settled(kube, ns, 2, timeout=200)
+    assert {m["pod"] for m in gc["status"]["members"]} == {p["metadata"]["name"] for p in member_pods(kube, ns)}
     _check_all_keys(kube, ns, expected, "after scaling down to 2")
-    assert len(_events(kube, ns, "MemberLeft")) >= 3  # each of the leaves was graceful
+    assert len(gc_events(kube, ns, "MemberLeft")) >= 3  # each of the leaves was graceful
     # Fewer members than copies is refused (scale subresource included), naming the rule; 2 stay.
     res = kube.kubectl("scale", "groupcluster/demo", "-n", ns, "--replicas=1", check=False)
     assert res.returncode != 0 and "numOwners must not exceed replicas" in res.stderr, res.stderr
@@ -294,12 +255,12 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     # One of the last two members dies: the survivor holds every segment but only half of the last stable
     # members, so the grid is degraded (docs/operator.md, "Known limits"). The status says so, not "waiting for
     # a member to join".
-    victim = next(p for p in _member_pods(kube, ns) if p["metadata"]["name"] != gc["status"]["coordinator"])
+    victim = next(p for p in member_pods(kube, ns) if p["metadata"]["name"] != gc["status"]["coordinator"])
     for pid in kube.pod_pids(victim["metadata"]["uid"]):
         os.kill(pid, signal.SIGKILL)
 
     def grid_degraded() -> dict[str, Any] | None:
-        gc = _gc(kube, ns)
+        gc = get_gc(kube, ns)
         cond = _condition(gc, "Degraded")
         return gc if cond.get("status") == "True" and cond.get("reason") == "GridDegraded" else None
 
@@ -308,7 +269,7 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     assert st["phase"] == "Degraded" and st["message"].startswith("the grid is degraded: every segment still has")
     assert "to join" not in st["message"] and "reads and writes are refused" in st["message"], st["message"]
     assert _condition(gc, "Ready")["status"] == "False"
-    warned = _events(kube, ns, "GridDegraded", "demo")
+    warned = gc_events(kube, ns, "GridDegraded", "demo")
     assert warned and all(e["type"] == "Warning" and "force-available" in e["message"] for e in warned), warned
 
     # The API server rejects an invalid GroupCluster, naming each bad field.
@@ -349,7 +310,7 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
 
     # The broken GroupCluster, all along: its members were replaced with a back-off (without one this machine
     # made ~26 pods in 54 s, one per exit), and the reason is in its status, its Ready condition and events.
-    gc = _gc(kube, ns, "broken")
+    gc = get_gc(kube, ns, "broken")
     st, age = gc["status"], time.monotonic() - broken_applied
     print(f"broken GroupCluster: {st['failures']['count']} member exits in {age:.0f} s")
     # The schedule allows this many exits in `age` seconds (5 s doubling from the second on; +1 for the one that
@@ -365,10 +326,10 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
         assert ready["reason"] == "MemberFailing" and "next attempt in" in st["message"], st
         assert st["failures"]["failedPods"] and st["failures"]["retryAfter"]
     assert ready["status"] == "False"
-    died = _events(kube, ns, "MemberDied", "broken")
+    died = gc_events(kube, ns, "MemberDied", "broken")
     assert died and all(e["type"] == "Warning" for e in died)
     assert any("StartError" in e["message"] and "exits in a row" in e["message"] for e in died), died
-    assert len(_member_pods(kube, ns, "broken")) <= 2  # a failed pod kept for inspection, perhaps its successor
+    assert len(member_pods(kube, ns, "broken")) <= 2  # a failed pod kept for inspection, perhaps its successor
 
     # The operator's log at the chart's default level: its steps and warnings, no ERROR, none of kopf's per-run
     # "Timer ... succeeded" lines, no access-log line per liveness probe.
@@ -385,7 +346,7 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     # helm uninstall with a GroupCluster left: the pre-delete hook stops the operator and hands the cluster
     # over; it keeps its objects (nothing deletes them) and is no longer blocked by the operator's finalizer.
     kube.helm("uninstall", "gco", "-n", ns, "--wait", "--timeout", "120s")
-    gc = _gc(kube, ns, "broken")
+    gc = get_gc(kube, ns, "broken")
     assert "groupcluster.io/operator" not in (gc["metadata"].get("finalizers") or []), gc["metadata"]
     assert kube.json("get", "svc", "broken", "-n", ns)["metadata"]["name"] == "broken"
     kube.kubectl("delete", "groupcluster", "broken", "-n", ns, "--timeout=30s", timeout=60)

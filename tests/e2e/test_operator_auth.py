@@ -31,12 +31,11 @@ from typing import Any
 import pytest
 from groupcluster.grid.client import GridClient
 
-from .conftest import Kube, wait_for
-from .test_operator import _events, _gc, _member_pods, _wait_settled
+from .groupclusters import gc_events, get_gc, member_pods, wait_settled
+from .kubeharness import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "groupcluster"
-CLUSTER_LABEL = "groupcluster.io/cluster"
 
 # The session fixture's set-up (a cold build of the binaries on a fresh machine) counts in the first test.
 pytestmark = pytest.mark.timeout(1800)
@@ -100,7 +99,7 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
         "spec": {"replicas": 3, "auth": {"kvToken": True}, "stack": {"set": {"fd.timeout": "3s"}}},
     }
     kube.kubectl("apply", "-f", "-", input=json.dumps(manifest))
-    gc = _wait_settled(kube, ns, 3)
+    gc = wait_settled(kube, ns, 3)
     assert gc["spec"]["auth"] == {"enabled": True, "encrypt": False, "kvToken": True}  # the CRD's defaults
 
     # The Secret: the three keys, random, owned by the GroupCluster.
@@ -113,7 +112,7 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
     admin, kv = data["admin-token"], data["kv-token"]
 
     # Members mount it and authenticate every frame; the view holds exactly the three of them.
-    pods = _member_pods(kube, ns)
+    pods = member_pods(kube, ns)
     ips = [p["status"]["podIP"] for p in pods]
     for pod in pods:
         volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "auth")
@@ -186,11 +185,11 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
 
     # kubectl scale: the operator asks a member to leave with the admin token, the member leaves gracefully.
     kube.kubectl("scale", "groupcluster/demo", "-n", ns, "--replicas=2")
-    gc = _wait_settled(kube, ns, 2, timeout=200)
-    assert _events(kube, ns, "MemberLeft"), "the leave was not graceful"
-    refused = [e for e in _events(kube, ns, "StepFailed") if "401" in e.get("message", "")]
+    gc = wait_settled(kube, ns, 2, timeout=200)
+    assert gc_events(kube, ns, "MemberLeft"), "the leave was not graceful"
+    refused = [e for e in gc_events(kube, ns, "StepFailed") if "401" in e.get("message", "")]
     assert not refused, refused
-    client = GridClient([f"http://{p['status']['podIP']}:8080" for p in _member_pods(kube, ns)], timeout=30, token=kv)
+    client = GridClient([f"http://{p['status']['podIP']}:8080" for p in member_pods(kube, ns)], timeout=30, token=kv)
     try:
         got = client.get_many(list(expected))
     finally:
@@ -214,21 +213,21 @@ def test_operator_secret_tokens_foreign_member_scale_down_and_a_broken_existing_
     assert res.returncode != 0 and "need auth.enabled true" in res.stderr, res.stderr
 
     def degraded() -> dict[str, Any] | None:
-        cond = _condition(_gc(kube, ns, "broken"), "Degraded")
+        cond = _condition(get_gc(kube, ns, "broken"), "Degraded")
         return cond if cond.get("status") == "True" else None
 
     cond = wait_for("GroupCluster broken to be Degraded", degraded, 60, 1.0)
     assert cond["reason"] == "AuthSecretInvalid"
     assert f"Secret {ns}/partial lacks the key(s) admin-token" in cond["message"], cond
-    warned = [e for e in _events(kube, ns, "AuthSecretInvalid") if e["involvedObject"]["name"] == "broken"]
+    warned = [e for e in gc_events(kube, ns, "AuthSecretInvalid") if e["involvedObject"]["name"] == "broken"]
     assert warned and "partial" in warned[0]["message"] and "admin-token" in warned[0]["message"]
-    assert _gc(kube, ns, "broken")["status"]["phase"] == "Degraded"
-    assert not _member_pods(kube, ns, "broken")
+    assert get_gc(kube, ns, "broken")["status"]["phase"] == "Degraded"
+    assert not member_pods(kube, ns, "broken")
     # The operator never writes a Secret it did not create.
     assert set(_secret_data(kube, ns, "partial")) == {"cluster-secret"}
     patch = {"stringData": {"admin-token": "t" * 43}}
     kube.kubectl("patch", "secret", "partial", "-n", ns, "--type=merge", "-p", json.dumps(patch))
-    wait_for("a member pod once the Secret is fixed", lambda: _member_pods(kube, ns, "broken"), 60, 1.0)
+    wait_for("a member pod once the Secret is fixed", lambda: member_pods(kube, ns, "broken"), 60, 1.0)
     kube.kubectl("delete", "groupcluster", "broken", "-n", ns, "--timeout=150s", timeout=180)  # see test_operator
 
     # Deleting the GroupCluster removes its Secret with everything else it owned.

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Kube, wait_for
+from .kubeharness import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "groupcluster"

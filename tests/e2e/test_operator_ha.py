@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from groupcluster.grid.client import GridClient
 
-from .conftest import Kube, wait_for
+from .kubeharness import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_LABEL = "groupcluster.io/cluster"

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import Kube, wait_for
-from .test_operator import _member_pods, _wait_settled
+from .groupclusters import member_pods, wait_settled
+from .kubeharness import Kube, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "groupcluster"
@@ -114,12 +114,12 @@ def test_operator_outside_the_cluster_with_an_exec_credential_plugin(
             "spec": {"replicas": 2, "stack": {"set": {"fd.timeout": "3s"}}},
         }
         kube.kubectl("apply", "-f", "-", input=json.dumps(manifest))
-        gc = _wait_settled(kube, ns, 2)
+        gc = wait_settled(kube, ns, 2)
         assert gc["status"]["phase"] == "Running"
         log = log_path.read_text(errors="replace")
         assert f"watching GroupClusters in {ns} at {kube.server}" in log, log
         # The members found each other through the API server (discovery in the pods, their own account).
-        members = {p["metadata"]["name"] for p in _member_pods(kube, ns)}
+        members = {p["metadata"]["name"] for p in member_pods(kube, ns)}
         assert len(members) == 2 and len(gc["status"]["members"]) == 2
         runs_before = len(plugin_log.read_text().splitlines())
         assert runs_before >= 1
@@ -129,7 +129,7 @@ def test_operator_outside_the_cluster_with_an_exec_credential_plugin(
         kube.kubectl("delete", "secret", "operator-token-1", "-n", ns)
         time.sleep(2)  # the API server's view of the bound Secret catches up
         kube.kubectl("patch", "groupcluster", "demo", "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":3}}')
-        gc = _wait_settled(kube, ns, 3, timeout=240)
+        gc = wait_settled(kube, ns, 3, timeout=240)
         assert gc["status"]["phase"] == "Running"
         wait_for(
             "the plugin asked again after the revocation",

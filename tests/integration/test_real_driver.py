@@ -22,9 +22,10 @@ def placeholder(ch: Channel) -> Address:
     return Address(ch.address.host, ch.address.port, 0)
 
 
-async def _wait(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+async def _wait(predicate) -> None:  # type: ignore[no-untyped-def]
+    """Poll until ``predicate`` holds; AssertionError after 5 s."""
     loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
+    end = loop.time() + 5.0
     while not predicate():
         if loop.time() > end:
             raise AssertionError("timed out")
@@ -140,8 +141,8 @@ def test_bad_configuration_is_refused_before_binding() -> None:
     async def main() -> None:
         with pytest.raises(ConfigError, match=r"transport: 'sctp' is not allowed; allowed values: udp, tcp"):
             await Channel.connect("drv", bind=("127.0.0.1", 0), stack=BARE, transport="sctp")
+        big = [{"layer": "transport", "max_frame_size": "1MiB"}]
         with pytest.raises(ConfigError, match=r"max_frame_size: .* too large for UDP"):
-            big = [{"layer": "transport", "max_frame_size": "1MiB"}]
             await Channel.connect("drv", bind=("127.0.0.1", 0), stack=big)
         with pytest.raises(ConfigError, match=r"unknown key 'max_frame'"):
             await Channel.connect("drv", bind=("127.0.0.1", 0), stack=[{"layer": "transport", "max_frame": 10}])

@@ -240,14 +240,14 @@ def test_run_transaction_reruns_on_conflict_and_async_form(three: list[str]) -> 
         assert c.get(b"counter") == b"11"
         assert c.stats.get("tx_reruns") == 1
         # A conflict is not retried silently outside run_transaction: it raises with the reason.
-        with pytest.raises(GridTxConflict) as err, c.transaction() as tx:
+        with pytest.raises(GridTxConflict) as err, c.transaction() as tx:  # noqa: PT012  the commit at the block's end raises
             tx.get(b"counter")
             c.put(b"counter", b"99")
             tx.put(b"counter", b"stale")
         assert err.value.reason == "conflict" and err.value.status == 409 and err.value.tx
         assert c.get(b"counter") == b"99"
         # An exception inside the block rolls back: nothing written.
-        with pytest.raises(RuntimeError), c.transaction("pessimistic") as tx:
+        with pytest.raises(RuntimeError), c.transaction("pessimistic") as tx:  # noqa: PT012  rolled back as the error leaves the block
             tx.put(b"counter", b"never")
             raise RuntimeError("boom")
         assert c.get(b"counter") == b"99"
@@ -261,7 +261,7 @@ def test_run_transaction_reruns_on_conflict_and_async_form(three: list[str]) -> 
             tx.put(b"tomb", b"y")
         assert c.get(b"tomb") == b"y"
         # Reading a key absent in a transaction, then someone creating it: a conflict.
-        with pytest.raises(GridTxConflict), c.transaction() as tx:
+        with pytest.raises(GridTxConflict), c.transaction() as tx:  # noqa: PT012  the commit at the block's end raises
             assert tx.get(b"fresh") is None
             c.put(b"fresh", b"first")
             tx.put(b"fresh", b"second")

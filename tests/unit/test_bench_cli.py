@@ -57,14 +57,14 @@ def test_throughput_counts_from_the_first_send_anywhere() -> None:
         report(2, 1000, last=14.0, send_start=None),
     ]
     assert model.throughput(reports) == pytest.approx(500.0)  # median of 1000, 500, 250
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no member reported a send start"):
         model.throughput([report(0, 10, last=1.0, send_start=None)])
 
 
 def test_latency_is_the_median_of_member_percentiles() -> None:
     reports = [report(i, 10, last=1.0, p50_us=1000.0 * (i + 1), p99_us=5000.0 * (i + 1)) for i in range(3)]
     assert model.latency(reports) == (2.0, 10.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no member reported latency samples"):
         model.latency([report(0, 10, last=1.0)])
 
 
@@ -104,7 +104,7 @@ def test_validate_json_names_the_problems() -> None:
     assert any("value" in p for p in problems)
     assert any("redis" in p for p in problems)
     assert any("results[1]" in p for p in problems)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="w/groupcluster: no samples"):
         model.aggregate("w", "groupcluster", "ms", [])
 
 

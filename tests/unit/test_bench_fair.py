@@ -23,7 +23,7 @@ def test_interleave_runs_warmups_first_and_takes_turns_per_round() -> None:
 
 
 def test_interleave_rejects_no_measured_round() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="need warmup >= 0 and rounds >= 1"):
         fair.interleave(["a"], warmup=1, rounds=0)
     assert fair.interleave(["a"], warmup=0, rounds=1) == [(1, "a", True)]
 
@@ -33,7 +33,7 @@ def test_summarize_gives_median_spread_and_quartiles() -> None:
     assert s == {"n": 5, "median": 3.0, "min": 1.0, "max": 5.0, "q1": 2.0, "q3": 4.0}
     one = fair.summarize([7])
     assert one["median"] == one["min"] == one["max"] == one["q1"] == one["q3"] == 7.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no samples"):
         fair.summarize([])
 
 
@@ -103,7 +103,7 @@ def test_bundler_capacity_is_the_only_change_of_the_tuned_row() -> None:
     used = fair.jgroups_config(STOCK, bundler_capacity=262144)
     assert '<TCP bundler.capacity="262144" bind_addr=' in used
     assert used.replace(' bundler.capacity="262144"', "") == STOCK
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no FRAG2 line to insert SEQUENCER below"):
         fair.jgroups_config("<config/>", sequencer=True)
 
 

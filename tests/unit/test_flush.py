@@ -189,7 +189,7 @@ def test_second_round_waits_end_flush_timeout_and_failure_carries_retry_timeout(
 
 
 @pytest.mark.parametrize(
-    "wire, message",
+    ("wire", "message"),
     [
         ([FLUSH_OK, [["h", 1, 1], 1], [], None, [], None], "without a digest"),
         ([START_FLUSH, [["h", 1, 1], 1], [], None, [], [1, ["h", 1, 1]]], "without participants"),
@@ -355,7 +355,7 @@ def test_a_successor_acting_on_a_false_suspicion_is_refused_and_the_coordinator_
 
 
 @pytest.mark.parametrize(
-    "view, src, participants",
+    ("view", "src", "participants"),
     [
         ((P1, P2, ME), P2, (P1, P2, ME)),  # it still flushes P1 itself: P1 outranks it
         ((P1, ME, P2), P2, (P2, ME)),  # we come before it and are alive

@@ -207,7 +207,7 @@ def test_a_view_that_adds_us_as_a_joiner_is_ignored_once_we_are_a_member() -> No
 
 
 @pytest.mark.parametrize(
-    "wire, message",
+    ("wire", "message"),
     [
         ([VIEW, None, None, None, None, None, None, 0], "without a view"),
         ([99, None, None, None, None, None, None, 0], "gms.kind"),
@@ -268,7 +268,7 @@ def test_explicit_flush_at_the_coordinator_flushes_then_installs_a_view_of_the_s
     assert views and views[-1].members == (ME, P1, P2) and views[-1].view_id.seq == 4
 
 
-@pytest.mark.parametrize("spec, start", [(FLUSHING, 6), (SPEC, 0)])
+@pytest.mark.parametrize(("spec", "start"), [(FLUSHING, 6), (SPEC, 0)])
 def test_a_flushed_merge_view_moves_windows_up_to_its_digest(spec: list, start: int) -> None:
     """Sim seed 4100000 (vsync): P3's JOIN_REQ reached our coordinator and another one; it joined the other
     group, sent 1..6 there, and the merge listed it in both subgroups. After a flushed merge we must start at

@@ -33,7 +33,7 @@ from groupcluster.grid.node import GridConfig, OpResult
 from groupcluster.grid.runtime import GridRuntime
 from groupcluster.grid.topology import owner_set
 
-from .test_grid_node import FakeNet, final_checks, member, run_scenario
+from .gridnet import FakeNet, final_checks, member, run_scenario
 
 REPL = parse_cache_spec(
     "r:mode=replicated,num_segments=32,transfer_batch_entries=16,attempt_timeout=1s,op_timeout=60s,recovery_timeout=1s"

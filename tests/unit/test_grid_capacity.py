@@ -1,6 +1,6 @@
 """Changing a running member's capacity (docs/grid.md, "Capacity"): ``GridNode.set_capacity`` reaches the
 coordinator in the member's STATUS and the next rebalance gives the member its new share of the segments, none
-at 0, while every key stays readable with all its copies. In-memory nodes on test_grid_node's fake network."""
+at 0, while every key stays readable with all its copies. In-memory nodes on the fake network of gridnet.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from groupcluster.grid.consistent_hash import segment_of
 from groupcluster.grid.topology import Phase
 
-from .test_grid_node import FakeNet
+from .gridnet import FakeNet
 
 KEYS = [b"key-%d" % i for i in range(300)]
 

@@ -1,7 +1,7 @@
 """Entry events of the grid (docs/grid.md, "Entry events"): batches of entries that arrived by state transfer on
 a new owner, that departed from an old owner at the end of a rebalance, and writes applied by an owner.
 
-Runs in-memory nodes on the fake network of test_grid_node (virtual time, real wire payloads) and checks the
+Runs in-memory nodes on the fake network of gridnet.py (virtual time, real wire payloads) and checks the
 events against what the nodes did: arrivals equal the entries received, departures equal what was dropped
 (every entry the old owner held and no longer holds), across a join and a graceful leave. Also: nothing is
 produced while no kind is on, and a listener that raises is counted, not passed on (the runtime's dispatch).
@@ -18,7 +18,7 @@ from groupcluster.core.address import Address
 from groupcluster.grid.node import EVENT_KINDS, EntryEvents, GridNode
 from groupcluster.grid.runtime import GridRuntime
 
-from .test_grid_node import FakeNet
+from .gridnet import FakeNet
 
 
 def _events(node: GridNode, kind: str) -> list[EntryEvents]:

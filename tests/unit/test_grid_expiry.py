@@ -1,5 +1,5 @@
 """Entry expiry (docs/grid.md, "Expiry"): the store's records and the node's removal of expired entries, in a
-virtual-time network of nodes (sans-IO, FakeNet from test_grid_node)."""
+virtual-time network of nodes (sans-IO, FakeNet from gridnet.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from groupcluster.grid.messages import PUT
 from groupcluster.grid.node import EXPIRY_RECHECK, GridNode
 from groupcluster.grid.store import SegmentStore
 
-from .test_grid_node import CONFIG, FakeNet, member
+from .gridnet import CONFIG, FakeNet, member
 
 # ---- the store ------------------------------------------------------------------------------------------
 

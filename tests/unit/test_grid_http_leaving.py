@@ -190,7 +190,7 @@ def test_a_put_running_when_the_leave_begins_is_answered_and_closes_its_connecti
     async def scenario(client: TestClient[Any, Any], ctx: MemberContext) -> None:
         grid.hold = asyncio.Event()
         put = asyncio.ensure_future(client.put("/v1/kv/a", data=b"1"))
-        while not grid.calls:
+        while not grid.calls:  # noqa: ASYNC110  the fake runtime records calls in a list; nothing to await
             await asyncio.sleep(0.001)
         ctx.leaving = True
         grid.hold.set()
@@ -282,7 +282,7 @@ def test_closing_answers_a_put_whose_body_arrives_after_the_close_began(caplog: 
         assert await asyncio.wait_for(put_r.read(), 5) == b""  # then the member closes the connection
         assert await asyncio.wait_for(idle_r.read(), 5) == b""  # closed as it waited for a next request
         assert await asyncio.wait_for(closing, 5) is True
-        with pytest.raises(OSError):
+        with pytest.raises(ConnectionRefusedError):
             await _connect(port)
         for w in (idle_w, put_w):
             w.close()

@@ -1,7 +1,7 @@
 """The ``max_bytes`` bound of a grid member (docs/grid.md, "A bound on entries"): as a key's primary, a member
 refuses a PUT that would grow its live key and value bytes past the bound, with reason ``full`` and nothing
-written anywhere; deletes and overwrites that do not grow go on. In-memory nodes on test_grid_node's fake
-network."""
+written anywhere; deletes and overwrites that do not grow go on. In-memory nodes on the fake network
+of gridnet.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 from groupcluster.core.errors import ConfigError
 from groupcluster.grid.node import GridConfig
 
-from .test_grid_max_entries import _do, _held
-from .test_grid_node import CONFIG, FakeNet
+from .gridnet import CONFIG, FakeNet, TxNet, do_op, held
 
 
 def _grid(max_bytes: int, members: int = 1, max_entries: int = 0) -> FakeNet:
@@ -28,20 +27,20 @@ def _grid(max_bytes: int, members: int = 1, max_entries: int = 0) -> FakeNet:
 def test_a_member_refuses_what_would_grow_it_past_max_bytes() -> None:
     net = _grid(100)
     node = net.nodes[net.view[0]]
-    assert _do(net, "put", b"k1", b"x" * 40).ok  # 42 bytes
-    assert _do(net, "put", b"k2", b"x" * 40).ok  # 84
-    refused = _do(net, "put", b"k3", b"x" * 20)  # would be 106
+    assert do_op(net, "put", b"k1", b"x" * 40).ok  # 42 bytes
+    assert do_op(net, "put", b"k2", b"x" * 40).ok  # 84
+    refused = do_op(net, "put", b"k3", b"x" * 20)  # would be 106
     assert not refused.ok and refused.reason == "full", refused
     assert "holds 84 bytes of keys and values, its max_bytes is 100; nothing was written" in refused.error
-    assert _held(net, b"k3") == [None]
-    assert _do(net, "put", b"k3", b"x" * 14).ok  # exactly 100
+    assert held(net, b"k3") == [None]
+    assert do_op(net, "put", b"k3", b"x" * 14).ok  # exactly 100
     assert node.store.nbytes == 100  # type: ignore[union-attr]
-    grown = _do(net, "put", b"k1", b"x" * 41)  # an overwrite that grows by one byte
-    assert not grown.ok and grown.reason == "full" and _held(net, b"k1") == [b"x" * 40]
-    assert _do(net, "put", b"k1", b"y" * 40).ok  # same size: goes through
-    assert _do(net, "put", b"k1", b"y" * 10).ok  # shrinks: goes through, and makes room
-    assert _do(net, "put", b"k4", b"z" * 28).ok  # the 30 bytes freed
-    assert _do(net, "delete", b"k2").ok  # deletes always go through
+    grown = do_op(net, "put", b"k1", b"x" * 41)  # an overwrite that grows by one byte
+    assert not grown.ok and grown.reason == "full" and held(net, b"k1") == [b"x" * 40]
+    assert do_op(net, "put", b"k1", b"y" * 40).ok  # same size: goes through
+    assert do_op(net, "put", b"k1", b"y" * 10).ok  # shrinks: goes through, and makes room
+    assert do_op(net, "put", b"k4", b"z" * 28).ok  # the 30 bytes freed
+    assert do_op(net, "delete", b"k2").ok  # deletes always go through
     assert node.store.nbytes == node.store.count_bytes() == 58  # type: ignore[union-attr]
     assert node.metrics["grid.writes_refused_full"] == 2
     st = node.status()["store"]
@@ -50,10 +49,10 @@ def test_a_member_refuses_what_would_grow_it_past_max_bytes() -> None:
 
 def test_both_bounds_and_the_error_names_the_one_met() -> None:
     net = _grid(1000, max_entries=2)
-    assert _do(net, "put", b"a", b"1").ok and _do(net, "put", b"b", b"2").ok
-    refused = _do(net, "put", b"c", b"3")
+    assert do_op(net, "put", b"a", b"1").ok and do_op(net, "put", b"b", b"2").ok
+    refused = do_op(net, "put", b"c", b"3")
     assert not refused.ok and "holds 2 entries, its max_entries is 2" in refused.error
-    refused = _do(net, "put", b"a", b"x" * 2000)
+    refused = do_op(net, "put", b"a", b"x" * 2000)
     assert not refused.ok and "its max_bytes is 1000" in refused.error
 
 
@@ -72,10 +71,10 @@ def test_puts_of_one_step_count_their_bytes_together() -> None:
 
 def test_backups_follow_their_primary_and_copies_stay_equal() -> None:
     net = _grid(300, members=2)
-    written = [k for k in (b"key%02d" % i for i in range(40)) if _do(net, "put", k, b"v" * 20).ok]
+    written = [k for k in (b"key%02d" % i for i in range(40)) if do_op(net, "put", k, b"v" * 20).ok]
     assert 0 < len(written) < 40
     for i in range(40):
-        copies = _held(net, b"key%02d" % i)
+        copies = held(net, b"key%02d" % i)
         assert copies[0] == copies[1]
     for a in net.view:
         store = net.nodes[a].store
@@ -90,8 +89,6 @@ def test_no_bound_by_default_sizes_parse_and_a_negative_one_is_refused() -> None
 
 
 def test_a_transaction_that_would_grow_a_primary_past_max_bytes_rolls_back() -> None:
-    from .test_grid_node_tx import TxNet
-
     net = TxNet(7)
     net.config = dataclasses.replace(net.config, max_bytes=50, num_owners=1)
     (a,) = net.add(1)

@@ -1,6 +1,6 @@
 """The ``max_entries`` bound of a grid member (docs/grid.md, "A bound on entries"): as a key's primary, a member
 that holds the bound refuses a PUT that would add a key, with reason ``full`` and nothing written anywhere;
-overwrites and deletes go on, and a delete makes room. In-memory nodes on test_grid_node's fake network."""
+overwrites and deletes go on, and a delete makes room. In-memory nodes on the fake network of gridnet.py."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ import random
 
 import pytest
 from groupcluster.core.errors import ConfigError
-from groupcluster.grid.consistent_hash import segment_of
-from groupcluster.grid.node import GridConfig, GridNode, OpResult
+from groupcluster.grid.node import GridConfig
 
-from .test_grid_node import CONFIG, FakeNet
+from .gridnet import CONFIG, FakeNet, TxNet, do_op, held
 
 
 def _grid(max_entries: int, members: int = 1) -> FakeNet:
@@ -24,42 +23,22 @@ def _grid(max_entries: int, members: int = 1) -> FakeNet:
     return net
 
 
-def _do(net: FakeNet, op: str, key: bytes, value: bytes = b"v") -> OpResult:
-    a = net.view[0]
-    node: GridNode = net.nodes[a]
-    op_id = node.put(key, value, net.now) if op == "put" else node.delete(key, net.now)
-    net.collect(a)
-    net.run_until(net.now + 1.0)
-    (res,) = [r for r in net.results[a] if r.op_id == op_id]
-    return res
-
-
-def _held(net: FakeNet, key: bytes) -> list[bytes | None]:
-    out = []
-    for a in net.view:
-        store = net.nodes[a].store
-        assert store is not None
-        entry = store.get(segment_of(key, store.num_segments), key)
-        out.append(None if entry is None else entry[1])
-    return out
-
-
 def test_a_full_member_refuses_new_keys_and_keeps_overwrites_and_deletes() -> None:
     net = _grid(5)
     for i in range(5):
-        assert _do(net, "put", b"k%d" % i).ok
-    refused = _do(net, "put", b"new")
+        assert do_op(net, "put", b"k%d" % i).ok
+    refused = do_op(net, "put", b"new")
     assert not refused.ok and refused.reason == "full"
     assert refused.error.startswith("full: member ") and "holds 5 entries, its max_entries is 5" in refused.error
-    assert _held(net, b"new") == [None]
+    assert held(net, b"new") == [None]
     node = net.nodes[net.view[0]]
     assert node.metrics["grid.writes_refused_full"] == 1
     assert node.status()["store"]["max_entries"] == 5
-    assert _do(net, "put", b"k0", b"overwritten").ok  # a key held already may be written again
-    assert _held(net, b"k0") == [b"overwritten"]
-    assert _do(net, "delete", b"k1").ok  # a delete makes room (its tombstone is not a live entry)
-    assert _do(net, "put", b"new").ok
-    assert not _do(net, "put", b"another").ok
+    assert do_op(net, "put", b"k0", b"overwritten").ok  # a key held already may be written again
+    assert held(net, b"k0") == [b"overwritten"]
+    assert do_op(net, "delete", b"k1").ok  # a delete makes room (its tombstone is not a live entry)
+    assert do_op(net, "put", b"new").ok
+    assert not do_op(net, "put", b"another").ok
 
 
 def test_puts_of_one_step_count_against_the_bound_together() -> None:
@@ -81,10 +60,10 @@ def test_the_bound_is_the_primarys_and_backups_never_refuse() -> None:
     """Two members, two owners: each holds every key. The primary of a key decides; the backup applies what
     its primary accepted, so the copies stay equal and neither member goes above the bound by a client PUT."""
     net = _grid(8, members=2)
-    written = [b"key%d" % i for i in range(40) if _do(net, "put", b"key%d" % i).ok]
+    written = [b"key%d" % i for i in range(40) if do_op(net, "put", b"key%d" % i).ok]
     assert len(written) == 8
     for key in (b"key%d" % i for i in range(40)):
-        copies = _held(net, key)
+        copies = held(net, key)
         assert copies[0] == copies[1], key
     assert all(len(net.nodes[a].store) == 8 for a in net.view)  # type: ignore[arg-type]
 
@@ -98,8 +77,6 @@ def test_no_bound_by_default_and_a_negative_one_is_refused() -> None:
 def test_a_transaction_that_would_add_keys_to_a_full_primary_rolls_back_with_reason_full() -> None:
     """Transactions honour the bound as plain PUTs do: the primary of a key the transaction would add votes no
     at prepare (nothing written anywhere); a transaction that only overwrites keys held commits."""
-    from .test_grid_node_tx import TxNet
-
     net = TxNet(7)
     net.config = dataclasses.replace(net.config, max_entries=4, num_owners=1)
     (a,) = net.add(1)

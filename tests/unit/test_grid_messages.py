@@ -317,7 +317,7 @@ def test_fuzzed_chunks_decode_or_are_rejected_naming_the_field() -> None:
         try:
             (msg,) = decode_payload(raw([9, 1, 0, data, [], False]))
         except WireError as exc:
-            assert str(exc).startswith("grid.messages[0].entries"), exc
+            assert str(exc).startswith("grid.messages[0].entries"), exc  # noqa: PT017  a mutation may decode or not
             outcomes["rejected"] += 1
             continue
         c = msg.entries  # type: ignore[union-attr]
@@ -528,4 +528,4 @@ def test_fuzzed_batches_decode_or_are_rejected_naming_the_field() -> None:
         try:
             decode_payload(bytes(data))
         except WireError as exc:
-            assert str(exc).startswith("grid"), exc
+            assert str(exc).startswith("grid"), exc  # noqa: PT017  a mutation may decode or not

@@ -6,7 +6,7 @@ nothing about which of their writes came last: before, the grid that had gone th
 every key. Now a sequence is at least its primary's wall clock in milliseconds, the planner of the merged
 group sees two grid ids and keeps one topology id for re-stamping, and every member pushes what it held
 under that id with its sequence (the write's time) kept. Built by hand over the fake network of
-test_grid_node.py: grid A goes through a join (several topologies), grid B starts later with one member.
+gridnet.py: grid A goes through a join (several topologies), grid B starts later with one member.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import random
 from groupcluster.grid.node import GridNode
 from groupcluster.grid.store import MAX_SEQ, clock_seq, next_seq, version_seq, version_topology
 
-from .test_grid_node import CONFIG, FakeNet
+from .gridnet import CONFIG, FakeNet
 
 WALL = 1_800_000_000.0  # the wall clock at virtual time 0 (any date after the store's clock epoch)
 

@@ -1,5 +1,5 @@
 """Transactions through GridNode (docs/grid-transactions.md): several in-memory nodes over the fake network of
-test_grid_node.py, every message encoded and decoded.
+gridnet.py (TxNet), every message encoded and decoded.
 
 What is checked: commit and rollback end to end (values on every owner, one version per key), optimistic
 conflicts, pessimistic locks and the waits behind them, plain writes refused on a held key, a transaction across
@@ -11,7 +11,6 @@ every owner, its keys unusable, then resolved), GET versions, and the calls' inp
 from __future__ import annotations
 
 import dataclasses
-import random
 import re
 
 import pytest
@@ -27,85 +26,13 @@ from groupcluster.grid.node import (
     GridConfig,
     GridNode,
     OpResult,
-    Outgoing,
 )
 from groupcluster.grid.topology import Availability, CacheTopology, PartitionHandling, Phase
 from groupcluster.grid.tx.messages import TxCommit, TxId, TxLockInfo, TxPrepare, TxReportAnswer, TxReportRequest
 from groupcluster.grid.tx.participant import TxState
 from groupcluster.grid.tx.resolution import termination_decision
 
-from .test_grid_node import CONFIG, FakeNet
-
-
-class TxNet(FakeNet):
-    """The fake network, able to lose chosen transaction messages (``drop(src, type)`` returns True to lose)."""
-
-    def __init__(self, seed: int = 1, *, auto_resolve: bool = True) -> None:
-        super().__init__(random.Random(seed), dataclasses.replace(CONFIG, tx_auto_resolve=auto_resolve))
-        self.lost: list[tuple[Address, object]] = []
-        self.drop = lambda src, msg: False
-        # Also lose by destination: (src, dest, msg) -> True to lose (dest None: a multicast).
-        self.drop_to = lambda src, dest, msg: False
-
-    def collect(self, a: Address) -> None:
-        node = self.nodes.get(a)
-        if node is not None:
-            kept = []
-            for out in node.take_outbox():
-                msgs = decode_payload(out.payload)
-                keep = []
-                for m in msgs:
-                    if self.drop(a, m) or self.drop_to(a, out.dest, m):
-                        self.lost.append((a, m))
-                    else:
-                        keep.append(m)
-                if keep:
-                    kept.append(Outgoing(out.dest, encode_payload(keep)))
-            node._outbox = kept
-        super().collect(a)
-
-    # -- helpers
-    def call(self, a: Address, fn: str, *args: object) -> object:
-        node = self.nodes[a]
-        # tx_begin takes the time first (the contract's signature); every other call takes it last
-        result = node.tx_begin(self.now, *args) if fn == "tx_begin" else getattr(node, fn)(*args, self.now)  # type: ignore[arg-type]
-        self.collect(a)
-        return result
-
-    def wait(self, a: Address, op_id: object, limit: float = 30.0) -> OpResult:
-        end = self.now + limit
-        while self.now < end:
-            for r in self.results.get(a, []):
-                if r.op_id == op_id:
-                    return r
-            self.run_until(self.now + 0.05)
-        raise AssertionError(f"operation {op_id} on {a} never finished")
-
-    def get(self, a: Address, key: bytes) -> OpResult:
-        return self.wait(a, self.call(a, "get", key))
-
-    def put(self, a: Address, key: bytes, value: bytes) -> OpResult:
-        return self.wait(a, self.call(a, "put", key, value))
-
-    def primary(self, key: bytes) -> Address:
-        t = self.coordinator.topology
-        assert t is not None
-        p = t.write_primary(segment_of(key, t.num_segments))
-        assert p is not None
-        return p
-
-    def owners(self, key: bytes) -> tuple[Address, ...]:
-        t = self.coordinator.topology
-        assert t is not None
-        return t.write_owners(segment_of(key, t.num_segments))
-
-    def stored(self, key: bytes) -> dict[Address, tuple[int, bytes | None] | None]:
-        out = {}
-        for a in self.owners(key):
-            node = self.nodes[a]
-            assert node.store is not None
-            out[a] = node.store.get(segment_of(key, node.store.num_segments), key)
-        return out
+from .gridnet import TxNet
 
 
 def resolve_everywhere(net: TxNet, tx: TxId, commit: bool) -> int:

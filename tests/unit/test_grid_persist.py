@@ -1,7 +1,7 @@
 """Persistence of grid entries (docs/grid.md, "Persistence"): the SQLite copy of a member's store, and what a
 node does with entries it brings back from it.
 
-The SQLite part runs on real files (tmp_path). The node part runs in-memory nodes on test_grid_node's fake
+The SQLite part runs on real files (tmp_path). The node part runs in-memory nodes on gridnet.py's fake
 network: members that form a new grid together merge their stored entries (newest version wins, tombstones
 count) and number their topologies above every stored one, so a new write beats any stored value; a member
 that joins a running grid discards its stored entries, so a key deleted meanwhile does not come back.
@@ -20,7 +20,7 @@ from groupcluster.grid.node import GridConfig, GridNode
 from groupcluster.grid.persist import PersistentStore, SqliteBacking
 from groupcluster.grid.store import make_version, version_topology
 
-from .test_grid_node import CONFIG, FakeNet, member
+from .gridnet import CONFIG, FakeNet, member
 
 
 def _rows(path: Path) -> dict[bytes, tuple[int, int, bytes | None]]:

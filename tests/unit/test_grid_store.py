@@ -92,7 +92,7 @@ def test_segment_batches_respect_both_limits_and_snapshot() -> None:
     rest = [e for b in it for e in b]
     assert b"late" not in {e[0] for e in first + rest}
     assert list(s.segment_batches(0, 10, 10)) == []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="max_entries and max_bytes must be at least 1"):
         next(s.segment_batches(1, 0, 10))
 
 

@@ -70,10 +70,7 @@ def test_all_flags_are_accepted():
 
 def expect_error(data: bytes, field: str, limits: WireLimits | None = None) -> None:
     with pytest.raises(WireError) as err:
-        if limits is None:
-            decode_frame(data, "test")
-        else:
-            decode_frame(data, "test", limits)
+        decode_frame(data, "test", *([] if limits is None else [limits]))
     assert field in str(err.value), str(err.value)
 
 

@@ -433,7 +433,9 @@ def _waiting_for_request(conn: Any) -> bool:
     return waiter is not None and not waiter.done()
 
 
-async def close_http(runner: web.AppRunner, ctx: MemberContext | None, timeout: float) -> bool:
+# A timeout parameter, not asyncio.timeout() around the call (ASYNC109): what comes after the deadline
+# (closing the connections left, aiohttp's cleanup) must not be cancelled.
+async def close_http(runner: web.AppRunner, ctx: MemberContext | None, timeout: float) -> bool:  # noqa: ASYNC109
     """Close the member's HTTP server so that every request it read is answered: stop listening, let each
     connection finish its request (its answer closes it, ``ctx.leaving``), close the connections that wait for a
     next request, and only then run aiohttp's cleanup. True when every connection ended within ``timeout``.
