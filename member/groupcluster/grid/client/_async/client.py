@@ -96,9 +96,9 @@ from typing import Any, TypeVar
 
 import msgpack
 
-from .consistent_hash import segment_of, segments_of
-from .lifespan import MAX_LIFESPAN_SECONDS as MAX_LIFESPAN_SECONDS  # re-exported: the bound clients check
-from .lifespan import check_lifespan
+from ...consistent_hash import segment_of, segments_of
+from ...lifespan import MAX_LIFESPAN_SECONDS as MAX_LIFESPAN_SECONDS  # re-exported: the bound clients check
+from ...lifespan import check_lifespan
 
 log = logging.getLogger("groupcluster.grid.client")
 
