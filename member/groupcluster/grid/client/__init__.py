@@ -81,8 +81,7 @@ never re-run on its own). The exceptions are the ones a member raises in-process
 that timed out a ``GridTxTimeout``, both ``GridTxAborted``. The only retry inside a transaction: a one-shot
 commit refused with 503 (nothing of it ran) goes to another member. A commit is sent on a connection that was
 used in the last ``IDLE_REFRESH_SECONDS`` or a fresh one, so the connection layer never sends it twice (both
-clients). A plain PUT/DELETE
-answered 409 "locked" (a transaction holds the key) is retried like a 503.
+clients). A plain PUT/DELETE answered 409 "locked" (a transaction holds the key) is retried like a 503.
 """
 
 from __future__ import annotations
