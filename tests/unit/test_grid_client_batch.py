@@ -12,7 +12,10 @@ import time
 
 import msgpack
 import pytest
-from groupcluster.grid.client import BATCH_KEY_LIMIT, VALUE_LIMIT, _BatchRun, _put_ops, _Reply, _Router
+from groupcluster.grid.client import BATCH_KEY_LIMIT, VALUE_LIMIT
+from groupcluster.grid.client._batch import _BatchRun, _put_ops
+from groupcluster.grid.client._routing import _Router
+from groupcluster.grid.client._wire import _Reply
 
 
 def test_put_ops_keeps_the_last_value_of_a_key_and_checks_every_entry() -> None:

@@ -12,7 +12,7 @@ import time
 import msgpack
 import pytest
 from groupcluster.core.address import Address
-from groupcluster.grid.client import _Router
+from groupcluster.grid.client._routing import _Router
 from groupcluster.grid.runtime import TAG_INFO, GridRuntime
 
 

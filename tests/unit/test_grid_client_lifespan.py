@@ -19,8 +19,8 @@ from groupcluster.grid.client import (
     AsyncGridClient,
     GridClient,
     GridRequestError,
-    _BatchRun,
 )
+from groupcluster.grid.client._batch import _BatchRun
 from groupcluster.grid.http_api import parse_batch
 from groupcluster.grid.lifespan import MAX_LIFESPAN_SECONDS as MEMBER_MAX_LIFESPAN
 from groupcluster.grid.lifespan import parse_lifespan

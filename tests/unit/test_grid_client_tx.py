@@ -14,12 +14,12 @@ from groupcluster.grid.client import (
     GridRequestError,
     GridTxAborted,
     GridTxConflict,
+    GridTxTimeout,
+    GridTxUnavailable,
     GridTxUnknownOutcome,
-    _Reply,
-    _tx_failure,
-    _tx_path,
-    _TxCore,
 )
+from groupcluster.grid.client._txcore import _TxCore
+from groupcluster.grid.client._wire import _Reply, _tx_failure, _tx_path
 
 
 def reply(status: int, **doc: Any) -> _Reply:
@@ -33,10 +33,10 @@ def reply(status: int, **doc: Any) -> _Reply:
         (reply(409, error="lock timeout", reason="lock_timeout", committed=False), GridTxAborted, "lock_timeout"),
         (
             reply(503, error="segment 3 unavailable", reason="unavailable", committed=False),
-            GridTxAborted,
+            GridTxUnavailable,
             "unavailable",
         ),
-        (reply(504, error="timed out", committed=False), GridTxAborted, "timeout"),
+        (reply(504, error="timed out", committed=False), GridTxTimeout, "timeout"),
         (reply(404, error="no open transaction", tx="a#1/2"), GridTxAborted, "not_found"),
         (reply(500, error="member left", reason="unknown", committed=None), GridTxUnknownOutcome, "unknown"),
     ],

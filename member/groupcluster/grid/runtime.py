@@ -66,6 +66,26 @@ from ..core.message import Message
 from ..core.view import View
 from ..runtime.driver import GC_THRESHOLDS
 from .consistent_hash import segment_of
+
+# The grid's exceptions, re-exported where callers have always found them (one hierarchy with the clients').
+from .errors import TX_ERRORS as _TX_ERRORS
+from .errors import (
+    GridError,
+    GridFull,
+    GridLeaving,
+    GridLocked,
+    GridNotOwner,
+    GridTimeout,
+    GridTxAborted,
+    GridTxBusy,
+    GridTxConflict,
+    GridTxError,
+    GridTxNotFound,
+    GridTxUnknown,
+    GridUnavailable,
+)
+from .errors import GridTxTimeout as GridTxTimeout  # re-exported
+from .errors import GridTxUnavailable as GridTxUnavailable  # re-exported
 from .messages import DELETE, GET, PUT
 from .node import EVENT_KINDS, EntryEvents, GridConfig, GridNode, OpResult, _PendingWrite
 from .store import FREE_AT_ONCE, SEQ_BITS, Segment, SegmentStore, version_topology
@@ -85,87 +105,6 @@ _INFO_PREFIX = bytes([TAG_INFO])
 MAX_INFO_BYTES = 1024  # a member-info payload is a URL or two; anything bigger is a bad peer
 # A peer whose clock is ahead of ours by more than this is logged (client deadlines allow 1 s by default).
 CLOCK_AHEAD_WARNING = 1.0
-
-
-class GridError(Exception):
-    """A grid operation failed; the message says why."""
-
-
-class GridUnavailable(GridError):
-    """The grid refuses the operation for now (degraded partition, not joined yet, leaving)."""
-
-
-class GridLeaving(GridUnavailable):
-    """This member is leaving the grid (or has left): it starts no new operation; send it to another member."""
-
-    reason = "leaving"
-
-
-class GridTimeout(GridError):
-    """The operation did not complete within the node's ``op_timeout``."""
-
-
-class GridLocked(GridError):
-    """A plain write on a key a transaction holds locked: nothing was written; try again shortly."""
-
-
-class GridFull(GridError):
-    """A PUT that would add a key to its primary, which holds its ``max_entries`` bound: nothing was written."""
-
-
-class GridNotOwner(GridError):
-    """This member cannot serve the segment (it holds no complete copy); ``owners`` lists the ones that do."""
-
-    def __init__(self, message: str, owners: list[str | None]) -> None:
-        super().__init__(message)
-        self.owners = owners
-
-
-class GridTxError(GridError):
-    """A transaction operation failed. ``reason`` is the node's machine-readable cause (``"conflict"``,
-    ``"lock_timeout"``, ``"timeout"``, ``"unavailable"``, ``"rolled_back"``, ...), ``tx`` the transaction id."""
-
-    def __init__(self, message: str, reason: str, tx: TxId | None = None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.tx = tx
-
-
-class GridTxAborted(GridTxError):
-    """The transaction was rolled back: none of its writes took effect, so running it again is safe."""
-
-
-class GridTxConflict(GridTxAborted):
-    """Rolled back because a key it read changed before the commit (optimistic validation failed)."""
-
-
-class GridTxUnavailable(GridTxAborted, GridUnavailable):
-    """Rolled back because the grid could not serve it (owners missing, degraded partition, member leaving)."""
-
-
-class GridTxTimeout(GridTxAborted, GridTimeout):
-    """Rolled back because it was not decided within the transaction timeout."""
-
-
-class GridTxUnknown(GridTxError):
-    """The originator cannot say whether the transaction committed (it may have); do not re-run it blindly."""
-
-
-class GridTxNotFound(GridTxError):
-    """No interactive transaction with that id lives on this member (never begun here, or already ended)."""
-
-
-class GridTxBusy(GridTxError):
-    """Another request of the same interactive transaction is still running on this member."""
-
-
-# reason -> exception class; reasons not listed abort with GridTxAborted
-_TX_ERRORS: dict[str, type[GridTxError]] = {
-    "conflict": GridTxConflict,
-    "unavailable": GridTxUnavailable,
-    "timeout": GridTxTimeout,
-    "unknown": GridTxUnknown,
-}
 
 
 def tx_error_for(result: OpResult, tx: TxId | None) -> GridTxError:

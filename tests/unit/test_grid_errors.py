@@ -1,0 +1,62 @@
+"""One error hierarchy for the grid's members and its clients (grid/errors.py): the same class under every name
+users import it by, and the same class for the same cause whether a member raises it in-process or a client
+raises it from the member's HTTP answer."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from groupcluster.grid import client, errors, runtime
+from groupcluster.grid.client._wire import _Reply, _tx_failure
+from groupcluster.grid.runtime import tx_error_for
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "GridError",
+        "GridUnavailable",
+        "GridTxError",
+        "GridTxAborted",
+        "GridTxConflict",
+        "GridTxUnavailable",
+        "GridTxTimeout",
+    ],
+)
+def test_the_runtime_and_the_client_export_the_same_classes(name: str) -> None:
+    assert getattr(runtime, name) is getattr(client, name) is getattr(errors, name)
+
+
+def test_two_names_for_one_meaning_are_one_class() -> None:
+    assert client.GridClientError is runtime.GridError is errors.GridError
+    assert client.GridUnavailableError is runtime.GridUnavailable
+    assert client.GridTxUnknownOutcome is runtime.GridTxUnknown
+    assert issubclass(client.GridBatchError, runtime.GridUnavailable)
+    assert issubclass(client.GridRequestError, runtime.GridError)
+
+
+@pytest.mark.parametrize(
+    ("reason", "status", "cls"),
+    [
+        ("conflict", 409, errors.GridTxConflict),
+        ("lock_timeout", 409, errors.GridTxAborted),
+        ("rolled_back", 409, errors.GridTxAborted),
+        ("unavailable", 503, errors.GridTxUnavailable),
+        ("timeout", 504, errors.GridTxTimeout),
+    ],
+)
+def test_a_member_and_a_client_raise_the_same_class_for_the_same_reason(reason: str, status: int, cls: type) -> None:
+    in_process = tx_error_for(SimpleNamespace(reason=reason, error="it failed"), None)  # type: ignore[arg-type]
+    answer = _Reply(status, json.dumps({"error": "it failed", "reason": reason, "committed": False}).encode())
+    over_http = _tx_failure(answer, "m#1/2")
+    assert type(in_process) is type(over_http) is cls
+    assert isinstance(over_http, errors.GridTxAborted)
+
+
+def test_a_transaction_abort_for_unavailability_is_both_kinds_with_every_attribute() -> None:
+    err = errors.GridTxUnavailable("transaction t aborted (unavailable): owners missing", "unavailable", "t", 503)
+    assert isinstance(err, errors.GridTxAborted) and isinstance(err, errors.GridUnavailable)
+    assert (err.reason, err.tx, err.status, err.last_status) == ("unavailable", "t", 503, None)
+    assert str(err) == "transaction t aborted (unavailable): owners missing"
