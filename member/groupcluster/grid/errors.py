@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .tx_messages import TxId
+    from .tx.messages import TxId
 
 
 class GridError(Exception):
@@ -105,7 +105,7 @@ class GridNotOwner(GridError):
 class GridTxError(GridError):
     """A transaction did not commit. ``reason`` is the machine-readable cause (``"conflict"``,
     ``"lock_timeout"``, ``"timeout"``, ``"unavailable"``, ``"rolled_back"``, ``"not_found"``, ``"connection"``,
-    ...), ``tx`` the transaction id when one was assigned (a :class:`~.tx_messages.TxId` in a member, its text
+    ...), ``tx`` the transaction id when one was assigned (a :class:`~.tx.messages.TxId` in a member, its text
     in a client), ``status`` the HTTP status a client got (None: no answer, or raised in a member)."""
 
     def __init__(self, message: str, reason: str, tx: TxId | str | None = None, status: int | None = None) -> None:
