@@ -1,4 +1,4 @@
-"""A leaving member's HTTP API (grid/http_api.py): new data requests get 503 with reason ``leaving`` (JSON, with
+"""A leaving member's HTTP API (grid/http/app.py): new data requests get 503 with reason ``leaving`` (JSON, with
 ``Retry-After``) and nothing runs; every answer closes its connection; requests already running finish; and
 :func:`close_http` answers every request it has read before the server goes, closes idle kept-alive connections,
 and logs nothing at ERROR, also when a client goes away in the middle of its body.
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from groupcluster.grid.http_api import (
+from groupcluster.grid.http.app import (
     LEAVING_ERROR,
     MemberContext,
     _refused_when_leaving,

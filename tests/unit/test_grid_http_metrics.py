@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from groupcluster.grid.http_api import MemberContext, build_app, render_metrics
+from groupcluster.grid.http.app import MemberContext, build_app, render_metrics
 from groupcluster.grid.invalidation import InvalidationNode
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from groupcluster.grid.http_api import (
+from groupcluster.grid.http.app import (
     MAX_TX_KEYS,
     MAX_VALUE_BYTES,
     BadBatch,

@@ -63,7 +63,7 @@ body is a 400 naming the bad field (``ops[3][0]: unknown op 'pt'``), nothing of 
 **Lifespans** (entry expiry): ``PUT /v1/kv/{key}?lifespan=S`` (and ``/v1/caches/{cache}/kv/{key}``) writes an
 entry that the grid removes, as an ordinary delete by the key's primary owner, once S seconds have passed. S
 is a decimal number of seconds (``30``, ``0.5``, ``1e3``) or a duration with a unit (``250ms``, ``30s``,
-``5m``, ``2h``; :func:`~..core.units.parse_duration`): finite, above 0 and at most :data:`MAX_LIFESPAN_SECONDS`
+``5m``, ``2h``; :func:`~...core.units.parse_duration`): finite, above 0 and at most :data:`MAX_LIFESPAN_SECONDS`
 (10 years). In a batch a put takes it as a fourth element, ``["put", key, value, {"lifespan": S}]`` with S a
 number (int or float). Anything else is a 400 naming ``lifespan`` and nothing is written: a malformed, zero,
 negative or too large value, a lifespan on a GET or DELETE (or a batch get/delete), and any lifespan for an
@@ -81,7 +81,7 @@ overwrite) this member applied to a segment with versions above ``after``, in ve
 *stable* point (no write at or below it can still arrive here), as ``{"segment", "topology_id", "covered",
 "floor", "entries": [[version, key, value or null], ...], "upto", "more"}``. Continue with ``after=upto``.
 ``covered`` false: the member's log does not reach back to ``after`` (it starts at ``floor``: a new owner,
-or a log truncated at :data:`~.runtime.DEFAULT_FEED_ENTRIES` entries or ``DEFAULT_FEED_BYTES``); read the
+or a log truncated at :data:`~..runtime.DEFAULT_FEED_ENTRIES` entries or ``DEFAULT_FEED_BYTES``); read the
 segment by scan instead.
 Same formats, 409 and 503 answers as the segment scan.
 
@@ -117,13 +117,13 @@ import msgpack
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from ..sim.history import view_id_json
-from .caches import DEFAULT_CACHE, DISTRIBUTED, INVALIDATION, CacheSet, InvalidationRuntime, runtime_for
-from .invalidation import InvalidationNode
-from .lifespan import LIFESPAN_PARAM, check_lifespan, parse_lifespan
-from .messages import DEFAULT_LIMITS, DELETE, GET, PUT
-from .node import OpResult
-from .runtime import (
+from ...sim.history import view_id_json
+from ..caches import DEFAULT_CACHE, DISTRIBUTED, INVALIDATION, CacheSet, InvalidationRuntime, runtime_for
+from ..invalidation import InvalidationNode
+from ..lifespan import LIFESPAN_PARAM, check_lifespan, parse_lifespan
+from ..messages import DEFAULT_LIMITS, DELETE, GET, PUT
+from ..node import OpResult
+from ..runtime import (
     GridError,
     GridFull,
     GridLeaving,
@@ -139,10 +139,10 @@ from .runtime import (
     GridTxUnknown,
     GridUnavailable,
 )
-from .tx_messages import TxId
+from ..tx_messages import TxId
 
 if TYPE_CHECKING:
-    from ..runtime.channel import Channel
+    from ...runtime.channel import Channel
 
 # A key travels in the URL: keep it well inside the request-line limit of servers and proxies (8 KiB).
 MAX_KEY_BYTES = 4096
@@ -824,7 +824,7 @@ def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
 
 
 def _unpack_body(raw: bytes, pairs_hook: Callable[[list[tuple[Any, Any]]], Any] | None = None) -> Any:
-    """A msgpack batch body with every length bounded (as :func:`~..core.wire.unpack_bounded` does for peers,
+    """A msgpack batch body with every length bounded (as :func:`~...core.wire.unpack_bounded` does for peers,
     but a map is allowed at the top). Arrays get twice the operation limit, so a list just over the limit
     still decodes and :func:`parse_batch` says which limit it broke."""
     return msgpack.unpackb(

@@ -1,0 +1,5 @@
+"""The member's HTTP API (aiohttp): the endpoints and their answers are described in :mod:`.app`."""
+
+from .app import SHUTDOWN_TIMEOUT, MemberContext, build_app, close_http, render_metrics
+
+__all__ = ["SHUTDOWN_TIMEOUT", "MemberContext", "build_app", "close_http", "render_metrics"]
