@@ -21,7 +21,7 @@ from groupcluster.grid.client import (
     GridRequestError,
     _BatchRun,
 )
-from groupcluster.grid.http.app import parse_batch
+from groupcluster.grid.http.parsers import parse_batch
 from groupcluster.grid.lifespan import MAX_LIFESPAN_SECONDS as MEMBER_MAX_LIFESPAN
 from groupcluster.grid.lifespan import parse_lifespan
 from groupcluster.grid.messages import DELETE, PUT

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from groupcluster.grid.http.app import MemberContext, build_app, render_metrics
+from groupcluster.grid.http import MemberContext, build_app
+from groupcluster.grid.http.metrics import render_metrics
 from groupcluster.grid.invalidation import InvalidationNode
 
 GOLDEN = Path(__file__).parent / "golden"
