@@ -1,7 +1,8 @@
 """``GET /metrics`` of the member HTTP API: the Prometheus text rendered for fixed member states is byte for byte
 the golden text in tests/unit/golden/ (captured from the renderer the table of metric definitions replaced), so
 a change to a metric's name, type, help, labels, value format or order shows as a diff. Also: every family has
-one HELP and one TYPE line before its samples, and the endpoint serves that text."""
+one HELP and one TYPE line before its samples, a member with a grid and named caches shows every row of the
+table, and the endpoint serves that text."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from groupcluster.grid.http import MemberContext, build_app
-from groupcluster.grid.http.metrics import render_metrics
+from groupcluster.grid.http.metrics import METRICS, render_metrics
 from groupcluster.grid.invalidation import InvalidationNode
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -170,6 +171,15 @@ def test_every_family_has_one_help_and_type_before_its_samples(state: str) -> No
         elif not line.startswith("# TYPE "):
             assert current is not None and line.split("{")[0].split(" ")[0] == current, line
     assert seen[0] == "groupcluster_members" and seen[-1] == "groupcluster_http_requests_total"
+
+
+def test_a_member_with_a_grid_and_named_caches_renders_every_row_of_the_table_with_its_type_and_help() -> None:
+    text = render_metrics(STATES["grid_with_caches"]())
+    helps = [line.split(" ", 3)[2:] for line in text.splitlines() if line.startswith("# HELP ")]
+    types = [line.split(" ")[2:] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert helps == [[m.name, m.help] for m in METRICS]
+    assert types == [[m.name, m.kind] for m in METRICS]
+    assert len({m.name for m in METRICS}) == len(METRICS)
 
 
 def test_the_endpoint_serves_the_rendered_text() -> None:
