@@ -7,11 +7,11 @@ from typing import Any
 from aiohttp import web
 
 from ..caches import InvalidationRuntime
-from ..lifespan import LIFESPAN_PARAM, parse_lifespan
+from ..lifespan import LIFESPAN_PARAM
 from ..messages import GET
 from ..runtime import GridError, GridFull, GridLocked, GridTimeout, GridUnavailable
 from .handler_base import HandlerBase
-from .parsers import MAX_VALUE_BYTES, BadBatch, parse_batch, parse_key
+from .parsers import MAX_VALUE_BYTES, BadBatch, parse_batch, parse_key, parse_kv_lifespan
 from .responses import OK_DOC, json_error, no_lifespan_here, packed, result_doc, unavailable
 
 VERSION_HEADER = "X-Grid-Version"
@@ -31,13 +31,8 @@ class DataHandlers(HandlerBase):
             return json_error(400, str(exc))
         lifespan: float | None = None
         if LIFESPAN_PARAM in request.query:
-            given = request.query.getall(LIFESPAN_PARAM)
-            if request.method != "PUT":
-                return json_error(400, f"{LIFESPAN_PARAM}: only a PUT takes a lifespan, not a {request.method}")
-            if len(given) > 1:
-                return json_error(400, f"{LIFESPAN_PARAM}: given {len(given)} times; give it once")
             try:
-                lifespan = parse_lifespan(given[0])
+                lifespan = parse_kv_lifespan(request.method, request.query.getall(LIFESPAN_PARAM))
             except ValueError as exc:
                 return json_error(400, str(exc))
         grid = self._runtime(request)

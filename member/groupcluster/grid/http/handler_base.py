@@ -3,15 +3,13 @@ is for, and the decoded request body."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import msgpack
 from aiohttp import web
 
 from ..caches import DEFAULT_CACHE, DISTRIBUTED, INVALIDATION, runtime_for
 from .context import MemberContext
-from .parsers import MAX_BATCH_BYTES, MSGPACK_TYPES, no_duplicates, unpack_body
+from .parsers import MAX_BATCH_BYTES, MSGPACK_TYPES, BadBatch, accepts_msgpack, body_is_msgpack, decode_body
 from .responses import json_error
 
 
@@ -69,24 +67,13 @@ class HandlerBase:
         raw = await request.read()
         if not raw:
             if optional:
-                accept_msgpack = any(
-                    t.strip().split(";")[0] in MSGPACK_TYPES for t in request.headers.get("Accept", "").split(",")
-                )
-                return None, ctype in MSGPACK_TYPES or accept_msgpack
+                return None, ctype in MSGPACK_TYPES or accepts_msgpack(request.headers.get("Accept", ""))
             return json_error(400, f"missing body: {shape}")
-        if ctype in MSGPACK_TYPES:
-            binary = True
-        elif ctype == "application/json":
-            binary = False
-        else:
-            return json_error(
-                415, f"Content-Type {ctype or '(none)'} is not supported: use application/msgpack or application/json"
-            )
-        hook = no_duplicates if strict else None
         try:
-            doc = unpack_body(raw, hook) if binary else json.loads(raw, object_pairs_hook=hook)
-        except (ValueError, msgpack.UnpackException) as exc:
-            return json_error(400, f"body: not valid {'msgpack' if binary else 'JSON'} ({exc})")
-        except Exception as exc:  # msgpack raises assorted errors on hostile input; all of them mean "bad body"
-            return json_error(400, f"body: not valid {'msgpack' if binary else 'JSON'} ({type(exc).__name__})")
-        return doc, binary
+            binary = body_is_msgpack(ctype)
+        except ValueError as exc:
+            return json_error(415, str(exc))
+        try:
+            return decode_body(raw, binary, strict=strict), binary
+        except BadBatch as exc:
+            return json_error(400, str(exc))

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
 import msgpack
 
-from ..lifespan import LIFESPAN_PARAM, check_lifespan
+from ..lifespan import LIFESPAN_PARAM, check_lifespan, parse_lifespan
 from ..messages import DEFAULT_LIMITS, DELETE, GET, PUT
 from ..tx_messages import TxId
 
@@ -51,6 +52,54 @@ def parse_deadline(raw: str) -> float:
         shown = raw if len(raw) <= 40 else raw[:40] + "..."
         raise ValueError(f"{DEADLINE_HEADER}: expected a Unix time in seconds (e.g. 1764170000.25), got {shown!r}")
     return deadline
+
+
+def accepts_msgpack(accept: str) -> bool:
+    """Whether an ``Accept`` header names a msgpack type (then the answer is msgpack, else JSON)."""
+    return any(t.strip().split(";")[0] in MSGPACK_TYPES for t in accept.split(","))
+
+
+def body_is_msgpack(content_type: str) -> bool:
+    """Whether a body of this ``Content-Type`` is msgpack (True) or JSON (False); ValueError for any other type
+    (answered 415)."""
+    if content_type in MSGPACK_TYPES:
+        return True
+    if content_type == "application/json":
+        return False
+    raise ValueError(
+        f"Content-Type {content_type or '(none)'} is not supported: use application/msgpack or application/json"
+    )
+
+
+def parse_kv_lifespan(method: str, given: Sequence[str]) -> float:
+    """The ``?lifespan=S`` of a key/value request (``given``: every value of the parameter), or ValueError: only a
+    PUT takes one, once, and S must be a usable lifespan (:func:`~..lifespan.parse_lifespan`)."""
+    if method != "PUT":
+        raise ValueError(f"{LIFESPAN_PARAM}: only a PUT takes a lifespan, not a {method}")
+    if len(given) > 1:
+        raise ValueError(f"{LIFESPAN_PARAM}: given {len(given)} times; give it once")
+    return parse_lifespan(given[0])
+
+
+def parse_page(segment: str, query: Mapping[str, str]) -> tuple[int, int]:
+    """(segment, page limit) of a ``/v1/segments/{id}`` or ``/v1/changes/{id}`` request, or ValueError. The query
+    takes ``after`` (read by the endpoint) and ``limit`` (default :data:`DEFAULT_SCAN_LIMIT`)."""
+    if not segment.isdigit():
+        raise ValueError(f"segment: expected a segment number, got {segment!r}")
+    unknown = sorted(set(query) - {"after", "limit"})
+    if unknown:
+        raise ValueError(f"unknown query parameter(s) {', '.join(unknown)} (after, limit)")
+    limit_text = query.get("limit", str(DEFAULT_SCAN_LIMIT))
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_SCAN_LIMIT:
+        raise ValueError(f"limit: expected 1 to {MAX_SCAN_LIMIT}, got {limit_text!r}")
+    return int(segment), int(limit_text)
+
+
+def parse_change_version(text: str) -> int:
+    """The ``after`` version of a change-feed page (an integer 0 to 2^63-1), or ValueError."""
+    if not text.isdigit() or int(text) >= 1 << 63:
+        raise ValueError(f"after: expected a version (an integer >= 0), got {text!r}")
+    return int(text)
 
 
 def parse_key(raw: str) -> bytes:
@@ -406,6 +455,18 @@ def unpack_body(raw: bytes, pairs_hook: Callable[[list[tuple[Any, Any]]], Any] |
         max_ext_len=0,
         object_pairs_hook=pairs_hook,
     )
+
+
+def decode_body(raw: bytes, binary: bool, *, strict: bool) -> Any:
+    """A request body decoded from msgpack (``binary``) or JSON, or :class:`BadBatch` (a 400). ``strict``: a map
+    that names a key twice is refused."""
+    hook = no_duplicates if strict else None
+    try:
+        return unpack_body(raw, hook) if binary else json.loads(raw, object_pairs_hook=hook)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise BadBatch(f"body: not valid {'msgpack' if binary else 'JSON'} ({exc})") from None
+    except Exception as exc:  # msgpack raises assorted errors on hostile input; all of them mean "bad body"
+        raise BadBatch(f"body: not valid {'msgpack' if binary else 'JSON'} ({type(exc).__name__})") from None
 
 
 _B64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from ..runtime import GridNotOwner, GridRuntime, GridUnavailable
 from .handler_base import HandlerBase
-from .parsers import DEFAULT_SCAN_LIMIT, MAX_SCAN_LIMIT, MSGPACK_TYPES, decode_cursor, encode_cursor
+from .parsers import accepts_msgpack, decode_cursor, encode_cursor, parse_change_version, parse_page
 from .responses import b64, json_error, packed, unavailable
 
 SCAN_PAGE_BYTES = 4 * 1024 * 1024
@@ -23,18 +23,12 @@ class SegmentHandlers(HandlerBase):
         grid = self.ctx.grid
         if grid is None:
             return json_error(404, "this member runs no data grid (start it with --grid)")
-        binary = any(t.strip().split(";")[0] in MSGPACK_TYPES for t in request.headers.get("Accept", "").split(","))
-        raw_seg = request.match_info["segment"]
-        if not raw_seg.isdigit():
-            return json_error(400, f"segment: expected a segment number, got {raw_seg!r}")
-        q = request.query
-        unknown = sorted(set(q) - {"after", "limit"})
-        if unknown:
-            return json_error(400, f"unknown query parameter(s) {', '.join(unknown)} (after, limit)")
-        limit_text = q.get("limit", str(DEFAULT_SCAN_LIMIT))
-        if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_SCAN_LIMIT:
-            return json_error(400, f"limit: expected 1 to {MAX_SCAN_LIMIT}, got {limit_text!r}")
-        return grid, binary, int(raw_seg), int(limit_text)
+        binary = accepts_msgpack(request.headers.get("Accept", ""))
+        try:
+            seg, limit = parse_page(request.match_info["segment"], request.query)
+        except ValueError as exc:
+            return json_error(400, str(exc))
+        return grid, binary, seg, limit
 
     async def segment(self, request: web.Request) -> web.Response:
         self._count("segment")
@@ -66,11 +60,9 @@ class SegmentHandlers(HandlerBase):
         if isinstance(parsed, web.Response):
             return parsed
         grid, binary, seg, limit = parsed
-        after_text = request.query.get("after", "0")
-        if not after_text.isdigit() or int(after_text) >= 1 << 63:
-            return json_error(400, f"after: expected a version (an integer >= 0), got {after_text!r}")
         try:
-            page = grid.changes(seg, int(after_text), limit, SCAN_PAGE_BYTES)
+            after = parse_change_version(request.query.get("after", "0"))
+            page = grid.changes(seg, after, limit, SCAN_PAGE_BYTES)
         except ValueError as exc:
             return json_error(400, str(exc))
         except GridNotOwner as exc:

@@ -10,7 +10,7 @@ from aiohttp import web
 from ..runtime import GridError, GridRuntime, GridUnavailable
 from ..tx_messages import TxId
 from .handler_base import HandlerBase
-from .parsers import MSGPACK_TYPES, BadBatch, parse_tx, parse_tx_begin, parse_tx_id, parse_tx_lock, parse_tx_resolve
+from .parsers import BadBatch, accepts_msgpack, parse_tx, parse_tx_begin, parse_tx_id, parse_tx_lock, parse_tx_resolve
 from .responses import b64, committed_doc, json_error, packed, tx_failure, unavailable
 
 
@@ -169,7 +169,7 @@ class TxHandlers(HandlerBase):
         grid = self.ctx.grid
         if grid is None:
             return json_error(404, "this member runs no data grid (start it with --grid)")
-        binary = any(t.strip().split(";")[0] in MSGPACK_TYPES for t in request.headers.get("Accept", "").split(","))
+        binary = accepts_msgpack(request.headers.get("Accept", ""))
         try:
             found = grid.tx_in_doubt()
         except GridUnavailable as exc:
