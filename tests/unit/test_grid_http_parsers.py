@@ -190,10 +190,12 @@ def test_pages_take_a_segment_and_a_limit() -> None:
     [
         ("x", {}, r"^segment: expected a segment number, got 'x'$"),
         ("-1", {}, r"^segment: expected a segment number, got '-1'$"),
+        ("²", {}, r"^segment: expected a segment number, got '²'$"),
         ("0", {"page": "2", "size": "1"}, r"^unknown query parameter\(s\) page, size \(after, limit\)$"),
         ("0", {"limit": "0"}, rf"^limit: expected 1 to {MAX_SCAN_LIMIT}, got '0'$"),
         ("0", {"limit": str(MAX_SCAN_LIMIT + 1)}, rf"^limit: expected 1 to {MAX_SCAN_LIMIT}, got '10001'$"),
         ("0", {"limit": "ten"}, r"^limit: expected 1 to \d+, got 'ten'$"),
+        ("0", {"limit": "³"}, r"^limit: expected 1 to \d+, got '³'$"),
     ],
 )
 def test_bad_pages_say_what_is_wrong(segment: str, query: dict[str, str], message: str) -> None:
@@ -204,7 +206,7 @@ def test_bad_pages_say_what_is_wrong(segment: str, query: dict[str, str], messag
 def test_change_versions_are_integers_below_2_to_the_63() -> None:
     assert parse_change_version("0") == 0
     assert parse_change_version(str((1 << 63) - 1)) == (1 << 63) - 1
-    for bad in ("", "-1", "1.5", "x", str(1 << 63)):
+    for bad in ("", "-1", "1.5", "x", "²", str(1 << 63)):
         with pytest.raises(ValueError, match=r"^after: expected a version \(an integer >= 0\), got "):
             parse_change_version(bad)
 
@@ -245,9 +247,12 @@ BAD_REQUESTS = [
     ("PUT", "/v1/kv/k?lifespan=-1", {}, b"v", 400, "lifespan: expected seconds above 0, got '-1'"),
     ("GET", "/v1/kv/k", {"X-Grid-Deadline": "soon"}, None, 400, "X-Grid-Deadline: expected a Unix time"),
     ("GET", "/v1/segments/x", {}, None, 400, "segment: expected a segment number, got 'x'"),
+    ("GET", "/v1/segments/%C2%B2", {}, None, 400, "segment: expected a segment number, got '²'"),
     ("GET", "/v1/segments/0?limit=0", {}, None, 400, "limit: expected 1 to 10000, got '0'"),
+    ("GET", "/v1/segments/0?limit=%C2%B3", {}, None, 400, "limit: expected 1 to 10000, got '³'"),
     ("GET", "/v1/segments/0?after=%21%21", {}, None, 400, "after: not a cursor from a previous page"),
     ("GET", "/v1/changes/0?after=-1", {}, None, 400, "after: expected a version (an integer >= 0), got '-1'"),
+    ("GET", "/v1/changes/0?after=%C2%B2", {}, None, 400, "after: expected a version (an integer >= 0), got '²'"),
     ("GET", "/v1/changes/0?page=1", {}, None, 400, "unknown query parameter(s) page (after, limit)"),
     ("POST", "/v1/batch", {"Content-Type": "text/plain"}, b"x", 415, "Content-Type text/plain is not supported"),
     ("POST", "/v1/batch", {"Content-Type": "application/json"}, b"{nope", 400, "body: not valid JSON ("),

@@ -84,20 +84,21 @@ def parse_kv_lifespan(method: str, given: Sequence[str]) -> float:
 def parse_page(segment: str, query: Mapping[str, str]) -> tuple[int, int]:
     """(segment, page limit) of a ``/v1/segments/{id}`` or ``/v1/changes/{id}`` request, or ValueError. The query
     takes ``after`` (read by the endpoint) and ``limit`` (default :data:`DEFAULT_SCAN_LIMIT`)."""
-    if not segment.isdigit():
+    # isdecimal, not isdigit: int() refuses the digits that are not decimal ("²"), which would be a 500.
+    if not segment.isdecimal():
         raise ValueError(f"segment: expected a segment number, got {segment!r}")
     unknown = sorted(set(query) - {"after", "limit"})
     if unknown:
         raise ValueError(f"unknown query parameter(s) {', '.join(unknown)} (after, limit)")
     limit_text = query.get("limit", str(DEFAULT_SCAN_LIMIT))
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= MAX_SCAN_LIMIT:
+    if not limit_text.isdecimal() or not 1 <= int(limit_text) <= MAX_SCAN_LIMIT:
         raise ValueError(f"limit: expected 1 to {MAX_SCAN_LIMIT}, got {limit_text!r}")
     return int(segment), int(limit_text)
 
 
 def parse_change_version(text: str) -> int:
     """The ``after`` version of a change-feed page (an integer 0 to 2^63-1), or ValueError."""
-    if not text.isdigit() or int(text) >= 1 << 63:
+    if not text.isdecimal() or int(text) >= 1 << 63:
         raise ValueError(f"after: expected a version (an integer >= 0), got {text!r}")
     return int(text)
 
