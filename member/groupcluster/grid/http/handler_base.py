@@ -53,7 +53,6 @@ class HandlerBase:
             )
         return rt
 
-    # ==== transactions =====================================================================================
     async def _body(
         self, request: web.Request, *, shape: str, optional: bool = False, strict: bool = True
     ) -> tuple[Any, bool] | web.Response:
