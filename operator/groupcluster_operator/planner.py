@@ -244,7 +244,7 @@ class MemberReport:
 
     @classmethod
     def from_status(cls, body: Mapping[str, Any]) -> MemberReport:
-        """Parse a ``/v1/status`` answer (the shape of :mod:`groupcluster.grid.http_api`)."""
+        """Parse a ``/v1/status`` answer (the shape of :mod:`groupcluster.grid.http.app`)."""
         view = body.get("view") or {}
         grid = body.get("grid") or {}
         rebalance = grid.get("rebalance") or {}

@@ -21,7 +21,7 @@ from groupcluster.grid.client import (
     GridRequestError,
 )
 from groupcluster.grid.client._batch import _BatchRun
-from groupcluster.grid.http_api import parse_batch
+from groupcluster.grid.http.parsers import parse_batch
 from groupcluster.grid.lifespan import MAX_LIFESPAN_SECONDS as MEMBER_MAX_LIFESPAN
 from groupcluster.grid.lifespan import parse_lifespan
 from groupcluster.grid.messages import DELETE, PUT

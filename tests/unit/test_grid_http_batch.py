@@ -1,11 +1,11 @@
-"""``parse_batch`` of grid/http_api.py: the per-column path for uniform msgpack batches (only puts, or only
+"""``parse_batch`` of grid/http/parsers.py: the per-column path for uniform msgpack batches (only puts, or only
 gets and deletes) gives what the per-operation loop gives, and anything off still gets the loop's error
 naming the operation and the field."""
 
 from __future__ import annotations
 
 import pytest
-from groupcluster.grid.http_api import MAX_BATCH_KEY_BYTES, MAX_VALUE_BYTES, BadBatch, parse_batch
+from groupcluster.grid.http.parsers import MAX_BATCH_KEY_BYTES, MAX_VALUE_BYTES, BadBatch, parse_batch
 from groupcluster.grid.messages import DELETE, GET, PUT
 
 

@@ -1,4 +1,4 @@
-"""A leaving member's HTTP API (grid/http_api.py): new data requests get 503 with reason ``leaving`` (JSON, with
+"""A leaving member's HTTP API (grid/http/): new data requests get 503 with reason ``leaving`` (JSON, with
 ``Retry-After``) and nothing runs; every answer closes its connection; requests already running finish; and
 :func:`close_http` answers every request it has read before the server goes, closes idle kept-alive connections,
 and logs nothing at ERROR, also when a client goes away in the middle of its body.
@@ -17,14 +17,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from groupcluster.grid.http_api import (
-    LEAVING_ERROR,
-    MemberContext,
-    _refused_when_leaving,
-    build_app,
-    close_http,
-    tx_failure,
-)
+from groupcluster.grid.http import MemberContext, build_app, close_http
+from groupcluster.grid.http.app import _refused_when_leaving
+from groupcluster.grid.http.responses import LEAVING_ERROR, tx_failure
 from groupcluster.grid.messages import GET, PUT
 from groupcluster.grid.node import OpResult
 from groupcluster.grid.runtime import GridLeaving, GridUnavailable

@@ -1,4 +1,4 @@
-"""Entry lifespans on the member HTTP API (grid/http_api.py): ``PUT /v1/kv/{key}?lifespan=S`` and a batch put's
+"""Entry lifespans on the member HTTP API (grid/http/): ``PUT /v1/kv/{key}?lifespan=S`` and a batch put's
 ``{"lifespan": S}``. Good values reach the runtime as ``lifespan=`` / ``lifespans=`` exactly; every bad one is a
 400 naming ``lifespan`` (or the batch operation) with nothing sent to the runtime; an invalidation cache refuses
 lifespans; a ValueError the runtime raises for a lifespan (e.g. one it finds out of range) is a 400.
@@ -19,7 +19,8 @@ import msgpack
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from groupcluster.grid.caches import InvalidationRuntime
-from groupcluster.grid.http_api import BadBatch, MemberContext, build_app, parse_batch
+from groupcluster.grid.http import MemberContext, build_app
+from groupcluster.grid.http.parsers import BadBatch, parse_batch
 from groupcluster.grid.lifespan import MAX_LIFESPAN_SECONDS, parse_lifespan
 from groupcluster.grid.messages import DELETE, GET, PUT
 from groupcluster.grid.node import OpResult

@@ -10,16 +10,16 @@ from typing import Any
 
 import msgpack
 import pytest
-from groupcluster.grid.http_api import (
+from groupcluster.grid.http.parsers import (
     MAX_TX_KEYS,
     MAX_VALUE_BYTES,
     BadBatch,
-    _no_duplicates,
-    _unpack_body,
+    no_duplicates,
     parse_tx,
     parse_tx_begin,
     parse_tx_lock,
     parse_tx_resolve,
+    unpack_body,
 )
 
 
@@ -139,9 +139,9 @@ def test_a_map_key_given_twice_is_refused_by_both_decoders() -> None:
     # Plain decoders keep the last of two equal map keys; a transaction would silently lose a write.
     raw_json = b'{"writes": {"YQ==": null, "YQ==": "Yg=="}}'
     with pytest.raises(ValueError, match=r"the map key 'YQ==' is given twice"):
-        json.loads(raw_json, object_pairs_hook=_no_duplicates)
+        json.loads(raw_json, object_pairs_hook=no_duplicates)
     # msgpack: a map with two equal keys, built by hand (a dict cannot hold it).
     raw = b"\x81\xa6writes\x82\xc4\x01a\xc0\xc4\x01a\xc4\x01b"
     with pytest.raises(ValueError, match=r"the map key b'a' is given twice"):
-        _unpack_body(raw, _no_duplicates)
-    assert _unpack_body(msgpack.packb({"writes": {b"a": None}}), _no_duplicates) == {"writes": {b"a": None}}
+        unpack_body(raw, no_duplicates)
+    assert unpack_body(msgpack.packb({"writes": {b"a": None}}), no_duplicates) == {"writes": {b"a": None}}

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from groupcluster.grid.http_api import MemberContext, build_app
+from groupcluster.grid.http import MemberContext, build_app
 from groupcluster_operator import builders, handlers
 from groupcluster_operator.auth import AuthSecretError, read_auth_secret, required_keys
 from groupcluster_operator.model import ClusterSpec, SpecError

@@ -15,7 +15,7 @@ how ``groupcluster chaos`` cuts a member off the network.
 
 ``--grid`` runs a data-grid member on the channel (:mod:`groupcluster.grid.runtime`; ``--grid-set KEY=VALUE``
 sets :class:`~groupcluster.grid.node.GridConfig` parameters) and ``--http HOST:PORT`` serves the member HTTP
-API (:mod:`groupcluster.grid.http_api`). A grid member that is asked to stop (SIGTERM, ``POST /v1/leave``)
+API (:mod:`groupcluster.grid.http`). A grid member that is asked to stop (SIGTERM, ``POST /v1/leave``)
 refuses new data requests over HTTP from then on (503, reason ``leaving``), first hands its segments to new
 owners (at most ``--grid-leave-timeout`` seconds), then leaves the group, then closes its HTTP server once the
 requests in progress are answered (at most ``--http-close-timeout`` seconds). A second SIGTERM or SIGINT during
@@ -487,7 +487,7 @@ class Member:
                 await self._close_http(runner)
 
     async def _close_http(self, runner: Any) -> None:
-        from ..grid.http_api import close_http
+        from ..grid.http import close_http
 
         started = time.monotonic()
         if not await close_http(runner, self.http_ctx, self.args.http_close_timeout):
@@ -500,7 +500,7 @@ class Member:
     async def _start_http(self, url: str | None) -> Any:
         from aiohttp import web
 
-        from ..grid.http_api import SHUTDOWN_TIMEOUT, MemberContext, build_app
+        from ..grid.http import SHUTDOWN_TIMEOUT, MemberContext, build_app
 
         ctx = MemberContext(
             cluster=self.args.cluster,
