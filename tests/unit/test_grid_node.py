@@ -231,7 +231,10 @@ def test_member_alone_is_ready_to_leave_at_once() -> None:
     assert net.nodes[a].metrics["grid.left_without_taker"] == 1
 
 
-def test_member_whose_peers_have_no_capacity_is_ready_to_leave_at_once() -> None:
+def test_member_whose_peers_have_no_capacity_waits_until_one_has_and_hands_off() -> None:
+    # A client-only peer (capacity 0 from its start) can be given capacity while it runs (POST /v1/capacity),
+    # so it is no proof that nobody could take our segments: the last member with capacity keeps its data until
+    # one can, then hands it off.
     net = FakeNet(random.Random(8))
     (a,) = net.add(1)
     client_cfg = GridConfig.from_dict({**_config_dict(CONFIG), "capacity": 0.0})
@@ -240,11 +243,54 @@ def test_member_whose_peers_have_no_capacity_is_ready_to_leave_at_once() -> None
     net.nodes[b] = GridNode(b, client_cfg)
     net.install_view([a, b])
     net.run_until(2.0)
+    net.nodes[a].put(b"k", b"v", net.now)
+    net.collect(a)
+    net.run_until(3.0)
+    assert all(r.ok for r in net.results[a])
     t = net.nodes[b].topology
     assert t is not None and b in t.members and b not in owner_set(t.current)
     net.nodes[a].leave(net.now)
     net.collect(a)
-    assert net.nodes[a].ready_to_leave
+    net.run_until(5.0)
+    assert not net.nodes[a].ready_to_leave
+    net.nodes[b].set_capacity(1.0, net.now)
+    net.collect(b)
+    _step_until(net, lambda: net.nodes[a].ready_to_leave, limit=5.0)
+    assert net.nodes[a].metrics["grid.left_without_taker"] == 0
+    store = net.nodes[b].store
+    assert store is not None and [(k, v) for _s, k, _ver, v in store.items()] == [(b"k", b"v")]
+
+
+def test_member_beside_a_peer_emptied_at_runtime_does_not_leave_with_the_only_copy() -> None:
+    # Simulation seed 857807000094 (grid-tx, capacity changes): b set its capacity to 0, the rebalance moved
+    # every segment to a, then a was asked to leave. a read b's capacity 0 in the CH as "nobody could take my
+    # segments" and left at once with the only copy of every acknowledged write. b's capacity may change again
+    # (and a merge may bring members with capacity): a keeps the data until someone can take it.
+    net = FakeNet(random.Random(16))
+    a, b = net.add(2)
+    net.run_until(2.0)
+    keys = [f"key{i}".encode() for i in range(50)]
+    for k in keys:
+        net.nodes[a].put(k, b"x", net.now)
+    net.collect(a)
+    net.run_until(3.0)
+    assert all(r.ok for r in net.results[a])
+    net.nodes[b].set_capacity(0.0, net.now)
+    net.collect(b)
+    net.run_until(6.0)
+    t = net.nodes[a].topology
+    assert t is not None and t.phase == Phase.NO_REBALANCE and owner_set(t.current) == (a,)
+    net.nodes[a].leave(net.now)
+    net.collect(a)
+    net.run_until(8.0)
+    assert not net.nodes[a].ready_to_leave
+    assert net.nodes[a].metrics["grid.left_without_taker"] == 0
+    net.nodes[b].set_capacity(1.0, net.now)
+    net.collect(b)
+    _step_until(net, lambda: net.nodes[a].ready_to_leave, limit=5.0)
+    assert net.nodes[a].metrics["grid.left_without_taker"] == 0
+    store = net.nodes[b].store
+    assert store is not None and {k for _s, k, _ver, _v in store.items()} == set(keys)
 
 
 def test_leaving_member_with_a_peer_that_has_capacity_waits_for_handoff() -> None:

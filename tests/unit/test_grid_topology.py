@@ -690,8 +690,7 @@ def test_property_planner_invariants(events: list[tuple[str, int]], n: int) -> N
 
 def test_ch_lists_a_member_with_capacity_even_when_nothing_moves_to_it() -> None:
     # One segment, one owner: a joiner's share rounds down to nothing and no data moves, but the current CH
-    # must still list it with its capacity: a leaving member reads from the CH whether anybody could take its
-    # segments (Membership._no_taker), and would otherwise leave at once with the only copy.
+    # must still list it with its capacity: the CH names every cache member with its capacity.
     a, b = m(0), m(1)
     p = RebalancePlanner([a], num_segments=1, num_owners=1)
     p.on_statuses({a: MemberStatus(1.0, False, None)}, 0.0)
@@ -704,10 +703,8 @@ def test_ch_lists_a_member_with_capacity_even_when_nothing_moves_to_it() -> None
 
 
 def test_ch_lists_client_only_members_with_capacity_zero() -> None:
-    # A leaving member leaves at once with the only copy of its segments only when every other member of its
-    # view is listed in the CH with capacity 0 (Membership._no_taker): a member the CH does not list may have
-    # joined after it was built, or be leaving and take segments again (seeds 2801, 3413). So client-only
-    # members are listed, in the first CH and in every CH after, though they own nothing.
+    # The CH names every cache member with its capacity: client-only members are listed, in the first CH and
+    # in every CH after, though they own nothing.
     a, c, d = m(0), m(1), m(2)
     p = RebalancePlanner([a, c], num_segments=SEGS, num_owners=2)
     p.on_statuses({a: MemberStatus(1.0, False, None), c: MemberStatus(0.0, False, None)}, 0.0)
@@ -727,8 +724,8 @@ def test_ch_lists_client_only_members_with_capacity_zero() -> None:
 def test_topology_ending_a_rebalance_lists_the_members_that_joined_during_it() -> None:
     # Simulation seeds 2801, 4872: the topology that ends a rebalance takes the pending CH, made when the rebalance
     # started; members that joined meanwhile are taken in by the next rebalance, broadcast right behind it. The
-    # last owner, leaving, read from the first that nobody could take its segments (Membership._no_taker) and
-    # left with the only copy. Both topologies must list the joiners with their capacity.
+    # last owner, leaving, read from the first that nobody could take its segments and left with the only copy
+    # (then Membership._no_taker read capacities from the CH). Both topologies list the joiners with their capacity.
     a, b, c, d = m(0), m(1), m(2), m(3)
     p = joined(2)
     b_status = MemberStatus(1.0, True, p.topology)

@@ -651,10 +651,8 @@ class RebalancePlanner:
         if t.phase == Phase.READ_ALL_WRITE_ALL:
             return [(None, self._set(self._bump(t, phase=Phase.READ_NEW_WRITE_ALL)))]
         # The pending CH lists the owner candidates of the rebalance's start; members that joined since are taken
-        # in by the next rebalance, but must be listed already: every member installs this topology before the
-        # next one, and a leaving member reads "nobody could take my segments" from its CH (Membership._no_taker).
-        # Seeds 2801, 4872: the last owner, leaving, read that from such a topology and left with the only copy of its
-        # segments, one step before the rebalance that would have moved them to the two joiners.
+        # in by the next rebalance, but are listed already, so the CH names every cache member with its capacity
+        # (a coordinator recovering from it takes the capacity of a member whose status comes late from there).
         cur = self._listing(t.pending, self._owner_candidates())
         done = self._set(self._new(t.rebalance_id, Phase.NO_REBALANCE, cur, None, stable=owner_set(cur)))
         out: list[Output] = [(None, done)]
@@ -685,9 +683,7 @@ class RebalancePlanner:
                 zip(t.current.members, t.current.capacities, strict=True)
             ):
                 # Nothing moves, but the CH lists every member that could own segments (with its capacity),
-                # even one whose share rounds down to none, and every client-only member (capacity 0): a
-                # leaving member takes a member listed with capacity 0 for one that cannot take its segments
-                # (Membership._no_taker), so the CH must say so as soon as we know.
+                # even one whose share rounds down to none, and every member at capacity 0, as soon as we know.
                 return self._set(self._bump(t, members=members, current=target))
             return None
         self.rebalances_started += 1
@@ -785,13 +781,12 @@ class RebalancePlanner:
         return c, p
 
     def _clients(self) -> list[Address]:
-        """Cache members with capacity 0 (client-only: they never own segments)."""
+        """Cache members with capacity 0 (client-only, or emptied by a capacity change): given no segments."""
         return [m for m, i in self.members.items() if i.capacity == 0]
 
     def _with_clients(self, ch: ConsistentHash) -> ConsistentHash:
-        """``ch`` (from :func:`balanced`, which lists the owner candidates only) also listing every client-only
-        member with capacity 0: a leaving member may leave with the only copy of its segments when everyone
-        else in its view is one, and a member the CH does not list could still take them (Membership._no_taker)."""
+        """``ch`` (from :func:`balanced`, which lists the owner candidates only) also listing every member with
+        capacity 0, so the CH names every cache member with its capacity."""
         return self._listing(ch, self._clients())
 
     def _owner_candidates(self) -> list[Address]:

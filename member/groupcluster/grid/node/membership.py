@@ -371,8 +371,8 @@ class Membership:
             self.node.ready_to_leave = True  # never held data
             return
         if self._no_taker(t):
-            # Nobody could take our segments (we are alone, or every other member owns nothing by its
-            # capacity): waiting would only run into the leave timeout, and the data goes either way.
+            # Nobody could take our segments (we are alone): waiting would only run into the leave timeout, and
+            # the data goes either way.
             # Writes still being replicated to members that are gone or own nothing cannot finish either.
             if not any(pw.op_id != 0 for pw in self.node.replication.writes.values()):
                 self.node.metrics["grid.left_without_taker"] += 1
@@ -393,17 +393,13 @@ class Membership:
             self.node.ready_to_leave = True
 
     def _no_taker(self, t: CacheTopology) -> bool:
-        """Whether no other member could take our segments: we are alone in our view, or every other member
-        of it owns nothing by its capacity (0: a client-only member).
+        """Whether no other member could take our segments: we are alone in our view.
 
-        Only a member the CH lists with capacity 0 is known to own nothing (the planner lists every such cache
-        member: RebalancePlanner._with_clients). Any other member of our view could take our segments, listed or
-        not: one the CH does not list may have joined after the CH was built (the topology that ends a
-        rebalance carries the CH planned at its start: seed 2801), and a member that is leaving takes segments
-        again once every member with capacity is leaving, ourselves included (RebalancePlanner._owner_candidates),
-        which a CH built before the coordinator knew of our leave cannot show (seed 3413). Both seeds left with
-        the only copy on such a CH, a step before the coordinator's next topology handed the segments on.
-        Capacities never change after a join, so this answer cannot go stale the way leave flags do.
+        A member beside us at capacity 0 (client-only, or emptied by POST /v1/capacity) is no proof: any member's
+        capacity can change while it runs, and once one of them has capacity again the planner gives it our
+        segments (RebalancePlanner._owner_candidates keeps us an owner until then), so we wait for that, a merge,
+        or the leave timeout (docs/decisions/003-leaving-beside-capacity-zero-members-waits.md). Reading such
+        a member as a non-taker left the only copy of a side's data with us (grid-tx seed 857807000094).
 
         Only on an available, balanced topology: a degraded one may mean we are just cut off from the others,
         who would take our segments once the partition heals, so we wait for that (or the leave timeout).
@@ -416,8 +412,4 @@ class Membership:
             # So may the owners our grid lost before we took its data over: no owner of our own topology vanished,
             # but what we hold may be the only copy of what our side acknowledged while cut off from them.
             return False
-        others = [m for m in self.node.view if m != self.node.address]
-        if any(m not in t.members for m in others):
-            return False  # a member the topology does not know yet (joining): its capacity is unknown
-        caps = dict(zip(t.current.members, t.current.capacities, strict=True))
-        return all(caps.get(m, -1.0) == 0 for m in others)
+        return all(m == self.node.address for m in self.node.view)
