@@ -1,4 +1,4 @@
-"""The thin adapter that runs a sans-IO :class:`~.node.GridNode` on a live group channel.
+"""GridRuntime: the thin adapter that runs a sans-IO :class:`~..node.GridNode` on a live group channel.
 
 It moves views, delivered batches and time into the node and the node's payloads out to the group; it turns
 client operations into awaitables completed by the node's results::
@@ -9,45 +9,26 @@ client operations into awaitables completed by the node's results::
     await grid.put(b"k", b"v"); value = await grid.get(b"k")
     grid.leave(); await grid.wait_ready_to_leave(); await ch.leave()
 
-**Multiplexing.** The grid shares the channel with whatever else the member sends (the test workload of
-``groupcluster member``), so every payload it sends starts with a one-byte tag: :data:`TAG_GRID` for node
-payloads, :data:`TAG_INFO` for the member-info announcements below. Payloads with another first byte go to
-the ``other`` callback unchanged. A tag byte instead of a protocol header keeps the channel API (and the
-protocol layers another engineer owns) untouched; both tags are outside printable ASCII, so they do not clash
-with the text ids the test workload puts first.
+**Multiplexing.** Every payload it sends starts with a one-byte tag (:data:`TAG_GRID` for node payloads,
+:data:`TAG_INFO` for member info); payloads with another first byte go to the ``other`` callback unchanged
+(the channel is shared with the member's test workload). Named caches (:mod:`..caches`) run one more
+:class:`GridRuntime` each, with their own ``wire_prefix`` and the default runtime as ``parent``.
 
-Named caches (:mod:`.caches`) run one more :class:`GridRuntime` each, with their own ``wire_prefix`` (tag
-``0xF9``, mode and name) and the default runtime as ``parent``: they share its member info and announce none.
+**Member info.** After every view change each member multicasts ``{"http": url, "clock": t, "low": id}``:
+the endpoints for :meth:`GridRuntime.routing`, how far its clock is ahead of ours, and for the change feed
+the oldest topology whose writes it may still re-drive.
 
-**Member info.** Clients route a key to its owner's HTTP endpoint, so members must know each other's
-endpoints. After every view change each member multicasts a small msgpack map ``{"http": url, "clock": t}``;
-the map of group address to URL is pruned to the view and published in :meth:`GridRuntime.routing`, and the
-clock tells how far each member's clock is ahead of ours (:attr:`GridRuntime.peer_clock_ahead`).
+**Binding late.** The node needs our address, which exists only once ``Channel.connect`` runs: events that
+arrive before :meth:`GridRuntime.bind` are buffered in order and replayed into the node.
 
-**Binding late.** The callbacks must be registered with ``Channel.connect`` to see the first view, but the
-node needs our address, which exists only once ``connect`` runs. Events that arrive before :meth:`bind` are
-buffered in order and replayed into the node when it is created.
-
-**Batches.** :meth:`GridRuntime.run_batch` starts many operations in one step of the node
-(:meth:`GridNode.start_batch`), so the commands for one owner leave as one batch message, and so do the
-backups and answers they cause. :meth:`GridRuntime.scan_segment` pages through a segment this member can
-read, for bulk readers that split the key space by segment (the Spark data source).
-
-**Change feed.** The node runs with :class:`~.feed.ChangeFeed` as its hooks; its store (:class:`FeedStore`) logs,
-per segment, every write it applies (puts, deletes, each overwrite) in a bounded log; :meth:`GridRuntime.changes`
-answers it in version order up to a point where nothing older can still arrive
-(:meth:`GridRuntime.stable_version`: every member announces, with its URL, the oldest topology whose writes it may
-still re-drive). The Spark stream reads it (docs/spark.md). Batch gets report versions from the local copy
-(:meth:`GridRuntime.versions_of`): the node's answers carry values only.
-
-The group's own state transfer is not used: the grid rebalances by itself (docs/grid.md).
+**Change feed.** The node runs with :class:`~..feed.ChangeFeed` as its hooks, so its store logs every write
+it applies; :meth:`GridRuntime.changes` pages it up to :meth:`GridRuntime.stable_version` (docs/spark.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import heapq
 import logging
 import math
@@ -61,15 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from ..core.address import Address
-from ..core.message import Message
-from ..core.view import View
-from ..runtime.driver import GC_THRESHOLDS
-from .consistent_hash import segment_of
-
-# The grid's exceptions, re-exported where callers have always found them (one hierarchy with the clients').
-from .errors import TX_ERRORS as _TX_ERRORS
-from .errors import (
+from ...core.address import Address
+from ...core.message import Message
+from ...core.view import View
+from ..consistent_hash import segment_of
+from ..errors import TX_ERRORS as _TX_ERRORS
+from ..errors import (
     GridError,
     GridFull,
     GridLeaving,
@@ -84,18 +62,18 @@ from .errors import (
     GridTxUnknown,
     GridUnavailable,
 )
-from .errors import GridTxTimeout as GridTxTimeout  # re-exported
-from .errors import GridTxUnavailable as GridTxUnavailable  # re-exported
-from .feed import ChangeFeed, ChangePage, FeedStore, stable_bound
-from .messages import DELETE, GET, PUT
-from .node import EVENT_KINDS, EntryEvents, GridConfig, GridNode, OpResult
-from .store import Segment
-from .topology import Availability, CacheTopology, Phase
-from .tx.messages import TxId
-from .tx.participant import InDoubt, TxReport
+from ..feed import ChangeFeed, ChangePage, FeedStore, stable_bound
+from ..messages import DELETE, GET, PUT
+from ..node import EVENT_KINDS, EntryEvents, GridConfig, GridNode, OpResult
+from ..store import Segment
+from ..topology import Availability, CacheTopology, Phase
+from ..tx.messages import TxId
+from ..tx.participant import InDoubt, TxReport
+from .gc_tuning import tune_gc
+from .timer import NodeTimer
 
 if TYPE_CHECKING:
-    from ..runtime.channel import Channel
+    from ...runtime.channel import Channel
 
 log = logging.getLogger("groupcluster.grid.runtime")
 
@@ -181,72 +159,6 @@ def error_for(result: OpResult) -> GridError:
     return GridError(result.error or "operation failed")
 
 
-def tune_gc() -> None:
-    """Make the cyclic garbage collector run far less often in a grid member process.
-
-    A member allocates a few tracked objects per operation (operation records, messages, futures) while it
-    holds long-lived containers the collector walks on every full collection (the change-feed logs, up to
-    hundreds of thousands of tuples); with the default thresholds (700, 10, 10) a full collection came every
-    few thousand operations. Measured while loading 333,000 entries per member (before the store's segments
-    were made invisible to the collector, :class:`~.store.Segment`): about 250 pauses over 5 ms per member,
-    14 s in all, against 2 s with these thresholds. Process-wide, on purpose: the member process is the grid's.
-    """
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-class NodeTimer:
-    """One loop timer at the driven node's ``next_deadline()`` (grid and invalidation runtimes): re-armed after
-    every step, it ticks the node when due and pumps what the tick produced."""
-
-    _closed: bool
-    _loop: asyncio.AbstractEventLoop
-    _timer: asyncio.TimerHandle | None
-    _timer_at: float | None
-    _waiting: dict[int, asyncio.Future[Any]]
-    node: Any
-
-    def _pump(self) -> None:
-        raise NotImplementedError
-
-    def _stop(self, gone: Exception) -> None:
-        """Closing: no more ticks, and every single operation still waiting fails with ``gone``."""
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        for fut in self._waiting.values():
-            if not fut.done():
-                fut.set_exception(gone)
-        self._waiting.clear()
-
-    def _tick(self, now: float) -> None:
-        self.node.tick(now)
-
-    def _arm(self) -> None:
-        if self._closed or self.node is None:
-            return
-        deadline = self.node.next_deadline()
-        if deadline == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = deadline
-        if deadline is not None:
-            self._timer = self._loop.call_at(deadline, self._on_timer)
-
-    def _on_timer(self) -> None:
-        # The loop may fire a hair before the deadline (clock resolution); ticking at the deadline itself keeps
-        # the node from finding nothing due and the timer from re-arming at once in a loop.
-        due = self._timer_at or 0.0
-        self._timer = None
-        self._timer_at = None
-        if self.node is None or self._closed:
-            return
-        self._tick(max(self._loop.time(), due))
-        self._pump()
-
-
 class GridRuntime(NodeTimer):
     """Drives one :class:`GridNode` from a channel's callbacks and the event loop's clock."""
 
@@ -307,7 +219,7 @@ class GridRuntime(NodeTimer):
         # at bind (the address exists only then). Loaded into the node at bind.
         self._backing: Any = None
         if self.config.persistence == "write_through" and not os.path.isdir(self.config.persistence_path):
-            from .persist import SqliteBacking
+            from ..persist import SqliteBacking
 
             self._backing = SqliteBacking(self.config.persistence_path)
 
@@ -411,7 +323,7 @@ class GridRuntime(NodeTimer):
         self.node.wall_offset = time.time() - self._loop.time()
         self._sync_event_kinds()
         if self.config.persistence == "write_through" and self._backing is None:
-            from .persist import SqliteBacking
+            from ..persist import SqliteBacking
 
             a = ch.address
             # Named caches (grid/caches.py) keep a file of their own beside the default cache's.
