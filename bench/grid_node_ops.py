@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/grid_node_ops.py [--batch 1000] [--rounds 20] [--entries 200000] [--profile] [--json]
 
-Three members (``FeedNode``, as a real member runs it: batching and the change-feed store) on an in-process
+Three members (``GridNode`` with ``ChangeFeed`` hooks, as a real member runs it: batching and the change-feed
+store) on an in-process
 "network" that hands every payload to its destination at once, encoded and decoded as on the wire:
 
 * ``batch put`` / ``batch get``: ``--batch`` operations per round, keys spread over all segments, each key's
@@ -28,9 +29,9 @@ import time
 from typing import Any
 
 from groupcluster.core.address import Address
+from groupcluster.grid.feed import ChangeFeed
 from groupcluster.grid.messages import GET, PUT, EntryChunk, XferData, decode_payload, encode_payload
-from groupcluster.grid.node import GridConfig
-from groupcluster.grid.runtime import FeedNode
+from groupcluster.grid.node import GridConfig, GridNode
 from groupcluster.grid.store import SegmentStore
 
 
@@ -41,7 +42,7 @@ class Net:
         self.now = 1.0
         self.addrs = [Address("10.0.0.1", 7800 + i, i + 1) for i in range(n)]
         cfg = GridConfig.from_dict({"num_owners": 2})
-        self.nodes = {a: FeedNode(a, cfg) for a in self.addrs}
+        self.nodes = {a: GridNode(a, cfg, hooks=ChangeFeed()) for a in self.addrs}
         for a in self.addrs:
             self.nodes[a].on_view(self.addrs, self.now)
         self.settle()

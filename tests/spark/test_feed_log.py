@@ -1,5 +1,5 @@
 """Unit tests of the member-side change feed (pure): :class:`FeedStore` logs, bounds, ordering, truncation,
-and the :class:`FeedNode` that installs it and reports writes still in flight from older topologies.
+and the :class:`ChangeFeed` hooks that install it in a node and reports writes still in flight from older topologies.
 
 They live with the Spark tests because the feed exists for the Spark stream; they need no SparkSession.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 from groupcluster.core.address import Address
-from groupcluster.grid.node import GridConfig, _PendingWrite
-from groupcluster.grid.runtime import ALL_STABLE, FeedNode, FeedStore, stable_bound
+from groupcluster.grid.feed import ALL_STABLE, ChangeFeed, FeedStore, stable_bound
+from groupcluster.grid.node import GridConfig, GridNode, _PendingWrite
 from groupcluster.grid.store import make_version
 
 
@@ -143,7 +143,8 @@ def test_bad_arguments_are_named() -> None:
 
 def test_the_feed_node_writes_through_its_feed_store() -> None:
     a = Address("127.0.0.1", 7001, 1)
-    node = FeedNode(a, GridConfig.from_dict({"num_segments": 8, "num_owners": 1}))
+    feed = ChangeFeed()
+    node = GridNode(a, GridConfig.from_dict({"num_segments": 8, "num_owners": 1}), hooks=feed)
     node.on_view([a], 0.0)
     for _ in range(20):
         if node.topology is not None:
@@ -159,7 +160,7 @@ def test_the_feed_node_writes_through_its_feed_store() -> None:
     page = node.store.changes(seg, 0, 10, ALL_STABLE)
     assert [(k, val) for _, k, val in page.entries] == [(b"k", b"v1"), (b"k", b"v2"), (b"k", None)]
     # Nothing stamped under an older topology is in flight: the oldest unfinished is our own topology.
-    assert node.oldest_unfinished() == node.topology.topology_id
+    assert feed.oldest_unfinished(node) == node.topology.topology_id
 
 
 def test_the_stable_bound_waits_for_every_member_to_leave_older_topologies_behind() -> None:
@@ -174,7 +175,8 @@ def test_the_stable_bound_waits_for_every_member_to_leave_older_topologies_behin
 def test_a_write_being_re_driven_holds_back_its_topology() -> None:
     a = Address("127.0.0.1", 7001, 1)
     b = Address("127.0.0.1", 7002, 1)
-    node = FeedNode(a, GridConfig.from_dict({"num_segments": 8, "num_owners": 1}))
+    feed = ChangeFeed()
+    node = GridNode(a, GridConfig.from_dict({"num_segments": 8, "num_owners": 1}), hooks=feed)
     node.on_view([a], 0.0)
     for _ in range(20):
         if node.topology is not None:
@@ -182,12 +184,12 @@ def test_a_write_being_re_driven_holds_back_its_topology() -> None:
         node.tick(node.next_deadline() or 0.0)
     assert node.topology is not None
     tid = node.topology.topology_id
-    assert node.oldest_unfinished() == tid
+    assert feed.oldest_unfinished(node) == tid
     # A write stamped under an older topology, still on its way to a backup: its topology is reported.
     node.replication.writes[99] = _PendingWrite(b, 1, 1, tid, {b}, b"k", v(tid - 1, 3) if tid > 1 else 3, b"v")
-    assert node.oldest_unfinished() == max(tid - 1, 0)
+    assert feed.oldest_unfinished(node) == max(tid - 1, 0)
     del node.replication.writes[99]
-    assert node.oldest_unfinished() == tid
+    assert feed.oldest_unfinished(node) == tid
 
 
 def test_a_full_log_is_cut_a_sixteenth_below_its_bound_and_stays_complete_above_its_floor() -> None:

@@ -27,10 +27,10 @@ from groupcluster.grid.caches import (
     wire_prefix,
 )
 from groupcluster.grid.consistent_hash import MAX_OWNERS
+from groupcluster.grid.driver.grid_runtime import GridRuntime
 from groupcluster.grid.invalidation import InvalidationConfig, InvalidationNode, decode, encode_invalidate
 from groupcluster.grid.messages import DELETE, GET, PUT
 from groupcluster.grid.node import GridConfig, OpResult
-from groupcluster.grid.runtime import GridRuntime
 from groupcluster.grid.topology import owner_set
 
 from .gridnet import FakeNet, final_checks, member, run_scenario

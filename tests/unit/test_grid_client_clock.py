@@ -13,7 +13,7 @@ import msgpack
 import pytest
 from groupcluster.core.address import Address
 from groupcluster.grid.client._routing import _Router
-from groupcluster.grid.runtime import TAG_INFO, GridRuntime
+from groupcluster.grid.driver.grid_runtime import TAG_INFO, GridRuntime
 
 
 def router() -> _Router:

@@ -8,9 +8,9 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from groupcluster.grid import client, errors, runtime
+from groupcluster.grid import client, errors
 from groupcluster.grid.client._wire import _Reply, _tx_failure
-from groupcluster.grid.runtime import tx_error_for
+from groupcluster.grid.driver.grid_runtime import tx_error_for
 
 
 @pytest.mark.parametrize(
@@ -25,16 +25,16 @@ from groupcluster.grid.runtime import tx_error_for
         "GridTxTimeout",
     ],
 )
-def test_the_runtime_and_the_client_export_the_same_classes(name: str) -> None:
-    assert getattr(runtime, name) is getattr(client, name) is getattr(errors, name)
+def test_the_client_exports_the_same_classes(name: str) -> None:
+    assert getattr(client, name) is getattr(errors, name)
 
 
 def test_two_names_for_one_meaning_are_one_class() -> None:
-    assert client.GridClientError is runtime.GridError is errors.GridError
-    assert client.GridUnavailableError is runtime.GridUnavailable
-    assert client.GridTxUnknownOutcome is runtime.GridTxUnknown
-    assert issubclass(client.GridBatchError, runtime.GridUnavailable)
-    assert issubclass(client.GridRequestError, runtime.GridError)
+    assert client.GridClientError is errors.GridError
+    assert client.GridUnavailableError is errors.GridUnavailable
+    assert client.GridTxUnknownOutcome is errors.GridTxUnknown
+    assert issubclass(client.GridBatchError, errors.GridUnavailable)
+    assert issubclass(client.GridRequestError, errors.GridError)
 
 
 @pytest.mark.parametrize(

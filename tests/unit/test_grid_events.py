@@ -15,8 +15,8 @@ from collections import Counter
 
 import pytest
 from groupcluster.core.address import Address
+from groupcluster.grid.driver.grid_runtime import GridRuntime
 from groupcluster.grid.node import EVENT_KINDS, EntryEvents, GridNode
-from groupcluster.grid.runtime import GridRuntime
 
 from .gridnet import FakeNet
 

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from groupcluster.grid.errors import GridLeaving, GridUnavailable
 from groupcluster.grid.http import MemberContext, build_app, close_http
 from groupcluster.grid.http.app import _refused_when_leaving
 from groupcluster.grid.http.responses import LEAVING_ERROR, tx_failure
 from groupcluster.grid.messages import GET, PUT
 from groupcluster.grid.node import OpResult
-from groupcluster.grid.runtime import GridLeaving, GridUnavailable
 
 
 class FakeRuntime:

@@ -40,7 +40,8 @@ from groupcluster.grid.messages import (
     encode_payload,
     unbatched,
 )
-from groupcluster.grid.node import GridConfig, GridNode
+from groupcluster.grid.node import GridConfig, GridNode, NodeHooks
+from groupcluster.grid.store import SegmentStore
 from groupcluster.grid.topology import Availability, CacheTopology, PartitionHandling, Phase, owner_set
 
 from .gridnet import CONFIG, FakeNet, final_checks, member, run_scenario
@@ -580,6 +581,55 @@ def test_a_write_is_redriven_when_an_owner_that_acknowledged_it_starts_fetching_
     assert node.metrics["grid.writes_redriven"] == 1
 
 
+class RecordingHooks(NodeHooks):
+    """Node hooks that record every call, to check where the node calls them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.stores: list[SegmentStore] = []
+
+    def new_store(self, num_segments: int) -> SegmentStore:
+        self.calls.append(("new_store", num_segments))
+        self.stores.append(super().new_store(num_segments))
+        return self.stores[-1]
+
+    def installing(self, t: CacheTopology, store: SegmentStore) -> None:
+        assert store is self.stores[-1]  # the store this hook made, in place before the install changes it
+        self.calls.append(("installing", t.topology_id))
+
+    def redriving(self, version: int) -> None:
+        self.calls.append(("redriving", version))
+
+
+def test_the_node_calls_its_hooks_for_its_store_each_newer_topology_and_each_redrive() -> None:
+    # The change feed (grid/feed.py) relies on these three points: its store is the node's, it learns each
+    # topology before the install clears segments for fetches, and it hears of every re-driven write.
+    x, y, z = member(1), member(2), member(3)
+    hooks = RecordingHooks()
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 1, "num_owners": 2}), hooks=hooks)
+    node.on_view((x, y, z), 0.0)
+
+    def install(t: CacheTopology, now: float) -> None:
+        node.on_messages([(x, encode_payload([Topology(t)]))], now)
+
+    install(_phase_topology(5, Phase.READ_NEW_WRITE_ALL, (x, y), (x, z)), 0.1)
+    node.take_outbox()
+    node.put(b"k", b"v", 0.2)
+    sent = [m for o in node.take_outbox() for m in unbatched(decode_payload(o.payload)) if isinstance(m, Backup)]
+    version = sent[0].version
+    install(_phase_topology(6, Phase.NO_REBALANCE, (x, z), None), 0.3)
+    install(_phase_topology(4, Phase.NO_REBALANCE, (x, z), None), 0.35)  # stale: not installed, no call
+    install(_phase_topology(7, Phase.READ_OLD_WRITE_ALL, (x, z), (x, y), rebalance_id=2), 0.4)  # y fetches
+    assert hooks.calls == [
+        ("new_store", 1),
+        ("installing", 5),
+        ("installing", 6),
+        ("installing", 7),
+        ("redriving", version),
+    ]
+    assert node.metrics["grid.writes_redriven"] == 1 and node.store is hooks.stores[0]
+
+
 def test_a_backup_applies_an_earlier_round_only_while_its_owners_and_view_are_unchanged() -> None:
     x, y, z = member(1), member(2), member(3)
     node = GridNode(y, GridConfig.from_dict({"num_segments": 1, "num_owners": 2}))
@@ -678,10 +728,10 @@ def test_a_batch_sees_its_own_earlier_writes_in_order() -> None:
     """Operations of one batch on one key run in batch order, also when the member reads the key itself (a
     shortcut that served such gets at once overtook the put queued before them; the real-grid batch test
     found it, and simulation seed 574 then showed the shortcut also read too early inside a step)."""
-    from groupcluster.grid.runtime import FeedNode
+    from groupcluster.grid.feed import ChangeFeed
 
     a = member(1)
-    node = FeedNode(a, CONFIG)
+    node = GridNode(a, CONFIG, hooks=ChangeFeed())
     node.on_view((a,), 0.0)
     assert node.topology is not None
     ids = node.start_batch(

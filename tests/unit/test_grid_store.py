@@ -265,7 +265,7 @@ def test_dropped_segments_and_their_change_logs_are_freed_a_slice_per_step() -> 
     # At the end of a rebalance a member drops a third of its segments in one step; their entries, and the
     # change-feed logs a member's FeedStore keeps per segment, are freed a budget at a time (the logs were
     # freed at once: ~20 ms in one step on the loaded machine, a stall for every operation waiting).
-    from groupcluster.grid.runtime import FeedStore
+    from groupcluster.grid.feed import FeedStore
     from groupcluster.grid.store import FREE_AT_ONCE
 
     n = FREE_AT_ONCE * 3
@@ -298,7 +298,7 @@ def test_property_nbytes_follows_every_change(feed: bool, ops: list[tuple[str, i
     """The running count of live key and value bytes (what max_bytes reads) equals a recount after any mix of
     writes, deletes, transfers (entry by entry and in bulk, with clashes and tombstones), tombstone purges and
     expiries, and segment drops; for the change-feed store too, whose write path has its own copy."""
-    from groupcluster.grid.runtime import FeedStore
+    from groupcluster.grid.feed import FeedStore
 
     s = FeedStore(2) if feed else SegmentStore(2)
     for n, (op, seg, k, ver, size) in enumerate(ops):

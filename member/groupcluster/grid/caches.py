@@ -39,10 +39,12 @@ from ..core.errors import ConfigError
 from ..core.message import Message
 from ..core.view import View
 from .consistent_hash import MAX_OWNERS
+from .driver.grid_runtime import TAG_GRID, TAG_INFO, GridRuntime, error_for
+from .driver.timer import NodeTimer
+from .errors import GridTimeout, GridUnavailable
 from .invalidation import InvalidationConfig, InvalidationNode
 from .messages import DELETE, GET, PUT
 from .node import GridConfig, OpResult
-from .runtime import TAG_GRID, TAG_INFO, GridRuntime, GridTimeout, GridUnavailable, NodeTimer, error_for
 
 if TYPE_CHECKING:
     from ..runtime.channel import Channel
@@ -176,7 +178,7 @@ def _expired(deadline: float | None) -> bool:
 
 class InvalidationRuntime(NodeTimer):
     """Drives one :class:`~.invalidation.InvalidationNode` from the channel and the event loop (the same
-    operations as :class:`~.runtime.GridRuntime` that the HTTP API uses)."""
+    operations as :class:`~.driver.grid_runtime.GridRuntime` that the HTTP API uses)."""
 
     def __init__(self, spec: CacheSpec, wire: bytes) -> None:
         assert spec.invalidation is not None

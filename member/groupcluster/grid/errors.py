@@ -1,4 +1,4 @@
-"""The grid's exceptions: one hierarchy for the in-process runtime (:mod:`.runtime`) and the HTTP clients
+"""The grid's exceptions: one hierarchy for the in-process runtime (:mod:`.driver.grid_runtime`) and the HTTP clients
 (:mod:`.client`), so an error means the same class wherever it is raised (a conflict is a
 :class:`GridTxConflict` in a member and in a client)::
 
@@ -22,8 +22,8 @@
 
 Where two names were kept for one meaning, the first is canonical and the other an alias of the same class:
 :class:`GridError` (``GridClientError``, the clients' name), :class:`GridUnavailable` (``GridUnavailableError``,
-the clients' name), :class:`GridTxUnknownOutcome` (``GridTxUnknown``, the runtime's name). Every name stays
-importable from :mod:`.runtime` and :mod:`.client` as before.
+the clients' name), :class:`GridTxUnknownOutcome` (``GridTxUnknown``, the runtime's name). Every name is
+importable from here and from :mod:`.client`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A member's persistent copy of its grid entries: one SQLite file (stdlib ``sqlite3``, WAL), written through
 once per step of the node (docs/grid.md, "Persistence").
 
-:class:`PersistentStore` is the node's in-memory store (a :class:`~.runtime.FeedStore`) that also records,
+:class:`PersistentStore` is the node's in-memory store (a :class:`~.feed.FeedStore`) that also records,
 without any I/O, what changed in the step: the entries it applied (or received) and the segments it dropped.
 :class:`SqliteBacking` writes such a record in one transaction; the runtime calls it after every step of the
 node and *before* sending that step's payloads, so every acknowledgement a member sends (an owner's BACKUP
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..core.errors import ConfigError
-from .runtime import FeedStore
+from .feed import FeedStore
 from .store import TransferEntry
 
 log = logging.getLogger("groupcluster.grid.persist")

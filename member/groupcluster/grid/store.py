@@ -196,7 +196,7 @@ class SegmentStore:
         self._tomb_queue: deque[tuple[float, int, bytes, int]] = deque()
         # Dropped segments not yet freed: a member drops a third of a large store in one step at the end of a
         # rebalance, and freeing it at once stalled the member's event loop for hundreds of milliseconds.
-        # Also the change-feed logs of dropped segments (deques of entries, see grid/runtime.py's FeedStore).
+        # Also the change-feed logs of dropped segments (deques of entries, see grid/feed.py's FeedStore).
         self._garbage: list[Segment | deque[Any]] = []
         # (when to look, segment, key, version) of every expiry recorded (:meth:`set_expiry`), a heap: the node
         # removes what has expired (:meth:`due_expiries`); records whose entry changed since are skipped then.

@@ -71,7 +71,7 @@ TCP_RETRY_DELAY = 0.2
 # tracked objects per message (messages, header dicts and objects, decoded batches) while it holds many live
 # ones (undelivered batches, the forward-table, retransmission buffers), so collections walked them over and
 # over. Measured on the total-order stack (4 members, 80,000 deliveries each): 2.0 -> 1.6 CPU seconds per run
-# in all (-20%). A grid member process sets them unconditionally (groupcluster.grid.runtime.tune_gc).
+# in all (-20%). A grid member process sets them unconditionally (groupcluster.grid.driver.gc_tuning.tune_gc).
 GC_THRESHOLDS = (50_000, 20, 20)
 _GC_DEFAULTS = (700, 10, 10)
 

@@ -13,14 +13,14 @@ status 0). A bad stack configuration prints one line naming the key and exits wi
 joined, applies the JSON in ``PATH`` to it whenever the file changes (:mod:`groupcluster.runtime.faults_control`):
 how ``groupcluster chaos`` cuts a member off the network.
 
-``--grid`` runs a data-grid member on the channel (:mod:`groupcluster.grid.runtime`; ``--grid-set KEY=VALUE``
-sets :class:`~groupcluster.grid.node.GridConfig` parameters) and ``--http HOST:PORT`` serves the member HTTP
-API (:mod:`groupcluster.grid.http`). A grid member that is asked to stop (SIGTERM, ``POST /v1/leave``)
-refuses new data requests over HTTP from then on (503, reason ``leaving``), first hands its segments to new
-owners (at most ``--grid-leave-timeout`` seconds), then leaves the group, then closes its HTTP server once the
-requests in progress are answered (at most ``--http-close-timeout`` seconds). A second SIGTERM or SIGINT during
-the hand-off skips the rest of it (the member leaves the group at once): when a whole cluster stops, nobody is
-left to take the segments.
+``--grid`` runs a data-grid member on the channel (:mod:`groupcluster.grid.driver.grid_runtime`;
+``--grid-set KEY=VALUE`` sets :class:`~groupcluster.grid.node.GridConfig` parameters) and ``--http HOST:PORT``
+serves the member HTTP API (:mod:`groupcluster.grid.http`). A grid member that is asked to stop (SIGTERM,
+``POST /v1/leave``) refuses new data requests over HTTP from then on (503, reason ``leaving``), first hands its segments
+to new owners (at most ``--grid-leave-timeout`` seconds), then leaves the group, then closes its HTTP server once
+the requests in progress are answered (at most ``--http-close-timeout`` seconds). A second SIGTERM or SIGINT during
+the hand-off skips the rest of it (the member leaves the group at once): when a whole cluster stops, nobody is left
+to take the segments.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from ..core.message import Message
 from ..core.stack import resolve_config
 from ..core.view import View
 from ..grid.caches import CacheSet, CacheSpec, parse_cache_specs
+from ..grid.driver.grid_runtime import GridRuntime
 from ..grid.node import GridConfig
-from ..grid.runtime import GridRuntime
 from ..sim.history import make_payload, view_id_json
 from ..stacks import PRESETS, load_stack_file
 from . import kube_discovery

@@ -85,7 +85,7 @@ overwrite) this member applied to a segment with versions above ``after``, in ve
 *stable* point (no write at or below it can still arrive here), as ``{"segment", "topology_id", "covered",
 "floor", "entries": [[version, key, value or null], ...], "upto", "more"}``. Continue with ``after=upto``.
 ``covered`` false: the member's log does not reach back to ``after`` (it starts at ``floor``: a new owner,
-or a log truncated at :data:`~..runtime.DEFAULT_FEED_ENTRIES` entries or ``DEFAULT_FEED_BYTES``); read the
+or a log truncated at :data:`~..feed.DEFAULT_FEED_ENTRIES` entries or ``DEFAULT_FEED_BYTES``); read the
 segment by scan instead.
 Same formats, 409 and 503 answers as the segment scan.
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..caches import CacheSet
-from ..runtime import GridRuntime
+from ..driver.grid_runtime import GridRuntime
 
 if TYPE_CHECKING:
     from ...runtime.channel import Channel

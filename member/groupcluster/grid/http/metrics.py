@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from ...core.view import View
     from ...runtime.channel import Channel
     from ..caches import CacheRuntime, CacheSet
+    from ..driver.grid_runtime import GridRuntime
     from ..node import GridNode
-    from ..runtime import GridRuntime
     from .context import MemberContext
 
 # A family's samples: (labels, value), labels in Prometheus form (``{op="get"}``) or "" for none.

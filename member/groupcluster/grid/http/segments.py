@@ -6,8 +6,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ..driver.grid_runtime import GridRuntime
 from ..errors import GridNotOwner, GridUnavailable
-from ..runtime import GridRuntime
 from .handler_base import HandlerBase
 from .parsers import accepts_msgpack, decode_cursor, encode_cursor, parse_change_version, parse_page
 from .responses import b64, json_error, packed, unavailable

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from ...sim.history import view_id_json
 from ..caches import DEFAULT_CACHE, DISTRIBUTED
-from ..runtime import GridRuntime
+from ..driver.grid_runtime import GridRuntime
 from .handler_base import HandlerBase
 from .metrics import render_metrics
 from .responses import json_error

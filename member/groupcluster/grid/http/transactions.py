@@ -7,8 +7,8 @@ from typing import Any
 
 from aiohttp import web
 
+from ..driver.grid_runtime import GridRuntime
 from ..errors import GridError, GridUnavailable
-from ..runtime import GridRuntime
 from ..tx.messages import TxId
 from .handler_base import HandlerBase
 from .parsers import BadBatch, accepts_msgpack, parse_tx, parse_tx_begin, parse_tx_id, parse_tx_lock, parse_tx_resolve

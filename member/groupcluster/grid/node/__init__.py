@@ -41,7 +41,8 @@ Where a rule lives (one part per file, each holding its own state):
 * ``transfer_out.py``: outbound state transfer (the state provider): windowed streams of chunks;
 * ``transactions.py``: the transaction calls and the glue to the state machines of ``grid/tx/``;
 * ``capacity.py``: the max_entries and max_bytes bounds; ``expiry.py``: expired entries and tombstones;
-* ``restore.py``: what a persistent store brought back; ``events.py``: entry events;
+* ``restore.py``: what a persistent store brought back; ``events.py``: entry events; ``hooks.py``: where an
+  extension (the change feed) takes part in a step;
 * ``config.py``: :class:`GridConfig`; ``results.py``: what the driver collects; ``routes.py``: per-topology
   routing answers.
 """
@@ -61,6 +62,7 @@ from .config import MAX_CAPACITY, GridConfig
 from .events import EVENT_ARRIVED, EVENT_DEPARTED, EVENT_KINDS, EVENT_WRITTEN, EntryEvents
 from .expiry import EXPIRE_PER_STEP, EXPIRY_RECHECK
 from .facade import DEFERRED_CHUNKS_PER_STEP, FREE_INTERVAL, FREE_PER_STEP, MAX_PAYLOAD_SPLIT, GridNode
+from .hooks import NodeHooks
 from .replication import _PendingWrite
 from .results import TX_COMMIT_OP, TX_LOCK_OP, TX_RESOLVE_OP, TX_ROLLBACK_OP, OpResult, Outgoing
 from .transfer_in import XFER_OVERHEAD
@@ -94,6 +96,7 @@ __all__ = [
     "EntryEvents",
     "GridConfig",
     "GridNode",
+    "NodeHooks",
     "OpResult",
     "Outgoing",
     "_PendingWrite",

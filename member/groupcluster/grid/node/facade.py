@@ -72,9 +72,10 @@ from .capacity import EntryBounds
 from .config import MAX_CAPACITY, GridConfig
 from .events import EVENT_WRITTEN, EntryEventLog, EntryEvents
 from .expiry import Expiry, _check_expires
+from .hooks import NO_HOOKS, NodeHooks
 from .membership import Membership
 from .operations import Operations
-from .replication import Replication, _PendingWrite
+from .replication import Replication
 from .restore import Restore
 from .results import OpResult, Outgoing
 from .routes import _Routes
@@ -116,10 +117,13 @@ class GridNode:
         config: GridConfig | None = None,
         *,
         limits: GridLimits = DEFAULT_LIMITS,
+        hooks: NodeHooks = NO_HOOKS,
     ) -> None:
         self.address = address
         self.config = config or GridConfig()
         self.limits = limits
+        # Where an extension takes part in a step (the change feed: its store, installs, re-drives).
+        self.hooks = hooks
         self.view: tuple[Address, ...] = ()
         self.topology: CacheTopology | None = None
         self.store: SegmentStore | None = None
@@ -550,11 +554,6 @@ class GridNode:
         self._out.clear()
 
     # ==== topology =========================================================================================
-    def _install(self, t: CacheTopology) -> None:
-        """Install a topology (:meth:`Membership.install`); a hook the change feed's node overrides, so the parts
-        call it through the node."""
-        self.membership.install(t)
-
     def _routes(self, t: CacheTopology) -> _Routes:
         r = self._routes_cache
         if r is None or r.topology is not t:
@@ -597,11 +596,6 @@ class GridNode:
             b = ResponseBatch()
             self._emit(dest, b)
         b.add(op_id, attempt, code, tid, value, error, version)
-
-    def _redrive(self, wid: int, pw: _PendingWrite) -> None:
-        """Re-drive a write across a topology change (:meth:`Replication.redrive`); a hook the change feed's
-        node overrides, so the parts call it through the node."""
-        self.replication.redrive(wid, pw)
 
     # ==== transactions =====================================================================================
     # The client's calls (docs/grid-transactions.md, "Using transactions"); results come out of take_results.

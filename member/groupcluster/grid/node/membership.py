@@ -22,7 +22,6 @@ from ..messages import (
 )
 from ..store import (
     SEQ_BITS,
-    SegmentStore,
     version_seq,
 )
 from ..topology import (
@@ -157,7 +156,7 @@ class Membership:
 
     def on_topology(self, src: Address, msg: Topology) -> None:
         if self.node.view and src == self.node.view[0]:
-            self.node._install(msg.topology)
+            self.install(msg.topology)
         else:
             self.node.metrics["grid.topology_not_from_coordinator"] += 1
 
@@ -179,9 +178,9 @@ class Membership:
         for dest, topo in outputs:
             if dest is None:
                 self.node._out.setdefault(None, []).append(Topology(topo))
-                self.node._install(topo)
+                self.install(topo)
             elif dest == self.node.address:
-                self.node._install(topo)
+                self.install(topo)
             else:
                 self.node._emit(dest, Topology(topo))
 
@@ -212,8 +211,9 @@ class Membership:
             self.merge_hold = None  # the merged group's topology: commands are served again (held ones below)
         me = self.node.address
         if self.node.store is None or self.node.store.num_segments != t.num_segments:
-            self.node.store = SegmentStore(t.num_segments)
+            self.node.store = self.node.hooks.new_store(t.num_segments)
         store = self.node.store
+        self.node.hooks.installing(t, store)
         merged: list[tuple[int, bytes, int, bytes | None]] = []
         merged_expiries: dict[tuple[int, bytes], float] | None = None
         if self.merge_from is not None and merged_topology:
@@ -312,7 +312,7 @@ class Membership:
             if pw.topology_id != t.topology_id:
                 owners = self.node.replication.kept_owners(pw.topology_id, t, segment_of(pw.key, t.num_segments))
                 if owners is None:
-                    self.node._redrive(wid, pw)
+                    self.node.replication.redrive(wid, pw)
                     continue
                 self.node.metrics["grid.writes_kept_across_topologies"] += 1
                 pw.awaiting.intersection_update(owners)  # an owner that left the segment is not waited for

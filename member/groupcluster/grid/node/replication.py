@@ -104,7 +104,7 @@ class Replication:
         """``gone`` left our view: finish the writes it may have left half replicated.
 
         The member that stamps a write applies it, then sends it to the other write owners and stays
-        responsible until all of them have it (:meth:`_redrive`). If it dies in between, some copies have the
+        responsible until all of them have it (:meth:`redrive`). If it dies in between, some copies have the
         write and some do not, and nobody finishes it: the owners would serve different values for good
         (simulation seeds 24 and 581: a primary died; 716: a former primary re-driving a write died). So
         every member that applied writes from ``gone`` recently (within ``op_timeout`` of the last one)
@@ -328,6 +328,7 @@ class Replication:
         Stores keep the newest version, so this never overwrites a later write; and a write owner of the
         current topology includes any new owner still fetching, so no snapshot can miss it.
         """
+        self.node.hooks.redriving(pw.version)
         t = self.node.topology
         assert t is not None and self.node.store is not None
         seg = segment_of(pw.key, t.num_segments)
@@ -394,7 +395,7 @@ class Replication:
                 expires = store.expiry_of(s, key, version)
             pw = _PendingWrite(self.node.address, 0, 0, 0, set(), key, version, value, merge=merge, expires=expires)
             self.writes[wid] = pw
-            self.node._redrive(wid, pw)
+            self.redrive(wid, pw)
         if merge:
             self.node.metrics["grid.merge_entries_pushed"] += len(entries)
 
@@ -494,7 +495,7 @@ class Replication:
             # The backup moved on: re-send under its topology once we have it (at once if we do).
             pw.topology_id = 0
             if self.node.topology is not None and self.node.topology.topology_id >= tid:
-                self.node._redrive(wid, pw)
+                self.redrive(wid, pw)
         elif tid < pw.topology_id and src in pw.awaiting:
             # It held our Backup too long waiting for this round's topology: offer it again.
             self.node._emit_backup(src, wid, pw.topology_id, pw.version, pw.key, pw.value, pw.expires)

@@ -2,7 +2,7 @@
 
 Every member runs the group stack a grid member runs (the ``vsync`` preset: a graceful leave is a
 flush-coordinated view change) with a :class:`~groupcluster.grid.node.GridNode` on top, driven exactly as
-:mod:`groupcluster.grid.runtime` drives it: each installed view goes to ``on_view`` (with ``merge``), each
+:mod:`groupcluster.grid.driver.grid_runtime` drives it: each installed view goes to ``on_view`` (with ``merge``), each
 delivered batch of tagged grid payloads to ``on_messages`` (our own multicast copies left out), ``tick`` at
 ``next_deadline``, and the outbox into the stack after every step. Simulated clients issue GET/PUT/DELETE
 on a small key space through random members, so keys see concurrent writers.
@@ -61,7 +61,7 @@ from ..faults import FaultPlan
 from ..scenario import Scenario, _Run
 from ..world import LEAVING, PAUSED, RUNNING, AppFactory, Node
 
-# The runtime's tag byte for grid payloads (grid/runtime.py): the same bytes travel here.
+# The runtime's tag byte for grid payloads (grid/driver/grid_runtime.py): the same bytes travel here.
 TAG_GRID = 0xF7
 _PREFIX = bytes([TAG_GRID])
 
@@ -132,7 +132,7 @@ def draw_setup(rng: random.Random, members: int) -> GridSetup:
 
 
 class GridApp:
-    """The simulated counterpart of :class:`~groupcluster.grid.runtime.GridRuntime` on one member."""
+    """The simulated counterpart of :class:`~groupcluster.grid.driver.grid_runtime.GridRuntime` on one member."""
 
     def __init__(self, node: Node, run: GridRun) -> None:
         self.node = node

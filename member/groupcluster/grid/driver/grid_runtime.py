@@ -1,4 +1,4 @@
-"""The thin adapter that runs a sans-IO :class:`~.node.GridNode` on a live group channel.
+"""GridRuntime: the thin adapter that runs a sans-IO :class:`~..node.GridNode` on a live group channel.
 
 It moves views, delivered batches and time into the node and the node's payloads out to the group; it turns
 client operations into awaitables completed by the node's results::
@@ -9,51 +9,32 @@ client operations into awaitables completed by the node's results::
     await grid.put(b"k", b"v"); value = await grid.get(b"k")
     grid.leave(); await grid.wait_ready_to_leave(); await ch.leave()
 
-**Multiplexing.** The grid shares the channel with whatever else the member sends (the test workload of
-``groupcluster member``), so every payload it sends starts with a one-byte tag: :data:`TAG_GRID` for node
-payloads, :data:`TAG_INFO` for the member-info announcements below. Payloads with another first byte go to
-the ``other`` callback unchanged. A tag byte instead of a protocol header keeps the channel API (and the
-protocol layers another engineer owns) untouched; both tags are outside printable ASCII, so they do not clash
-with the text ids the test workload puts first.
+**Multiplexing.** Every payload it sends starts with a one-byte tag (:data:`TAG_GRID` for node payloads,
+:data:`TAG_INFO` for member info); payloads with another first byte go to the ``other`` callback unchanged
+(the channel is shared with the member's test workload). Named caches (:mod:`..caches`) run one more
+:class:`GridRuntime` each, with their own ``wire_prefix`` and the default runtime as ``parent``.
 
-Named caches (:mod:`.caches`) run one more :class:`GridRuntime` each, with their own ``wire_prefix`` (tag
-``0xF9``, mode and name) and the default runtime as ``parent``: they share its member info and announce none.
+**Member info.** After every view change each member multicasts ``{"http": url, "clock": t, "low": id}``:
+the endpoints for :meth:`GridRuntime.routing`, how far its clock is ahead of ours, and for the change feed
+the oldest topology whose writes it may still re-drive.
 
-**Member info.** Clients route a key to its owner's HTTP endpoint, so members must know each other's
-endpoints. After every view change each member multicasts a small msgpack map ``{"http": url, "clock": t}``;
-the map of group address to URL is pruned to the view and published in :meth:`GridRuntime.routing`, and the
-clock tells how far each member's clock is ahead of ours (:attr:`GridRuntime.peer_clock_ahead`).
+**Binding late.** The node needs our address, which exists only once ``Channel.connect`` runs: events that
+arrive before :meth:`GridRuntime.bind` are buffered in order and replayed into the node.
 
-**Binding late.** The callbacks must be registered with ``Channel.connect`` to see the first view, but the
-node needs our address, which exists only once ``connect`` runs. Events that arrive before :meth:`bind` are
-buffered in order and replayed into the node when it is created.
-
-**Batches.** :meth:`GridRuntime.run_batch` starts many operations in one step of the node
-(:meth:`GridNode.start_batch`), so the commands for one owner leave as one batch message, and so do the
-backups and answers they cause. :meth:`GridRuntime.scan_segment` pages through a segment this member can
-read, for bulk readers that split the key space by segment (the Spark data source).
-
-**Change feed.** The node is a :class:`FeedNode`, whose store (:class:`FeedStore`) also logs, per segment,
-every write it applies (puts, deletes, each overwrite) in a bounded log; :meth:`GridRuntime.changes` answers
-it in version order up to a point where nothing older can still arrive (:meth:`GridRuntime.stable_version`:
-every member announces, with its URL, the oldest topology whose writes it may still re-drive). The Spark
-stream reads it (docs/spark.md). Batch gets report versions from the local copy
-(:meth:`GridRuntime.versions_of`): the node's answers carry values only.
-
-The group's own state transfer is not used: the grid rebalances by itself (docs/grid.md).
+**Change feed.** The node runs with :class:`~..feed.ChangeFeed` as its hooks, so its store logs every write
+it applies; :meth:`GridRuntime.changes` pages it up to :meth:`GridRuntime.stable_version` (docs/spark.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import heapq
 import logging
 import math
 import os
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
@@ -61,15 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from ..core.address import Address
-from ..core.message import Message
-from ..core.view import View
-from ..runtime.driver import GC_THRESHOLDS
-from .consistent_hash import segment_of
-
-# The grid's exceptions, re-exported where callers have always found them (one hierarchy with the clients').
-from .errors import TX_ERRORS as _TX_ERRORS
-from .errors import (
+from ...core.address import Address
+from ...core.message import Message
+from ...core.view import View
+from ..consistent_hash import segment_of
+from ..errors import TX_ERRORS as _TX_ERRORS
+from ..errors import (
     GridError,
     GridFull,
     GridLeaving,
@@ -84,17 +62,18 @@ from .errors import (
     GridTxUnknown,
     GridUnavailable,
 )
-from .errors import GridTxTimeout as GridTxTimeout  # re-exported
-from .errors import GridTxUnavailable as GridTxUnavailable  # re-exported
-from .messages import DELETE, GET, PUT
-from .node import EVENT_KINDS, EntryEvents, GridConfig, GridNode, OpResult, _PendingWrite
-from .store import FREE_AT_ONCE, SEQ_BITS, Segment, SegmentStore, version_topology
-from .topology import Availability, CacheTopology, Phase
-from .tx.messages import TxId
-from .tx.participant import InDoubt, TxReport
+from ..feed import ChangeFeed, ChangePage, FeedStore, stable_bound
+from ..messages import DELETE, GET, PUT
+from ..node import EVENT_KINDS, EntryEvents, GridConfig, GridNode, OpResult
+from ..store import Segment
+from ..topology import Availability, CacheTopology, Phase
+from ..tx.messages import TxId
+from ..tx.participant import InDoubt, TxReport
+from .gc_tuning import tune_gc
+from .timer import NodeTimer
 
 if TYPE_CHECKING:
-    from ..runtime.channel import Channel
+    from ...runtime.channel import Channel
 
 log = logging.getLogger("groupcluster.grid.runtime")
 
@@ -146,252 +125,6 @@ class SegmentPage:
 
 KIND_NAMES = {GET: "get", PUT: "put", DELETE: "delete"}
 
-# ==== the change feed ===================================================================================
-DEFAULT_FEED_ENTRIES = 10_000  # per segment; a reader further behind falls back to a scan of the segment
-# Per segment too: the log keeps overwritten values alive, so it is bounded in bytes (256 segments: 64 MiB).
-DEFAULT_FEED_BYTES = 256 * 1024
-FEED_ENTRY_OVERHEAD = 64  # bytes counted per log entry besides key and value (tuple, version, deque slot)
-ALL_STABLE = (1 << 63) - 1  # "every entry in the log is stable"
-
-# (version, key, value or None for a deletion): one write applied by this member, as the feed gives it.
-FeedEntry = tuple[int, bytes, bytes | None]
-
-
-class FeedLog:
-    """The writes one member applied to one segment, in the order they arrived (bounded).
-
-    ``floor``: the log holds every write this member applied with a version above it (a reader whose offset
-    is below ``floor`` cannot be served from the log). ``declared``: the highest version already answered as
-    stable; a write arriving at or below it (only a merge push can) came too late for readers that passed it
-    and is counted in :attr:`FeedStore.late`.
-    """
-
-    __slots__ = ("declared", "entries", "floor", "size", "top")
-
-    def __init__(self, floor: int) -> None:
-        self.entries: deque[FeedEntry] = deque()
-        self.size = 0  # bytes counted (keys, values, FEED_ENTRY_OVERHEAD each)
-        self.floor = floor
-        self.top = floor
-        self.declared = floor
-
-
-@dataclass(frozen=True, slots=True)
-class ChangePage:
-    """One answer of the change feed for a segment.
-
-    ``covered`` False: the log does not reach back to ``after`` (``floor`` is where it starts); read the
-    segment by scan instead. Otherwise ``entries`` are the writes with versions in ``(after, upto]`` in version
-    order (``(version, key, value or None)``), and the reader continues with ``after = upto``; ``more`` says
-    the page stopped at ``limit`` and more stable entries follow.
-    """
-
-    segment: int
-    topology_id: int
-    covered: bool
-    floor: int
-    entries: list[FeedEntry]
-    upto: int
-    more: bool
-
-
-class FeedStore(SegmentStore):
-    """A :class:`SegmentStore` that also keeps, per segment, a log (bounded in entries and bytes) of the writes
-    applied through :meth:`write` (local writes, backups, re-driven writes and merge pushes; not state
-    transfer).
-
-    A log starts when the member starts holding the segment. A segment created by the first topology that
-    names us its owner (no fetch) starts complete (``floor`` 0); a segment cleared for a fetch under topology
-    T starts at ``floor = (T << 40) - 1``: the transfer brings everything stamped before T (not logged), and
-    every write stamped under T or later reaches us as a write owner through :meth:`write`.
-    """
-
-    __slots__ = ("feeds", "late", "max_bytes", "max_entries", "topology_id")
-
-    def __init__(
-        self, num_segments: int, max_entries: int = DEFAULT_FEED_ENTRIES, max_bytes: int = DEFAULT_FEED_BYTES
-    ) -> None:
-        super().__init__(num_segments)
-        if max_entries < 1:
-            raise ValueError(f"max_entries: expected at least 1, got {max_entries}")
-        if max_bytes < 1:
-            raise ValueError(f"max_bytes: expected at least 1, got {max_bytes}")
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.feeds: dict[int, FeedLog] = {}
-        # The topology being installed: new logs of fetched segments start at its first version.
-        self.topology_id = 0
-        self.late = 0  # entries that arrived below a version already answered as stable
-
-    def _fetch_floor(self) -> int:
-        return max(0, (self.topology_id << SEQ_BITS) - 1)
-
-    def add_segment(self, segment: int) -> None:
-        if segment not in self.segments:
-            self._check_segment(segment)
-            self.feeds[segment] = FeedLog(0)
-        super().add_segment(segment)
-
-    def remove_segment(self, segment: int) -> int:
-        log = self.feeds.pop(segment, None)
-        if log is not None and len(log.entries) > FREE_AT_ONCE:
-            # Freed a slice per step with the segment's entries (SegmentStore.collect): dropping the logs of
-            # a third of the segments at once cost a member ~20 ms in one step at the end of a rebalance.
-            self._garbage.append(log.entries)
-        return super().remove_segment(segment)
-
-    def clear_segment(self, segment: int) -> int:
-        n = super().clear_segment(segment)
-        self.feeds[segment] = FeedLog(self._fetch_floor())
-        return n
-
-    def write(self, segment: int, key: bytes, version: int, value: bytes | None, *, now: float = 0.0) -> bool:
-        # Every write a member applies comes here (on the primary and on each backup): the logging below is
-        # kept to a few operations per entry, and eviction leaves this function only when a log is full.
-        # SegmentStore.write's common case (a value newer than the stored one, or a new key) is repeated here
-        # (saves a call per write), its byte count too (tests/unit/test_grid_store.py checks both copies);
-        # anything else goes through it.
-        data = self.segments.get(segment)
-        old = data.ver.get(key) if data is not None and value is not None else None
-        if data is not None and value is not None and (old is None or old < version):
-            vals = data.val
-            if old is None:
-                self.nbytes += len(key) + len(value)
-            else:
-                held = vals[key]
-                if held is None:
-                    self.tombstones -= 1
-                    self.nbytes += len(key) + len(value)
-                else:
-                    self.nbytes += len(value) - len(held)
-            data.ver[key] = version
-            vals[key] = value
-        elif not super().write(segment, key, version, value, now=now):
-            return False
-        log = self.feeds.get(segment)
-        if log is None:
-            # Created by a write, not by a topology: what came before is unknown to us.
-            log = self.feeds[segment] = FeedLog(self._fetch_floor())
-        if version <= log.declared:
-            # Arrived behind a point already answered as stable (a merge pushes each partition's entries
-            # with their old versions): readers past it never see it. Counted, so it shows.
-            self.late += 1
-        entries = log.entries
-        entries.append((version, key, value))
-        log.size += len(key) + (len(value) if value is not None else 0) + FEED_ENTRY_OVERHEAD
-        if version > log.top:
-            log.top = version
-        if len(entries) > self.max_entries or log.size > self.max_bytes:
-            self._evict(log)
-        return True
-
-    def _evict(self, log: FeedLog) -> None:
-        # Eviction is in arrival order and raises the floor to the highest version evicted: an entry that
-        # stays has a version above it or arrived later, so "complete above floor" stays true. The newest
-        # entry always stays, whatever its size. A full log is cut a sixteenth below its bounds, not just
-        # under them: a log stays full under a steady write load, and a call here per write (one entry out
-        # each) was ~5% of a member's CPU while Spark wrote into the grid. Small bounds are kept exactly.
-        entries = log.entries
-        floor = log.floor
-        size = log.size
-        max_entries = self.max_entries - (self.max_entries >> 4)
-        max_bytes = self.max_bytes - (self.max_bytes >> 4)
-        while len(entries) > 1 and (len(entries) > max_entries or size > max_bytes):
-            version, key, value = entries.popleft()
-            size -= len(key) + (len(value) if value is not None else 0) + FEED_ENTRY_OVERHEAD
-            if version > floor:
-                floor = version
-        log.floor = floor
-        log.size = size
-
-    def changes(self, segment: int, after: int, limit: int, stable: int, max_bytes: int = 4 << 20) -> ChangePage:
-        """The writes with versions in ``(after, stable]`` in version order, at most ``limit`` (one page).
-
-        ``stable``: no write with a version at or below it can still arrive (:data:`ALL_STABLE`: none below
-        any version; the runtime works it out from what every member has in flight).
-        """
-        self._check_segment(segment)
-        if after < 0:
-            raise ValueError(f"after: expected a version >= 0, got {after}")
-        if limit < 1:
-            raise ValueError(f"limit: expected at least 1, got {limit}")
-        log = self.feeds.get(segment)
-        if log is None or after < log.floor:
-            floor = log.floor if log is not None else ALL_STABLE
-            return ChangePage(segment, self.topology_id, False, floor, [], after, False)
-        bound = min(stable, log.top)
-        # heapq.nsmallest keeps a page O(n log limit) instead of sorting the whole log each time.
-        picked = heapq.nsmallest(limit + 1, (e for e in log.entries if after < e[0] <= bound))
-        more = len(picked) > limit
-        out: list[FeedEntry] = []
-        size = 0
-        for e in picked[:limit]:
-            size += len(e[1]) + (len(e[2]) if e[2] is not None else 0)
-            if out and size > max_bytes:
-                more = True
-                break
-            out.append(e)
-        upto = out[-1][0] if more else max(after, bound)
-        if upto > log.declared:
-            log.declared = upto
-        return ChangePage(segment, self.topology_id, True, log.floor, out, upto, more)
-
-    def describe(self) -> dict[str, Any]:
-        d = super().describe()
-        d["feed_entries"] = sum(len(f.entries) for f in self.feeds.values())
-        d["feed_late"] = self.late
-        return d
-
-
-def stable_bound(topology_id: int, own_low: int, others: Iterable[int]) -> int:
-    """The version at or below which no write can still arrive at a member whose topology is ``topology_id``.
-
-    ``own_low`` and ``others``: per member of the view, the lowest topology whose versions may still come
-    from it (0 for a member not heard from). Once all reached our topology, every entry held is final
-    (:data:`ALL_STABLE`); otherwise only versions of topologies below the lowest one.
-    """
-    low = min([own_low, *others])
-    return ALL_STABLE if low >= topology_id else max(0, (low << SEQ_BITS) - 1)
-
-
-class FeedNode(GridNode):
-    """A :class:`GridNode` whose store is a :class:`FeedStore`, and which reports how far back
-    writes it stamped earlier are still on their way (:meth:`oldest_unfinished`)."""
-
-    feed_entries = DEFAULT_FEED_ENTRIES
-    feed_bytes = DEFAULT_FEED_BYTES
-    _redriven = False
-
-    def _install(self, t: CacheTopology) -> None:
-        if self.topology is None or t.topology_id > self.topology.topology_id:
-            if not isinstance(self.store, FeedStore) or self.store.num_segments != t.num_segments:
-                # Put the feed store in place before GridNode._install (Membership.install) would create a plain one.
-                if self.config.persistence == "write_through":
-                    from .persist import PersistentStore
-
-                    self.store = PersistentStore(t.num_segments, self.feed_entries, self.feed_bytes)
-                else:
-                    self.store = FeedStore(t.num_segments, self.feed_entries, self.feed_bytes)
-            self.store.topology_id = t.topology_id
-        super()._install(t)
-
-    def _redrive(self, wid: int, pw: _PendingWrite) -> None:
-        self._redriven = True
-        super()._redrive(wid, pw)
-
-    def oldest_unfinished(self) -> int:
-        """The lowest topology id whose versions may still arrive from us: our installed topology, or the
-        stamp topology of a write we applied under an older one and are still pushing to its owners."""
-        t = self.topology
-        low = t.topology_id if t is not None else 0
-        for pw in self.replication.writes.values():
-            vt = version_topology(pw.version)
-            if vt < low:
-                low = vt
-        self._redriven = False
-        return low
-
-
 _KIND_OF = attrgetter("kind")
 _OK_OF = attrgetter("ok")
 _ATTEMPTS_OF = attrgetter("attempts")
@@ -426,72 +159,6 @@ def error_for(result: OpResult) -> GridError:
     return GridError(result.error or "operation failed")
 
 
-def tune_gc() -> None:
-    """Make the cyclic garbage collector run far less often in a grid member process.
-
-    A member allocates a few tracked objects per operation (operation records, messages, futures) while it
-    holds long-lived containers the collector walks on every full collection (the change-feed logs, up to
-    hundreds of thousands of tuples); with the default thresholds (700, 10, 10) a full collection came every
-    few thousand operations. Measured while loading 333,000 entries per member (before the store's segments
-    were made invisible to the collector, :class:`~.store.Segment`): about 250 pauses over 5 ms per member,
-    14 s in all, against 2 s with these thresholds. Process-wide, on purpose: the member process is the grid's.
-    """
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-class NodeTimer:
-    """One loop timer at the driven node's ``next_deadline()`` (grid and invalidation runtimes): re-armed after
-    every step, it ticks the node when due and pumps what the tick produced."""
-
-    _closed: bool
-    _loop: asyncio.AbstractEventLoop
-    _timer: asyncio.TimerHandle | None
-    _timer_at: float | None
-    _waiting: dict[int, asyncio.Future[Any]]
-    node: Any
-
-    def _pump(self) -> None:
-        raise NotImplementedError
-
-    def _stop(self, gone: Exception) -> None:
-        """Closing: no more ticks, and every single operation still waiting fails with ``gone``."""
-        self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        for fut in self._waiting.values():
-            if not fut.done():
-                fut.set_exception(gone)
-        self._waiting.clear()
-
-    def _tick(self, now: float) -> None:
-        self.node.tick(now)
-
-    def _arm(self) -> None:
-        if self._closed or self.node is None:
-            return
-        deadline = self.node.next_deadline()
-        if deadline == self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self._timer_at = deadline
-        if deadline is not None:
-            self._timer = self._loop.call_at(deadline, self._on_timer)
-
-    def _on_timer(self) -> None:
-        # The loop may fire a hair before the deadline (clock resolution); ticking at the deadline itself keeps
-        # the node from finding nothing due and the timer from re-arming at once in a loop.
-        due = self._timer_at or 0.0
-        self._timer = None
-        self._timer_at = None
-        if self.node is None or self._closed:
-            return
-        self._tick(max(self._loop.time(), due))
-        self._pump()
-
-
 class GridRuntime(NodeTimer):
     """Drives one :class:`GridNode` from a channel's callbacks and the event loop's clock."""
 
@@ -516,6 +183,8 @@ class GridRuntime(NodeTimer):
         self.other = other
         self.ch: Channel | None = None
         self.node: GridNode | None = None
+        # The change feed's hooks in the node (created at bind): the node's store logs every write it applies.
+        self.feed = ChangeFeed(persistent=self.config.persistence == "write_through")
         self.endpoints: dict[Address, str] = parent.endpoints if parent is not None else {}
         self.counters: Counter[str] = Counter()
         self._loop = asyncio.get_running_loop()
@@ -550,7 +219,7 @@ class GridRuntime(NodeTimer):
         # at bind (the address exists only then). Loaded into the node at bind.
         self._backing: Any = None
         if self.config.persistence == "write_through" and not os.path.isdir(self.config.persistence_path):
-            from .persist import SqliteBacking
+            from ..persist import SqliteBacking
 
             self._backing = SqliteBacking(self.config.persistence_path)
 
@@ -649,12 +318,12 @@ class GridRuntime(NodeTimer):
     def bind(self, ch: Channel) -> None:
         """Create the node now that the channel (and so our address) exists, and replay what came before."""
         self.ch = ch
-        self.node = FeedNode(ch.address, self.config)
+        self.node = GridNode(ch.address, self.config, hooks=self.feed)
         # The node is given the loop's (monotonic) time; versions carry wall-clock time (store.next_seq).
         self.node.wall_offset = time.time() - self._loop.time()
         self._sync_event_kinds()
         if self.config.persistence == "write_through" and self._backing is None:
-            from .persist import SqliteBacking
+            from ..persist import SqliteBacking
 
             a = ch.address
             # Named caches (grid/caches.py) keep a file of their own beside the default cache's.
@@ -1096,15 +765,15 @@ class GridRuntime(NodeTimer):
         A segment's versions under one topology come from its one primary, in order (FIFO channel), so the
         only writes that arrive out of version order are the re-driven ones: stamped under an older topology,
         pushed to the owners of a newer one. Every member announces the lowest topology it may still push
-        such writes of (:meth:`FeedNode.oldest_unfinished`); once every member of the view announced at least
+        such writes of (:meth:`ChangeFeed.oldest_unfinished`); once every member of the view announced at least
         our topology, nothing older can come and the whole log is stable. Until then only the versions of
         topologies before the lowest announced one are. A member not heard from yet counts as 0.
         """
         node = self._require_node()
         t = node.topology
-        assert t is not None and isinstance(node, FeedNode)
+        assert t is not None
         others = (self.unfinished.get(m, 0) for m in node.view if m != node.address)
-        return stable_bound(t.topology_id, node.oldest_unfinished(), others)
+        return stable_bound(t.topology_id, self.feed.oldest_unfinished(node), others)
 
     def changes(self, segment: int, after: int, limit: int = 1000, max_bytes: int = 4 << 20) -> ChangePage:
         """One page of the change feed of ``segment`` after version ``after`` (see :class:`FeedStore`).
@@ -1302,8 +971,8 @@ class GridRuntime(NodeTimer):
             self.endpoints[ch.address] = self.http_url
             info["http"] = self.http_url
         node = self.node
-        if isinstance(node, FeedNode) and node.topology is not None:
-            low = node.oldest_unfinished()
+        if node is not None and node.topology is not None:
+            low = self.feed.oldest_unfinished(node)
             info["low"] = low
             self._announced_low = low
             self._low_topology = node.topology.topology_id
@@ -1312,14 +981,14 @@ class GridRuntime(NodeTimer):
             ch.send(_INFO_PREFIX + msgpack.packb(info))
 
     def _maybe_announce_low(self) -> None:
-        """Announce our :meth:`FeedNode.oldest_unfinished` when it changed (cheap when nothing was re-driven)."""
+        """Announce our :meth:`ChangeFeed.oldest_unfinished` when it changed (cheap when nothing was re-driven)."""
         node = self.node
-        if not isinstance(node, FeedNode) or node.topology is None or self._parent is not None:
+        if node is None or node.topology is None or self._parent is not None:
             return
         tid = node.topology.topology_id
-        if not node._redriven and tid == self._low_topology and self._announced_low == tid:
+        if not self.feed.redriven and tid == self._low_topology and self._announced_low == tid:
             return  # nothing old in flight and no re-drive since: the answer is still our topology id
-        if node.oldest_unfinished() != self._announced_low or tid != self._low_topology:
+        if self.feed.oldest_unfinished(node) != self._announced_low or tid != self._low_topology:
             self._announce()
 
     def _on_info(self, src: Address, payload: bytes) -> None:

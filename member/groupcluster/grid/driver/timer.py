@@ -1,0 +1,60 @@
+"""NodeTimer: the one event-loop timer that ticks a sans-IO node at its ``next_deadline()`` (shared by the grid
+and invalidation runtimes)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+class NodeTimer:
+    """One loop timer at the driven node's ``next_deadline()`` (grid and invalidation runtimes): re-armed after
+    every step, it ticks the node when due and pumps what the tick produced."""
+
+    _closed: bool
+    _loop: asyncio.AbstractEventLoop
+    _timer: asyncio.TimerHandle | None
+    _timer_at: float | None
+    _waiting: dict[int, asyncio.Future[Any]]
+    node: Any
+
+    def _pump(self) -> None:
+        raise NotImplementedError
+
+    def _stop(self, gone: Exception) -> None:
+        """Closing: no more ticks, and every single operation still waiting fails with ``gone``."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_exception(gone)
+        self._waiting.clear()
+
+    def _tick(self, now: float) -> None:
+        self.node.tick(now)
+
+    def _arm(self) -> None:
+        if self._closed or self.node is None:
+            return
+        deadline = self.node.next_deadline()
+        if deadline == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = deadline
+        if deadline is not None:
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        # The loop may fire a hair before the deadline (clock resolution); ticking at the deadline itself keeps
+        # the node from finding nothing due and the timer from re-arming at once in a loop.
+        due = self._timer_at or 0.0
+        self._timer = None
+        self._timer_at = None
+        if self.node is None or self._closed:
+            return
+        self._tick(max(self._loop.time(), due))
+        self._pump()
