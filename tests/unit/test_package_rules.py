@@ -18,8 +18,8 @@ OPERATOR = Path(__file__).resolve().parents[2] / "operator" / "groupcluster_oper
 IO_MODULES = {"asyncio", "socket", "threading", "selectors", "subprocess", "time", "aiohttp", "sqlite3", "urllib"}
 IO_MODULES |= {"http", "concurrent", "multiprocessing", "signal", "os", "pathlib", "shutil", "tempfile"}
 # Parts of groupcluster a sans-IO module may not import: the drivers, the tools and the clients.
-DRIVER_PACKAGES = ("runtime", "tools", "sim", "bench", "spark", "grid.http", "grid.client", "grid.runtime")
-GRID_CORE = ("consistent_hash", "topology", "messages", "store", "lifespan", "invalidation", "errors")
+DRIVER_PACKAGES = ("runtime", "tools", "sim", "bench", "spark", "grid.http", "grid.client", "grid.driver")
+GRID_CORE = ("consistent_hash", "topology", "messages", "store", "lifespan", "invalidation", "errors", "feed")
 # Files read when a stack is built, never while it runs: auth's secret files, the stack files of stacks.py.
 CONFIG_TIME_IO = {PKG / "protocols" / "auth.py": {"os", "pathlib"}, PKG / "stacks.py": {"pathlib"}}
 
