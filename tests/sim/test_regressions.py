@@ -288,4 +288,11 @@ REGRESSIONS += [
         "were counted in the delivered vector the founding replaced; its next cut showed them as a hole and the "
         "refuser, taking that state, applied its own multicasts twice (now: the vector is reset in place)",
     ),
+    (
+        722867000380,
+        VSYNC_STARTUP,
+        "a member's last message missing for a flush target was a VIEW that GMS (below FLUSH) consumed: FLUSH "
+        "checked completion only when a batch reached it, so the round hung and the group fell into singletons "
+        "(now: checked at the end of every step while the round waits for its target)",
+    ),
 ]

@@ -370,3 +370,26 @@ def test_a_flush_from_a_member_that_would_not_coordinate_is_refused_at_once(view
     h.receive(src, [control(src, hdr)])
     assert h.metric("flush.flushes_refused") == 1
     assert probes_and_flush(h) == ([], [])
+
+
+def test_round_completes_when_the_last_fetched_message_is_consumed_below_flush() -> None:
+    h = member()
+    start(h)
+    h.take_sent()
+    probe = h.probe()
+    consumed: list[Message] = []
+
+    def keep_control(batch: list[Message]) -> None:
+        # Stands in for a layer between NAKACK and FLUSH (GMS) that keeps its own multicasts (a VIEW).
+        consumed.extend(m for m in batch if m.payload == b"view")
+        rest = [m for m in batch if m.payload != b"view"]
+        if rest:
+            probe.above.up(rest)
+
+    probe.up = keep_control  # type: ignore[method-assign]
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (1, 1), P3: (0, 0)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
+    assert not [hdr for _, hdr in flush_sent(h) if hdr.kind == FLUSH_COMPLETED]
+    h.receive(P2, [Message(None, b"view", headers={protocol_ids.NAKACK: NakAckHeader(MSG, 1)})])
+    assert [m.payload for m in consumed] == [b"view"]
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
