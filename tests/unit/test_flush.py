@@ -6,7 +6,16 @@ import pytest
 from groupcluster.core import protocol_ids
 from groupcluster.core.digest import Digest
 from groupcluster.core.errors import WireError
-from groupcluster.core.events import Block, FlushCompleted, FlushFailed, FlushRequest, Suspect, Unblock, ViewChange
+from groupcluster.core.events import (
+    Block,
+    FlushCompleted,
+    FlushFailed,
+    FlushRequest,
+    MergeDigest,
+    Suspect,
+    Unblock,
+    ViewChange,
+)
 from groupcluster.core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Message
 from groupcluster.core.view import View, ViewId
 from groupcluster.protocols import flush as _flush  # noqa: F401
@@ -402,8 +411,6 @@ def test_a_member_back_through_a_merge_is_reported_as_the_merge_digest_starts_it
     the subgroup that had the member at 0 fetch messages they were never owed, which nobody may hold any more
     (our copies went with its window), and every round would fail at them.
     """
-    from groupcluster.core.events import MergeDigest
-
     h = member()
     h.receive(P3, [mcast(1), mcast(2), mcast(3)])
     assert [m.payload for m in h.take_delivered()] == [b"m1", b"m2", b"m3"]
