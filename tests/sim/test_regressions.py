@@ -288,4 +288,25 @@ REGRESSIONS += [
         "were counted in the delivered vector the founding replaced; its next cut showed them as a hole and the "
         "refuser, taking that state, applied its own multicasts twice (now: the vector is reset in place)",
     ),
+    (
+        722867000380,
+        VSYNC_STARTUP,
+        "a member's last message missing for a flush target was a VIEW that GMS (below FLUSH) consumed: FLUSH "
+        "checked completion only when a batch reached it, so the round hung and the group fell into singletons "
+        "(now: checked at the end of every step while the round waits for its target)",
+    ),
+    (
+        819821000417,
+        VSYNC_STARTUP,
+        "a member that had delivered a returning member's messages in an earlier view started its window there, "
+        "above the merge digest: the flush target asked the merge leader for those old-view messages, nobody held "
+        "them, and every round failed at the coordinator itself (now: the window starts at the digest, the old "
+        "part is passed over)",
+    ),
+    (
+        819821000339,
+        VSYNC_STARTUP,
+        "the same window started above the merge digest, on a merge of five: the coordinator's rounds failed at "
+        "itself forever and the group stayed blocked",
+    ),
 ]

@@ -6,7 +6,16 @@ import pytest
 from groupcluster.core import protocol_ids
 from groupcluster.core.digest import Digest
 from groupcluster.core.errors import WireError
-from groupcluster.core.events import Block, FlushCompleted, FlushFailed, FlushRequest, Suspect, Unblock, ViewChange
+from groupcluster.core.events import (
+    Block,
+    FlushCompleted,
+    FlushFailed,
+    FlushRequest,
+    MergeDigest,
+    Suspect,
+    Unblock,
+    ViewChange,
+)
 from groupcluster.core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Message
 from groupcluster.core.view import View, ViewId
 from groupcluster.protocols import flush as _flush  # noqa: F401
@@ -370,3 +379,54 @@ def test_a_flush_from_a_member_that_would_not_coordinate_is_refused_at_once(view
     h.receive(src, [control(src, hdr)])
     assert h.metric("flush.flushes_refused") == 1
     assert probes_and_flush(h) == ([], [])
+
+
+def test_round_completes_when_the_last_fetched_message_is_consumed_below_flush() -> None:
+    h = member()
+    start(h)
+    h.take_sent()
+    probe = h.probe()
+    consumed: list[Message] = []
+
+    def keep_control(batch: list[Message]) -> None:
+        # Stands in for a layer between NAKACK and FLUSH (GMS) that keeps its own multicasts (a VIEW).
+        consumed.extend(m for m in batch if m.payload == b"view")
+        rest = [m for m in batch if m.payload != b"view"]
+        if rest:
+            probe.above.up(rest)
+
+    probe.up = keep_control  # type: ignore[method-assign]
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (1, 1), P3: (0, 0)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
+    assert not [hdr for _, hdr in flush_sent(h) if hdr.kind == FLUSH_COMPLETED]
+    h.receive(P2, [Message(None, b"view", headers={protocol_ids.NAKACK: NakAckHeader(MSG, 1)})])
+    assert [m.payload for m in consumed] == [b"view"]
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+
+
+def test_a_member_back_through_a_merge_is_reported_as_the_merge_digest_starts_it() -> None:
+    """What we delivered of a member in an earlier view, before it left it, is not counted for the merged view.
+
+    Our FLUSH_OK digest is what the coordinator builds the target from: counted, it would make the members of
+    the subgroup that had the member at 0 fetch messages they were never owed, which nobody may hold any more
+    (our copies went with its window), and every round would fail at them.
+    """
+    h = member()
+    h.receive(P3, [mcast(1), mcast(2), mcast(3)])
+    assert [m.payload for m in h.take_delivered()] == [b"m1", b"m2", b"m3"]
+    h.install_view([P1, ME, P2], seq=2)  # P3 left our view; it stayed in another one that merges with ours
+    h.control(MergeDigest(Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0), P3: (0, 0)}), cut=True))
+    merged = h.install_view([P1, ME, P2, P3], seq=3)
+    h.take_sent()
+    h.take_events()
+    start(h, participants=(P1, ME, P2), view_id=merged.view_id)
+    oks = [hdr for _, hdr in flush_sent(h) if hdr.kind == FLUSH_OK]
+    assert len(oks) == 1 and oks[0].digest is not None
+    assert oks[0].digest[P3] == (0, 0)
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0), P3: (0, 0)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h.install_view([P1, ME, P2, P3], seq=4)
+    # Its stream goes on from where the merge digest starts it; what we had delivered is not delivered again.
+    h.receive(P3, [mcast(1), mcast(2), mcast(3), mcast(4)])
+    assert [m.payload for m in h.take_delivered()] == [b"m4"]

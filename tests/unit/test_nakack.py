@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from groupcluster.core import protocol_ids
 from groupcluster.core.digest import Digest
-from groupcluster.core.events import GetDigest, SetDigest, Stability
+from groupcluster.core.events import GetDigest, MergeDigest, SetDigest, Stability
 from groupcluster.core.message import NO_RELIABILITY, Message
 from groupcluster.protocols import nakack as _nakack  # noqa: F401
 from groupcluster.protocols.nakack import MSG, XMIT_GONE, XMIT_REQ, XMIT_RSP, NakAckHeader
@@ -177,8 +177,6 @@ def test_malformed_nakack_header_drops_the_frame_without_crashing() -> None:
 
 def test_a_member_that_comes_back_is_not_redelivered_what_we_already_delivered() -> None:
     """Simulator seed 5504: a merge digest started a returning member's window below what we had delivered."""
-    from groupcluster.core.events import MergeDigest
-
     h = make()
     h.receive(P1, [mcast(1), mcast(2), mcast(3)])
     assert payloads(h.take_delivered()) == [b"m1", b"m2", b"m3"]
@@ -193,8 +191,6 @@ def test_a_flushed_merge_cut_moves_a_lagging_window_up_and_an_unflushed_one_keep
     """Simulator seed 4100000 (vsync): a member listed in two subgroups (its JOIN_REQ reached both
     coordinators) sent 1..3 in the other subgroup's view; our window for it stayed at its join point, and the
     next flush fetched those messages for us and delivered them in the merged view."""
-    from groupcluster.core.events import MergeDigest
-
     flushed = make()
     flushed.receive(P1, [mcast(5)])  # sent in the merged view, overtook the view
     flushed.control(MergeDigest(Digest({P1: (3, 3), P2: (0, 0)}), cut=True))
@@ -209,3 +205,21 @@ def test_a_flushed_merge_cut_moves_a_lagging_window_up_and_an_unflushed_one_keep
     plain.control(MergeDigest(Digest({P1: (3, 3)})))
     plain.receive(P1, [mcast(1), mcast(2), mcast(3)])
     assert payloads(plain.take_delivered()) == [b"m1", b"m2", b"m3"]
+
+
+def test_a_member_that_comes_back_starts_where_the_digest_says_and_skips_what_we_had() -> None:
+    """Our counters for a returning member agree with the other members' (FLUSH compares them), while what we
+    delivered of it in an earlier view is passed over, in order, and never delivered twice."""
+    h = make()
+    h.receive(P1, [mcast(1), mcast(2), mcast(3)])
+    assert payloads(h.take_delivered()) == [b"m1", b"m2", b"m3"]
+    h.install_view([ME, P2], seq=2)  # P1 excluded
+    h.control(MergeDigest(Digest({P1: (1, 1)})))  # its subgroup had delivered only up to 1
+    h.install_view([ME, P2, P1], seq=3)
+    digest = h.control(GetDigest())
+    assert digest[P1] == (1, 1)
+    h.receive(P1, [mcast(4), mcast(3)])
+    assert payloads(h.take_delivered()) == []  # 4 waits for 2, which we had but is still part of the stream
+    h.receive(P1, [mcast(2)])
+    assert payloads(h.take_delivered()) == [b"m4"]
+    assert h.control(GetDigest())[P1] == (4, 4)

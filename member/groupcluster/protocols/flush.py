@@ -199,9 +199,6 @@ class Flush(Layer):
         self.coordinating: _Coordinating | None = None
         self.held: list[Message] = []  # next-view multicasts that arrived before our next view
         self.suspects: set[Address] = set()
-        # Completion is checked at the end of the step, never in the middle of a batch: layers between NAKACK
-        # and us may pass a batch up in parts, and NAKACK's digest already counts the parts not yet here.
-        self.check_due = False
         # A START_FLUSH for a view we have not installed yet (it overtook the VIEW): run it once we have.
         self.early_start: tuple[Address, FlushHeader] | None = None
         # A START_FLUSH from a successor of members we do not suspect yet: run once we suspect them too.
@@ -245,9 +242,6 @@ class Flush(Layer):
             self.above.up(out)
         for msg, hdr in own:  # flush control is unicast: its order against multicasts carries no meaning
             self._handle(msg.src, hdr)  # type: ignore[arg-type]
-        r = self.round
-        if r is not None and r.target is not None and not r.completed:
-            self.check_due = True
 
     def up_event(self, event: Event) -> None:
         if isinstance(event, FlushRequest):
@@ -294,7 +288,6 @@ class Flush(Layer):
             if r is not None and r.flush_id == hdr.flush_id and hdr.digest is not None and not r.completed:
                 r.target = hdr.digest
                 self.below.down_event(FlushTarget(hdr.digest, hdr.holders))
-                self.check_due = True
         elif kind == FLUSH_COMPLETED:
             c = self.coordinating
             if c is not None and c.flush_id == hdr.flush_id and src in c.participants:
@@ -422,9 +415,14 @@ class Flush(Layer):
         self._send(r.coordinator, FlushHeader(FLUSH_OK, r.flush_id, digest=digest))
 
     def end_of_step(self) -> bool:
-        if not self.check_due:
+        # Completion is checked at the end of the step, never in the middle of a batch: layers between NAKACK
+        # and us may pass a batch up in parts, and NAKACK's digest already counts the parts not yet here. And at
+        # the end of every step while the round waits for its target, not only of those in which something
+        # reached us: NAKACK also delivers messages that a layer between it and us keeps (GMS consumes a VIEW
+        # that a merge's subgroup coordinator cast to its old view), and the last one we fetch may be such.
+        r = self.round
+        if r is None or r.target is None or r.completed:
             return False
-        self.check_due = False
         return self._check_complete()
 
     def _check_complete(self) -> bool:

@@ -93,10 +93,11 @@ class Window:
     """Receive window of one sender: delivered prefix, highest known seqno, out-of-order buffer.
 
     ``cap`` (FLUSH) holds delivery at a seqno; ``store`` keeps delivered messages for retransmission on the
-    sender's behalf (only with ``retain_delivered``).
+    sender's behalf (only with ``retain_delivered``); seqnos up to ``seen_upto`` were delivered to us in an
+    earlier view (a member that came back): they advance the window but are not delivered again.
     """
 
-    __slots__ = ("buffer", "buffered_bytes", "cap", "delivered", "missing_before", "received", "store")
+    __slots__ = ("buffer", "buffered_bytes", "cap", "delivered", "missing_before", "received", "seen_upto", "store")
 
     def __init__(self, delivered: int = 0, received: int | None = None) -> None:
         self.delivered = delivered
@@ -105,6 +106,7 @@ class Window:
         # Payload bytes in ``buffer`` (approximate: reset whenever the buffer empties), for max_buffered_bytes.
         self.buffered_bytes = 0
         self.cap: int | None = None
+        self.seen_upto = 0
         self.store: dict[int, Message] = {}
         # Seqnos missing at the previous retransmission tick: only those still missing are requested.
         self.missing_before: frozenset[int] = frozenset()
@@ -159,7 +161,7 @@ class NakAck(Layer):
         self.gone_upto = 0  # own seqnos collected as stable (cannot be retransmitted)
         self.windows: dict[Address, Window] = {}
         # Highest seqno delivered from members whose window was removed: if one comes back (merge, rejoin),
-        # its new window never starts below this, whatever a digest says, so nothing is delivered twice.
+        # nothing up to it is delivered again, whatever a digest says (see _new_window).
         self.retired: dict[Address, int] = {}
         self.members: tuple[Address, ...] = ()
         self.is_member = False
@@ -263,11 +265,16 @@ class NakAck(Layer):
             del self.retired[next(iter(self.retired))]
 
     def _new_window(self, member: Address, delivered: int, received: int) -> Window:
+        w = Window(delivered, received)
         floor = self.retired.pop(member, 0)
         if floor > delivered:
-            self.count("start_raised_to_delivered")
-            delivered = floor
-        return Window(delivered, received)
+            # We delivered more of its stream in an earlier view than the digest of this one says. The window
+            # still starts where the digest says, as at every other member: its counters are what FLUSH compares,
+            # and starting ahead would make a flush target ask the others for messages of that earlier view,
+            # which they were never owed and nobody may hold any more. The part we had is passed over instead.
+            self.count("start_below_delivered")
+            w.seen_upto = floor
+        return w
 
     def _set_digest(self, digest: Digest, *, replace: bool, raise_lagging: bool = False) -> None:
         me = self.local_address
@@ -340,7 +347,12 @@ class NakAck(Layer):
                 if msg.src is not src:
                     src = msg.src
                     w = windows.get(src)  # type: ignore[arg-type]
-                    fast = w is not None and w.cap is None and not self.config.retain_delivered
+                    fast = (
+                        w is not None
+                        and w.cap is None
+                        and not self.config.retain_delivered
+                        and w.seen_upto <= w.delivered
+                    )
                 if w is None:
                     self._keep_stranger(msg, hdr.seqno)
                     continue
@@ -435,7 +447,8 @@ class NakAck(Layer):
             w.delivered = seqno
             if seqno > w.received:
                 w.received = seqno
-            out.append(msg)
+            if seqno > w.seen_upto:
+                out.append(msg)
             return
         if seqno in w.buffer:
             self.count("duplicates")
@@ -463,7 +476,8 @@ class NakAck(Layer):
         while nxt in buf and (cap is None or nxt <= cap):
             msg = buf.pop(nxt)
             w.buffered_bytes -= len(msg.payload)
-            out.append(msg)
+            if nxt > w.seen_upto:
+                out.append(msg)
             nxt += 1
         w.delivered = nxt - 1
         if not buf:
