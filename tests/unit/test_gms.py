@@ -16,6 +16,7 @@ from groupcluster.core.events import (
     Joined,
     Left,
     MembersFound,
+    MergeNeeded,
     Suspect,
     ViewChange,
 )
@@ -24,7 +25,16 @@ from groupcluster.core.view import View, ViewId
 from groupcluster.protocols import gms as _gms  # noqa: F401
 from groupcluster.protocols import nakack as _nakack  # noqa: F401
 from groupcluster.protocols import unicast as _unicast  # noqa: F401
-from groupcluster.protocols.gms import FLUSH_REQ, JOIN_REQ, JOIN_RSP, LEAVE_REQ, VIEW, VIEW_ACK, GmsHeader
+from groupcluster.protocols.gms import (
+    FLUSH_REQ,
+    JOIN_REQ,
+    JOIN_RSP,
+    LEAVE_REQ,
+    MERGE_RSP,
+    VIEW,
+    VIEW_ACK,
+    GmsHeader,
+)
 from groupcluster.protocols.nakack import MSG, NakAckHeader
 from groupcluster.protocols.unicast import DATA, UnicastHeader
 
@@ -295,3 +305,31 @@ def test_answers_naming_us_as_coordinator_do_not_make_us_ask_ourselves_to_join()
     assert not [ep for ep, hdr in gms_sent(h) if hdr.kind == JOIN_REQ]
     joined = h.take_events(Joined)
     assert len(joined) == 1 and joined[0].view.members == (ME,)
+
+
+def test_a_flushed_merge_leaves_out_the_suspects_its_subgroup_flush_left_out() -> None:
+    """Sim seed 819821000339 (vsync): P2 is in our view, but its JOIN_REQ also reached another coordinator and
+    it joined that group instead; it never answers our flush, so we suspect it and flush our subgroup
+    without it. Our digest entry for P2 is then no cut of its stream (it sent 1..16 in the other group, and a
+    member of that group, dropped there and merged in, starts P2 at 16): a merged view listing P2 at our
+    entry made every flush of that view wait for 1..16, which nobody in it could retransmit, and the
+    coordinator's flush failed forever. Only the members we flushed go into the merge."""
+    h = participant((ME, P1, P2), FLUSHING)
+    h.take_sent()
+    h.probe().inject_up_event(Suspect(P2))
+    h.probe().inject_up_event(MergeNeeded((P3,)))
+    h.collect()
+    [req] = h.take_events(FlushRequest)
+    assert req.participants == (ME, P1)
+    h.control(FlushCompleted(req.flush_id))
+    assert [hdr for _, hdr in gms_sent(h) if hdr.kind == VIEW] == []  # waiting for P3's answer
+    merge_id = h.layer("gms").merge.merge_id
+    other = View(ViewId(7, P3), (P3, P4))
+    rsp = GmsHeader(MERGE_RSP, merge_id=merge_id, view=other, digest=Digest({P3: (9, 9), P4: (4, 4)}))
+    h.receive(P3, [unicast_to(1, rsp, conn=30)])
+    views = [hdr for _, hdr in gms_sent(h) if hdr.kind == VIEW]
+    assert views and all(hdr.view == views[0].view for hdr in views)
+    merged = views[0]
+    assert merged.view.members == (ME, P1, P3, P4)
+    assert merged.view.subgroups == ((ME, P1), (P3, P4))
+    assert P2 not in merged.digest and merged.digest[P3] == (9, 9)

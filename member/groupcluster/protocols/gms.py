@@ -186,6 +186,8 @@ class _Merge:
     responses: dict[Address, tuple[View, Digest]] = field(default_factory=dict)
     # use_flush: our subgroup was flushed for this merge, so its members are blocked until a view comes.
     flushed: bool = False
+    # use_flush: the members of our view that take part in our subgroup's flush (the others are suspected).
+    participants: tuple[Address, ...] | None = None
 
 
 @register_layer
@@ -730,6 +732,7 @@ class Gms(Layer):
         """
         assert self.view is not None and self.merge is not None
         if self.config.use_flush and self._request_flush(self.view.members, for_merge=True):
+            self.merge.participants = tuple(m for m in self.view.members if m not in self.suspects)
             return
         self._merge_flushed()
 
@@ -742,12 +745,22 @@ class Gms(Layer):
             return
         m.flushed = self.config.use_flush
         me = self.local_address
+        view = self.view
+        if m.participants is not None and m.participants != view.members:
+            # Only the members we flushed go into the merge. A suspect left out of the flush may never have
+            # installed our view (its JOIN_REQ reached two coordinators and it joined the other one), so our
+            # digest entry for it is no cut of its stream: a merged view listing it would start its stream
+            # there, while members that delivered more of it in an earlier view start higher, and every flush
+            # of the merged view would wait for messages nobody in it can retransmit. (The view id still tells
+            # the leader our seq; the subgroup is never installed as such.)
+            view = View(view.view_id, m.participants)
+        digest = self._my_digest(view.members)
         if m.leader == me:
-            m.responses[me] = (self.view, self._my_digest())
+            m.responses[me] = (view, digest)
             if not m.waiting:
                 self._finish_merge()
         else:
-            self._send(m.leader, GmsHeader(MERGE_RSP, merge_id=m.merge_id, view=self.view, digest=self._my_digest()))
+            self._send(m.leader, GmsHeader(MERGE_RSP, merge_id=m.merge_id, view=view, digest=digest))
 
     def _merge_flush_failed(self) -> None:
         m = self.merge
@@ -757,11 +770,10 @@ class Gms(Layer):
             self._send(m.leader, GmsHeader(MERGE_RSP, merge_id=m.merge_id, reason="flush failed"))
         self._abort_merge()
 
-    def _my_digest(self) -> Digest:
-        assert self.view is not None
+    def _my_digest(self, members: tuple[Address, ...]) -> Digest:
         digest = self.below.down_event(GetDigest())
         assert isinstance(digest, Digest)
-        return Digest({m: digest[m] for m in self.view.members if m in digest})
+        return Digest({m: digest[m] for m in members if m in digest})
 
     def _on_merge_req(self, src: Address, hdr: GmsHeader) -> None:
         busy = self.pending is not None or self.flushing is not None
