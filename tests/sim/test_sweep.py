@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,9 @@ def test_failures_print_a_replay_that_reproduces_them_and_land_in_the_ledger(
     assert len(replays) == 2
     row = json.loads(ledger.read_text())
     assert row["start"] == start and row["seeds"] == 2 and row["failed"] == [start, start + 1]
+    # The row names the code the seeds judged: this checkout's commit (``+dirty`` with uncommitted changes).
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert row["code"] is not None and row["code"].removesuffix("+dirty") == head
     # The printed command replays the failure through `groupcluster sim`.
     sim_parser = argparse.ArgumentParser()
     sim_cli.add_arguments(sim_parser)

@@ -16,6 +16,7 @@ import logging
 import multiprocessing
 import secrets
 import shlex
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -123,6 +124,21 @@ class ProfileRun:
     start: int
     seeds: int = 0
     failed: list[SeedResult] = dataclasses.field(default_factory=list)
+
+
+def code_version(repo: Path = _REPO_LEDGER.parents[2]) -> str | None:
+    """The commit the simulated code is at (``+dirty`` when member/ has uncommitted changes), so a ledger row
+    names the code its seeds judged; None outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(repo), "diff", "--quiet", "HEAD", "--", "member"], capture_output=True, timeout=10
+        ).returncode
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "") if head else None
 
 
 def read_ledger(path: Path) -> list[tuple[int, int]]:
@@ -309,6 +325,7 @@ def run(args: argparse.Namespace) -> int:
     failed = sum(len(r.failed) for r in runs)
     if ledger is not None:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        code = code_version()
         with ledger.open("a") as fh:
             for r in runs:
                 if r.seeds:
@@ -318,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
                         "start": r.start,
                         "seeds": r.seeds,
                         "failed": [x.seed for x in r.failed],
+                        "code": code,
                     }
                     fh.write(json.dumps(row) + "\n")
     out.write(f"sweep: {total} seeds in {elapsed:.0f}s, {failed} failing\n")
