@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--messages", type=int, help="messages per sender when all send (default 200000)")
     parser.add_argument("--counter-ops", type=int, help="increments per node and round, counter (default 50000)")
     parser.add_argument("--mperf-seconds", type=int, help="length of a round of JGroups' MPerf (default 20)")
+    parser.add_argument(
+        "--jgroups-threads", type=int, help="threads sending each JGroups member's unpaced messages (default 8)"
+    )
     parser.add_argument("--latency-seconds", type=float, help="length of a paced latency run (default 4, quick 2)")
     parser.add_argument("--join-rounds", type=int, help="joins per run of join-4 / join-flush-4 (default 3, quick 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -76,7 +79,8 @@ def _settings(args: argparse.Namespace) -> Any:
         s.repeat, s.warmup, s.messages, s.counter_ops, s.latency_seconds = 2, 1, 20000, 5000, 2.0
         s.join_rounds, s.grid_single_ops, s.grid_batch_ops, s.mperf_seconds = 2, 500, 10000, 3
         s.join_warm_rounds, s.state_repeat, s.grid_entries = 3, 3, 50_000
-    for name in ("repeat", "warmup", "messages", "counter_ops", "latency_seconds", "join_rounds", "mperf_seconds"):
+    names = ("repeat", "warmup", "messages", "counter_ops", "latency_seconds", "join_rounds", "mperf_seconds")
+    for name in (*names, "jgroups_threads"):
         value = getattr(args, name)
         if value is not None:
             if value <= 0 and not (name == "warmup" and value == 0):
@@ -146,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         "counter_window": settings.counter_window,
         "raw_factor": settings.raw_factor,
         "mperf_seconds": settings.mperf_seconds,
+        "jgroups_threads": settings.jgroups_threads,
         "tcp_bundler_capacity": settings.tcp_bundler_capacity,
         "jgroups_configs": runner.config_diffs,
         "latency_seconds": settings.latency_seconds,

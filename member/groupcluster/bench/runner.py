@@ -74,6 +74,9 @@ class Settings:
     warmup: int = 2  # discarded rounds before them, in the same processes
     mperf_seconds: int = 20  # length of one MPerf round (it measures for a fixed time)
     tcp_bundler_capacity: int = 262_144  # the stated tuning of the jgroups-5-tcp-capacity row (stock: 16384)
+    # Threads that send a JGroups member's unpaced messages (message i by thread i % N), as JGroups applications
+    # and MPerf (100) send; our members send from their one event loop. Paced runs send from one thread.
+    jgroups_threads: int = 8
     latency_seconds: float = 4.0
     timeout: float = 180.0
     join_rounds: int = 3  # joins per run of join-4 / join-flush-4 (the run's figure is their median)
@@ -145,7 +148,8 @@ class Runner:
                 cmds.append([*base, "--rank", str(rank), "--ports", port_list, *opts])
             elif system in (JGROUPS5, JGROUPS212):
                 peer = self._java_peer(system)
-                cmds.append(peer.command(w.order, cluster, ports, rank, ["--members", str(w.members), *opts]))
+                jopts = ["--members", str(w.members), *opts, "--threads", str(self.settings.jgroups_threads)]
+                cmds.append(peer.command(w.order, cluster, ports, rank, jopts))
             elif system == PYSYNCOBJ:
                 ensure_pysyncobj(self.progress)
                 base = [py, "-m", "groupcluster.bench.pysyncobj_worker", "--rank", str(rank), "--ports", port_list]
@@ -226,6 +230,7 @@ class Runner:
                 else:
                     opts = ["--members", str(w.members), "--senders", str(w.senders), "--count", str(count)]
                     opts += ["--size", str(w.size), "--rate", f"{rate:.3f}", "--timeout", str(self.settings.timeout)]
+                    opts += ["--threads", str(self.settings.jgroups_threads)]
                     cmds.append([*base, peer.main_class, str(conf), cluster, "--rank", str(rank), *opts])
             return (MPerfSet if system == JGROUPS5_MPERF else MemberSet)(system, cmds)
         cmds = self.commands(system, w, count, rate, ports, cluster)
@@ -359,8 +364,11 @@ class Runner:
             short = [e["wall"] for e in measured if e["wall"] < MIN_COUNTER_SECONDS]
             if short:
                 note = f"{len(short)} round(s) shorter than {MIN_COUNTER_SECONDS:g} s: raise --counter-ops"
+        if (system in JGROUPS5_VARIANTS and system != JGROUPS5_MPERF) or system == JGROUPS212:
+            threads = 1 if rate else self.settings.jgroups_threads
+            note = f"{threads} sender thread{'s' if threads != 1 else ''} per member"
         if system == JGROUPS5_TUNED:
-            note = f"stated tuning: TCP bundler.capacity={self.settings.tcp_bundler_capacity} (stock 16384)"
+            note += f"; stated tuning: TCP bundler.capacity={self.settings.tcp_bundler_capacity} (stock 16384)"
         if system == JGROUPS5_MPERF:
             seq = " with SEQUENCER" if w.order == "total-order" else ""
             note = f"JGroups' MPerf on tcp-new.xml{seq}, {self.settings.mperf_seconds} s per round, 100 sender threads"

@@ -36,6 +36,7 @@ public final class Core {
     final int size;
     final double rate;
     final double timeout;
+    final int threads;
     final long expected;
     final CountDownLatch viewComplete = new CountDownLatch(1);
     // Deliveries may come from several threads at once (one per sender in JGroups 5): guarded by this.
@@ -53,7 +54,7 @@ public final class Core {
     private int latencyCount;
 
     private Core(String[] args) {
-        int r = 0, m = 4, s = 4, c = 10000, z = 100;
+        int r = 0, m = 4, s = 4, c = 10000, z = 100, th = 1;
         double rt = 0, to = 300;
         for (int i = 0; i + 1 < args.length; i += 2) {
             String v = args[i + 1];
@@ -65,6 +66,7 @@ public final class Core {
                 case "--size" -> z = Integer.parseInt(v);
                 case "--rate" -> rt = Double.parseDouble(v);
                 case "--timeout" -> to = Double.parseDouble(v);
+                case "--threads" -> th = Integer.parseInt(v);
                 default -> throw new IllegalArgumentException("unknown option " + args[i]);
             }
         }
@@ -75,6 +77,7 @@ public final class Core {
         size = Math.max(z, 16);
         rate = rt;
         timeout = to;
+        threads = Math.max(1, th);
         expected = (long) s * c;
         // Latency is sampled only in paced runs, and only after the first tenth of each sender's messages.
         latencies = rate > 0 ? new long[(int) expected] : new long[0];
@@ -161,14 +164,18 @@ public final class Core {
             synchronized (this) {
                 sendStartNs = start;
             }
-            for (int i = 0; i < count; i++) {
-                if (rate > 0) {
-                    // Paced: never ahead of the schedule; park briefly when we are.
-                    long due = start + (long) (i * 1e9 / rate);
-                    long now;
-                    while ((now = System.nanoTime()) < due) LockSupport.parkNanos(Math.min(due - now, 200_000));
+            if (rate > 0 || threads == 1) {
+                for (int i = 0; i < count; i++) {
+                    if (rate > 0) {
+                        // Paced: never ahead of the schedule; park briefly when we are.
+                        long due = start + (long) (i * 1e9 / rate);
+                        long now;
+                        while ((now = System.nanoTime()) < due) LockSupport.parkNanos(Math.min(due - now, 200_000));
+                    }
+                    ch.multicast(payload(i));
                 }
-                ch.multicast(payload(i));
+            } else {
+                sendFromThreads(ch);
             }
             synchronized (this) {
                 sendEndNs = System.nanoTime();
@@ -191,11 +198,34 @@ public final class Core {
         return true;
     }
 
+    /** Unpaced: the round's messages sent by {@code threads} threads at once (message i by thread i % threads),
+     * as JGroups applications and MPerf send; the round's send ends when the last thread is done. */
+    private void sendFromThreads(Sender ch) throws Exception {
+        Thread[] workers = new Thread[threads];
+        Exception[] failed = new Exception[1];
+        for (int t = 0; t < threads; t++) {
+            final int first = t;
+            workers[t] = new Thread(() -> {
+                try {
+                    for (int i = first; i < count; i += threads) ch.multicast(payload(i));
+                } catch (Exception e) {
+                    synchronized (failed) {
+                        failed[0] = e;
+                    }
+                }
+            }, "sender-" + t);
+            workers[t].start();
+        }
+        for (Thread w : workers) w.join();
+        if (failed[0] != null) throw failed[0];
+    }
+
     private synchronized String resultJson(int round) {
         StringBuilder sb = new StringBuilder("{");
         sb.append("\"rank\":").append(rank);
         sb.append(",\"round\":").append(round);
         sb.append(",\"delivered\":").append(expected);
+        sb.append(",\"sender_threads\":").append(rate > 0 ? 1 : threads);
         sb.append(",\"touched_bytes\":").append(touchedBytes);
         sb.append(",\"check\":").append(touchedCheck);
         sb.append(",\"first\":").append(firstNs / 1e9);
