@@ -133,6 +133,12 @@ def test_commands_and_message_counts_without_running_anything() -> None:
     assert len(cmds) == 4 and "--relay" in cmds[0] and cmds[3][cmds[3].index("--rank") + 1] == "3"
     cmds = runner.commands("groupcluster", model.WORKLOADS["total-order-4x1KB"], 10, 5.0, [1, 2, 3, 4], "c")
     assert cmds[0][cmds[0].index("--stack") + 1] == "total-order" and "--rate" in cmds[0]
+    # The JGroups harness sends from several threads (Core.java --threads), as MPerf and applications do.
+    runner._java["jgroups-2.12"] = JavaPeer(
+        "jgroups-2.12", "c", "io.groupcluster.bench.Harness212", harness_dir() / "conf"
+    )
+    cmds = runner.commands("jgroups-2.12", model.WORKLOADS["fifo-4x100B"], 10, 0.0, [1, 2, 3, 4], "c")
+    assert cmds[2][cmds[2].index("--threads") + 1] == str(Settings().jgroups_threads) == "8"
 
 
 def test_java_peer_command_and_configs() -> None:
