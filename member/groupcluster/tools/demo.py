@@ -32,7 +32,8 @@ from pathlib import Path
 from types import FrameType
 
 from .group_demo import add_group_arguments
-from .local_cluster import LocalCluster, LocalError, ProgressBar, format_table
+from .local import ProgressBar, format_table
+from .local_cluster import LocalCluster, LocalError
 
 LOAD_BATCH = 1000
 READ_BATCH = 5000
