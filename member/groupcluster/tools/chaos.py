@@ -55,6 +55,11 @@ The output is a table of the faults and the figures, ending in exactly ``chaos: 
 failed). The exit status is 0 only if V and L are 0. The merged history is kept as ``chaos-history.jsonl``
 in ``--dir`` (a temporary directory is removed after a clean run, kept after a failing one), so
 ``groupcluster check --stack grid FILE`` judges it again.
+
+One module, in the order of the steps above (recording, workload, the run with its fault schedule, the
+judgement, the report, the command): each step is short, they share the run's constants and
+:class:`ChaosResult`, and a reader follows one run from top to bottom. The processes themselves are
+:mod:`groupcluster.tools.local_cluster`.
 """
 
 from __future__ import annotations
