@@ -56,7 +56,8 @@ from pathlib import Path
 from typing import Any
 
 from groupcluster.grid.client import GridClient
-from groupcluster.tools.local import LocalCluster, ProgressBar
+from groupcluster.tools.local import ProgressBar
+from groupcluster.tools.local_cluster import LocalCluster
 
 ENTRIES_RECEIVED = "groupcluster_grid_rebalance_entries_received_total"
 BYTES_RECEIVED = "groupcluster_grid_rebalance_bytes_received_total"

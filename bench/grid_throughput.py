@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from groupcluster.grid.client import AsyncGridClient, GridClient
-from groupcluster.tools.local import LocalCluster, ProgressBar
+from groupcluster.tools.local import ProgressBar
+from groupcluster.tools.local_cluster import LocalCluster
 
 STEPS = ("single put", "single get", "batch put", "batch get")
 

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from groupcluster.grid.client import GridClient, GridClientError, GridTxAborted, GridTxConflict, GridTxUnknownOutcome
-from groupcluster.tools.local import LocalCluster, ProgressBar
+from groupcluster.tools.local import ProgressBar
+from groupcluster.tools.local_cluster import LocalCluster
 
 START = 1000  # every counter's initial value
 

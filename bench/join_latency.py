@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from groupcluster.tools.local import free_ports
+from groupcluster.tools.local_cluster import free_ports
 
 HOST = "127.0.0.1"
 

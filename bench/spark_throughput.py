@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from groupcluster.spark import register
-    from groupcluster.tools.local import LocalCluster
+    from groupcluster.tools.local_cluster import LocalCluster
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 

@@ -28,7 +28,7 @@ import sys
 import time
 
 from groupcluster.runtime.channel import Channel
-from groupcluster.tools.local import free_ports
+from groupcluster.tools.local_cluster import free_ports
 
 STARTED_WALL = time.time()  # after the imports: what a joiner process pays before it can connect
 

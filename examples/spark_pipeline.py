@@ -46,7 +46,7 @@ def write_orders(path: Path, first_id: int, count: int, seed: int) -> None:
 
 
 def start_local_grid(workdir: Path) -> tuple[Any, str]:
-    from groupcluster.tools.local import LocalCluster
+    from groupcluster.tools.local_cluster import LocalCluster
 
     cluster = LocalCluster(workdir / "grid")
     print("starting a local grid of 3 members ...", flush=True)

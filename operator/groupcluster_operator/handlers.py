@@ -34,7 +34,8 @@ from . import builders, peering
 from .auth import RANDOM_BYTES, AuthMaterial, AuthSecretError, read_auth_secret
 from .kubeapi import ApiError, KubeApi
 from .model import CLUSTER_LABEL, GROUP, LEAVE_ANNOTATION, PLURAL, STOP_ANNOTATION, VERSION, ClusterSpec, SpecError
-from .planner import CreatePod, DeletePod, MemberReport, Plan, PodState, RequestLeave, invalid_status, plan
+from .observations import MemberReport, PodState
+from .planner import CreatePod, DeletePod, Plan, RequestLeave, invalid_status, plan
 from .release import FINALIZER, release_finalizers
 
 log = logging.getLogger("groupcluster_operator")

@@ -35,7 +35,7 @@ from groupcluster.tools.chaos import (
     FaultSchedule,
     check_history,
 )
-from groupcluster.tools.local import pid_alive
+from groupcluster.tools.local_cluster import pid_alive
 
 SUMMARY = re.compile(r"^chaos: (\d+) ops, (\d+) violations, (\d+) lost$")
 # The one-minute run's seed: its first fault is a cut long enough (9.9 s) to get the member excluded, and the

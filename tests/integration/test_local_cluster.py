@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from groupcluster.grid.client import GridClient
-from groupcluster.tools.local import pid_alive
+from groupcluster.tools.local_cluster import pid_alive
 
 
 def local(directory: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -170,7 +170,7 @@ def test_a_member_that_exits_before_joining_is_reported_at_once(tmp_path: Path) 
     once held the rebalance bench for minutes)."""
     import time
 
-    from groupcluster.tools.local import LocalCluster, LocalError
+    from groupcluster.tools.local_cluster import LocalCluster, LocalError
 
     cluster = LocalCluster(tmp_path / "c")
     try:

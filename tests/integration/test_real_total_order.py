@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from groupcluster.sim import checkers
+from groupcluster.sim import checkers, stack_checkers
 from groupcluster.sim.history import History, HistoryEvent
 
 from .procs import FD_FLAGS, Members, before, free_port, loopback_hosts, view_of, wait_until
@@ -84,7 +84,9 @@ def test_members_agree_on_one_order_when_the_sequencer_is_killed(members: Member
     events.sort(key=lambda e: e.t)
     history = History(events)
     violations = (
-        checkers.check_safety(history) + checkers.check_total_order(history) + checkers.check_crashed_prefix(history)
+        checkers.check_safety(history)
+        + stack_checkers.check_total_order(history)
+        + stack_checkers.check_crashed_prefix(history)
     )
     assert not violations, "\n".join(map(str, violations[:20]))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from groupcluster.sim import checkers
+from groupcluster.sim import checkers, stack_checkers
 from groupcluster.sim.history import History, HistoryEvent
 
 from .procs import FD_FLAGS, FD_TIMEOUT, MemberProcess, Members, before, free_port, loopback_hosts, view_of, wait_until
@@ -71,7 +71,7 @@ def test_survivors_of_a_crash_agree_on_old_view_deliveries(members: Members) -> 
     events.append(HistoryEvent(killed_at, victim_addr, "crash"))
     events.sort(key=lambda e: e.t)
     history = History(events)
-    violations = checkers.check_safety(history) + checkers.check_virtual_synchrony(history)
+    violations = checkers.check_safety(history) + stack_checkers.check_virtual_synchrony(history)
     assert not violations, "\n".join(map(str, violations[:20]))
     # The survivors did move from a view with the victim to one without it (the property was exercised).
     moved = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from groupcluster.sim.checkers import HistoryFormatError
 from groupcluster.sim.grid.checkers import (
     LIVENESS_BOUND,
     check_grid_expired,
@@ -16,6 +15,7 @@ from groupcluster.sim.grid.checkers import (
     parse,
 )
 from groupcluster.sim.history import History, HistoryEvent
+from groupcluster.sim.history_index import HistoryFormatError
 
 
 def ev(t: float, member: str, kind: str, **data: Any) -> HistoryEvent:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 from groupcluster.sim.checkers import (
-    HistoryFormatError,
-    HistoryIndex,
     check_all,
     check_fifo,
     check_liveness_delivery,
@@ -15,9 +13,10 @@ from groupcluster.sim.checkers import (
     check_reliable_delivery,
     check_safety,
     check_view_agreement,
-    check_virtual_synchrony,
 )
 from groupcluster.sim.history import History, HistoryEvent
+from groupcluster.sim.history_index import HistoryFormatError, HistoryIndex
+from groupcluster.sim.stack_checkers import check_virtual_synchrony
 
 A, B, C = "10.0.0.1:7800#1", "10.0.0.2:7800#2", "10.0.0.3:7800#3"
 

@@ -6,10 +6,10 @@ faults run (the 300-seed sweeps of ``test_vsync.py`` and ``test_total_order.py``
 from __future__ import annotations
 
 import pytest
-from groupcluster.sim.checkers import STACK_CHECKERS, check_state_transfer
 from groupcluster.sim.history import History
 from groupcluster.sim.runner import default_jobs, run_many
 from groupcluster.sim.scenario import Scenario, SeedResult, run_seed
+from groupcluster.sim.stack_checkers import STACK_CHECKERS, check_state_transfer
 
 D, J, S = "d:1#1", "j:1#2", "s:1#3"
 

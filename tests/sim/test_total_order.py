@@ -6,13 +6,14 @@ from __future__ import annotations
 import random
 
 import pytest
-from groupcluster.sim.checkers import check_all, check_crashed_prefix, check_total_order
+from groupcluster.sim.checkers import check_all
 from groupcluster.sim.faults import FAULT_KINDS
 from groupcluster.sim.history import History
 from groupcluster.sim.loop import EventLoop
 from groupcluster.sim.network import LinkConfig, Network
 from groupcluster.sim.runner import default_jobs, run_many
 from groupcluster.sim.scenario import Scenario, SeedResult, build_spec, run_seed
+from groupcluster.sim.stack_checkers import check_crashed_prefix, check_total_order
 from groupcluster.sim.world import World, slot_endpoint
 
 A, B, C, S = "a:1#1", "b:1#2", "c:1#3", "s:1#4"

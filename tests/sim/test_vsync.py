@@ -4,10 +4,10 @@ virtual synchrony included; plus a check that the property is not vacuous (the f
 from __future__ import annotations
 
 import pytest
-from groupcluster.sim.checkers import check_virtual_synchrony
 from groupcluster.sim.faults import FAULT_KINDS
 from groupcluster.sim.runner import default_jobs, run_many
 from groupcluster.sim.scenario import Scenario, SeedResult, run_seed
+from groupcluster.sim.stack_checkers import check_virtual_synchrony
 
 
 def run_vsync(seeds: range) -> list[SeedResult]:

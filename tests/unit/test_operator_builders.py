@@ -11,7 +11,8 @@ from groupcluster.grid.node import GridConfig
 from groupcluster.runtime import member_cli
 from groupcluster_operator import builders
 from groupcluster_operator.model import ClusterSpec, SpecError
-from groupcluster_operator.planner import MemberReport, PodState, plan
+from groupcluster_operator.observations import MemberReport, PodState
+from groupcluster_operator.planner import plan
 
 UID = "0000-uid"
 

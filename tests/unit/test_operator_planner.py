@@ -7,12 +7,11 @@ from typing import Any
 
 import pytest
 from groupcluster_operator.model import ClusterSpec, SpecError
+from groupcluster_operator.observations import MemberReport, PodState
 from groupcluster_operator.planner import (
     CreatePod,
     DeletePod,
     Failures,
-    MemberReport,
-    PodState,
     RequestLeave,
     choose_leavers,
     failure_backoff,

@@ -231,7 +231,7 @@ class OurGrid(Grid):
     system = GROUPCLUSTER
 
     def __init__(self, workdir: Path) -> None:
-        from ..tools.local import LocalCluster
+        from ..tools.local_cluster import LocalCluster
 
         self.cluster = LocalCluster(workdir / "cluster")
         self._before = (0.0, 0.0)
@@ -263,7 +263,7 @@ class OurGrid(Grid):
         and the next one answered "joined"; taking the earlier one errs against us (a longer rebalance), by at
         most one poll (5 ms) and a status request, where the peers' members print their view's time.
         """
-        from ..tools.local import get_json
+        from ..tools.local_cluster import get_json
 
         t_spawn = time.time()
         rec = self.cluster.spawn()

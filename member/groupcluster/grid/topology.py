@@ -20,6 +20,10 @@ capacity, a leave request, and on takeover the member's last topology), views an
 topologies to broadcast (or to send to one member) come out. It recovers after the coordinator crashed from
 what the members report, continues a rebalance whose members crash (same phase, the dead removed) and enters
 degraded mode when a partition may have cost it data or a majority.
+
+The topology and its planner are one module on purpose: the planner's rules are the topology's invariants
+(phase order, adjacent topologies compatible, the stable set, the lost owners) stated as decisions, and most
+fields of :class:`CacheTopology` exist for one of those rules, so each half is read with the other at hand.
 """
 
 from __future__ import annotations

@@ -13,16 +13,11 @@ import argparse
 import json
 import sys
 
-from .checkers import (
-    SAFETY_CHECKERS,
-    STACK_CHECKERS,
-    HistoryFormatError,
-    HistoryIndex,
-    check_merge_convergence,
-    check_safety,
-)
+from .checkers import SAFETY_CHECKERS, check_merge_convergence, check_safety
 from .grid import checkers, tx_checkers  # noqa: F401  (register --stack grid and grid-tx)
 from .history import History, HistoryEvent
+from .history_index import HistoryFormatError, HistoryIndex
+from .stack_checkers import STACK_CHECKERS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

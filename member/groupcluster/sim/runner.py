@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from .checkers import Violation
+from .history_index import Violation
 from .scenario import Scenario, SeedResult, run_seed
 
 

@@ -32,10 +32,11 @@ from ..core.events import UpdateHosts
 from ..core.layer import LAYER_TYPES
 from ..core.stack import resolve_config
 from ..stacks import PRESETS, load_stack_file, preset
-from .checkers import Violation, check_all
+from .checkers import check_all
 from .faults import FaultPlan, draw_plan, draw_startup
 from .grid import checkers, tx_checkers  # noqa: F401  (register the grid stacks' checkers)
 from .history import History
+from .history_index import Violation
 from .loop import EventLoop
 from .network import Link, LinkConfig, Network
 from .world import LEAVING, PAUSED, RUNNING, AppFactory, Node, World, slot_endpoint

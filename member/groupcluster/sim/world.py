@@ -43,8 +43,8 @@ from ..core.message import Message
 from ..core.stack import Stack, Transmit
 from ..core.view import View
 from ..protocols.state_transfer import GetState, RequestState, SetState, StateCovered, StateSnapshot
-from .checkers import Violation
 from .history import History, make_payload, payload_id
+from .history_index import Violation
 from .loop import EventLoop
 from .network import Network
 

@@ -6,7 +6,7 @@
     groupcluster chaos --minutes 1 --seed 1 --json     # the report as one JSON line before the last line
     groupcluster chaos --minutes 5 --seed 7 --capacity-changes   # capacity changes are faults too
 
-1. Starts a local cluster (:class:`~groupcluster.tools.local.LocalCluster`) of ``--members`` grid members
+1. Starts a local cluster (:class:`~groupcluster.tools.local_cluster.LocalCluster`) of ``--members`` grid members
    on loopback; each records its history (``--record``), so its views reach the checkers.
 2. Runs a writer and a reader, each a thread with its own :class:`~groupcluster.grid.client.GridClient`,
    over a small pool of keys (puts of unique values, some deletes; gets). Every operation is recorded as a
@@ -55,6 +55,11 @@ The output is a table of the faults and the figures, ending in exactly ``chaos: 
 failed). The exit status is 0 only if V and L are 0. The merged history is kept as ``chaos-history.jsonl``
 in ``--dir`` (a temporary directory is removed after a clean run, kept after a failing one), so
 ``groupcluster check --stack grid FILE`` judges it again.
+
+One module, in the order of the steps above (recording, workload, the run with its fault schedule, the
+judgement, the report, the command): each step is short, they share the run's constants and
+:class:`ChaosResult`, and a reader follows one run from top to bottom. The processes themselves are
+:mod:`groupcluster.tools.local_cluster`.
 """
 
 from __future__ import annotations
@@ -79,7 +84,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
 from ..runtime.faults_control import HEAL_DOCUMENT, partition_document, write_control
-from .local import DEFAULT_OWNERS, MAX_MEMBERS, LocalCluster, LocalError, MemberRecord, get_json, post
+from .local_cluster import DEFAULT_OWNERS, MAX_MEMBERS, LocalCluster, LocalError, MemberRecord, get_json, post
 
 KINDS = ("kill", "pause", "leave", "cut")
 CAPACITY = "capacity"  # the fault kind --capacity-changes adds

@@ -1,6 +1,6 @@
 """``groupcluster demo``: a local data grid scales 3 -> 5 -> 2 members while a writer writes, and loses nothing.
 
-1. Starts 3 grid members on 127.0.0.1 (:class:`~groupcluster.tools.local.LocalCluster`, ports chosen free).
+1. Starts 3 grid members on 127.0.0.1 (:class:`~groupcluster.tools.local_cluster.LocalCluster`, ports chosen free).
 2. Writes ``--keys`` (100,000) keys of ``--value-size`` bytes in batches (``put_many``, ``POST /v1/batch``).
 3. Starts a writer (its own client, in a thread) that keeps writing batches: new keys, and new values for
    keys written in step 2.
@@ -32,7 +32,8 @@ from pathlib import Path
 from types import FrameType
 
 from .group_demo import add_group_arguments
-from .local import LocalCluster, LocalError, ProgressBar, format_table
+from .local import ProgressBar, format_table
+from .local_cluster import LocalCluster, LocalError
 
 LOAD_BATCH = 1000
 READ_BATCH = 5000

@@ -64,8 +64,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..checkers import STACK_CHECKERS, HistoryFormatError, HistoryIndex, Violation, _field, _str
 from ..history import History, HistoryEvent
+from ..history_index import HistoryFormatError, HistoryIndex, Violation, event_field, event_str
+from ..stack_checkers import STACK_CHECKERS
 
 INF = math.inf
 # How long after its expiry an entry may still be held once the grid is whole: a member that was not the key's
@@ -164,14 +165,14 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
         kind = ev.kind
         last_t = max(last_t, ev.t)
         if kind == "grid_start":
-            op = _str(ev, pos, "op")
+            op = event_str(ev, pos, "op")
             if op not in ("get", "put", "delete"):
                 raise HistoryFormatError(f"history event #{pos} (grid_start by {ev.member}): op {op!r} unknown")
             g = GridOp(
-                _str(ev, pos, "id"),
+                event_str(ev, pos, "id"),
                 ev.member,
                 op,
-                _str(ev, pos, "key"),
+                event_str(ev, pos, "key"),
                 _opt(ev, pos, "value"),
                 ev.t,
                 final=converged_at is not None and op == "get",
@@ -185,10 +186,10 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
             ops[g.id] = g
             order.append(g)
         elif kind == "grid_end":
-            g2 = ops.get(_str(ev, pos, "id"))
+            g2 = ops.get(event_str(ev, pos, "id"))
             if g2 is None:
                 raise HistoryFormatError(f"history event #{pos}: grid_end of an operation that never started")
-            ok = _field(ev, pos, "ok")
+            ok = event_field(ev, pos, "ok")
             if not isinstance(ok, bool):
                 raise HistoryFormatError(f"history event #{pos} (grid_end by {ev.member}): ok must be true or false")
             g2.end, g2.ok, g2.error = ev.t, ok, _opt(ev, pos, "error")
@@ -466,8 +467,8 @@ def check_grid_replicas(history: History | HistoryIndex) -> list[Violation]:
     held: dict[str, dict[str, dict[str, str]]] = {}
     owners: list[list[str]] | None = None
     for pos, ev in enumerate(gh.stores):
-        data = _field(ev, pos, "data")
-        own = _field(ev, pos, "owners")
+        data = event_field(ev, pos, "data")
+        own = event_field(ev, pos, "owners")
         if not isinstance(data, dict) or not isinstance(own, list):
             raise HistoryFormatError(f"grid_store by {ev.member}: data must be an object and owners a list")
         held[ev.member] = data
@@ -509,7 +510,7 @@ def check_grid_expired(history: History | HistoryIndex) -> list[Violation]:
         return []
     out: list[Violation] = []
     for pos, ev in enumerate(gh.stores):
-        data = _field(ev, pos, "data")
+        data = event_field(ev, pos, "data")
         if not isinstance(data, dict):
             raise HistoryFormatError(f"grid_store by {ev.member}: data must be an object")
         for seg, entries in sorted(data.items()):

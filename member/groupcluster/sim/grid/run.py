@@ -56,8 +56,8 @@ from ...core.view import View
 from ...grid.messages import DELETE, GET, OP_NAMES, PUT
 from ...grid.node import GridConfig, GridNode, OpResult
 from ...grid.topology import Availability, PartitionHandling, Phase, owner_set
-from ..checkers import Violation
 from ..faults import FaultPlan
+from ..history_index import Violation
 from ..scenario import Scenario, _Run
 from ..world import LEAVING, PAUSED, RUNNING, AppFactory, Node
 

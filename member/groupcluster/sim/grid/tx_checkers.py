@@ -41,8 +41,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..checkers import STACK_CHECKERS, HistoryIndex, Violation
 from ..history import History, HistoryEvent
+from ..history_index import HistoryIndex, Violation
+from ..stack_checkers import STACK_CHECKERS
 from .checkers import GRID_CHECKERS, _widen
 from .checkers import parse as parse_grid
 

@@ -57,7 +57,7 @@ from ...grid.tx.coordinator import CoordState
 from ...grid.tx.messages import TxId
 from ...grid.tx.reasons import REASON_MIXED
 from ...grid.tx.resolution import resolution, termination_decision
-from ..checkers import Violation
+from ..history_index import Violation
 from ..scenario import Scenario
 from ..world import RUNNING, Node
 from .run import GridApp, GridRun, GridSetup, grid_scenario
