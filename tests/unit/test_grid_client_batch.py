@@ -1,4 +1,4 @@
-"""The batch client's bulk paths (issue 7: Spark batch writes) against their per-key definitions (no I/O).
+"""The batch client's bulk paths (the path of Spark batch writes) against their per-key definitions (no I/O).
 
 ``_put_ops`` checks a whole mapping with C-level passes and falls back to the per-entry loop, which names the
 first bad entry; ``_Router.targets`` routes many keys at once and must pick what ``_Router.target`` picks for

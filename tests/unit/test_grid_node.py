@@ -504,7 +504,7 @@ def _sent(node: GridNode, dest: Address) -> list[object]:
 
 
 def test_a_write_keeps_its_round_across_phase_changes_that_add_no_owner() -> None:
-    # Issue 4: the phase changes that end a rebalance keep every segment's write owners (write all) or drop the
+    # The phase changes that end a rebalance keep every segment's write owners (write all) or drop the
     # old ones, yet each re-drove every write in flight (a second round trip, behind members busy installing):
     # the slowest writes of a rebalance. Now the round goes on; a topology that adds an owner still re-drives.
     x, y, z, w = member(1), member(2), member(3), member(4)
