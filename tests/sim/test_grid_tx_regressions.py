@@ -15,6 +15,7 @@ from . import seedruns
 # Pinned, not the current defaults: a seed replays its original run only with its scenario.
 GRID_TX = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0, startup_faults=False)
 GRID_TX_CAPACITY = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0, capacity_changes=1.0, startup_faults=False)
+GRID_TX_STARTUP = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0)
 GRID_TX_CAPACITY_STARTUP = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0, capacity_changes=1.0)
 
 TWO_GRIDS = (
@@ -137,6 +138,14 @@ LEFT_BESIDE_EMPTIED_MEMBER = (
     "Membership._no_taker; docs/decisions/003)"
 )
 
+IN_DOUBT_IGNORED_ROLLBACK = (
+    "a partition cut the originator off after 10.0.0.4 voted YES (in doubt there); after the merge its later "
+    "attempt was refused and it rolled the transaction back, but 10.0.0.4 ignored the rollback as the "
+    "originator's late decision and left it unanswered: the originator resent it until the operator resolved "
+    "10.0.0.4 and was still pending at the check (now a participant in doubt takes the originator's rollback, "
+    "which only ever rolls back attempts that never commit; grid/tx/participant.py, _accepts_decision)"
+)
+
 # (seed, scenario, what the seed found). Seeds 104 and 143 found TWO_GRIDS on the first sweep; the fault choice
 # changed since (crashes and pauses prefer originators in the middle of a commit), so their runs are not the
 # same any more: 212 (a later transaction's write beaten at the merge) and 220 (the counters' total broken by
@@ -162,6 +171,7 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (895672000093, GRID_TX, REFETCH_AFTER_COMMIT),
     (207000288, GRID_TX, OWN_COMMIT_DONE),
     (857807000094, GRID_TX_CAPACITY_STARTUP, LEFT_BESIDE_EMPTIED_MEMBER),
+    (508822000432, GRID_TX_STARTUP, IN_DOUBT_IGNORED_ROLLBACK),
 ]
 
 
