@@ -15,6 +15,8 @@ from . import seedruns
 # Pinned, not the current defaults: a seed replays its original run only with its scenario.
 GRID_TX = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0, startup_faults=False)
 GRID_TX_CAPACITY = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0, capacity_changes=1.0, startup_faults=False)
+GRID_TX_STARTUP = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0)
+GRID_TX_DEADLINES_STARTUP = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0, deadlines=0.5)
 GRID_TX_CAPACITY_STARTUP = Scenario(stack="grid-tx", safety_time=8.0, send_rate=3.0, capacity_changes=1.0)
 
 TWO_GRIDS = (
@@ -144,6 +146,22 @@ TOPOLOGY_ID_TWICE = (
     "members waited for good (now a status reporting another topology under the planner's id re-announces above it)"
 )
 
+IN_DOUBT_IGNORED_ROLLBACK = (
+    "a partition cut the originator off after 10.0.0.4 voted YES (in doubt there); after the merge its later "
+    "attempt was refused and it rolled the transaction back, but 10.0.0.4 ignored the rollback as the "
+    "originator's late decision and left it unanswered: the originator resent it until the operator resolved "
+    "10.0.0.4 and was still pending at the check (now a participant in doubt takes the originator's rollback, "
+    "which only ever rolls back attempts that never commit; grid/tx/participant.py, _accepts_decision)"
+)
+
+REFUSED_KEY_TO_A_VOTER = (
+    "deadlines: the originator was cut off after every owner voted YES and committed u7 on its own member (a "
+    "backup of u7); the automatic resolver on the other side rolled the transaction back; at the merge the "
+    "originator's member became an owner of u2 and, being a voter of u7, got u2's write although u2's voters "
+    "had answered ROLLED_BACK: u2's replicas differed for good (now a write its voters rolled back goes to no "
+    "member that did not vote on that key; TxCoordinator._send_completion)"
+)
+
 # (seed, scenario, what the seed found). Seeds 104 and 143 found TWO_GRIDS on the first sweep; the fault choice
 # changed since (crashes and pauses prefer originators in the middle of a commit), so their runs are not the
 # same any more: 212 (a later transaction's write beaten at the merge) and 220 (the counters' total broken by
@@ -170,6 +188,8 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (207000288, GRID_TX, OWN_COMMIT_DONE),
     (857807000094, GRID_TX_CAPACITY_STARTUP, LEFT_BESIDE_EMPTIED_MEMBER),
     (293329000013, GRID_TX_CAPACITY_STARTUP, TOPOLOGY_ID_TWICE),
+    (508822000432, GRID_TX_STARTUP, IN_DOUBT_IGNORED_ROLLBACK),
+    (338600243, GRID_TX_DEADLINES_STARTUP, REFUSED_KEY_TO_A_VOTER),
 ]
 
 

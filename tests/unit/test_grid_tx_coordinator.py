@@ -112,6 +112,25 @@ class TestCoordinator:
         (outcome,) = [o for o in out if isinstance(o, TxOutcome)]
         assert outcome.committed and outcome.mixed
 
+    def test_a_voter_of_other_keys_never_gets_a_write_its_voters_rolled_back(self) -> None:
+        # Simulation seed 338600243 (deadlines): the originator, cut off after the votes, was itself a voter of
+        # another key; a resolver rolled the transaction back on the other side, and at the merge the originator's
+        # member became an owner of u2. As a voter of the commit it got u2's write, which u2's voters had rolled
+        # back: the replicas differed for good.
+        router = StaticRouter([A, B, C])  # k0: A, B; k1: B, C
+        co = TxCoordinator(O1, router)
+        tx = co.begin(0.0)
+        co.commit(tx, {b"k0": b"x", b"k1": b"y"}, 0.0)
+        co.on_message(A, TxVote(tx, 1, 0, YES, 1, ((b"k0", make_version(1, 1)),)), 1.0)
+        co.on_message(B, TxVote(tx, 1, 0, YES, 1, ((b"k1", make_version(1, 2)),)), 1.0)
+        co.on_message(C, TxVote(tx, 1, 0, YES, 1), 1.0)
+        assert co.state_of(tx) == CoordState.COMMITTING
+        co.on_message(A, TxAck(tx, 1, ACK_ROLLED_BACK, 1), 2.0)  # k0 rolled back where it was voted
+        router.members, router.topology_id = [C, B, A], 2  # k0: C, B; k1: B, A
+        out = co.on_topology(3.0)
+        to_c = [o.message for o in out if isinstance(o, TxSend) and o.dest == C]
+        assert len(to_c) == 1 and isinstance(to_c[0], TxCommit) and to_c[0].writes == ()
+
     def test_a_new_owner_held_back_is_released_when_every_voter_left(self) -> None:
         router = StaticRouter([A, B])
         co, _ = committing_k0(router)

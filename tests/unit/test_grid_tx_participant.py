@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from groupcluster.grid.store import make_version
+from groupcluster.grid.tx.coordinator import TxCoordinator
 from groupcluster.grid.tx.messages import (
     ACK_COMMITTED,
     ACK_OK,
@@ -26,10 +27,10 @@ from groupcluster.grid.tx.messages import (
     decode_tx_payload,
     encode_tx_payload,
 )
-from groupcluster.grid.tx.outputs import TxSend
+from groupcluster.grid.tx.outputs import TxOutcome, TxSend
 from groupcluster.grid.tx.participant import TxState
 
-from .grid_tx_support import O1, O2, A, B, C, D, prepare, seg, sends, table, tid
+from .grid_tx_support import O1, O2, A, B, C, D, StaticRouter, prepare, seg, sends, table, tid
 
 
 class TestTxTable:
@@ -201,6 +202,46 @@ class TestTxTable:
         assert store.applied == [(t1, ((b"k1", doubt.versions[0][1], b"vk1"),))]
         assert t.in_doubt() == [] and t.state_of(t1) == TxState.COMMITTED
         assert t.locks.held_by(t1) == frozenset()
+
+    def test_an_in_doubt_participant_takes_the_originators_late_rollback(self) -> None:
+        # The vote was lost and the participant's side formed a view without the originator (in doubt); the
+        # views merged again and the originator, timed out, rolled back. Ignored as a late decision, its
+        # rollback was resent unanswered until an operator resolved the member: the originator stayed pending.
+        co = TxCoordinator(O1, StaticRouter([A], owners=1))
+        t, _ = table(A)
+        tx = co.begin(0.0)
+        (prep,) = sends(co.commit(tx, {b"k1": b"x"}, 0.0))
+        (vote,) = sends(t.on_message(O1, prep, 0.1))
+        assert isinstance(vote, TxVote) and vote.code == YES  # lost on its way
+        t.on_view([A, B], 1.0)
+        t.on_view([A, B, O1], 2.0)
+        assert [d.tx for d in t.in_doubt()] == [tx]
+        out = co.tick(31.0)
+        assert [o.committed for o in out if isinstance(o, TxOutcome)] == [False]
+        (rollback,) = sends(out)
+        assert isinstance(rollback, TxRollback) and not rollback.resolved
+        (ack,) = sends(t.on_message(O1, rollback, 31.1))
+        assert ack == TxAck(tx, 1, ACK_OK, 1)
+        assert t.in_doubt() == [] and t.state_of(tx) == TxState.ROLLED_BACK
+        assert t.locks.empty()
+        assert co.on_message(A, ack, 31.2) == [] and co.pending() == []
+        # A prepare of that attempt arriving late (duplicated) locks nothing.
+        (late,) = sends(t.on_message(O1, prep, 32.0))
+        assert isinstance(late, TxVote) and late.code == NO
+        assert t.locks.empty()
+
+    def test_an_in_doubt_participant_keeps_a_later_attempt_on_an_earlier_attempts_rollback(self) -> None:
+        t, _ = table(A)
+        tx = tid(1)
+        t.on_message(O1, prepare(tx, [b"k1"], attempt=2), 0.0)
+        t.on_view([A, B], 1.0)
+        # the rollback of the attempt the originator gave up before this one: acknowledged, nothing undone
+        assert sends(t.on_message(O1, TxRollback(tx, 1, 1), 2.0)) == [TxAck(tx, 1, ACK_OK, 1)]
+        assert [d.tx for d in t.in_doubt()] == [tx]
+        assert t.locks.held_by(tx) == {b"k1"}
+        # and its commit still does not count (a resolver may have rolled it back everywhere)
+        assert sends(t.on_message(O1, TxCommit(tx, 2, 1, ((b"k1", make_version(1, 1), b"x"),)), 3.0)) == []
+        assert [d.tx for d in t.in_doubt()] == [tx]
 
     def test_resolve_needs_versions_on_a_backup(self) -> None:
         t, store = table(B)

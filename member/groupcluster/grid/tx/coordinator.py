@@ -474,8 +474,10 @@ class TxCoordinator:
         key's replicas unequal (simulation seed 1461). So it is held back until a voter of each of its keys
         answers: applied, and the write goes; rolled back, and it never goes. A key whose voters all left is
         sent as before: nobody is left to ask. A member that voted on some keys gets all of its keys at once,
-        as before: holding part of its writes back let it release the other keys' locks early, and holding
-        it whole could hold every member back."""
+        as before (holding part of its writes back let it release the other keys' locks early, and holding
+        it whole could hold every member back), except a key whose voters rolled it back: that write goes to
+        no member that did not vote on it (the originator's member, a voter of another key, got such a write
+        as a new owner after a merge and kept it alone: simulation seed 338600243)."""
         keys = sorted(c.touched)
         tid, owners = self._router(keys)
         targets = {d for d in c.contacted if self._members is None or d in self._members}
@@ -486,13 +488,15 @@ class TxCoordinator:
             for dest in owners[key]:
                 targets.add(dest)
                 if c.state == CoordState.COMMITTING and key in c.writes:
-                    if dest not in voters and c.voters_of:
+                    if c.voters_of and dest not in c.voters_of.get(key, ()):
                         applied = self._applied_by_voter(c, key)
-                        if applied is None:
+                        if applied is False:
+                            # Rolled back where it was voted: the key stays as they have it, also on a member
+                            # that voted on other keys of the commit.
+                            continue
+                        if applied is None and dest not in voters:
                             held.add(dest)
                             continue
-                        if not applied:
-                            continue  # rolled back where it was voted: the key stays as they have it
                     per_dest.setdefault(dest, []).append((key, c.versions[key], c.writes[key]))
         chosen = None if only is None else set(only)
         if chosen is None:

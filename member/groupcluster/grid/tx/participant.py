@@ -729,11 +729,16 @@ class TxTable:
         out.append(TxSend(rec.reply_to, TxVote(tx, rec.attempt, request, NO, self.topology_id, (), reason)))
 
     def _accepts_decision(self, src: Address, rec: _Record, msg: TxCommit | TxRollback) -> bool:
-        # Once in doubt, the originator's own (late) decision no longer counts: a resolver may already have
-        # decided for every participant, and one participant taking the late message would split them. A
-        # resolver's decision counts whoever sends it (the view coordinator can be the originator, back after
-        # a partition: simulation seed 19 with automatic resolution).
-        return msg.resolved or not (rec.in_doubt and src == rec.tx.origin)
+        # Once in doubt, the originator's own (late) commit no longer counts: a resolver may already have rolled
+        # the transaction back for every participant, and one participant taking the late commit would split
+        # them. A resolver's decision counts whoever sends it (the view coordinator can be the originator, back
+        # after a partition: simulation seed 19 with automatic resolution). The originator's rollback counts
+        # too: it sends one only for an attempt it gave up or decided to roll back, so that attempt and every
+        # earlier one never commit, and a resolver commits only what some member committed; ignored, it was
+        # resent unanswered until an operator resolved the member, and the originator stayed pending meanwhile.
+        if msg.resolved or isinstance(msg, TxRollback):
+            return True
+        return not (rec.in_doubt and src == rec.tx.origin)
 
     def _on_commit(self, src: Address, msg: TxCommit, now: float, out: list[TxOutput]) -> None:
         rec = self._txs.get(msg.tx)

@@ -26,7 +26,7 @@ def termination_decision(states: Iterable[TxState | None]) -> bool | None:
       only after every owner acknowledged it, so no client was told the transaction committed.
 
     Every participant must be resolved with the answer computed from *all* their reports, after all of them
-    installed a view without the originator (from then on they ignore its late decisions).
+    installed a view without the originator (from then on they ignore its late commits).
     """
     seen = list(states)
     if not seen:
