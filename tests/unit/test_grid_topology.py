@@ -806,30 +806,3 @@ def test_an_unchanged_topology_announced_after_recovery_keeps_the_newest_stable_
     tm = merged.topology
     assert tm is not None and tm.topology_id > tb.topology_id and tm.availability == Availability.DEGRADED
     assert set(tm.stable_members) == {m(0), m(1), m(2)} and tm.stable_id == ta.stable_id
-
-
-def test_status_reporting_another_topology_under_our_id_bumps_the_id() -> None:
-    # A member cut off alone made topologies of its own; its status from before that reached the coordinator
-    # of the merge view, whose recovery ended on it and announced an id its own topology already had. The
-    # member ignored ours as not newer and never confirmed it: the rebalance stalled for good.
-    old = joined(3)
-    old.on_view([m(0), m(1), m(2), m(3)], 1.0)
-    old.on_statuses({m(3): MemberStatus(1.0, False, None)}, 1.0)
-    confirm_all(old)
-    t_before = old.topology
-    assert t_before is not None and t_before.phase == Phase.NO_REBALANCE and m(3) in owner_set(t_before.current)
-    alone = RebalancePlanner([m(3)], num_segments=SEGS, num_owners=2, mode=PartitionHandling.ALLOW_READ_WRITES)
-    alone.on_statuses({m(3): MemberStatus(1.0, False, t_before)}, 2.0)
-    confirm_all(alone)
-    t_alone = alone.topology
-    assert t_alone is not None and set(owner_set(t_alone.current)) == {m(3)}
-    view = [m(0), m(1), m(2), m(3)]
-    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, mode=PartitionHandling.ALLOW_READ_WRITES, merge=True)
-    p.on_statuses({x: MemberStatus(1.0, False, t_before) for x in view}, 3.0)  # m(3)'s from before its split
-    ours = p.topology
-    assert ours is not None and ours.topology_id > t_before.topology_id
-    clash = replace(t_alone, topology_id=ours.topology_id)
-    out = p.on_statuses({m(3): MemberStatus(1.0, False, clash)}, 3.5)
-    assert out and out[-1][1].topology_id > ours.topology_id and m(3) in out[-1][1].members
-    # The same topology reported again (a member that installed ours) changes nothing.
-    assert p.on_statuses({m(1): MemberStatus(1.0, False, p.topology)}, 3.6) == []

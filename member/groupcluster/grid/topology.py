@@ -460,11 +460,6 @@ class RebalancePlanner:
                 # A member is ahead of us (a topology we never saw); re-announce ours above it.
                 self.max_seen_id = st.topology.topology_id
                 changed = ahead = True
-            elif st.topology is not None and self._collides(st.topology):
-                # A member installed a topology of another coordinator under the id of ours (one it made alone in
-                # a split, reported after our recovery ended on an older status of it): it ignores ours as not
-                # newer and never confirms, so the rebalance would stall. Re-announce ours above it.
-                changed = ahead = True
             grew = self._note_lost(st.lost)
             if st.topology is not None:
                 grew = self._note_lost(st.topology.lost) or grew
@@ -702,11 +697,6 @@ class RebalancePlanner:
         return self._set(nt)
 
     # -- helpers --------------------------------------------------------------------------------------------
-    def _collides(self, reported: CacheTopology) -> bool:
-        """Whether ``reported`` carries the id of our topology but is not it."""
-        t = self.topology
-        return t is not None and reported.topology_id == t.topology_id and reported != t
-
     def _note_lost(self, members: Iterable[Address]) -> bool:
         """Add ``members`` not in our view to the lost owners (the newest MAX_LOST kept); whether any was new."""
         lost, view = self.lost, self.view

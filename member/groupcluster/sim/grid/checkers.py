@@ -136,7 +136,7 @@ def _deadline(ev: HistoryEvent, pos: int, name: str = "deadline") -> float:
     return float(raw)
 
 
-def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHistory:
+def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHistory:  # noqa: C901, PLR0912, PLR0915  one pass over the history: each event kind moves the shared window state
     """Collect the grid operations, the split windows and the store snapshots of a history."""
     events = history.events if isinstance(history, HistoryIndex | History) else list(history)
     mode = "deny_read_writes"
