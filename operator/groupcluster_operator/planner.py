@@ -332,7 +332,7 @@ def _short_view(view_id: str | None, size: int, pod_of: Mapping[str, str]) -> st
     return f"{pod_of.get(creator, creator)}|{seq}, {size} member{'s' if size != 1 else ''}"
 
 
-def plan(
+def plan(  # noqa: C901, PLR0912, PLR0915  the operator's rules as numbered steps, in the order they apply
     spec: ClusterSpec,
     pods: Sequence[PodState],
     reports: Mapping[str, MemberReport | None],

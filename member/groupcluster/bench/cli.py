@@ -89,11 +89,8 @@ def _settings(args: argparse.Namespace) -> Any:
     return s
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.list:
-        for w in WORKLOADS.values():
-            print(f"{w.name:<36} {w.unit:<17} {w.description}; systems: {', '.join(w.systems)}")
-        return 0
+def _chosen(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The workloads and systems the arguments name (every one by default, the quick set with --quick)."""
     patterns = args.workloads or (list(QUICK_WORKLOADS) if args.quick else ["*"])
     names = with_peaks(select(patterns, WORKLOADS))
     if not args.workloads:  # the 100 MB and 1 GB states run only when named
@@ -103,6 +100,15 @@ def run(args: argparse.Namespace) -> int:
     systems = select(args.systems, SYSTEMS) if args.systems else list(SYSTEMS)
     if args.systems and not systems:
         raise SystemExit(f"groupcluster bench: no system matches {args.systems}; allowed: {', '.join(SYSTEMS)}")
+    return names, systems
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        for w in WORKLOADS.values():
+            print(f"{w.name:<36} {w.unit:<17} {w.description}; systems: {', '.join(w.systems)}")
+        return 0
+    names, systems = _chosen(args)
 
     from .runner import Runner
 

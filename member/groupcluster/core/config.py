@@ -34,7 +34,7 @@ def param(
     return dataclasses.field(default=converted, metadata=meta)
 
 
-def _convert(value: Any, meta: Mapping[str, Any], where: str) -> Any:
+def _convert(value: Any, meta: Mapping[str, Any], where: str) -> Any:  # noqa: C901  one case per parameter kind
     kind = meta["kind"]
     minimum = meta.get("minimum", 0)
     if kind == "duration":

@@ -350,10 +350,31 @@ def balanced(
     member_set = set(members)
     order = {m: i for i, m in enumerate(members)}
     prev = [[m for m in own if m in member_set] for own in previous] if previous is not None else None
-
-    # Phase A: primaries. Keep a live primary while under quota, then promote a surviving backup (no data
-    # moves), then give the rest to whoever is furthest below quota.
     pcount = dict.fromkeys(members, 0)
+    primary = _assign_primaries(prev, members, prim_q, pcount, order, num_segments)
+    ocount = dict(pcount)
+    owners: list[list[Address]] = [[p] for p in primary]
+    if previous is not None and prev is not None:
+        _keep_previous_backups(previous, prev, owners, members, owner_q, ocount, order, k)
+    _fill_backups(owners, members, owner_q, ocount, order, k)
+    return ConsistentHash.from_owner_map(
+        num_segments, num_owners, owners, {m: float(capacities.get(m, 1.0)) for m in members}
+    )
+
+
+def _assign_primaries(
+    prev: list[list[Address]] | None,
+    members: Sequence[Address],
+    prim_q: Mapping[Address, int],
+    pcount: dict[Address, int],
+    order: Mapping[Address, int],
+    num_segments: int,
+) -> list[Address]:
+    """Phase A of :func:`balanced`: each segment's primary; counts them in ``pcount``.
+
+    Keep a live primary while under quota, then promote a surviving backup (no data moves), then give the rest
+    to whoever is furthest below quota.
+    """
     primary: list[Address | None] = [None] * num_segments
     if prev is not None:
         for s, own in enumerate(prev):
@@ -372,61 +393,81 @@ def balanced(
             m = max(members, key=lambda x: (prim_q[x] - pcount[x], -order[x]))
             primary[s] = m
             pcount[m] += 1
+    return primary  # type: ignore[return-value]
 
-    # Phase B: backups. Keep every previous owner, then shed the excess of members above quota, spreading the
-    # removals so a segment loses at most one owner where possible (co-owners that are both above quota would
-    # otherwise shed the same segments, and the second freed slot would move data between old members).
-    ocount = dict(pcount)
-    owners: list[list[Address]] = [[p] for p in primary]  # type: ignore[list-item]
-    if prev is not None:
-        for s, own in enumerate(prev):
-            seg = owners[s]
-            for m in own:
-                if m not in seg and owner_q[m] > 0:
-                    seg.append(m)
-                    ocount[m] += 1
-        # Where a new primary leaves more previous owners than slots, one of them must go (a *mandatory*
-        # removal); a segment that kept all its previous owners may lose one (an *optional* removal: the new
-        # owner filling it is the one data move the change needs anyway). A segment that already lost an
-        # owner (it left) gets a new owner regardless; shedding there too would make it take a second one.
-        # Every removal given to a member above its quota is free; a mandatory removal from a member at quota,
-        # or an excess shed from a segment that already changed, costs one extra move. So the removals are
-        # chosen together as a maximum matching of members' excess to segments, not greedily in segment order
-        # (which would spend a member's removals where another member's excess had nowhere else to go).
-        excess = {m: ocount[m] - owner_q[m] for m in members}
-        for seg in owners:
-            # Segments more than one owner over (the owner count shrank) shed the surplus beyond one first.
-            while len(seg) > k + 1:
-                surplus = max(seg[1:], key=lambda x: (excess[x], order[x]))
-                seg.remove(surplus)
-                ocount[surplus] -= 1
-                excess[surplus] -= 1
-        mandatory = [len(seg) > k for seg in owners]
-        optional = [
-            not mandatory[s] and set(previous[s]) <= set(owners[s])  # type: ignore[index]
-            for s in range(num_segments)
-        ]
-        chosen = _removals(owners, mandatory, optional, members, excess)
-        for s in range(num_segments):
-            seg = owners[s]
-            drop = chosen.get(s)
-            if drop is None and mandatory[s]:
-                # Nobody above quota owns it: drop the one furthest above (it takes a copy elsewhere later).
-                drop = max(seg[1:], key=lambda x: (excess[x], order[x]))
-            if drop is not None:
-                seg.remove(drop)
-                ocount[drop] -= 1
-                excess[drop] -= 1
-        for m in members:
-            for s in range(num_segments):
-                if excess[m] <= 0:
-                    break
-                seg = owners[s]
-                if m in seg and seg[0] != m:
-                    seg.remove(m)
-                    ocount[m] -= 1
-                    excess[m] -= 1
+
+def _keep_previous_backups(
+    previous: Sequence[Sequence[Address]],
+    prev: list[list[Address]],
+    owners: list[list[Address]],
+    members: Sequence[Address],
+    owner_q: Mapping[Address, int],
+    ocount: dict[Address, int],
+    order: Mapping[Address, int],
+    k: int,
+) -> None:
+    """Phase B of :func:`balanced`: keep every previous owner, then shed the excess of members above quota.
+
+    The removals are spread so a segment loses at most one owner where possible (co-owners that are both above
+    quota would otherwise shed the same segments, and the second freed slot would move data between old members).
+    """
+    num_segments = len(owners)
+    for s, own in enumerate(prev):
+        seg = owners[s]
+        for m in own:
+            if m not in seg and owner_q[m] > 0:
+                seg.append(m)
+                ocount[m] += 1
+    # Where a new primary leaves more previous owners than slots, one of them must go (a *mandatory*
+    # removal); a segment that kept all its previous owners may lose one (an *optional* removal: the new
+    # owner filling it is the one data move the change needs anyway). A segment that already lost an
+    # owner (it left) gets a new owner regardless; shedding there too would make it take a second one.
+    # Every removal given to a member above its quota is free; a mandatory removal from a member at quota,
+    # or an excess shed from a segment that already changed, costs one extra move. So the removals are
+    # chosen together as a maximum matching of members' excess to segments, not greedily in segment order
+    # (which would spend a member's removals where another member's excess had nowhere else to go).
+    excess = {m: ocount[m] - owner_q[m] for m in members}
+    for seg in owners:
+        # Segments more than one owner over (the owner count shrank) shed the surplus beyond one first.
+        while len(seg) > k + 1:
+            surplus = max(seg[1:], key=lambda x: (excess[x], order[x]))
+            seg.remove(surplus)
+            ocount[surplus] -= 1
+            excess[surplus] -= 1
+    mandatory = [len(seg) > k for seg in owners]
+    optional = [not mandatory[s] and set(previous[s]) <= set(owners[s]) for s in range(num_segments)]
+    chosen = _removals(owners, mandatory, optional, members, excess)
     for s in range(num_segments):
+        seg = owners[s]
+        drop = chosen.get(s)
+        if drop is None and mandatory[s]:
+            # Nobody above quota owns it: drop the one furthest above (it takes a copy elsewhere later).
+            drop = max(seg[1:], key=lambda x: (excess[x], order[x]))
+        if drop is not None:
+            seg.remove(drop)
+            ocount[drop] -= 1
+            excess[drop] -= 1
+    for m in members:
+        for s in range(num_segments):
+            if excess[m] <= 0:
+                break
+            seg = owners[s]
+            if m in seg and seg[0] != m:
+                seg.remove(m)
+                ocount[m] -= 1
+                excess[m] -= 1
+
+
+def _fill_backups(
+    owners: list[list[Address]],
+    members: Sequence[Address],
+    owner_q: Mapping[Address, int],
+    ocount: dict[Address, int],
+    order: Mapping[Address, int],
+    k: int,
+) -> None:
+    """Phase C of :func:`balanced`: fill every segment up to ``k`` owners from the members under quota."""
+    for s in range(len(owners)):
         seg = owners[s]
         while len(seg) < k:
             cands = [m for m in members if m not in seg and ocount[m] < owner_q[m]]
@@ -449,9 +490,6 @@ def balanced(
             # segment and no swap was found.)
             if not _swap_into(owners, seg, k, needy_all, ocount):  # pragma: no cover - impossible, see above
                 raise AssertionError("consistent hash: no swap found while filling owners")
-    return ConsistentHash.from_owner_map(
-        num_segments, num_owners, owners, {m: float(capacities.get(m, 1.0)) for m in members}
-    )
 
 
 def _removals(

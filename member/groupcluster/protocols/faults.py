@@ -92,29 +92,34 @@ def parse_partitions(value: Any, where: str) -> tuple[PartitionWindow, ...]:
         end = parse_duration(raw["end"], where=f"{w}.end")
         if end <= start:
             raise ConfigError(f"{w}.end: {raw['end']!r} must be later than start {raw['start']!r}")
-        raw_groups = raw["groups"]
-        if isinstance(raw_groups, str | bytes | Mapping) or not isinstance(raw_groups, list | tuple):
-            raise ConfigError(f"{w}.groups: expected a list of groups (lists of host:port), got {raw_groups!r}")
-        if len(raw_groups) < 2:
-            raise ConfigError(f"{w}.groups: a partition needs at least 2 groups, got {len(raw_groups)}")
-        groups: list[frozenset[Endpoint]] = []
-        seen: dict[Endpoint, int] = {}
-        for g, raw_group in enumerate(raw_groups):
-            gw = f"{w}.groups[{g}]"
-            if isinstance(raw_group, str):
-                raw_group = [v for v in raw_group.split(",") if v.strip()]
-            if not isinstance(raw_group, list | tuple) or not raw_group:
-                raise ConfigError(f"{gw}: expected a non-empty list of host:port, got {raw_group!r}")
-            members: set[Endpoint] = set()
-            for j, item in enumerate(raw_group):
-                ep = _parse_endpoint(item, f"{gw}[{j}]")
-                if ep in seen and seen[ep] != g:
-                    raise ConfigError(f"{gw}[{j}]: {ep[0]}:{ep[1]} is also in groups[{seen[ep]}]")
-                seen[ep] = g
-                members.add(ep)
-            groups.append(frozenset(members))
+        groups = _parse_groups(raw["groups"], f"{w}.groups")
         windows.append(PartitionWindow(start, end, tuple(groups)))
     return tuple(windows)
+
+
+def _parse_groups(raw_groups: Any, where: str) -> list[frozenset[Endpoint]]:
+    """A window's groups: at least two disjoint, non-empty lists of host:port (or comma-separated strings)."""
+    if isinstance(raw_groups, str | bytes | Mapping) or not isinstance(raw_groups, list | tuple):
+        raise ConfigError(f"{where}: expected a list of groups (lists of host:port), got {raw_groups!r}")
+    if len(raw_groups) < 2:
+        raise ConfigError(f"{where}: a partition needs at least 2 groups, got {len(raw_groups)}")
+    groups: list[frozenset[Endpoint]] = []
+    seen: dict[Endpoint, int] = {}
+    for g, raw_group in enumerate(raw_groups):
+        gw = f"{where}[{g}]"
+        if isinstance(raw_group, str):
+            raw_group = [v for v in raw_group.split(",") if v.strip()]
+        if not isinstance(raw_group, list | tuple) or not raw_group:
+            raise ConfigError(f"{gw}: expected a non-empty list of host:port, got {raw_group!r}")
+        members: set[Endpoint] = set()
+        for j, item in enumerate(raw_group):
+            ep = _parse_endpoint(item, f"{gw}[{j}]")
+            if ep in seen and seen[ep] != g:
+                raise ConfigError(f"{gw}[{j}]: {ep[0]}:{ep[1]} is also in groups[{seen[ep]}]")
+            seen[ep] = g
+            members.add(ep)
+        groups.append(frozenset(members))
+    return groups
 
 
 def _check_rate(value: float, where: str) -> float:

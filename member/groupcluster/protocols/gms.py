@@ -245,7 +245,7 @@ class Gms(Layer):
             return
         self.below.down(msg)
 
-    def down_event(self, event: Event) -> Any:
+    def down_event(self, event: Event) -> Any:  # noqa: C901  one case per control event
         if isinstance(event, Connect):
             self.state = "joining"
             self.join_attempts = 0
@@ -341,7 +341,7 @@ class Gms(Layer):
             return
         self.above.up_event(event)
 
-    def _handle(self, src: Address, hdr: GmsHeader) -> None:
+    def _handle(self, src: Address, hdr: GmsHeader) -> None:  # noqa: C901  one case per GMS message kind
         kind = hdr.kind
         if self.state == "left":
             return
@@ -851,7 +851,7 @@ class Gms(Layer):
             self.set_timer("bundle", self.config.view_bundling)
 
     # -- timers --------------------------------------------------------------------------------------
-    def on_timer(self, key: object) -> None:
+    def on_timer(self, key: object) -> None:  # noqa: C901  one case per timer
         if key == "bundle":
             self._process_queue()
         elif key == "ack":

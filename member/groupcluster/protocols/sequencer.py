@@ -51,7 +51,7 @@ Multicasts sent before the first view wait in the forward-table and travel with 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -804,17 +804,7 @@ class Sequencer(Layer):
 
     def _deliver(self, batch: _Batch, out: list[Message]) -> None:
         e, b = batch.ident
-        per_epoch = self.pending.get(e)
-        if per_epoch is not None:
-            # This batch and any older one of its epoch are settled (older ones were delivered or skipped).
-            # Batches of an epoch are added in seq order, so the settled ones are at the front.
-            while per_epoch:
-                first = next(iter(per_epoch))
-                if first > b:
-                    break
-                del per_epoch[first]
-            if not per_epoch:
-                del self.pending[e]
+        self._settle_pending(e, b)
         if e in self.epochs_seen:
             # Batches of an epoch we were in reach us in seq order, so a watermark tells which we delivered.
             if b <= self.delivered_in.get(e, 0):
@@ -842,29 +832,7 @@ class Sequencer(Layer):
                     self.count("duplicates", n)
                     continue
                 self.count("duplicates", first)
-            todo = items[first:] if first else items
-            if len(set(map(type, todo))) == 1 and type(todo[0]) is bytes:
-                out.extend([Message(None, p, src=origin) for p in todo])
-                todo = []
-            append = out.append
-            for item in todo:
-                if type(item) is bytes:
-                    append(Message(None, item, src=origin))
-                    continue
-                flags, headers, payload = item
-                # Built field by field (a keyword call costs more), and the header dict is the item's own: a
-                # decoded batch is delivered once (it leaves ``cur`` as it is delivered).
-                msg = _new_message(Message)
-                msg.dest = None
-                msg.src = origin
-                msg.payload = payload
-                msg.flags = flags
-                msg.headers = headers
-                frag = headers.get(_FRAG)
-                if frag is None:
-                    append(msg)
-                else:
-                    self._fragment(origin, frag, msg, out)
+            self._deliver_items(origin, items[first:] if first else items, out)
             last = start + n - 1
             if member:
                 high[origin] = last
@@ -875,6 +843,46 @@ class Sequencer(Layer):
         if len(self.delivered_in) > MAX_EPOCHS:
             for old in list(self.delivered_in)[: len(self.delivered_in) - MAX_EPOCHS]:
                 del self.delivered_in[old]
+
+    def _settle_pending(self, e: ViewId, b: int) -> None:
+        """Batch ``b`` of epoch ``e`` and any older one of its epoch are settled (older ones were delivered or
+        skipped). Batches of an epoch are added in seq order, so the settled ones are at the front."""
+        per_epoch = self.pending.get(e)
+        if per_epoch is None:
+            return
+        while per_epoch:
+            first = next(iter(per_epoch))
+            if first > b:
+                break
+            del per_epoch[first]
+        if not per_epoch:
+            del self.pending[e]
+
+    def _deliver_items(self, origin: Address, todo: Sequence[Any], out: list[Message]) -> None:
+        """Append ``origin``'s sequenced items (plain payloads or (flags, headers, payload)) to ``out`` as
+        messages, reassembling fragments."""
+        if len(set(map(type, todo))) == 1 and type(todo[0]) is bytes:
+            out.extend([Message(None, p, src=origin) for p in todo])
+            return
+        append = out.append
+        for item in todo:
+            if type(item) is bytes:
+                append(Message(None, item, src=origin))
+                continue
+            flags, headers, payload = item
+            # Built field by field (a keyword call costs more), and the header dict is the item's own: a
+            # decoded batch is delivered once (it leaves ``cur`` as it is delivered).
+            msg = _new_message(Message)
+            msg.dest = None
+            msg.src = origin
+            msg.payload = payload
+            msg.flags = flags
+            msg.headers = headers
+            frag = headers.get(_FRAG)
+            if frag is None:
+                append(msg)
+            else:
+                self._fragment(origin, frag, msg, out)
 
     def _retire_senders(self, view: View) -> None:
         """Keep ``high`` to the members of ``view``: entries of senders that left move to ``retired``, those of

@@ -421,7 +421,7 @@ class StateTransfer(Layer):
         return self.below.down_event(event)
 
     # -- up: traffic -----------------------------------------------------------------------------------
-    def up(self, batch: list[Message]) -> None:
+    def up(self, batch: list[Message]) -> None:  # noqa: C901, PLR0912  the hot path: one pass that keeps each message's place in the stream
         if self.phase == ABANDONED:
             # Sim seed 287 (total-order): a joiner that left before its state came had its own last multicasts
             # delivered after Left, before any state.

@@ -438,7 +438,7 @@ class Channel:
         self.driver.send_many(msgs)
 
     # -- events from the stack -------------------------------------------------------------------------
-    def _on_events(self, events: list[Event]) -> None:
+    def _on_events(self, events: list[Event]) -> None:  # noqa: C901  the stack's event dispatch: one case per event type
         for ev in events:
             kind = type(ev)
             if kind is Deliver:

@@ -281,7 +281,7 @@ def _owed(idx: HistoryIndex, key: tuple[str, str], s: str, until: int) -> bool:
 #      cut (the donor's state too old), or applied twice (in the state and delivered again), breaks it.
 
 
-def check_state_transfer(history: History | HistoryIndex) -> list[Violation]:
+def check_state_transfer(history: History | HistoryIndex) -> list[Violation]:  # noqa: C901  one pass over the history: deliveries and state events share the per-member logs
     idx = index_of(history)
     out: list[Violation] = []
     Entry = tuple[str, str]  # (sender, msg)
@@ -362,44 +362,59 @@ def check_state_transfer(history: History | HistoryIndex) -> list[Violation]:
                 contents[m] = set(logs[m])
                 transfers.append((m, str(donor), n, pos, get_pos))
     for joiner, donor, n, _set_pos, _get_pos in transfers:
-        j_log, d_log = logs.get(joiner, []), logs.get(donor, [])
-        # Each side's stretch together with the other after the cut (see _together), before any filtering.
-        j_run = _together(idx, joiner, donor, j_log, positions.get(joiner, []), n)
-        d_run = _together(idx, donor, joiner, d_log, positions.get(donor, []), n)
-        j_kept, d_kept = set(j_run), set(d_run)
-        # A message one side applied after the cut, but outside its stretch together, says nothing about the
-        # cut: the joiner applied it while apart from the donor (a sequencer delivers a view's leftovers in the
-        # joiner's view of its own; the donor applies the same message while still counting the joiner in),
-        # or the donor applied it after the two parted. It is left out on both sides.
-        j_apart = set(j_log[n:]) - j_kept
-        d_apart = set(d_log[n:]) - d_kept
-        d_all = contents.get(donor, set())
-        j_all = contents.get(joiner, set())
-        # The joiner's side counts only messages the donor applied too: after a merge, a joiner that was apart
-        # from the donor finishes its partition's messages, which the donor never sees (no loss: divergence).
-        ours = _per_sender(key for key in j_run if key in d_all and key not in d_apart)
-        # The donor's side counts only messages the joiner could have had: sent in a view the joiner installed
-        # (or applied by it). A sequencer replays an epoch the joiner was never in to the donor after a merge.
-        joiner_views = {vid for _pos, vid, _m in idx.views.get(joiner, [])}
-        theirs = _per_sender(
-            key
-            for key in d_run
-            if (key in j_all and key not in j_apart)
-            or (key not in j_all and idx.sends.get(key) and idx.sends[key].view in joiner_views)
-        )
-        for sender in sorted(set(ours) & set(theirs)):
-            a, b = ours[sender], theirs[sender]
-            k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
-            if k is not None:
-                out.append(
-                    Violation(
-                        "state-transfer",
-                        joiner,
-                        f"after the state from {donor} (cut at {n} multicasts), applied {a[k]!r} from {sender} "
-                        f"where the donor applied {b[k]!r} (entry {k} after the cut; the cut lost or repeated one)",
-                    )
+        out += _check_cut(idx, joiner, donor, n, logs, positions, contents)
+    return out
+
+
+def _check_cut(
+    idx: HistoryIndex,
+    joiner: str,
+    donor: str,
+    n: int,
+    logs: dict[str, list[tuple[str, str]]],
+    positions: dict[str, list[int]],
+    contents: dict[str, set[tuple[str, str]]],
+) -> list[Violation]:
+    """Whether ``joiner`` and ``donor`` applied the same messages per sender after the state's cut at ``n``."""
+    out: list[Violation] = []
+    j_log, d_log = logs.get(joiner, []), logs.get(donor, [])
+    # Each side's stretch together with the other after the cut (see _together), before any filtering.
+    j_run = _together(idx, joiner, donor, j_log, positions.get(joiner, []), n)
+    d_run = _together(idx, donor, joiner, d_log, positions.get(donor, []), n)
+    j_kept, d_kept = set(j_run), set(d_run)
+    # A message one side applied after the cut, but outside its stretch together, says nothing about the
+    # cut: the joiner applied it while apart from the donor (a sequencer delivers a view's leftovers in the
+    # joiner's view of its own; the donor applies the same message while still counting the joiner in),
+    # or the donor applied it after the two parted. It is left out on both sides.
+    j_apart = set(j_log[n:]) - j_kept
+    d_apart = set(d_log[n:]) - d_kept
+    d_all = contents.get(donor, set())
+    j_all = contents.get(joiner, set())
+    # The joiner's side counts only messages the donor applied too: after a merge, a joiner that was apart
+    # from the donor finishes its partition's messages, which the donor never sees (no loss: divergence).
+    ours = _per_sender(key for key in j_run if key in d_all and key not in d_apart)
+    # The donor's side counts only messages the joiner could have had: sent in a view the joiner installed
+    # (or applied by it). A sequencer replays an epoch the joiner was never in to the donor after a merge.
+    joiner_views = {vid for _pos, vid, _m in idx.views.get(joiner, [])}
+    theirs = _per_sender(
+        key
+        for key in d_run
+        if (key in j_all and key not in j_apart)
+        or (key not in j_all and idx.sends.get(key) and idx.sends[key].view in joiner_views)
+    )
+    for sender in sorted(set(ours) & set(theirs)):
+        a, b = ours[sender], theirs[sender]
+        k = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+        if k is not None:
+            out.append(
+                Violation(
+                    "state-transfer",
+                    joiner,
+                    f"after the state from {donor} (cut at {n} multicasts), applied {a[k]!r} from {sender} "
+                    f"where the donor applied {b[k]!r} (entry {k} after the cut; the cut lost or repeated one)",
                 )
-                break
+            )
+            break
     return out
 
 

@@ -218,6 +218,17 @@ def sweep(
             k, seed = task
             record(k, _run((seed, runs[k].profile.scenario)))
         return runs
+    _run_in_pool(jobs, runs, next_task, record)
+    return runs
+
+
+def _run_in_pool(
+    jobs: int,
+    runs: Sequence[ProfileRun],
+    next_task: Callable[[], tuple[int, int] | None],
+    record: Callable[[int, SeedResult], None],
+) -> None:
+    """Run the tasks ``next_task`` hands out on ``jobs`` worker processes, keeping each busy, until it runs dry."""
     methods = multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
@@ -231,7 +242,6 @@ def sweep(
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
                 record(running.pop(fut), fut.result())
-    return runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

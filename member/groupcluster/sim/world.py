@@ -487,28 +487,11 @@ class World:
             elif type(out) is Deliver and node.app is not None:
                 self._app_call_safe(node, node.app.on_messages, out.messages)
             elif type(out) is Deliver:
-                name = node.name
-                hook = self.on_deliver
-                log = node.app_log if node.uses_state else None
-                for msg in out.messages:
-                    sender = self._name(msg.src) or "?"
-                    msg_id = payload_id(msg.payload)
-                    history.add(now, name, "deliver", sender=sender, msg=msg_id, dest=self._name(msg.dest))
-                    if log is not None and msg.dest is None:
-                        log.append(f"{sender} {msg_id}")
-                    if hook is not None:
-                        hook(node, sender, msg_id)
-                self.stats["delivered"] += len(out.messages)
+                self._record_deliveries(node, out, now)
             elif type(out) is GetState or type(out) is SetState or type(out) is StateCovered:
                 self._state_event(node, out)
             elif type(out) is ViewChange or type(out) is Joined:
-                view = out.view
-                # Joined and ViewChange may both carry the first view: record it once.
-                if node.view is None or node.view.view_id != view.view_id:
-                    node.view = view
-                    history.view(now, node.address, view)
-                    if node.app is not None:
-                        self._app_call_safe(node, node.app.on_view, view)
+                self._install_view(node, out.view, now)
             elif type(out) is Backpressure:
                 node.blocked = out.blocked
             elif type(out) is Left:
@@ -525,6 +508,30 @@ class World:
                 self.on_gone(node, gone)
         elif node.app is not None and node.state != GONE:
             self._app_pump(node)
+
+    def _record_deliveries(self, node: Node, out: Deliver, now: float) -> None:
+        """Record the messages delivered to a member without an application (and keep its state log)."""
+        name = node.name
+        hook = self.on_deliver
+        log = node.app_log if node.uses_state else None
+        for msg in out.messages:
+            sender = self._name(msg.src) or "?"
+            msg_id = payload_id(msg.payload)
+            self.history.add(now, name, "deliver", sender=sender, msg=msg_id, dest=self._name(msg.dest))
+            if log is not None and msg.dest is None:
+                log.append(f"{sender} {msg_id}")
+            if hook is not None:
+                hook(node, sender, msg_id)
+        self.stats["delivered"] += len(out.messages)
+
+    def _install_view(self, node: Node, view: View, now: float) -> None:
+        """Record a member's new view and tell its application; Joined and ViewChange may both carry the first
+        view, which is recorded once."""
+        if node.view is None or node.view.view_id != view.view_id:
+            node.view = view
+            self.history.view(now, node.address, view)
+            if node.app is not None:
+                self._app_call_safe(node, node.app.on_view, view)
 
     def _app_call_safe(self, node: Node, fn: Callable[..., Any], arg: Any) -> None:
         if node.state == GONE:

@@ -130,42 +130,47 @@ def parse_options(options: Mapping[str, str]) -> GridOptions:
             raise OptionError(f"unknown option {raw_name!r} for format groupcluster (options: {allowed})")
         field = _FIELDS[name]
         text = str(raw_value).strip()
-        if field == "members":
-            values[field] = parse_members(text)
-        elif field in _CHOICES:
-            choice = text.lower()
-            if choice not in _CHOICES[field]:
-                raise OptionError(f"option {name}: {raw_value!r} is not one of {', '.join(_CHOICES[field])}")
-            values[field] = choice
-        elif field in _INT_RANGES:
-            lo, hi = _INT_RANGES[field]
-            try:
-                number = int(text)
-            except ValueError:
-                raise OptionError(f"option {name}: expected an integer, got {raw_value!r}") from None
-            if not lo <= number <= hi:
-                raise OptionError(f"option {name}: {number} is outside [{lo}, {hi}]")
-            values[field] = number
-        elif field == "timeout":
-            try:
-                seconds = float(text.removesuffix("s"))
-            except ValueError:
-                raise OptionError(f"option timeout: expected seconds, e.g. 30 or 30s, got {raw_value!r}") from None
-            if not 0 < seconds <= 3600:
-                raise OptionError(f"option timeout: {seconds} is outside (0, 3600] seconds")
-            values[field] = seconds
-        elif field == "lifespan":
-            try:
-                values[field] = parse_lifespan(text)
-            except ValueError as exc:
-                raise OptionError(f"option {exc}") from None
-        else:  # key_column, value_column
-            if not text:
-                raise OptionError(f"option {name}: empty column name")
-            values[field] = text
+        values[field] = _option_value(name, field, text, raw_value)
     if "members" not in values:
         raise OptionError(
             "option members is required: the HTTP endpoints of grid members, e.g. "
             ".option('members', '127.0.0.11:8080,127.0.0.12:8080')"
         )
     return GridOptions(**values)  # type: ignore[arg-type]
+
+
+def _option_value(name: str, field: str, text: str, raw_value: object) -> object:
+    """The checked value of option ``name`` (for ``field``), given as ``text``."""
+    if field == "members":
+        return parse_members(text)
+    elif field in _CHOICES:
+        choice = text.lower()
+        if choice not in _CHOICES[field]:
+            raise OptionError(f"option {name}: {raw_value!r} is not one of {', '.join(_CHOICES[field])}")
+        return choice
+    elif field in _INT_RANGES:
+        lo, hi = _INT_RANGES[field]
+        try:
+            number = int(text)
+        except ValueError:
+            raise OptionError(f"option {name}: expected an integer, got {raw_value!r}") from None
+        if not lo <= number <= hi:
+            raise OptionError(f"option {name}: {number} is outside [{lo}, {hi}]")
+        return number
+    elif field == "timeout":
+        try:
+            seconds = float(text.removesuffix("s"))
+        except ValueError:
+            raise OptionError(f"option timeout: expected seconds, e.g. 30 or 30s, got {raw_value!r}") from None
+        if not 0 < seconds <= 3600:
+            raise OptionError(f"option timeout: {seconds} is outside (0, 3600] seconds")
+        return seconds
+    elif field == "lifespan":
+        try:
+            return parse_lifespan(text)
+        except ValueError as exc:
+            raise OptionError(f"option {exc}") from None
+    else:  # key_column, value_column
+        if not text:
+            raise OptionError(f"option {name}: empty column name")
+        return text

@@ -276,6 +276,27 @@ class GroupClusterReader(DataSourceReader):
 
 
 # ==== batch write ================================================================================================
+def _row_entry(
+    k: str | bytes | None, v: str | bytes | None, part: int, opts: GridOptions
+) -> tuple[bytes, bytes | None]:
+    """A row's key and value as bytes (value None: delete the key, where ``nullValue=delete`` allows nulls)."""
+    if k is None:
+        raise GridWriteError(
+            f"groupcluster write failed in Spark partition {part}: a row has a null key "
+            f"(column {opts.key_column!r}); filter such rows out first"
+        )
+    kb = k.encode("utf-8") if isinstance(k, str) else k
+    if v is None:
+        if opts.null_value != "delete":
+            raise GridWriteError(
+                f"groupcluster write failed in Spark partition {part}: key {k!r} has a null value; "
+                "the grid stores no nulls (filter them out, or set nullValue=delete to delete "
+                "such keys)"
+            )
+        return kb, None
+    return kb, v.encode("utf-8") if isinstance(v, str) else v
+
+
 def _as_bytes(col: pa.Array | pa.ChunkedArray) -> list[bytes]:
     """A string or binary column's values as bytes (UTF-8 for strings), converted by Arrow."""
     t = col.type
@@ -376,22 +397,8 @@ class GroupClusterWriter(DataSourceArrowWriter):
                 keys = kcol.to_pylist()
                 values = vcol.to_pylist()
                 for k, v in zip(keys, values, strict=True):
-                    if k is None:
-                        raise GridWriteError(
-                            f"groupcluster write failed in Spark partition {part}: a row has a null key "
-                            f"(column {opts.key_column!r}); filter such rows out first"
-                        )
-                    kb = k.encode("utf-8") if isinstance(k, str) else k
-                    if v is None:
-                        if opts.null_value != "delete":
-                            raise GridWriteError(
-                                f"groupcluster write failed in Spark partition {part}: key {k!r} has a null value; "
-                                "the grid stores no nulls (filter them out, or set nullValue=delete to delete "
-                                "such keys)"
-                            )
-                        chunk[kb] = None
-                    else:
-                        chunk[kb] = v.encode("utf-8") if isinstance(v, str) else v
+                    kb, vb = _row_entry(k, v, part, opts)
+                    chunk[kb] = vb
                     if len(chunk) >= limit:
                         flush()
                 stats["rows"] += len(keys)

@@ -52,6 +52,22 @@ def add_group_arguments(group: argparse._ArgumentGroup) -> None:
 GROUP_TIMEOUT = 45.0
 
 
+def _view_sizes(st: dict[str, Any]) -> str:
+    """Progress line: each member's view size."""
+    parts = []
+    for name, s in st.items():
+        size = len(s["view"]["members"]) if s and s.get("view") else 0
+        parts.append(f"{name}:{size}")
+    return "view sizes " + " ".join(parts)
+
+
+def _sending(st: dict[str, Any]) -> str:
+    """Progress line: messages sent in all, and delivered per member."""
+    sent = sum(s["sent"] for s in st.values() if s)
+    delivered = [s["delivered_total"] if s else 0 for s in st.values()]
+    return f"sent {sent}, delivered per member {' '.join(map(str, delivered))}"
+
+
 class DemoError(Exception):
     pass
 
@@ -242,19 +258,12 @@ class Demo:
         survivors = [p for p in procs if p is not victim]
         short = {}  # address string -> m1..mN, filled as members report their addresses
 
-        def views(st: dict[str, Any]) -> str:
-            parts = []
-            for name, s in st.items():
-                size = len(s["view"]["members"]) if s and s.get("view") else 0
-                parts.append(f"{name}:{size}")
-            return "view sizes " + " ".join(parts)
-
         def one_view(st: dict[str, Any]) -> bool:
             ids = {json.dumps(s["view"]["id"]) for s in st.values() if s and s.get("view")}
             sizes = [len(s["view"]["members"]) for s in st.values() if s and s.get("view")]
             return len(ids) == 1 and sizes == [n] * n
 
-        took = self.wait(f"one view of {n} members", one_view, procs, views)
+        took = self.wait(f"one view of {n} members", one_view, procs, _view_sizes)
         st = self.statuses()
         for p in procs:
             short[st[p.name]["address"]] = p.name  # type: ignore[index]
@@ -263,17 +272,12 @@ class Demo:
 
         self.say(f"each member multicasts {args.messages} messages of {args.size} B at {args.rate:g}/s")
 
-        def sending(st: dict[str, Any]) -> str:
-            sent = sum(s["sent"] for s in st.values() if s)
-            delivered = [s["delivered_total"] if s else 0 for s in st.values()]
-            return f"sent {sent}, delivered per member {' '.join(map(str, delivered))}"
-
         half = max(1, args.messages // 2)
         self.wait(
             f"{victim.name} to send {half}",
             lambda st: bool(st[victim.name]) and st[victim.name]["sent"] >= half,
             procs,
-            sending,
+            _sending,
         )
         victim.killed_at = time.time()
         victim.popen.kill()
@@ -289,7 +293,7 @@ class Demo:
                 for p in survivors
             )
 
-        took = self.wait(f"survivors to remove {victim.name}", excluded, survivors, views)
+        took = self.wait(f"survivors to remove {victim.name}", excluded, survivors, _view_sizes)
         st = self.statuses()
         self.say(
             f"survivors installed a view without {victim.name} {took:.1f}s after the kill: "
@@ -315,7 +319,7 @@ class Demo:
                 settled["counts"], settled["since"] = counts, now
             return len(set(counts)) == 1 or now - settled["since"] >= 2.0
 
-        self.wait("survivors to finish", finished, survivors, sending)
+        self.wait("survivors to finish", finished, survivors, _sending)
         time.sleep(0.6)  # one more status/record flush
         final = self.statuses()
         self.say("survivors leave (SIGTERM, graceful leave)")

@@ -64,7 +64,7 @@ from ..errors import (
 )
 from ..feed import ChangeFeed, ChangePage, FeedStore, stable_bound
 from ..messages import DELETE, GET, PUT
-from ..node import EVENT_KINDS, EntryEvents, GridConfig, GridNode, OpResult
+from ..node import EVENT_KINDS, EntryEvents, GridConfig, GridNode, OpResult, Outgoing
 from ..store import Segment
 from ..topology import Availability, CacheTopology, Phase
 from ..tx.messages import TxId
@@ -1047,21 +1047,35 @@ class GridRuntime(NodeTimer):
             self._persist(node)  # before this step's payloads leave: an acknowledgement follows the commit
         out = node.take_outbox()
         if out and ch is not None and not ch.closed:
-            for o in out:
-                if o.dest == ch.address:
-                    continue  # the node loops back to itself internally
-                try:
-                    ch.send(self._prefix + o.payload, dest=o.dest)
-                except Exception as exc:  # leaving/closed: nothing more goes out; the node copes with loss
-                    self.counters["send_dropped"] += 1
-                    log.debug("grid payload not sent: %s", exc)
+            self._send_outbox(ch, out)
         if node.topology is not self._seen_topology:
             # Wall-clock time of each install, for /v1/status (when did the last rebalance end, to the step).
             self._seen_topology = node.topology
             self.topology_installed_at = time.time()
         if node.events.events:
             self._dispatch_events(node.take_events())
-        for res in node.take_results():
+        self._resolve_results(node.take_results())
+        if node.ready_to_leave:
+            self._ready_to_leave.set()
+        if ch is not None and not ch.closed:
+            self._maybe_announce_low()
+        self._arm()
+
+    def _send_outbox(self, ch: Channel, out: list[Outgoing]) -> None:
+        """Send the node's payloads on the channel (its own loop back inside the node)."""
+        for o in out:
+            if o.dest == ch.address:
+                continue  # the node loops back to itself internally
+            try:
+                ch.send(self._prefix + o.payload, dest=o.dest)
+            except Exception as exc:  # leaving/closed: nothing more goes out; the node copes with loss
+                self.counters["send_dropped"] += 1
+                log.debug("grid payload not sent: %s", exc)
+
+    def _resolve_results(self, results: list[OpResult]) -> None:
+        """Complete the futures waiting for these operations' results: a single operation's, or a batch's once
+        its last result is in."""
+        for res in results:
             fut = self._waiting.pop(res.op_id, None)
             if fut is not None:
                 if not fut.done():
@@ -1074,11 +1088,6 @@ class GridRuntime(NodeTimer):
                 wait.remaining -= 1
                 if wait.remaining == 0 and not wait.done.done():
                     wait.done.set_result(wait.results)  # type: ignore[arg-type]
-        if node.ready_to_leave:
-            self._ready_to_leave.set()
-        if ch is not None and not ch.closed:
-            self._maybe_announce_low()
-        self._arm()
 
     def _persist(self, node: GridNode) -> None:
         store = node.store

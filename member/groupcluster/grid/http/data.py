@@ -42,14 +42,28 @@ class DataHandlers(HandlerBase):
             return no_lifespan_here(request)
         value: bytes | None = None
         if request.method == "PUT":
-            length = request.content_length
-            if length is not None and length > MAX_VALUE_BYTES:
-                return json_error(413, f"value: {length} bytes exceed the limit of {MAX_VALUE_BYTES}")
-            value = await request.read()
-            if not value:
-                return json_error(400, "missing body: PUT needs the value as the request body")
-            if len(value) > MAX_VALUE_BYTES:
-                return json_error(413, f"value: {len(value)} bytes exceed the limit of {MAX_VALUE_BYTES}")
+            body = await self._put_value(request)
+            if isinstance(body, web.Response):
+                return body
+            value = body
+        return await self._kv_call(request, grid, key, value, lifespan)
+
+    async def _put_value(self, request: web.Request) -> bytes | web.Response:
+        """A PUT's value: its non-empty body, within the size limit (or the error response)."""
+        length = request.content_length
+        if length is not None and length > MAX_VALUE_BYTES:
+            return json_error(413, f"value: {length} bytes exceed the limit of {MAX_VALUE_BYTES}")
+        value = await request.read()
+        if not value:
+            return json_error(400, "missing body: PUT needs the value as the request body")
+        if len(value) > MAX_VALUE_BYTES:
+            return json_error(413, f"value: {len(value)} bytes exceed the limit of {MAX_VALUE_BYTES}")
+        return value
+
+    async def _kv_call(
+        self, request: web.Request, grid: Any, key: bytes, value: bytes | None, lifespan: float | None
+    ) -> web.Response:
+        """Run one key's GET, PUT or DELETE on the grid, and map its outcome to the response."""
         try:
             if request.method == "GET":
                 found, version = await grid.get_versioned(key, request.get("deadline"))

@@ -162,18 +162,7 @@ def parse_batch(
     A put may carry a fourth element ``{"lifespan": seconds}``. ``lifespans`` receives one entry per operation
     (seconds, or None for no lifespan) when at least one put carries one, and stays empty otherwise; without
     that list a lifespan is refused (:class:`BadBatch`)."""
-    if not isinstance(doc, dict) or "ops" not in doc:
-        raise BadBatch('body: expected a map {"ops": [[op, key, value?], ...]}')
-    unknown = sorted(str(k) for k in doc if k != "ops")
-    if unknown:
-        raise BadBatch(f'body: unknown field(s) {", ".join(unknown)} (only "ops")')
-    ops = doc["ops"]
-    if not isinstance(ops, list):
-        raise BadBatch(f"ops: expected a list, got {type(ops).__name__}")
-    if not ops:
-        raise BadBatch("ops: empty (give at least one operation)")
-    if len(ops) > MAX_BATCH_OPS:
-        raise BadBatch(f"ops: {len(ops)} operations exceed the limit of {MAX_BATCH_OPS}")
+    ops = _batch_ops(doc)
     if binary:
         fast = _parse_uniform(ops)
         if fast is not None:
@@ -195,11 +184,7 @@ def parse_batch(
             raise BadBatch(f"ops[{i}][1] (key): {len(key)} bytes is outside [1, {MAX_BATCH_KEY_BYTES}]")
         value = None
         if kind == PUT:
-            if len(op) < 3:
-                raise BadBatch(f'ops[{i}]: put needs a value: ["put", key, value]')
-            value = _field_bytes(op[2], f"ops[{i}][2] (value)", binary)
-            if len(value) > MAX_VALUE_BYTES:
-                raise BadBatch(f"ops[{i}][2] (value): {len(value)} bytes exceed the limit of {MAX_VALUE_BYTES}")
+            value = _batch_put_value(op, i, binary)
             if len(op) == 4:
                 if lifespans is None:
                     raise BadBatch(f"ops[{i}][3].lifespan: lifespans are not accepted here")
@@ -209,16 +194,49 @@ def parse_batch(
             elif spans is not None:
                 spans.append(None)
         else:
-            if len(op) != 2:
-                if isinstance(op[-1], dict) and LIFESPAN_PARAM in op[-1]:
-                    raise BadBatch(f"ops[{i}]: {op[0]} takes no lifespan (only a put does)")
-                raise BadBatch(f"ops[{i}]: {op[0]} takes no value: [{op[0]!r}, key]")
+            _check_no_value(op, i)
             if spans is not None:
                 spans.append(None)
         out.append((kind, key, value))
     if spans is not None and lifespans is not None:
         lifespans.extend(spans)
     return out
+
+
+def _batch_ops(doc: Any) -> list[Any]:
+    """The operations list of a batch body ``{"ops": [...]}``: a non-empty list within the limit."""
+    if not isinstance(doc, dict) or "ops" not in doc:
+        raise BadBatch('body: expected a map {"ops": [[op, key, value?], ...]}')
+    unknown = sorted(str(k) for k in doc if k != "ops")
+    if unknown:
+        raise BadBatch(f'body: unknown field(s) {", ".join(unknown)} (only "ops")')
+    ops = doc["ops"]
+    if not isinstance(ops, list):
+        raise BadBatch(f"ops: expected a list, got {type(ops).__name__}")
+    if not ops:
+        raise BadBatch("ops: empty (give at least one operation)")
+    if len(ops) > MAX_BATCH_OPS:
+        raise BadBatch(f"ops: {len(ops)} operations exceed the limit of {MAX_BATCH_OPS}")
+    return ops
+
+
+def _batch_put_value(op: list[Any], i: int, binary: bool) -> bytes:
+    """The value of put ``ops[i]``, within the size limit."""
+    if len(op) < 3:
+        raise BadBatch(f'ops[{i}]: put needs a value: ["put", key, value]')
+    value = _field_bytes(op[2], f"ops[{i}][2] (value)", binary)
+    if len(value) > MAX_VALUE_BYTES:
+        raise BadBatch(f"ops[{i}][2] (value): {len(value)} bytes exceed the limit of {MAX_VALUE_BYTES}")
+    return value
+
+
+def _check_no_value(op: list[Any], i: int) -> None:
+    """A get or delete ``ops[i]`` is ``[op, key]``: no value, no lifespan."""
+    if len(op) == 2:
+        return
+    if isinstance(op[-1], dict) and LIFESPAN_PARAM in op[-1]:
+        raise BadBatch(f"ops[{i}]: {op[0]} takes no lifespan (only a put does)")
+    raise BadBatch(f"ops[{i}]: {op[0]} takes no value: [{op[0]!r}, key]")
 
 
 _LIST_TYPE = {list}

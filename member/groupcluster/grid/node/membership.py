@@ -22,6 +22,7 @@ from ..messages import (
 )
 from ..store import (
     SEQ_BITS,
+    SegmentStore,
     version_seq,
 )
 from ..topology import (
@@ -209,82 +210,18 @@ class Membership:
         merged_topology = self._merged_topology(t)
         if merged_topology:
             self.merge_hold = None  # the merged group's topology: commands are served again (held ones below)
-        me = self.node.address
         if self.node.store is None or self.node.store.num_segments != t.num_segments:
             self.node.store = self.node.hooks.new_store(t.num_segments)
         store = self.node.store
         self.node.hooks.installing(t, store)
-        merged: list[tuple[int, bytes, int, bytes | None]] = []
-        merged_expiries: dict[tuple[int, bytes], float] | None = None
-        if self.merge_from is not None and merged_topology:
-            # The first topology of the merged group: take our entries (tombstones too) before any drop.
-            merged = [(s, k, ver, val) for s, data in sorted(store.segments.items()) for k, (ver, val) in data.items()]
-            if any(data.exp for data in store.segments.values()):
-                # Their expiries too, now: the segments we do not keep are dropped below, before the push, and a
-                # re-stamp below gives the entries new versions (expiries are recorded per version).
-                merged_expiries = {
-                    (s, k): e for s, k, ver, val in merged if val is not None and (e := store.expiry_of(s, k, ver))
-                }
-            if t.restamp > self.merge_from:
-                # The merged group joins grids that never met (topology.py, restamp): our versions and the
-                # other grid's count topologies from 1 each, so they say nothing about which write came last.
-                # Every member of either grid pushes its entries re-stamped under the one topology id
-                # ``restamp``, above both grids' and below the merged group's, keeping each sequence: the
-                # write's time. So the later write of a key wins everywhere, and any write of the merged
-                # group beats them all.
-                high = t.restamp << SEQ_BITS
-                merged = [(s, k, high | version_seq(ver), val) for s, k, ver, val in merged]
-                self.node.metrics["grid.merge_entries_restamped"] += len(merged)
-            self.merge_from = None
+        merged, merged_expiries = self._take_merge_push(t, store, merged_topology)
         # Tombstones stay: a member that was cut off (or a partition that wrote on its own) pushes its entries
         # after a merge, and an older value must not bring a deleted key back (see docs/grid.md, merge).
         store.keep_tombstones = True
-        keep = t.segments_to_keep(me)
-        dropped_segments: list[int] = []
-        emptied: list[int] = []  # segments whose copy was dropped or emptied here
+        keep = t.segments_to_keep(self.node.address)
         dropping = t.availability == Availability.AVAILABLE and self.merge_from is None
-        if t.phase in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) and dropping:
-            # Old copies go only once no topology in use can still read them (see docs/grid.md). Never on a
-            # degraded topology: it is provisional (owners are missing, a partition may have cut us off),
-            # and the merged group may adopt another partition's topology that names us an owner of what we
-            # would drop here; seed 15 lost acknowledged writes that way. Dropping waits for availability.
-            # Nor while our merge push waits for the merged group's topology: a topology of our old group
-            # that arrives after the merge view must not take entries the push still has to carry (seed 19).
-            departed = EVENT_DEPARTED in self.node.events.event_kinds
-            for s in store.held_segments() - keep:
-                if departed:
-                    data = store.segments[s]
-                    if data:
-                        # Snapshot the columns before the store lets go of the entries (they may be freed a
-                        # slice per step from here on).
-                        self.node.events.event(
-                            EVENT_DEPARTED, s, list(data.ver), list(data.ver.values()), list(data.val.values())
-                        )
-                self.node.metrics["grid.entries_dropped"] += store.remove_segment(s)
-                dropped_segments.append(s)
-                emptied.append(s)
-        if t.phase == Phase.READ_OLD_WRITE_ALL:
-            if t.rebalance_id != self.node.consumer.xfer_rebalance:
-                self.node.consumer.cancel_in_xfers()
-                self.node.consumer.xfer_rebalance = t.rebalance_id
-                self.node.consumer.fetch_started = set()
-                self.node.consumer.fetched = set()
-                self.node.consumer.fetch_tries.clear()
-            for s in self.node.consumer.to_fetch(t) - self.node.consumer.fetch_started:
-                # A new owner's old copy may be stale (it missed writes while not an owner): start empty.
-                store.clear_segment(s)
-                self.node.consumer.fetch_started.add(s)
-                emptied.append(s)
-            # Streams from sources that are no longer current owners of their segments restart elsewhere.
-            for xid, xf in list(self.node.consumer.in_xfers.items()):
-                if xf.source not in t.members or any(xf.source not in t.current.owners_of(s) for s in xf.remaining):
-                    if xf.source in self.node.view:
-                        self.node._emit(xf.source, XferCancel(xid))
-                    del self.node.consumer.in_xfers[xid]
-        else:
-            self.node.consumer.cancel_in_xfers()
-            if t.phase == Phase.NO_REBALANCE:
-                self.node.provider.out_xfers.clear()
+        dropped_segments = self._drop_unowned_copies(t, store, keep, dropping)
+        emptied = dropped_segments + self._steer_transfers(t, store)
         for s in keep:
             store.add_segment(s)
         if emptied:
@@ -299,8 +236,107 @@ class Membership:
             gone = sorted(self.node.tx.locks.segments() - keep - set(dropped_segments))
             dropped_segments += gone
         self.node.transactions.tx_install(old, t, dropped_segments)
-        # Writes we applied under another topology: push them to this topology's write owners, unless the write
-        # went to all of them already (then its round goes on, for them only: see _kept_owners).
+        self._remember_routes(t, merged_topology)
+        self._carry_pending_writes(t)
+        if merged:
+            self.node.replication.push_entries(
+                merged, merge=True, expiries=merged_expiries if merged_expiries is not None else {}
+            )
+        if old is None and (self.node.persistence.restored is not None or self.node.persistence.topology_floor):
+            self.node.persistence.settle_restored(t)
+        self._serve_held_requests(t)
+        if t.phase == Phase.READ_OLD_WRITE_ALL:
+            self.node.consumer.plan_fetches()
+        self.maybe_confirm()
+        self._resend_operations(t)
+        self.check_ready()
+
+    def _take_merge_push(
+        self, t: CacheTopology, store: SegmentStore, merged_topology: bool
+    ) -> tuple[list[tuple[int, bytes, int, bytes | None]], dict[tuple[int, bytes], float] | None]:
+        """The entries (and expiries) to push to the merged group, taken before any drop (empty if no merge)."""
+        merged: list[tuple[int, bytes, int, bytes | None]] = []
+        merged_expiries: dict[tuple[int, bytes], float] | None = None
+        if self.merge_from is None or not merged_topology:
+            return merged, merged_expiries
+        # The first topology of the merged group: take our entries (tombstones too) before any drop.
+        merged = [(s, k, ver, val) for s, data in sorted(store.segments.items()) for k, (ver, val) in data.items()]
+        if any(data.exp for data in store.segments.values()):
+            # Their expiries too, now: the segments we do not keep are dropped below, before the push, and a
+            # re-stamp below gives the entries new versions (expiries are recorded per version).
+            merged_expiries = {
+                (s, k): e for s, k, ver, val in merged if val is not None and (e := store.expiry_of(s, k, ver))
+            }
+        if t.restamp > self.merge_from:
+            # The merged group joins grids that never met (topology.py, restamp): our versions and the
+            # other grid's count topologies from 1 each, so they say nothing about which write came last.
+            # Every member of either grid pushes its entries re-stamped under the one topology id
+            # ``restamp``, above both grids' and below the merged group's, keeping each sequence: the
+            # write's time. So the later write of a key wins everywhere, and any write of the merged
+            # group beats them all.
+            high = t.restamp << SEQ_BITS
+            merged = [(s, k, high | version_seq(ver), val) for s, k, ver, val in merged]
+            self.node.metrics["grid.merge_entries_restamped"] += len(merged)
+        self.merge_from = None
+        return merged, merged_expiries
+
+    def _drop_unowned_copies(
+        self, t: CacheTopology, store: SegmentStore, keep: frozenset[int], dropping: bool
+    ) -> list[int]:
+        """Drop the copies of segments ``t`` no longer gives us, once that is safe; answer the segments dropped."""
+        dropped: list[int] = []
+        if t.phase not in (Phase.NO_REBALANCE, Phase.READ_OLD_WRITE_ALL) or not dropping:
+            return dropped
+        # Old copies go only once no topology in use can still read them (see docs/grid.md). Never on a
+        # degraded topology: it is provisional (owners are missing, a partition may have cut us off),
+        # and the merged group may adopt another partition's topology that names us an owner of what we
+        # would drop here; seed 15 lost acknowledged writes that way. Dropping waits for availability.
+        # Nor while our merge push waits for the merged group's topology: a topology of our old group
+        # that arrives after the merge view must not take entries the push still has to carry (seed 19).
+        departed = EVENT_DEPARTED in self.node.events.event_kinds
+        for s in store.held_segments() - keep:
+            if departed:
+                data = store.segments[s]
+                if data:
+                    # Snapshot the columns before the store lets go of the entries (they may be freed a
+                    # slice per step from here on).
+                    self.node.events.event(
+                        EVENT_DEPARTED, s, list(data.ver), list(data.ver.values()), list(data.val.values())
+                    )
+            self.node.metrics["grid.entries_dropped"] += store.remove_segment(s)
+            dropped.append(s)
+        return dropped
+
+    def _steer_transfers(self, t: CacheTopology, store: SegmentStore) -> list[int]:
+        """Start, restart or cancel state transfers for ``t``'s phase; answer the segments emptied to fetch."""
+        consumer = self.node.consumer
+        emptied: list[int] = []
+        if t.phase != Phase.READ_OLD_WRITE_ALL:
+            consumer.cancel_in_xfers()
+            if t.phase == Phase.NO_REBALANCE:
+                self.node.provider.out_xfers.clear()
+            return emptied
+        if t.rebalance_id != consumer.xfer_rebalance:
+            consumer.cancel_in_xfers()
+            consumer.xfer_rebalance = t.rebalance_id
+            consumer.fetch_started = set()
+            consumer.fetched = set()
+            consumer.fetch_tries.clear()
+        for s in consumer.to_fetch(t) - consumer.fetch_started:
+            # A new owner's old copy may be stale (it missed writes while not an owner): start empty.
+            store.clear_segment(s)
+            consumer.fetch_started.add(s)
+            emptied.append(s)
+        # Streams from sources that are no longer current owners of their segments restart elsewhere.
+        for xid, xf in list(consumer.in_xfers.items()):
+            if xf.source not in t.members or any(xf.source not in t.current.owners_of(s) for s in xf.remaining):
+                if xf.source in self.node.view:
+                    self.node._emit(xf.source, XferCancel(xid))
+                del consumer.in_xfers[xid]
+        return emptied
+
+    def _remember_routes(self, t: CacheTopology, merged_topology: bool) -> None:
+        """Record ``t``'s write routes, which tell later topologies whether a write reached all its owners."""
         recent = self.node.replication.recent_routes
         if t.availability == Availability.AVAILABLE and not merged_topology:
             recent[t.topology_id] = self.node._routes(t)
@@ -308,23 +344,25 @@ class Membership:
                 del recent[min(recent)]
         else:
             recent.clear()
-        for wid, pw in list(self.node.replication.writes.items()):
+
+    def _carry_pending_writes(self, t: CacheTopology) -> None:
+        """Carry writes applied under another topology over to ``t``, or redrive them to its write owners."""
+        # Writes we applied under another topology: push them to this topology's write owners, unless the write
+        # went to all of them already (then its round goes on, for them only: see _kept_owners).
+        replication = self.node.replication
+        for wid, pw in list(replication.writes.items()):
             if pw.topology_id != t.topology_id:
-                owners = self.node.replication.kept_owners(pw.topology_id, t, segment_of(pw.key, t.num_segments))
+                owners = replication.kept_owners(pw.topology_id, t, segment_of(pw.key, t.num_segments))
                 if owners is None:
-                    self.node.replication.redrive(wid, pw)
+                    replication.redrive(wid, pw)
                     continue
                 self.node.metrics["grid.writes_kept_across_topologies"] += 1
                 pw.awaiting.intersection_update(owners)  # an owner that left the segment is not waited for
                 if not pw.awaiting:
-                    self.node.replication.write_done(wid, pw)
-        if merged:
-            self.node.replication.push_entries(
-                merged, merge=True, expiries=merged_expiries if merged_expiries is not None else {}
-            )
-        if old is None and (self.node.persistence.restored is not None or self.node.persistence.topology_floor):
-            self.node.persistence.settle_restored(t)
-        # Requests held for this topology (or an older one) can be answered now.
+                    replication.write_done(wid, pw)
+
+    def _serve_held_requests(self, t: CacheTopology) -> None:
+        """Answer the requests held for this topology (or an older one); keep those waiting for a newer one."""
         if self.node._queued:
             held, self.node._queued = self.node._queued, deque()
             for item in held:
@@ -332,9 +370,9 @@ class Membership:
                     self.node._handle(item[2], item[3])
                 else:
                     self.node._queued.append(item)
-        if t.phase == Phase.READ_OLD_WRITE_ALL:
-            self.node.consumer.plan_fetches()
-        self.maybe_confirm()
+
+    def _resend_operations(self, t: CacheTopology) -> None:
+        """Send again the client operations that waited for a topology or whose target left."""
         for op in list(self.node.operations.ops.values()):
             if op.not_before is not None:
                 self.node.operations.try_send(op)
@@ -342,7 +380,6 @@ class Membership:
                 # Its target is gone: nobody will answer. Attempts to live owners under an older topology get
                 # a RETRY from them (or an answer, if the owner had not moved on either).
                 self.node.operations.send_op(op)
-        self.check_ready()
 
     def _merged_topology(self, t: CacheTopology) -> bool:
         """Whether ``t`` (newer than ours) is the merged group's first topology after a merge view."""

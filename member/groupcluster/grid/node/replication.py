@@ -188,7 +188,7 @@ class Replication:
             src, cmd.op_id, cmd.attempt, cmd.topology_id, cmd.kind, cmd.key, cmd.value, -1, cmd.deadline, cmd.expires
         )
 
-    def _command(
+    def _command(  # noqa: C901  every command's path: the topology gate, then the read or write rule, inline
         self,
         src: Address,
         op_id: int,

@@ -441,26 +441,7 @@ class TxTable:
         for r in info.records:
             rec = self._txs.get(r.tx)
             if rec is not None and rec.state == TxState.COMMITTED:
-                # Committed here already, maybe by a commit computed before this member owned these keys (a
-                # backup of other keys): the prepared writes pushed with their versions are the transaction's,
-                # apply those it lacks (the property test found a new primary that skipped them and served
-                # the old value).
-                vs = dict(r.versions)
-                missing = tuple(
-                    (k, vs[k], v) for k, v in r.writes if k in vs and (k not in rec.versions or k in rec.lost)
-                )
-                if missing:
-                    rec.lost.difference_update(k for k, _, _ in missing)
-                    rec.versions.update((k, ver) for k, ver, _ in missing)
-                    self._apply(r.tx, missing)
-                # Writes pushed without a version (the pusher was a backup) cannot be applied yet: keep their
-                # keys locked for this transaction until a commit or resolution brings the versions.
-                waiting = [k for k, _ in r.writes if k not in rec.versions]
-                if waiting:
-                    rec.writes.update((k, v) for k, v in r.writes if k in waiting)
-                    self.locks.force_hold(r.tx, waiting)
-                if missing:
-                    self._release_applied(rec, now, out)  # keys held for an earlier push have their write now
+                self._import_committed(rec, r, now, out)
                 continue
             if rec is not None and rec.attempt > r.attempt:
                 continue  # we know a newer attempt: the originator gave the pushed one up, it never commits
@@ -504,6 +485,33 @@ class TxTable:
             rec.versions.update(r.versions)
             self.locks.force_hold(r.tx, hold)
         self._granted(self.locks.unblock_segments(info.segments), now, out)
+        self._pass_on(info, now, out)
+        return out
+
+    def _import_committed(self, rec: _Record, r: TxRecordInfo, now: float, out: list[TxOutput]) -> None:
+        """Pushed lock information of a transaction committed here already: apply the writes it lacks, and keep
+        the keys of writes pushed without a version locked until their versions come."""
+        # Committed here already, maybe by a commit computed before this member owned these keys (a
+        # backup of other keys): the prepared writes pushed with their versions are the transaction's,
+        # apply those it lacks (the property test found a new primary that skipped them and served
+        # the old value).
+        vs = dict(r.versions)
+        missing = tuple((k, vs[k], v) for k, v in r.writes if k in vs and (k not in rec.versions or k in rec.lost))
+        if missing:
+            rec.lost.difference_update(k for k, _, _ in missing)
+            rec.versions.update((k, ver) for k, ver, _ in missing)
+            self._apply(r.tx, missing)
+        # Writes pushed without a version (the pusher was a backup) cannot be applied yet: keep their
+        # keys locked for this transaction until a commit or resolution brings the versions.
+        waiting = [k for k, _ in r.writes if k not in rec.versions]
+        if waiting:
+            rec.writes.update((k, v) for k, v in r.writes if k in waiting)
+            self.locks.force_hold(r.tx, waiting)
+        if missing:
+            self._release_applied(rec, now, out)  # keys held for an earlier push have their write now
+
+    def _pass_on(self, info: TxLockInfo, now: float, out: list[TxOutput]) -> None:
+        """Forward the imported segments' lock information to where they went on, and let go of those we dropped."""
         onward: dict[Address, list[int]] = {}
         for seg in info.segments:
             dest = self._forward.pop(seg, None)
@@ -528,7 +536,6 @@ class TxTable:
                     and all(self._segment_of(k) in self._dropped for k in rec.lock_keys)
                 ):
                     del self._txs[r.tx]
-        return out
 
     def drop_segments(self, segments: Iterable[int], now: float) -> list[TxOutput]:
         """This member owns ``segments`` no more, and their lock information was pushed: their locks and

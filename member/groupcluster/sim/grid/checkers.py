@@ -136,7 +136,7 @@ def _deadline(ev: HistoryEvent, pos: int, name: str = "deadline") -> float:
     return float(raw)
 
 
-def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHistory:
+def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHistory:  # noqa: C901, PLR0912, PLR0915  one pass over the history: each event kind moves the shared window state
     """Collect the grid operations, the split windows and the store snapshots of a history."""
     events = history.events if isinstance(history, HistoryIndex | History) else list(history)
     mode = "deny_read_writes"
@@ -165,36 +165,13 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
         kind = ev.kind
         last_t = max(last_t, ev.t)
         if kind == "grid_start":
-            op = event_str(ev, pos, "op")
-            if op not in ("get", "put", "delete"):
-                raise HistoryFormatError(f"history event #{pos} (grid_start by {ev.member}): op {op!r} unknown")
-            g = GridOp(
-                event_str(ev, pos, "id"),
-                ev.member,
-                op,
-                event_str(ev, pos, "key"),
-                _opt(ev, pos, "value"),
-                ev.t,
-                final=converged_at is not None and op == "get",
-                deadline=_deadline(ev, pos),
-                expires=_deadline(ev, pos, "expires"),
-            )
-            if g.expires != INF and op != "put":
-                raise HistoryFormatError(f"history event #{pos} (grid_start by {ev.member}): only a put expires")
+            g = _started_op(ev, pos, final=converged_at is not None)
             if g.id in ops:
                 raise HistoryFormatError(f"history event #{pos}: grid operation id {g.id!r} started twice")
             ops[g.id] = g
             order.append(g)
         elif kind == "grid_end":
-            g2 = ops.get(event_str(ev, pos, "id"))
-            if g2 is None:
-                raise HistoryFormatError(f"history event #{pos}: grid_end of an operation that never started")
-            ok = event_field(ev, pos, "ok")
-            if not isinstance(ok, bool):
-                raise HistoryFormatError(f"history event #{pos} (grid_end by {ev.member}): ok must be true or false")
-            g2.end, g2.ok, g2.error = ev.t, ok, _opt(ev, pos, "error")
-            if g2.op == "get":
-                g2.value = _opt(ev, pos, "value") if ok else None
+            _end_op(ops, ev, pos)
         elif kind == "grid_config":
             m = ev.data.get("mode", mode)
             if m not in MODES:
@@ -260,6 +237,40 @@ def parse(history: History | HistoryIndex | Iterable[HistoryEvent]) -> GridHisto
     return GridHistory(
         mode, order, _merge_windows(windows + write_windows), _merge_windows(write_windows), stores, known, converged_at
     )
+
+
+def _started_op(ev: HistoryEvent, pos: int, *, final: bool) -> GridOp:
+    """The operation a ``grid_start`` event begins (``final``: the grid had converged; only a get is final)."""
+    op = event_str(ev, pos, "op")
+    if op not in ("get", "put", "delete"):
+        raise HistoryFormatError(f"history event #{pos} (grid_start by {ev.member}): op {op!r} unknown")
+    g = GridOp(
+        event_str(ev, pos, "id"),
+        ev.member,
+        op,
+        event_str(ev, pos, "key"),
+        _opt(ev, pos, "value"),
+        ev.t,
+        final=final and op == "get",
+        deadline=_deadline(ev, pos),
+        expires=_deadline(ev, pos, "expires"),
+    )
+    if g.expires != INF and op != "put":
+        raise HistoryFormatError(f"history event #{pos} (grid_start by {ev.member}): only a put expires")
+    return g
+
+
+def _end_op(ops: dict[str, GridOp], ev: HistoryEvent, pos: int) -> None:
+    """Record a ``grid_end`` event's outcome on the operation it ends."""
+    g = ops.get(event_str(ev, pos, "id"))
+    if g is None:
+        raise HistoryFormatError(f"history event #{pos}: grid_end of an operation that never started")
+    ok = event_field(ev, pos, "ok")
+    if not isinstance(ok, bool):
+        raise HistoryFormatError(f"history event #{pos} (grid_end by {ev.member}): ok must be true or false")
+    g.end, g.ok, g.error = ev.t, ok, _opt(ev, pos, "error")
+    if g.op == "get":
+        g.value = _opt(ev, pos, "value") if ok else None
 
 
 def _link(
@@ -532,22 +543,7 @@ def check_grid_liveness(history: History | HistoryIndex | Iterable[HistoryEvent]
     """A grid that lost fewer than num_owners members for good, and fewer than half of its owners, is available
     again by itself within ``LIVENESS_BOUND`` of the group converging after the heal (see the module docstring)."""
     events = history.events if isinstance(history, HistoryIndex | History) else list(history)
-    num_owners = 2
-    heal: float | None = None
-    whole: HistoryEvent | None = None
-    for pos, ev in enumerate(events):
-        if ev.kind == "grid_config":
-            raw = ev.data.get("num_owners", num_owners)
-            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-                raise HistoryFormatError(f"history event #{pos} (grid_config): num_owners must be a positive integer")
-            num_owners = raw
-        elif ev.kind == "grid_heal" and heal is None:
-            heal = ev.t
-        elif ev.kind == "grid_whole" and heal is None:
-            owners = ev.data.get("owners")
-            if not isinstance(owners, list) or not all(isinstance(o, str) for o in owners):
-                raise HistoryFormatError(f"history event #{pos} (grid_whole): owners must be a list of members")
-            whole = ev
+    num_owners, heal, whole = _heal_and_whole(events)
     if heal is None or whole is None:
         return []
     owners = set(whole.data["owners"])
@@ -572,6 +568,58 @@ def check_grid_liveness(history: History | HistoryIndex | Iterable[HistoryEvent]
         for ev in events
         if ev.kind == "grid_force_available" and ev.t >= whole.t
     ]
+    live, avail, converged, since = _convergence(events, heal)
+    if converged is None:
+        return out  # the group did not end converged: the convergence checks report that
+    deadline = converged + LIVENESS_BOUND
+    if since is None:
+        degraded = sorted(m for m in live if not avail.get(m, True))
+        out.append(
+            Violation(
+                "grid-liveness",
+                "-",
+                f"still degraded at the end of the history ({', '.join(degraded)}), though {premise}; "
+                f"the group converged at t={converged:.3f}",
+            )
+        )
+    elif since > deadline:
+        out.append(
+            Violation(
+                "grid-liveness",
+                "-",
+                f"available again only at t={since:.3f}, more than {LIVENESS_BOUND:g}s after the group "
+                f"converged at t={converged:.3f}, though {premise}",
+            )
+        )
+    return out
+
+
+def _heal_and_whole(events: list[HistoryEvent]) -> tuple[int, float | None, HistoryEvent | None]:
+    """The liveness premise's inputs: owners per segment, the first heal, and the last ``grid_whole`` before it."""
+    num_owners = 2
+    heal: float | None = None
+    whole: HistoryEvent | None = None
+    for pos, ev in enumerate(events):
+        if ev.kind == "grid_config":
+            raw = ev.data.get("num_owners", num_owners)
+            if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+                raise HistoryFormatError(f"history event #{pos} (grid_config): num_owners must be a positive integer")
+            num_owners = raw
+        elif ev.kind == "grid_heal" and heal is None:
+            heal = ev.t
+        elif ev.kind == "grid_whole" and heal is None:
+            owners = ev.data.get("owners")
+            if not isinstance(owners, list) or not all(isinstance(o, str) for o in owners):
+                raise HistoryFormatError(f"history event #{pos} (grid_whole): owners must be a list of members")
+            whole = ev
+    return num_owners, heal, whole
+
+
+def _convergence(
+    events: list[HistoryEvent], heal: float
+) -> tuple[set[str], dict[str, bool], float | None, float | None]:
+    """The live members and their topologies' availability at the end, when the group last converged after
+    ``heal``, and since when every live member holding a topology holds an available one."""
     live: set[str] = set()
     views: dict[str, tuple[Any, frozenset[str]]] = {}
     avail: dict[str, bool] = {}
@@ -608,29 +656,7 @@ def check_grid_liveness(history: History | HistoryIndex | Iterable[HistoryEvent]
             since = None
         elif since is None:
             since = ev.t
-    if converged is None:
-        return out  # the group did not end converged: the convergence checks report that
-    deadline = converged + LIVENESS_BOUND
-    if since is None:
-        degraded = sorted(m for m in live if not avail.get(m, True))
-        out.append(
-            Violation(
-                "grid-liveness",
-                "-",
-                f"still degraded at the end of the history ({', '.join(degraded)}), though {premise}; "
-                f"the group converged at t={converged:.3f}",
-            )
-        )
-    elif since > deadline:
-        out.append(
-            Violation(
-                "grid-liveness",
-                "-",
-                f"available again only at t={since:.3f}, more than {LIVENESS_BOUND:g}s after the group "
-                f"converged at t={converged:.3f}, though {premise}",
-            )
-        )
-    return out
+    return live, avail, converged, since
 
 
 GRID_CHECKERS = {
