@@ -440,37 +440,36 @@ class Channel:
     # -- events from the stack -------------------------------------------------------------------------
     def _on_events(self, events: list[Event]) -> None:  # noqa: C901  the stack's event dispatch: one case per event type
         for ev in events:
-            kind = type(ev)
-            if kind is Deliver:
-                self._deliver(ev.messages)  # type: ignore[attr-defined]
-            elif kind is ViewChange:
-                self._install(ev.view)  # type: ignore[attr-defined]
-            elif kind is Joined:
-                self._install(ev.view)  # type: ignore[attr-defined]
+            if type(ev) is Deliver:
+                self._deliver(ev.messages)
+            elif type(ev) is ViewChange:
+                self._install(ev.view)
+            elif type(ev) is Joined:
+                self._install(ev.view)
                 self.joined = True
                 if not self._joined.done():
-                    self._joined.set_result(ev.view)  # type: ignore[attr-defined]
-            elif kind is JoinFailed:
-                log.warning("%s: join failed: %s", self.address, ev.reason)  # type: ignore[attr-defined]
+                    self._joined.set_result(ev.view)
+            elif type(ev) is JoinFailed:
+                log.warning("%s: join failed: %s", self.address, ev.reason)
                 if not self._joined.done():
                     self._joined.set_exception(
-                        ChannelError(f"{self.address} could not join {self.cluster!r}: {ev.reason}")  # type: ignore[attr-defined]
+                        ChannelError(f"{self.address} could not join {self.cluster!r}: {ev.reason}")
                     )
-            elif kind is GetState:
-                self._serve_state(ev)  # type: ignore[arg-type]
-            elif kind is SetState:
-                self._on_set_state(ev)  # type: ignore[arg-type]
-            elif kind is StateCovered:
-                self._on_covered(ev.messages)  # type: ignore[attr-defined]
-            elif kind is Left:
-                self.left_reason = ev.reason  # type: ignore[attr-defined]
+            elif type(ev) is GetState:
+                self._serve_state(ev)
+            elif type(ev) is SetState:
+                self._on_set_state(ev)
+            elif type(ev) is StateCovered:
+                self._on_covered(ev.messages)
+            elif type(ev) is Left:
+                self.left_reason = ev.reason
                 if self.recorder is not None:
-                    self.recorder.event("left", reason=ev.reason)  # type: ignore[attr-defined]
+                    self.recorder.event("left", reason=ev.reason)
                 if not self._left.done():
-                    self._left.set_result(ev.reason)  # type: ignore[attr-defined]
+                    self._left.set_result(ev.reason)
             else:
-                if kind is Backpressure:
-                    self.blocked = ev.blocked  # type: ignore[attr-defined]
+                if type(ev) is Backpressure:
+                    self.blocked = ev.blocked
                     if self.blocked:
                         self._unblocked.clear()
                     else:
