@@ -332,7 +332,37 @@ def _short_view(view_id: str | None, size: int, pod_of: Mapping[str, str]) -> st
     return f"{pod_of.get(creator, creator)}|{seq}, {size} member{'s' if size != 1 else ''}"
 
 
-def plan(  # noqa: C901, PLR0912, PLR0915  the operator's rules as numbered steps, in the order they apply
+@dataclass
+class _Step:
+    """What one planning step observed and is building, shared by the rules below (each fills ``out``)."""
+
+    spec: ClusterSpec
+    spec_hash: str
+    pods: Sequence[PodState]
+    reports: Mapping[str, MemberReport | None]
+    now: str
+    prev: dict[str, Mapping[str, Any]]  # the previous conditions by type
+    obs: _Observed
+    fail: Failures
+    was_deleted: set[str]
+    deleted_by_others: set[str]
+    vanished: list[str]
+    out: Plan = field(default_factory=Plan)
+    ready: list[PodState] = field(default_factory=list)
+    starting: list[PodState] = field(default_factory=list)
+    outdated: list[PodState] = field(default_factory=list)
+    waiting_join: list[PodState] = field(default_factory=list)
+
+    @property
+    def desired(self) -> int:
+        return self.spec.replicas
+
+    @property
+    def n(self) -> int:
+        return len(self.obs.active)
+
+
+def plan(
     spec: ClusterSpec,
     pods: Sequence[PodState],
     reports: Mapping[str, MemberReport | None],
@@ -348,14 +378,73 @@ def plan(  # noqa: C901, PLR0912, PLR0915  the operator's rules as numbered step
     ``previous_status`` is the status the last step wrote (its conditions, unless ``previous_conditions`` are
     given, its failure count, its members); ``now`` is the time as ``YYYY-MM-DDTHH:MM:SSZ``.
     """
+    s = _begin(spec, pods, reports, spec_hash, previous_conditions, previous_status, now)
+    # 1. finished pods: delete (and say why they finished); unexpected exits in a row are paced.
+    _finished_pods(s)
+    _members_seen(s)
+    _report_vanished(s)
+    # 2. leaves and terminations in progress: let them finish.
+    if s.obs.leaving or s.obs.terminating:
+        _leaves_in_progress(s)
+    # 3. starting pods: one join at a time (a stranded join-only member is replaced by a first member).
+    elif stranded := _stranded_joiner(s.obs, reports):
+        _replace_stranded(s, stranded)
+    elif s.starting:
+        _starting_pods(s)
+    # 4. too few members: add one.
+    elif s.n < s.desired:
+        _add_member(s)
+    # 5. too many members: graceful leaves, bounded by numOwners-1, once the grid is settled.
+    elif s.n > s.desired:
+        _retire_members(s)
+    # 6. the right number but an old spec: surge one new member (rule 5 then retires an old one).
+    elif s.outdated and s.desired > 0:
+        _surge_for_new_spec(s)
+    else:
+        _steady(s)
+    _back_off(s)
+    degraded, reason = _degraded(s, auth_problem)
+    out = s.out
+    if out.phase == "Running":
+        s.fail = Failures(spec_hash=s.spec_hash)  # Ready again: the next exit is replaced at once
+    # Pods this step asks to leave or deletes count as leaving from now on: gone at the next step, they are not
+    # someone else's deletion.
+    sent_off = {a.pod for a in out.actions if isinstance(a, RequestLeave | DeletePod)}
+    out.status = _status(
+        spec,
+        s.spec_hash,
+        pods,
+        reports,
+        s.obs,
+        s.ready,
+        out,
+        s.prev,
+        now,
+        degraded,
+        reason,
+        s.fail,
+        s.deleted_by_others,
+        sent_off,
+    )
+    return out
+
+
+def _begin(
+    spec: ClusterSpec,
+    pods: Sequence[PodState],
+    reports: Mapping[str, MemberReport | None],
+    spec_hash: str | None,
+    previous_conditions: Sequence[Mapping[str, Any]],
+    previous_status: Mapping[str, Any] | None,
+    now: str,
+) -> _Step:
+    """What the step starts from: the observations, the previous status' conditions, failures and members."""
     spec_hash = spec_hash or spec.pod_hash()
     previous = previous_status or {}
     if not previous_conditions:
         previous_conditions = previous.get("conditions") or ()
     prev = {str(c.get("type")): c for c in previous_conditions if isinstance(c, Mapping)}
     obs = _observe(pods, reports)
-    out = Plan()
-    desired = spec.replicas
     fail = Failures.from_status(previous.get("failures"), spec_hash)
     names = {p.name for p in pods}
     # Pods deleted by someone else (kubectl delete pod, a drain): neither a leave the operator asked for nor a
@@ -371,10 +460,26 @@ def plan(  # noqa: C901, PLR0912, PLR0915  the operator's rules as numbered step
     vanished = sorted(
         name for name, m in last_members.items() if name not in names and (m.get("deleted") or not m.get("leaving"))
     )
+    return _Step(
+        spec=spec,
+        spec_hash=spec_hash,
+        pods=pods,
+        reports=reports,
+        now=now,
+        prev=prev,
+        obs=obs,
+        fail=fail,
+        was_deleted=was_deleted,
+        deleted_by_others=deleted_by_others,
+        vanished=vanished,
+    )
 
-    # 1. finished pods: delete (and say why they finished); unexpected exits in a row are paced.
+
+def _finished_pods(s: _Step) -> None:
+    """Rule 1: delete the finished pods, one Warning per unexpected exit, the replacement paced by the back-off."""
+    out, fail, spec_hash, now, desired = s.out, s.fail, s.spec_hash, s.now, s.desired
     finished = []
-    for p in obs.finished:
+    for p in s.obs.finished:
         finished.append(p.name)
         if p.leave_requested and p.phase == "Succeeded":
             out.actions.append(DeletePod(p.name, "left the group after handing its data off"))
@@ -400,131 +505,159 @@ def plan(  # noqa: C901, PLR0912, PLR0915  the operator's rules as numbered step
         # Else the failed pod stays until the back-off ends: `kubectl describe` and `kubectl logs` still work.
     fail.seen = tuple(finished)
 
-    ready = [p for p in obs.active if _member_ready(p, reports)]
-    starting = [p for p in obs.active if not _member_ready(p, reports)]
-    outdated = [p for p in obs.active if p.spec_hash != spec_hash]
-    n = len(obs.active)
-    waiting_join: list[PodState] = []
 
-    for name in vanished:
-        if name not in was_deleted:
-            replaced = "a new member replaces it" if n < desired else "it is not replaced"
-            out.events.append(
+def _members_seen(s: _Step) -> None:
+    """The active members by state: ready, starting (not ready yet), on an old spec."""
+    s.ready = [p for p in s.obs.active if _member_ready(p, s.reports)]
+    s.starting = [p for p in s.obs.active if not _member_ready(p, s.reports)]
+    s.outdated = [p for p in s.obs.active if p.spec_hash != s.spec_hash]
+
+
+def _report_vanished(s: _Step) -> None:
+    """One event per member pod someone else deleted that is gone since the last step."""
+    for name in s.vanished:
+        if name not in s.was_deleted:
+            replaced = "a new member replaces it" if s.n < s.desired else "it is not replaced"
+            s.out.events.append(
                 Event("Normal", "MemberDeleted", f"member pod {name} was deleted (not by the operator); {replaced}")
             )
 
-    # 2. leaves and terminations in progress: let them finish.
-    if obs.leaving or obs.terminating:
-        for p in obs.leaving:
-            r = reports.get(p.name)
-            if r is not None and r.joined and not r.leaving:
-                out.actions.append(RequestLeave(p.name, "a leave was asked for but the member is not leaving"))
-        deleted = [p for p in obs.terminating if p.name in deleted_by_others]
-        going = [p.name for p in obs.leaving + obs.terminating if p not in deleted]
-        waits = [f"{', '.join(going)} to leave"] if going else []
-        if deleted:
-            waits.append(f"{', '.join(p.name for p in deleted)} to stop (pod deleted; it hands its data off first)")
-        for p in deleted:
-            if p.name not in was_deleted:
-                out.events.append(
-                    Event(
-                        "Normal",
-                        "MemberDeleted",
-                        f"member pod {p.name} is being deleted: its member hands its data off and leaves; "
-                        + ("a new member replaces it" if n < desired else "it is not replaced"),
-                    )
-                )
-        out.message = "waiting for " + " and ".join(waits)
-        out.phase = "ScalingDown" if n >= desired or obs.leaving else "ScalingUp"
-    # 3. starting pods: one join at a time (a stranded join-only member is replaced by a first member).
-    elif stranded := _stranded_joiner(obs, reports):
-        why = (
-            f"it was created to join a running grid (initial_cluster_size={stranded.initial_cluster_size}) but "
-            "no other member is left, so it can never start one"
-        )
-        if desired:
-            why += "; a new first member replaces it (the grid starts empty: every member that held it is gone)"
-        # It holds no data (no topology): there is nothing to hand off, so no long grace period.
-        out.actions.append(DeletePod(stranded.name, f"stranded join-only member: {why}", grace_seconds=5))
-        out.events.append(Event("Warning", "MemberStranded", f"deleting member pod {stranded.name}: {why}"))
-        out.phase = "ScalingUp" if desired else "ScalingDown"
-        out.message = f"deleting the stranded join-only member {stranded.name}"
-    elif starting:
-        stuck = [p for p in starting if p.stuck]
-        out.phase = "ScalingUp" if n <= desired else "ScalingDown"
-        if stuck:
-            out.phase = "Failing"
-            out.message = "; ".join(f"{p.name} cannot start: {p.stuck}" for p in stuck)
-            ready_before = prev.get("Ready") or {}
-            reported = str(ready_before.get("message") or "") if ready_before.get("reason") == "MemberFailing" else ""
-            for p in stuck:
-                if p.spec_hash != spec_hash:
-                    # It never joined (nothing to hand off), and it waits for the spec the user just changed.
-                    why = "it cannot start and runs an old spec; a member on the new spec replaces it"
-                    out.actions.append(DeletePod(p.name, why, grace_seconds=5))
-                    out.events.append(Event("Normal", "MemberReplaced", f"deleting member pod {p.name}: {why}"))
-                elif f"{p.name} cannot start:" not in reported:
-                    out.events.append(Event("Warning", "MemberFailing", f"member pod {p.name} cannot start: {p.stuck}"))
-        else:
-            waiting_join = starting
-            out.message = f"waiting for {', '.join(p.name for p in starting)} to join and receive its data"
-    # 4. too few members: add one.
-    elif n < desired:
-        ordinal = free_ordinal(pods)
-        reason = f"scaling up: {n} of {desired} members"
-        if obs.finished and any(not (p.leave_requested and p.phase == "Succeeded") for p in obs.finished):
-            reason = f"replacing a member that died: {n} of {desired} members"
-        elif vanished:
-            reason = f"replacing {', '.join(vanished)} (pod deleted): {n} of {desired} members"
-        out.actions.append(CreatePod(ordinal, reason, _initial_cluster_size(ready)))
-        out.events.append(Event("Normal", "MemberCreated", f"creating member pod {spec.name}-{ordinal} ({reason})"))
-        out.phase, out.message = "ScalingUp", reason
-    # 5. too many members: graceful leaves, bounded by numOwners-1, once the grid is settled.
-    elif n > desired:
-        rolling = bool(outdated) and n == desired + 1
-        out.phase = "Updating" if rolling else "ScalingDown"
-        if desired == 0 and n == 1:
-            # The last member has nobody to hand its segments to: a graceful leave could only wait out its
-            # timeout. Scaling to 0 discards the (in-memory) data by definition; stop the pod promptly.
-            (last,) = obs.active
-            out.actions.append(DeletePod(last.name, "scaling to 0: the last member stops", grace_seconds=5))
-            out.events.append(Event("Normal", "MemberStopped", f"stopping the last member {last.name} (scaling to 0)"))
-            out.message = "scaling to 0: stopping the last member"
-        elif not obs.well_formed or obs.rebalancing:
-            out.message = "waiting for the group to agree on one view and the rebalance to finish before a leave"
-        else:
-            count = min(n - desired, spec.max_leaving)
-            leavers = choose_leavers(obs.active, count, spec_hash, obs.coordinator_pod)
-            for p in leavers:
-                why = "runs an old spec (rolling update)" if p.spec_hash != spec_hash else f"scaling down to {desired}"
-                out.actions.append(RequestLeave(p.name, why))
-                out.events.append(
-                    Event("Normal", "MemberLeaving", f"asking member {p.name} to leave gracefully: {why}")
-                )
-            out.message = f"asking {', '.join(p.name for p in leavers)} to leave: {n} -> {desired} members"
-    # 6. the right number but an old spec: surge one new member (rule 5 then retires an old one).
-    elif outdated and desired > 0:
-        out.phase = "Updating"
-        if not obs.well_formed or obs.rebalancing:
-            out.message = "rolling update: waiting for the group to settle before the next member"
-        else:
-            ordinal = free_ordinal(pods)
-            reason = f"rolling update: {len(outdated)} member(s) on an old spec"
-            out.actions.append(CreatePod(ordinal, reason, _initial_cluster_size(ready)))
-            out.events.append(Event("Normal", "MemberCreated", f"creating member pod {spec.name}-{ordinal} ({reason})"))
-            out.message = reason
-    else:
-        if desired == 0 and not [p for p in pods if not p.finished]:
-            out.phase, out.message = "Stopped", "no members (replicas 0)"
-        elif obs.rebalancing:
-            out.phase, out.message = "Rebalancing", "the grid is moving segments"
-        elif not obs.well_formed:
-            out.phase, out.message = "Degraded", "the members do not agree on one view"
-        else:
-            out.phase, out.message = "Running", f"{n} member(s) in view {obs.view_id}"
 
+def _leaves_in_progress(s: _Step) -> None:
+    """Rule 2: wait for the leaves and terminations; ask again a leaving member that says it is not leaving."""
+    obs, out, reports, n, desired = s.obs, s.out, s.reports, s.n, s.desired
+    for p in obs.leaving:
+        r = reports.get(p.name)
+        if r is not None and r.joined and not r.leaving:
+            out.actions.append(RequestLeave(p.name, "a leave was asked for but the member is not leaving"))
+    deleted = [p for p in obs.terminating if p.name in s.deleted_by_others]
+    going = [p.name for p in obs.leaving + obs.terminating if p not in deleted]
+    waits = [f"{', '.join(going)} to leave"] if going else []
+    if deleted:
+        waits.append(f"{', '.join(p.name for p in deleted)} to stop (pod deleted; it hands its data off first)")
+    for p in deleted:
+        if p.name not in s.was_deleted:
+            out.events.append(
+                Event(
+                    "Normal",
+                    "MemberDeleted",
+                    f"member pod {p.name} is being deleted: its member hands its data off and leaves; "
+                    + ("a new member replaces it" if n < desired else "it is not replaced"),
+                )
+            )
+    out.message = "waiting for " + " and ".join(waits)
+    out.phase = "ScalingDown" if n >= desired or obs.leaving else "ScalingUp"
+
+
+def _replace_stranded(s: _Step, stranded: PodState) -> None:
+    """Rule 3's exception: delete the stranded join-only member, so rule 4 creates a first member."""
+    out, desired = s.out, s.desired
+    why = (
+        f"it was created to join a running grid (initial_cluster_size={stranded.initial_cluster_size}) but "
+        "no other member is left, so it can never start one"
+    )
+    if desired:
+        why += "; a new first member replaces it (the grid starts empty: every member that held it is gone)"
+    # It holds no data (no topology): there is nothing to hand off, so no long grace period.
+    out.actions.append(DeletePod(stranded.name, f"stranded join-only member: {why}", grace_seconds=5))
+    out.events.append(Event("Warning", "MemberStranded", f"deleting member pod {stranded.name}: {why}"))
+    out.phase = "ScalingUp" if desired else "ScalingDown"
+    out.message = f"deleting the stranded join-only member {stranded.name}"
+
+
+def _starting_pods(s: _Step) -> None:
+    """Rule 3: wait for the starting pods; report those that cannot start, delete those on an old spec."""
+    out, starting = s.out, s.starting
+    stuck = [p for p in starting if p.stuck]
+    out.phase = "ScalingUp" if s.n <= s.desired else "ScalingDown"
+    if stuck:
+        out.phase = "Failing"
+        out.message = "; ".join(f"{p.name} cannot start: {p.stuck}" for p in stuck)
+        ready_before = s.prev.get("Ready") or {}
+        reported = str(ready_before.get("message") or "") if ready_before.get("reason") == "MemberFailing" else ""
+        for p in stuck:
+            if p.spec_hash != s.spec_hash:
+                # It never joined (nothing to hand off), and it waits for the spec the user just changed.
+                why = "it cannot start and runs an old spec; a member on the new spec replaces it"
+                out.actions.append(DeletePod(p.name, why, grace_seconds=5))
+                out.events.append(Event("Normal", "MemberReplaced", f"deleting member pod {p.name}: {why}"))
+            elif f"{p.name} cannot start:" not in reported:
+                out.events.append(Event("Warning", "MemberFailing", f"member pod {p.name} cannot start: {p.stuck}"))
+    else:
+        s.waiting_join = starting
+        out.message = f"waiting for {', '.join(p.name for p in starting)} to join and receive its data"
+
+
+def _add_member(s: _Step) -> None:
+    """Rule 4: create one member, at the lowest free ordinal."""
+    obs, out, n, desired, vanished = s.obs, s.out, s.n, s.desired, s.vanished
+    ordinal = free_ordinal(s.pods)
+    reason = f"scaling up: {n} of {desired} members"
+    if obs.finished and any(not (p.leave_requested and p.phase == "Succeeded") for p in obs.finished):
+        reason = f"replacing a member that died: {n} of {desired} members"
+    elif vanished:
+        reason = f"replacing {', '.join(vanished)} (pod deleted): {n} of {desired} members"
+    out.actions.append(CreatePod(ordinal, reason, _initial_cluster_size(s.ready)))
+    out.events.append(Event("Normal", "MemberCreated", f"creating member pod {s.spec.name}-{ordinal} ({reason})"))
+    out.phase, out.message = "ScalingUp", reason
+
+
+def _retire_members(s: _Step) -> None:
+    """Rule 5: ask up to ``max_leaving`` members to leave once the group is settled (stop the last one)."""
+    obs, out, n, desired, spec_hash = s.obs, s.out, s.n, s.desired, s.spec_hash
+    rolling = bool(s.outdated) and n == desired + 1
+    out.phase = "Updating" if rolling else "ScalingDown"
+    if desired == 0 and n == 1:
+        # The last member has nobody to hand its segments to: a graceful leave could only wait out its
+        # timeout. Scaling to 0 discards the (in-memory) data by definition; stop the pod promptly.
+        (last,) = obs.active
+        out.actions.append(DeletePod(last.name, "scaling to 0: the last member stops", grace_seconds=5))
+        out.events.append(Event("Normal", "MemberStopped", f"stopping the last member {last.name} (scaling to 0)"))
+        out.message = "scaling to 0: stopping the last member"
+    elif not obs.well_formed or obs.rebalancing:
+        out.message = "waiting for the group to agree on one view and the rebalance to finish before a leave"
+    else:
+        count = min(n - desired, s.spec.max_leaving)
+        leavers = choose_leavers(obs.active, count, spec_hash, obs.coordinator_pod)
+        for p in leavers:
+            why = "runs an old spec (rolling update)" if p.spec_hash != spec_hash else f"scaling down to {desired}"
+            out.actions.append(RequestLeave(p.name, why))
+            out.events.append(Event("Normal", "MemberLeaving", f"asking member {p.name} to leave gracefully: {why}"))
+        out.message = f"asking {', '.join(p.name for p in leavers)} to leave: {n} -> {desired} members"
+
+
+def _surge_for_new_spec(s: _Step) -> None:
+    """Rule 6: once the group is stable, add one member on the new spec."""
+    out = s.out
+    out.phase = "Updating"
+    if not s.obs.well_formed or s.obs.rebalancing:
+        out.message = "rolling update: waiting for the group to settle before the next member"
+    else:
+        ordinal = free_ordinal(s.pods)
+        reason = f"rolling update: {len(s.outdated)} member(s) on an old spec"
+        out.actions.append(CreatePod(ordinal, reason, _initial_cluster_size(s.ready)))
+        out.events.append(Event("Normal", "MemberCreated", f"creating member pod {s.spec.name}-{ordinal} ({reason})"))
+        out.message = reason
+
+
+def _steady(s: _Step) -> None:
+    """Nothing to do: the phase says what the cluster is (stopped, rebalancing, split, or running)."""
+    obs, out = s.obs, s.out
+    if s.desired == 0 and not [p for p in s.pods if not p.finished]:
+        out.phase, out.message = "Stopped", "no members (replicas 0)"
+    elif obs.rebalancing:
+        out.phase, out.message = "Rebalancing", "the grid is moving segments"
+    elif not obs.well_formed:
+        out.phase, out.message = "Degraded", "the members do not agree on one view"
+    else:
+        out.phase, out.message = "Running", f"{s.n} member(s) in view {obs.view_id}"
+
+
+def _back_off(s: _Step) -> None:
+    """Rule 1's pacing: while the back-off runs, the step creates no pod."""
     # The back-off after exits in a row: no new pod until it ends (the failed pods stay until then too).
-    wait = fail.wait_seconds(now)
+    out, fail = s.out, s.fail
+    wait = fail.wait_seconds(s.now)
     if wait and any(isinstance(a, CreatePod) for a in out.actions):
         out.actions = [a for a in out.actions if not isinstance(a, CreatePod)]
         out.events = [e for e in out.events if e.reason != "MemberCreated"]
@@ -534,12 +667,16 @@ def plan(  # noqa: C901, PLR0912, PLR0915  the operator's rules as numbered step
             f"next attempt in {wait} s"
         )
 
+
+def _degraded(s: _Step, auth_problem: str | None) -> tuple[list[str], str]:
+    """Apply the guards and the degraded grid to the phase and events; returns the Degraded reasons and reason."""
+    spec, obs, out = s.spec, s.obs, s.out
     blocked = _guards(spec, obs, out, auth_problem)
     degraded = blocked + obs.degraded_reasons
     grid_text = _grid_degraded_text(spec, obs.grid_degraded) if obs.grid_degraded is not None else ""
     if grid_text:
         degraded.append(grid_text)
-        if waiting_join:
+        if s.waiting_join:
             # Not "waiting to join": a joiner gets no data from a degraded grid; the reason above says why.
             out.message = ""
     if degraded:
@@ -552,22 +689,14 @@ def plan(  # noqa: C901, PLR0912, PLR0915  the operator's rules as numbered step
         reason = "AuthSettingsDiffer"
     elif grid_text:
         reason = "GridDegraded"
-    before = prev.get("Degraded") or {}
+    before = s.prev.get("Degraded") or {}
     if blocked:
         # One Warning per new problem, not one per reconciliation (every few seconds).
         if before.get("status") != "True" or before.get("message") != "; ".join(degraded):
             out.events.append(Event("Warning", reason, "; ".join(blocked)))
     elif grid_text and (before.get("reason") != "GridDegraded" or grid_text not in str(before.get("message") or "")):
         out.events.append(Event("Warning", "GridDegraded", grid_text))
-    if out.phase == "Running":
-        fail = Failures(spec_hash=spec_hash)  # Ready again: the next exit is replaced at once
-    # Pods this step asks to leave or deletes count as leaving from now on: gone at the next step, they are not
-    # someone else's deletion.
-    sent_off = {a.pod for a in out.actions if isinstance(a, RequestLeave | DeletePod)}
-    out.status = _status(
-        spec, spec_hash, pods, reports, obs, ready, out, prev, now, degraded, reason, fail, deleted_by_others, sent_off
-    )
-    return out
+    return degraded, reason
 
 
 def _guards(spec: ClusterSpec, obs: _Observed, out: Plan, auth_problem: str | None) -> list[str]:
