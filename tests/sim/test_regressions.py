@@ -312,3 +312,13 @@ REGRESSIONS += [
         "also: only the members a subgroup flushed go into the merge)",
     ),
 ]
+HELD_IN_DIGEST = (
+    "a member that completed a round and held next-view multicasts (that view's coordinator crashed before its "
+    "VIEW reached it) answered a new coordinator's round of the old view with NAKACK's digest, which counts the "
+    "held ones: the coordinator delivered them in the old view, the member dropped them (now: FLUSH_OK reports "
+    "the stream below the first held message)"
+)
+REGRESSIONS += [
+    (823417000067, VSYNC_STARTUP, HELD_IN_DIGEST + " (found before the blocked clock ran from the first round)"),
+    (823417000067, Scenario(stack="vsync", overrides={"flush": {"timeout": "10s"}}), HELD_IN_DIGEST),
+]

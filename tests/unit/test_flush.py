@@ -270,6 +270,31 @@ def test_held_next_view_multicasts_of_a_sender_outside_the_view_we_install_are_d
     assert h.metric("flush.held_dropped") == 1
 
 
+def test_a_round_superseding_a_completed_one_is_not_told_of_held_next_view_multicasts() -> None:
+    """Sim seed 823417000067 (vsync): we completed a round, held P3's next-view multicasts (the next view never
+    reached us, its coordinator crashed) and then answered a superseding round of our old view with NAKACK's
+    digest, which counts them. Its coordinator fetched and delivered them in the old view; we dropped them."""
+    h = member()
+    h.receive(P3, [mcast(1)])
+    start(h, participants=(P1, ME, P2, P3))
+    h.take_sent()
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0), P3: (1, 1)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2, P3), digest=target))])
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    assert [m.payload for m in h.take_delivered()] == [b"m1"]
+    h.receive(P3, [mcast(2), mcast(3)])  # sent in the next view
+    assert h.take_delivered() == []
+    h.receive(P1, [control(P1, FlushHeader(START_FLUSH, (P1, 2), participants=(P1, ME, P2), view_id=VID))])
+    oks = [hdr for _, hdr in flush_sent(h) if hdr.kind == FLUSH_OK]
+    assert len(oks) == 1 and oks[0].digest.delivered(P3) == 1
+    # Its target (P3 up to 1) completes the round at once: the held messages are not old-view ones.
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0), P3: (1, 1)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, (P1, 2), participants=(P1, ME, P2), digest=target))])
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h.install_view([P1, ME, P2], seq=3)
+    assert h.take_delivered() == [] and h.metric("flush.held_dropped") == 2
+
+
 def test_a_start_flush_for_a_view_not_yet_installed_waits_for_that_view() -> None:
     """Sim seed 23 (vsync): START_FLUSH (unicast) overtook the VIEW (multicast). Joining the new view's flush
     from the old view un-held the old round and delivered next-view messages in the old view."""

@@ -418,7 +418,29 @@ class Flush(Layer):
         digest = self.below.down_event(FlushHold())
         if not isinstance(digest, Digest):
             digest = self.below.down_event(GetDigest())
+        if isinstance(digest, Digest) and self.held:
+            digest = self._without_held(digest)
         self._send(r.coordinator, FlushHeader(FLUSH_OK, r.flush_id, digest=digest))
+
+    def _without_held(self, digest: Digest) -> Digest:
+        """``digest`` as the application saw it: the held next-view multicasts were not delivered in this view.
+
+        NAKACK counts them as delivered. A round that supersedes a completed one (its coordinator crashed after
+        installing the next view, which never reached us) must not take them as old-view messages: its
+        coordinator would fetch and deliver them in our old view, while we drop or deliver them in another.
+        """
+        first: dict[Address, int] = {}
+        for msg in self.held:
+            hdr = msg.headers.get(protocol_ids.NAKACK)
+            seqno = getattr(hdr, "seqno", None)
+            if msg.src is not None and isinstance(seqno, int) and msg.src not in first:
+                first[msg.src] = seqno
+        entries = dict(digest.items())
+        for sender, seqno in first.items():
+            if sender in entries:
+                delivered, received = entries[sender]
+                entries[sender] = (min(delivered, seqno - 1), received)
+        return Digest(entries)
 
     def end_of_step(self) -> bool:
         # Completion is checked at the end of the step, never in the middle of a batch: layers between NAKACK
