@@ -30,8 +30,7 @@ coordinator crashes). Its failure detector may not suspect the crashed coordinat
 successor's START_FLUSH comes: it then has the coordinator verified at once (:class:`VerifySuspect`) and
 joins the flush as soon as it suspects it too, within ``successor_timeout``; if the coordinator answers, the
 successor acted on a false suspicion and is refused, so it cannot split a healthy group. A member
-blocked longer than ``timeout`` without a new view (counted from its first round: rounds that supersede it do not
-restart the clock) asks GMS (:class:`FlushAbandoned`) to move it into a view
+blocked longer than ``timeout`` without a new view asks GMS (:class:`FlushAbandoned`) to move it into a view
 of its own, since the others may have installed a view that never reached it; MERGE brings it back.
 GMS also flushes each subgroup before a merge (START_FLUSH carries the view it flushes, so a start that
 overtakes its VIEW waits for it).
@@ -371,13 +370,8 @@ class Flush(Layer):
         # A new flush (possibly from a new coordinator after a crash) supersedes the old one.
         if r is not None:
             self.below.down_event(FlushRelease())
-        blocked_already = r is not None or self.latched
         self.round = _Round(hdr.flush_id, src, hdr.participants)
-        # ``timeout`` bounds how long a member stays blocked, from its first round on, as JGroups' FLUSH.timeout
-        # does: a round that supersedes another keeps the clock, so a coordinator that fails its own rounds
-        # again and again cannot keep the group blocked by restarting them.
-        if not blocked_already:
-            self.set_timer("blocked", self.config.timeout)
+        self.set_timer("blocked", self.config.timeout)
         if self.latched:
             self._block_done()  # the application is blocked already (an earlier round was superseded)
             return
