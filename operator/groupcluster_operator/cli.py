@@ -36,6 +36,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -64,6 +71,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run as one of several replicas peering through kopf's peering object NAME: the oldest live replica "
         "reconciles, the others stand by (needs kopf's peering CRDs: crds/kopf-peering.yaml; env "
         "GROUPCLUSTER_PEERING). Default: run alone",
+    )
+    parser.add_argument(
+        "--peering-label",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a label on each peering object the operator makes when it is missing (repeatable; the Helm chart "
+        "passes its release's marks so that Helm adopts an object its operator made first)",
+    )
+    parser.add_argument(
+        "--peering-annotation",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an annotation on each peering object the operator makes when it is missing (repeatable)",
     )
     parser.add_argument(
         "--liveness",
@@ -218,7 +242,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             problem = await crd_problem(api, watched)
             if problem is None and args.peering:
-                problem = await peering_problem(api, args.peering, watched)
+                metadata = {"labels": dict(args.peering_label), "annotations": dict(args.peering_annotation)}
+                problem = await peering_problem(api, args.peering, watched, metadata)
             if problem is None and args.peering:
                 await announce(api, args.peering, watched, identity, priority)
         except ConfigError as exc:

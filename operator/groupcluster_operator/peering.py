@@ -22,6 +22,7 @@ import getpass
 import os
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from .kubeapi import ApiError, KubeApi
@@ -41,18 +42,28 @@ def start_priority(now_ns: int | None = None) -> int:
     return -((time.time_ns() if now_ns is None else now_ns) // 1000)
 
 
-def peering_manifests(name: str, namespaces: list[str] | None) -> list[dict[str, Any]]:
-    """The peering objects the replicas keep-alive in: one per watched namespace, or one cluster-wide."""
+def peering_manifests(
+    name: str, namespaces: list[str] | None, metadata: Mapping[str, Mapping[str, str]] | None = None
+) -> list[dict[str, Any]]:
+    """The peering objects the replicas keep-alive in: one per watched namespace, or one cluster-wide.
+
+    ``metadata`` (``labels`` and ``annotations``) goes on each object the operator makes: the Helm chart passes
+    its release's ownership marks, so that an install whose operator pod started before Helm created the
+    chart's own peering object adopts the one the operator made instead of failing with "already exists".
+    """
     api_version = f"{GROUP}/{VERSION}"
+    extra = {key: dict(value) for key, value in (metadata or {}).items() if value}
     if namespaces is None:
-        return [{"apiVersion": api_version, "kind": "ClusterKopfPeering", "metadata": {"name": name}}]
+        return [{"apiVersion": api_version, "kind": "ClusterKopfPeering", "metadata": {"name": name, **extra}}]
     return [
-        {"apiVersion": api_version, "kind": "KopfPeering", "metadata": {"name": name, "namespace": ns}}
+        {"apiVersion": api_version, "kind": "KopfPeering", "metadata": {"name": name, "namespace": ns, **extra}}
         for ns in namespaces
     ]
 
 
-async def peering_problem(api: KubeApi, name: str, namespaces: list[str] | None) -> str | None:
+async def peering_problem(
+    api: KubeApi, name: str, namespaces: list[str] | None, metadata: Mapping[str, Mapping[str, str]] | None = None
+) -> str | None:
     """Why the replicas cannot peer (the CRD missing, no right to its objects), or None once each peering object
     exists (made here when missing: a replica paused on a missing one would wait forever)."""
     plural = "clusterkopfpeerings" if namespaces is None else "kopfpeerings"
@@ -67,7 +78,7 @@ async def peering_problem(api: KubeApi, name: str, namespaces: list[str] | None)
             f"--peering {name}: the API server does not serve {plural}.{GROUP}: install kopf's peering CRDs "
             "(`kubectl apply -f crds/kopf-peering.yaml`, or the Helm chart), or run one operator without --peering"
         )
-    for manifest in peering_manifests(name, namespaces):
+    for manifest in peering_manifests(name, namespaces, metadata):
         try:
             await api.ensure(manifest)
         except ApiError as exc:

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from groupcluster.grid.client import GridClient
+from groupcluster_operator.peering import peering_manifests
 from groupcluster_operator.planner import failure_backoff
 
 from .groupclusters import CLUSTER_LABEL, gc_events, get_gc, member_pods, settled, wait_settled
@@ -98,6 +100,22 @@ def test_helm_install_scale_kill_and_uninstall(kube: Kube, namespace: str) -> No
     # values.schema.json: a misspelt value is refused, naming it, instead of being ignored.
     typo = kube.helm("template", "gco", str(CHART), "--set", "image.repositry=x", check=False)
     assert typo.returncode != 0 and "repositry" in typo.stderr and "not allowed" in typo.stderr, typo.stderr
+    # An operator pod can start before Helm creates the chart's custom resources and make the missing peering
+    # object itself: made first here as the chart's operator makes it, the install must adopt it, not fail.
+    rendered = kube.helm("template", "gco", str(CHART), "-n", ns).stdout
+    args = next(
+        doc["spec"]["template"]["spec"]["containers"][0]["args"]
+        for doc in yaml.safe_load_all(rendered)
+        if doc and doc["kind"] == "Deployment"
+    )
+    marks: dict[str, dict[str, str]] = {"labels": {}, "annotations": {}}
+    for arg in args:
+        for flag, kind in (("--peering-label=", "labels"), ("--peering-annotation=", "annotations")):
+            if arg.startswith(flag):
+                key, _, value = arg.removeprefix(flag).partition("=")
+                marks[kind][key] = value
+    (early,) = peering_manifests("gco-groupcluster", [ns], marks)
+    kube.kubectl("create", "-f", "-", input=json.dumps(early))
     kube.helm("install", "gco", str(CHART), "-n", ns, "--set", "operator.interval=1", "--wait", "--timeout", "120s")
     kube.kubectl("wait", "--for=condition=Established", "crd/groupclusters.groupcluster.io", "--timeout=60s")
     ops = kube.json("get", "pods", "-n", ns, "-l", "app.kubernetes.io/component=operator")["items"]

@@ -7,10 +7,14 @@ tests/e2e/test_operator_ha.py.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+from pathlib import Path
 from typing import Any
 
+import pytest
 from groupcluster_operator import builders, handlers
+from groupcluster_operator.cli import add_arguments
 from groupcluster_operator.kubeapi import ApiError, KubeApi
 from groupcluster_operator.model import ClusterSpec
 from groupcluster_operator.peering import LIFETIME, peering_manifests, peering_problem, start_priority
@@ -113,6 +117,33 @@ def test_missing_peering_objects_are_made_and_existing_ones_kept() -> None:
     api = StoreApi(discovery={"kopf.dev/v1": ["kopfpeerings"]}, forbid={"KopfPeering/c/gc"})
     problem = asyncio.run(peering_problem(api, "gc", ["c"]))
     assert problem is not None and "KopfPeering gc in namespace c" in problem and "403" in problem
+
+
+def test_a_peering_object_the_operator_makes_carries_the_marks_it_was_given() -> None:
+    marks = {"labels": {"app.kubernetes.io/managed-by": "Helm"}, "annotations": {"meta.helm.sh/release-name": "r"}}
+    api = StoreApi(discovery={"kopf.dev/v1": ["kopfpeerings"]})
+    assert asyncio.run(peering_problem(api, "gc", ["a"], marks)) is None
+    made = api.objects["KopfPeering/a/gc"]["metadata"]
+    assert made["labels"] == marks["labels"] and made["annotations"] == marks["annotations"]
+    assert peering_manifests("gc", None, {"labels": {}, "annotations": {}}) == peering_manifests("gc", None)
+
+
+def test_the_chart_passes_helm_ownership_marks_and_the_cli_parses_them() -> None:
+    # Without these Helm cannot adopt a peering object its own operator pod made first: the install fails with
+    # "kopfpeerings.kopf.dev ... already exists" (pods can start before Helm creates custom resources).
+    chart = Path(__file__).resolve().parents[2] / "charts" / "groupcluster" / "templates" / "deployment.yaml"
+    text = chart.read_text()
+    assert "--peering-label=app.kubernetes.io/managed-by={{ .Release.Service }}" in text
+    assert "--peering-annotation=meta.helm.sh/release-name={{ .Release.Name }}" in text
+    assert "--peering-annotation=meta.helm.sh/release-namespace={{ .Release.Namespace }}" in text
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--peering", "p", "--peering-label=a=b=c", "--peering-annotation", "x=", "--peering-label=d=e"]
+    )
+    assert dict(args.peering_label) == {"a": "b=c", "d": "e"} and dict(args.peering_annotation) == {"x": ""}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--peering-label", "novalue"])
 
 
 SPEC = ClusterSpec(name="orders", namespace="shop", image="i")
