@@ -26,7 +26,7 @@ CONFIG_TIME_IO = {PKG / "protocols" / "auth.py": {"os", "pathlib"}, PKG / "stack
 
 
 def sans_io_modules() -> list[Path]:
-    files = [*(PKG / "core").glob("*.py"), *(PKG / "protocols").glob("*.py"), PKG / "stacks.py"]
+    files = [*(PKG / "core").glob("*.py"), *(PKG / "protocols").rglob("*.py"), PKG / "stacks.py"]
     files += [*(PKG / "grid" / "node").glob("*.py")]
     files += [p for p in (PKG / "grid" / "tx").glob("*.py") if p.name != "cli.py"]  # cli is a command
     files += [PKG / "grid" / f"{name}.py" for name in GRID_CORE]
