@@ -29,9 +29,11 @@ import time
 from typing import Any
 
 from groupcluster.core.address import Address
+from groupcluster.grid.columns import EntryChunk
 from groupcluster.grid.feed import ChangeFeed
-from groupcluster.grid.messages import GET, PUT, EntryChunk, XferData, decode_payload, encode_payload
+from groupcluster.grid.messages import GET, PUT, XferData
 from groupcluster.grid.node import GridConfig, GridNode
+from groupcluster.grid.payload import decode_payload, encode_payload
 from groupcluster.grid.store import SegmentStore
 
 

@@ -26,7 +26,9 @@ from groupcluster.core.message import HEADER_TYPES, Message
 from groupcluster.core.stack import Stack
 from groupcluster.core.view import View, ViewId
 from groupcluster.core.wire import decode_frame, encode_messages
+from groupcluster.grid import columns as grid_columns
 from groupcluster.grid import messages as grid_messages
+from groupcluster.grid import payload as grid_payload
 from groupcluster.grid.tx import messages as tm
 from groupcluster.protocols import sequencer as _sequencer  # noqa: F401  # registers the sequencer
 from groupcluster.protocols.flow import MULTICAST, REPLENISH, UNICAST, FlowHeader
@@ -85,7 +87,7 @@ def corpus_frames() -> list[bytes]:
 @functools.cache
 def grid_corpus() -> tuple[bytes, ...]:
     """Valid grid payloads of every message type."""
-    gm = grid_messages
+    gm, gc = grid_messages, grid_columns
     msgs: list[Any] = [
         gm.Command(1, 0, 3, gm.PUT, b"key", b"value"),
         gm.Command(2, 1, 3, gm.GET, b"key", None),
@@ -101,7 +103,7 @@ def grid_corpus() -> tuple[bytes, ...]:
         gm.XferFail(9, (4, 5)),
         gm.Confirm(3),
     ]
-    cb, rb, bb, ab = gm.CommandBatch(3), gm.ResponseBatch(), gm.BackupBatch(3), gm.BackupAckBatch()
+    cb, rb, bb, ab = gc.CommandBatch(3), gc.ResponseBatch(), gc.BackupBatch(3), gc.BackupAckBatch()
     cb.add(1, 1, gm.PUT, b"key", b"value")
     cb.add(2, 1, gm.GET, b"key", None)
     rb.add(1, 1, gm.OK, 3, b"value", "")
@@ -111,7 +113,7 @@ def grid_corpus() -> tuple[bytes, ...]:
     ab.add(5, gm.OK, 3)
     msgs += [cb, rb, bb, ab]
     # Format 4: answers with versions, and the transaction messages that share the payload.
-    rb2 = gm.ResponseBatch()
+    rb2 = gc.ResponseBatch()
     rb2.add(1, 1, gm.OK, 3, b"value", "", 1 << 40)
     rb2.add(2, 1, gm.NOT_FOUND, 3, None, "", 0)
     msgs += [gm.Response(3, 1, gm.OK, 3, b"v", "", 1 << 40), rb2]
@@ -129,8 +131,8 @@ def grid_corpus() -> tuple[bytes, ...]:
         tm.TxLockInfo(3, (1, 2), (record,)),
         tm.TxInfoAck(3, (1, 2)),
     ]
-    out = [gm.encode_payload([m]) for m in msgs]
-    out.append(gm.encode_payload(msgs))
+    out = [grid_payload.encode_payload([m]) for m in msgs]
+    out.append(grid_payload.encode_payload(msgs))
     return tuple(out)
 
 
@@ -266,7 +268,7 @@ def check_frame_decoder(data: bytes) -> str:
 
 def check_grid_decoder(data: bytes) -> str:
     try:
-        grid_messages.decode_payload(data)
+        grid_payload.decode_payload(data)
     except WireError as exc:
         rejection = str(exc)
     else:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from groupcluster.core.address import Address
 from groupcluster.grid.consistent_hash import segment_of
-from groupcluster.grid.messages import DELETE, GET, PUT, decode_payload, encode_payload
+from groupcluster.grid.messages import DELETE, GET, PUT
 from groupcluster.grid.node import GridConfig, GridNode, OpResult, Outgoing
+from groupcluster.grid.payload import decode_payload, encode_payload
 from groupcluster.grid.topology import Availability, Phase, owner_set
 
 CONFIG = GridConfig.from_dict(

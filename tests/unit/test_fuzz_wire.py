@@ -23,7 +23,7 @@ import pytest
 from groupcluster import protocols as _protocols  # noqa: F401  # registers every layer and header
 from groupcluster.core.message import HEADER_TYPES
 from groupcluster.core.wire import decode_frame
-from groupcluster.grid import messages as grid_messages
+from groupcluster.grid import payload as grid_payload
 from groupcluster.protocols import sequencer as _sequencer  # noqa: F401  # registers the sequencer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -124,7 +124,7 @@ def test_structurally_valid_frames_with_wrong_fields(version: Any, cluster: Any,
 @given(st.integers(0, 30), msgpack_values)
 def test_structurally_valid_grid_payloads_with_wrong_fields(kind: int, body: Any) -> None:
     fields = body if isinstance(body, list) else [body]
-    data = msgpack.packb([grid_messages.GRID_FORMAT_VERSION, [[kind, *fields]]], use_bin_type=True)
+    data = msgpack.packb([grid_payload.GRID_FORMAT_VERSION, [[kind, *fields]]], use_bin_type=True)
     check_grid_decoder(data)
 
 

@@ -10,38 +10,30 @@ import msgpack
 import pytest
 from groupcluster.core.address import Address
 from groupcluster.core.errors import WireError
+from groupcluster.grid.columns import BackupAckBatch, BackupBatch, CommandBatch, EntryChunk, ResponseBatch, unbatched
 from groupcluster.grid.consistent_hash import balanced
 from groupcluster.grid.messages import (
     DELETE,
     ERROR,
     GET,
-    GRID_FORMAT_VERSION,
     NOT_FOUND,
     OK,
     PUT,
     RETRY,
     Backup,
     BackupAck,
-    BackupAckBatch,
-    BackupBatch,
     Command,
-    CommandBatch,
     Confirm,
-    EntryChunk,
     Fetch,
-    GridLimits,
     Response,
-    ResponseBatch,
     Status,
     Topology,
     XferAck,
     XferCancel,
     XferData,
     XferFail,
-    decode_payload,
-    encode_payload,
-    unbatched,
 )
+from groupcluster.grid.payload import GRID_FORMAT_VERSION, GridLimits, decode_payload, encode_payload
 from groupcluster.grid.topology import CacheTopology, MemberStatus, Phase
 
 A = Address("10.0.0.1", 7800, 1)
@@ -332,7 +324,7 @@ def test_fuzzed_chunks_decode_or_are_rejected_naming_the_field() -> None:
 def test_fast_decoder_accepts_only_what_the_validating_decoder_accepts() -> None:
     """The inline checks for CMD/RSP/BACKUP/BACKUP_ACK/XFER_ACK agree with the named-field validators: whatever
     the fast path returns, the slow path returns too; what it passes on, the slow path decides."""
-    from groupcluster.grid.messages import DEFAULT_LIMITS, _decode_fast, _decode_one
+    from groupcluster.grid.payload import DEFAULT_LIMITS, _decode_fast, _decode_one
     from hypothesis import given, settings
     from hypothesis import strategies as st
 

@@ -20,27 +20,11 @@ from collections.abc import Callable
 
 import pytest
 from groupcluster.core.address import Address
+from groupcluster.grid.columns import BackupAckBatch, BackupBatch, CommandBatch, ResponseBatch, unbatched
 from groupcluster.grid.consistent_hash import ConsistentHash
-from groupcluster.grid.messages import (
-    DELETE,
-    GET,
-    OK,
-    PUT,
-    RETRY,
-    Backup,
-    BackupAck,
-    BackupAckBatch,
-    BackupBatch,
-    Command,
-    CommandBatch,
-    Response,
-    ResponseBatch,
-    Topology,
-    decode_payload,
-    encode_payload,
-    unbatched,
-)
+from groupcluster.grid.messages import DELETE, GET, OK, PUT, RETRY, Backup, BackupAck, Command, Response, Topology
 from groupcluster.grid.node import GridConfig, GridNode, NodeHooks
+from groupcluster.grid.payload import decode_payload, encode_payload
 from groupcluster.grid.store import SegmentStore
 from groupcluster.grid.topology import Availability, CacheTopology, PartitionHandling, Phase, owner_set
 

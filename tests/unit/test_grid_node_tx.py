@@ -15,8 +15,9 @@ import re
 
 import pytest
 from groupcluster.core.address import Address
+from groupcluster.grid.columns import EntryChunk
 from groupcluster.grid.consistent_hash import ConsistentHash, segment_of
-from groupcluster.grid.messages import GET, PUT, EntryChunk, Fetch, Topology, XferData, decode_payload, encode_payload
+from groupcluster.grid.messages import GET, PUT, Fetch, Topology, XferData
 from groupcluster.grid.node import (
     REASON_CONFLICT,
     REASON_LOCKED,
@@ -27,6 +28,7 @@ from groupcluster.grid.node import (
     GridNode,
     OpResult,
 )
+from groupcluster.grid.payload import decode_payload, encode_payload
 from groupcluster.grid.topology import Availability, CacheTopology, PartitionHandling, Phase
 from groupcluster.grid.tx.messages import TxCommit, TxId, TxLockInfo, TxPrepare, TxReportAnswer, TxReportRequest
 from groupcluster.grid.tx.participant import TxState

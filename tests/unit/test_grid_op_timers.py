@@ -13,17 +13,10 @@ member must not land the write after that (docs/grid.md, "Client deadlines").
 from __future__ import annotations
 
 from groupcluster.core.address import Address
-from groupcluster.grid.messages import (
-    OK,
-    PUT,
-    RETRY,
-    Command,
-    CommandBatch,
-    ResponseBatch,
-    decode_payload,
-    encode_payload,
-)
+from groupcluster.grid.columns import CommandBatch, ResponseBatch
+from groupcluster.grid.messages import OK, PUT, RETRY, Command
 from groupcluster.grid.node import GridConfig, GridNode
+from groupcluster.grid.payload import decode_payload, encode_payload
 
 CONFIG = GridConfig.from_dict({"num_segments": 16, "num_owners": 1, "attempt_timeout": "1s", "op_timeout": "60s"})
 A = Address("10.0.0.1", 7800, 1)

@@ -10,21 +10,11 @@
 from __future__ import annotations
 
 from groupcluster.core.address import Address
+from groupcluster.grid.columns import BackupAckBatch, BackupBatch, EntryChunk
 from groupcluster.grid.consistent_hash import ConsistentHash
-from groupcluster.grid.messages import (
-    OK,
-    BackupAck,
-    BackupAckBatch,
-    BackupBatch,
-    EntryChunk,
-    Fetch,
-    Topology,
-    XferAck,
-    XferData,
-    decode_payload,
-    encode_payload,
-)
+from groupcluster.grid.messages import OK, BackupAck, Fetch, Topology, XferAck, XferData
 from groupcluster.grid.node import FREE_INTERVAL, FREE_PER_STEP, XFER_OVERHEAD, GridConfig, GridNode
+from groupcluster.grid.payload import decode_payload, encode_payload
 from groupcluster.grid.store import make_version
 from groupcluster.grid.topology import Availability, CacheTopology, Phase
 

@@ -19,13 +19,14 @@ IO_MODULES = {"asyncio", "socket", "threading", "selectors", "subprocess", "time
 IO_MODULES |= {"http", "concurrent", "multiprocessing", "signal", "os", "pathlib", "shutil", "tempfile"}
 # Parts of groupcluster a sans-IO module may not import: the drivers, the tools and the clients.
 DRIVER_PACKAGES = ("runtime", "tools", "sim", "bench", "spark", "grid.http", "grid.client", "grid.driver")
-GRID_CORE = ("consistent_hash", "topology", "messages", "store", "lifespan", "invalidation", "errors", "feed")
+GRID_CORE = ("consistent_hash", "topology", "messages", "columns", "payload", "store", "lifespan", "invalidation")
+GRID_CORE += ("errors", "feed")
 # Files read when a stack is built, never while it runs: auth's secret files, the stack files of stacks.py.
 CONFIG_TIME_IO = {PKG / "protocols" / "auth.py": {"os", "pathlib"}, PKG / "stacks.py": {"pathlib"}}
 
 
 def sans_io_modules() -> list[Path]:
-    files = [*(PKG / "core").glob("*.py"), *(PKG / "protocols").glob("*.py"), PKG / "stacks.py"]
+    files = [*(PKG / "core").glob("*.py"), *(PKG / "protocols").rglob("*.py"), PKG / "stacks.py"]
     files += [*(PKG / "grid" / "node").glob("*.py")]
     files += [p for p in (PKG / "grid" / "tx").glob("*.py") if p.name != "cli.py"]  # cli is a command
     files += [PKG / "grid" / f"{name}.py" for name in GRID_CORE]

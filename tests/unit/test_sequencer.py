@@ -19,9 +19,9 @@ from groupcluster.core.message import NO_RELIABILITY, OOB, Message
 from groupcluster.core.stack import resolve_config
 from groupcluster.core.view import ViewId
 from groupcluster.protocols import frag as _frag  # noqa: F401  (registers the FRAG header)
-from groupcluster.protocols import sequencer
 from groupcluster.protocols.frag import FragHeader
-from groupcluster.protocols.sequencer import (
+from groupcluster.protocols.sequencer import member as sequencer_member
+from groupcluster.protocols.sequencer.wire import (
     ACK,
     BCAST,
     COMMIT,
@@ -371,7 +371,7 @@ def restarted(i: int) -> Address:
 def test_after_many_members_joined_and_left_the_received_table_holds_only_current_members(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(sequencer, "_MAX_RETIRED", 8)
+    monkeypatch.setattr(sequencer_member, "_MAX_RETIRED", 8)
     h = harness()
     seq = 0
     for i in range(40):

@@ -15,7 +15,8 @@ from groupcluster.core.errors import WireError
 from groupcluster.core.events import Left, Suspect, ViewChange
 from groupcluster.core.message import NO_RELIABILITY, Message
 from groupcluster.core.wire import FORMAT_VERSION, decode_frame, encode_messages
-from groupcluster.protocols.state_transfer import (
+from groupcluster.protocols.state_transfer.events import GetState, RequestState, SetState, StateCovered, StateSnapshot
+from groupcluster.protocols.state_transfer.wire import (
     ACK,
     CHUNK,
     DATA,
@@ -23,12 +24,7 @@ from groupcluster.protocols.state_transfer import (
     NO_STATE_YET,
     REFUSE,
     REQ,
-    GetState,
-    RequestState,
-    SetState,
-    StateCovered,
     StateHeader,
-    StateSnapshot,
 )
 
 from .harness import CLUSTER, PEERS, LayerHarness, make_view

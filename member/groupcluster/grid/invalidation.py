@@ -43,8 +43,10 @@ import msgpack
 from ..core.address import Address
 from ..core.config import param, parse_params
 from ..core.errors import ConfigError, WireError
-from .messages import BATCH_MAX_ENTRIES, DEFAULT_LIMITS, DELETE, GET, PUT, GridLimits
+from .columns import BATCH_MAX_ENTRIES
+from .messages import DELETE, GET, PUT
 from .node import OpResult, Outgoing
+from .payload import DEFAULT_LIMITS, GridLimits
 
 INVALIDATE, ACK = 1, 2
 _MAX_INT = (1 << 63) - 1

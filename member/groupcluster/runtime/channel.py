@@ -59,7 +59,7 @@ from ..core.events import (
 from ..core.layer import LAYER_TYPES
 from ..core.message import Message
 from ..core.view import View
-from ..protocols.state_transfer import GetState, RequestState, SetState, StateCovered, StateSnapshot
+from ..protocols.state_transfer.events import GetState, RequestState, SetState, StateCovered, StateSnapshot
 from ..stacks import PRESETS, preset
 from .driver import GC_THRESHOLDS, Driver, parse_endpoint
 from .file_discovery import FileDiscovery

@@ -42,7 +42,7 @@ from ..core.events import Backpressure, Deliver, Event, Joined, JoinFailed, Left
 from ..core.message import Message
 from ..core.stack import Stack, Transmit
 from ..core.view import View
-from ..protocols.state_transfer import GetState, RequestState, SetState, StateCovered, StateSnapshot
+from ..protocols.state_transfer.events import GetState, RequestState, SetState, StateCovered, StateSnapshot
 from .history import History, make_payload, payload_id
 from .history_index import Violation
 from .loop import EventLoop

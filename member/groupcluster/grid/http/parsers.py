@@ -17,7 +17,8 @@ from typing import Any
 import msgpack
 
 from ..lifespan import LIFESPAN_PARAM, check_lifespan, parse_lifespan
-from ..messages import DEFAULT_LIMITS, DELETE, GET, PUT
+from ..messages import DELETE, GET, PUT
+from ..payload import DEFAULT_LIMITS
 from ..tx.messages import TxId
 
 # A key travels in the URL: keep it well inside the request-line limit of servers and proxies (8 KiB).

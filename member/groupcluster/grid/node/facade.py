@@ -13,35 +13,27 @@ from typing import Any
 
 from ...core.address import Address
 from ...core.errors import WireError
+from ..columns import BATCH_MAX_ENTRIES, BackupAckBatch, BackupBatch, CommandBatch, ResponseBatch
 from ..consistent_hash import segment_of
 from ..messages import (
-    BATCH_MAX_ENTRIES,
-    DEFAULT_LIMITS,
     DELETE,
     GET,
     PUT,
     RETRY,
     Backup,
     BackupAck,
-    BackupAckBatch,
-    BackupBatch,
     Command,
-    CommandBatch,
     Confirm,
     Fetch,
-    GridLimits,
-    GridMessage,
     Response,
-    ResponseBatch,
     Status,
     Topology,
     XferAck,
     XferCancel,
     XferData,
     XferFail,
-    decode_payload,
-    encode_payload,
 )
+from ..payload import DEFAULT_LIMITS, GridLimits, GridMessage, decode_payload, encode_payload
 from ..store import (
     SegmentStore,
     TransferEntry,

@@ -14,12 +14,7 @@ from typing import TYPE_CHECKING
 
 from ...core.address import Address
 from ..consistent_hash import segment_of
-from ..messages import (
-    Confirm,
-    Status,
-    Topology,
-    XferCancel,
-)
+from ..messages import Confirm, Status, Topology, XferCancel
 from ..store import (
     SEQ_BITS,
     SegmentStore,

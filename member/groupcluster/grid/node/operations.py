@@ -11,17 +11,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ...core.address import Address
+from ..columns import ResponseBatch
 from ..consistent_hash import segment_of, segments_of
-from ..messages import (
-    DELETE,
-    ERROR,
-    GET,
-    NOT_FOUND,
-    OK,
-    PUT,
-    Response,
-    ResponseBatch,
-)
+from ..messages import DELETE, ERROR, GET, NOT_FOUND, OK, PUT, Response
 from ..tx.reasons import REASON_ERROR, REASON_FULL, REASON_LOCKED, REASON_TIMEOUT, REASON_UNAVAILABLE
 from .expiry import _check_expires
 from .results import OpResult

@@ -11,21 +11,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ...core.address import Address
+from ..columns import BackupAckBatch, BackupBatch, CommandBatch
 from ..consistent_hash import segment_of, segments_of
-from ..messages import (
-    ERROR,
-    GET,
-    NOT_FOUND,
-    OK,
-    PUT,
-    RETRY,
-    Backup,
-    BackupAck,
-    BackupAckBatch,
-    BackupBatch,
-    Command,
-    CommandBatch,
-)
+from ..messages import ERROR, GET, NOT_FOUND, OK, PUT, RETRY, Backup, BackupAck, Command
 from ..store import (
     SEQ_BITS,
     next_seq,

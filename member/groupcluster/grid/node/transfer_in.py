@@ -11,13 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ...core.address import Address
-from ..messages import (
-    Fetch,
-    XferAck,
-    XferCancel,
-    XferData,
-    XferFail,
-)
+from ..messages import Fetch, XferAck, XferCancel, XferData, XferFail
 from ..topology import (
     CacheTopology,
     Phase,

@@ -10,14 +10,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ...core.address import Address
-from ..messages import (
-    EntryChunk,
-    Fetch,
-    XferAck,
-    XferCancel,
-    XferData,
-    XferFail,
-)
+from ..columns import EntryChunk
+from ..messages import Fetch, XferAck, XferCancel, XferData, XferFail
 from ..store import (
     Columns,
     SegmentStore,
