@@ -526,6 +526,24 @@ def test_no_empty_grid_while_a_coordinator_joined_on_the_way_is_missing() -> Non
     assert r.on_statuses({m(3): no_topology(), m(1): no_topology((m(0),)), m(2): no_topology((m(3),))}, 0.0)
 
 
+def test_a_topology_reported_after_the_recovery_is_continued_not_replaced_by_an_empty_grid() -> None:
+    # The recovery timed out before the status of m(2), which holds a topology; the others have none and are too
+    # few to start a grid. When m(2)'s status comes, the coordinator continues its grid: an empty one beside it
+    # would make m(2) drop what it holds.
+    other = RebalancePlanner([m(2), m(7)], num_segments=SEGS, num_owners=2)
+    other.on_statuses({m(2): no_topology(), m(7): no_topology()}, 0.0)
+    held = other.topology
+    assert held is not None
+    view = [m(0), m(1), m(2)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, initial_size=3, recovery_timeout=1.0, now=1.0)
+    assert p.on_statuses({m(0): no_topology(), m(1): no_topology((m(0),))}, 1.0) == []
+    assert p.on_tick(2.0) == [] and not p.recovering and p.topology is None
+    out = p.on_statuses({m(2): MemberStatus(1.0, False, held, joined=())}, 2.5)
+    assert out and p.topology is not None
+    assert p.topology.grid_id == held.grid_id and p.topology.topology_id > held.topology_id
+    assert set(p.topology.members) == set(view)
+
+
 def test_an_empty_grid_starts_once_a_member_has_capacity() -> None:
     # Every member at capacity 0: nobody could own a segment, so no grid starts; the first member to get a
     # capacity above 0 starts it, whoever the coordinator is (here one that joined another group on the way).

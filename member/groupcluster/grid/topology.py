@@ -465,6 +465,13 @@ class RebalancePlanner:
         if self.recovering:
             self.statuses.update(statuses)
             return self._maybe_finish_recovery(now)
+        if self.topology is None and any(st.topology is not None for st in statuses.values()):
+            # A member with a topology whose status came after our recovery, which found none: continue its
+            # topology as if the status had come in time. An empty grid beside it would drop its data.
+            known = self.members.items()
+            self.statuses = {m: MemberStatus(i.capacity, i.leaving, None, joined=i.joined) for m, i in known}
+            self.statuses.update(statuses)
+            return self._finish_recovery()
         out: list[Output] = []
         changed = ahead = False
         for m, st in statuses.items():
