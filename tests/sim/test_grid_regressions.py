@@ -135,7 +135,7 @@ EVERY_HOLDER_LEFT = (
     "the scenario asked members to leave while it counted, among the two data holders it keeps, members that had "
     "never been in the grid (no topology: cut off since their start, or in a group of their own); every member "
     "with a topology left, taking the acknowledged writes with it, and the members left over rightly started no "
-    "empty grid (7524: they had been in the grid coordinator's view, may_start_grid; 9271: two members below "
+    "empty grid (7524: they had been in the grid coordinator's view, _may_start; 9271: two members below "
     "initial_cluster_size), so the grid never converged (now: only members with a topology count as holders)"
 )
 PENDING_ONE_OWNER = (

@@ -154,6 +154,14 @@ IN_DOUBT_IGNORED_ROLLBACK = (
     "which only ever rolls back attempts that never commit; grid/tx/participant.py, _accepts_decision)"
 )
 
+NO_GRID_AFTER_MERGE = (
+    "capacity changes, startup faults: members started apart and formed groups below the initial cluster size "
+    "(no grid); at their merge the coordinator was 10.0.0.2, which had joined 10.0.0.4's group before, and a "
+    "member that joined a group never started an empty grid: no grid ever started (now a status lists the "
+    "coordinators its member joined without a topology, and the coordinator starts an empty grid once each one "
+    "it joined, transitively, is in its view without a topology; RebalancePlanner._may_start)"
+)
+
 REFUSED_KEY_TO_A_VOTER = (
     "deadlines: the originator was cut off after every owner voted YES and committed u7 on its own member (a "
     "backup of u7); the automatic resolver on the other side rolled the transaction back; at the merge the "
@@ -190,6 +198,7 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (293329000013, GRID_TX_CAPACITY_STARTUP, TOPOLOGY_ID_TWICE),
     (508822000432, GRID_TX_STARTUP, IN_DOUBT_IGNORED_ROLLBACK),
     (338600243, GRID_TX_DEADLINES_STARTUP, REFUSED_KEY_TO_A_VOTER),
+    (339000037, GRID_TX_CAPACITY_STARTUP, NO_GRID_AFTER_MERGE),
 ]
 
 

@@ -14,6 +14,7 @@ Every scenario is driven by one seed; a failure prints it, and ``GRID_SEED=<n>``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 from collections.abc import Callable
@@ -903,6 +904,38 @@ def test_member_that_joined_a_group_never_starts_an_empty_grid_alone() -> None:
     net.collect(b)
     net.run_until(10.5)
     assert not any(x.op_id == r and x.ok for x in net.results.get(b, []))  # not answered "absent"
+
+
+def test_merge_of_groups_that_never_started_a_grid_starts_one_whoever_coordinates_it() -> None:
+    # Seed 339000037: members that started apart formed groups below the initial cluster size (no grid). At
+    # the merge of all of them, the coordinator was a member that had joined another's group before: it
+    # took that for a grid it might belong to and waited, for good, for a member with a topology.
+    net = FakeNet(random.Random(21), dataclasses.replace(CONFIG, initial_cluster_size=3))
+    a, b, c = (member(i) for i in (1, 2, 3))
+    for x in (a, b, c):
+        net.nodes[x] = GridNode(x, net.config)
+
+    def install(view: tuple[Address, ...], *, merge: bool = False) -> None:
+        net.view = list(view)
+        for x in view:
+            net.nodes[x].on_view(view, net.now, merge=merge)
+        for x in view:
+            net.collect(x)
+        net.run_until(net.now + 3.0)
+
+    install((a, b))  # b joins a's group: two members, below the initial cluster size
+    install((c,))  # c alone (started apart, or cut off)
+    assert all(net.nodes[x].topology is None for x in (a, b, c))
+    install((b, a, c), merge=True)  # the merge makes b the coordinator
+    net.run_until(net.now + 5.0)
+    t = net.nodes[b].topology
+    assert t is not None and set(t.members) == {a, b, c} and set(owner_set(t.current)) == {a, b, c}
+    assert all(net.nodes[x].topology == t for x in (a, c))
+    # The grid works: a write is acknowledged and read back.
+    put = net.nodes[c].put(b"k", b"v", net.now)
+    net.collect(c)
+    net.run_until(net.now + 2.0)
+    assert any(r.op_id == put and r.ok for r in net.results[c])
 
 
 def test_status_that_arrives_before_the_view_making_us_coordinator_is_kept() -> None:

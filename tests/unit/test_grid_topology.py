@@ -12,6 +12,7 @@ from groupcluster.core.address import Address
 from groupcluster.core.errors import WireError
 from groupcluster.grid.consistent_hash import ConsistentHash, balanced
 from groupcluster.grid.topology import (
+    MAX_JOINED,
     MAX_LOST,
     Availability,
     CacheTopology,
@@ -463,24 +464,96 @@ def test_force_available_accepts_the_loss() -> None:
     assert set(owner_set(p.topology.current)) == {m(0)}  # type: ignore[union-attr]
 
 
+def no_topology(joined: tuple[Address, ...] | None = (), capacity: float = 1.0) -> MemberStatus:
+    """The status of a member without a topology that joined the groups of ``joined``."""
+    return MemberStatus(capacity, False, None, joined=joined)
+
+
 def test_a_member_that_joined_a_group_never_starts_an_empty_grid_of_its_own() -> None:
     # Seed 590: a member joined a group, never received its topology, was cut off and, as coordinator of a
     # view of its own, started an empty grid that answered reads with "absent".
-    p = RebalancePlanner([m(3)], num_segments=SEGS, num_owners=2, may_start_grid=False)
-    assert p.on_statuses({m(3): MemberStatus(1.0, False, None)}, 0.0) == []
+    p = RebalancePlanner([m(3)], num_segments=SEGS, num_owners=2)
+    assert p.on_statuses({m(3): no_topology((m(0),))}, 0.0) == []
     assert p.topology is None
     # It waits for a member that holds a topology: after a merge view the node recovers with a new planner.
     held = joined(2).topology
     assert held is not None
-    merged = RebalancePlanner([m(3), m(0)], num_segments=SEGS, num_owners=2, may_start_grid=False)
-    statuses = {m(3): MemberStatus(1.0, False, None), m(0): MemberStatus(1.0, False, held)}
+    merged = RebalancePlanner([m(3), m(0)], num_segments=SEGS, num_owners=2)
+    statuses = {m(3): no_topology((m(0),)), m(0): MemberStatus(1.0, False, held)}
     out = merged.on_statuses(statuses, 1.0)
     assert out and merged.topology is not None and merged.topology.topology_id > held.topology_id
     # ... or for the operator, who accepts that the grid starts empty.
-    q = RebalancePlanner([m(3)], num_segments=SEGS, num_owners=2, may_start_grid=False)
-    q.on_statuses({m(3): MemberStatus(1.0, False, None)}, 0.0)
+    q = RebalancePlanner([m(3)], num_segments=SEGS, num_owners=2)
+    q.on_statuses({m(3): no_topology((m(0),))}, 0.0)
     out = q.force_available()
     assert out and q.topology is not None and set(owner_set(q.topology.current)) == {m(3)}
+
+
+def test_an_empty_grid_starts_once_every_group_its_coordinator_joined_is_known_to_have_none() -> None:
+    # Seed 339000037: five members started apart; some joined groups that never reached the initial cluster
+    # size (so never started a grid), and the merge of all five made one of those joiners the coordinator. It
+    # waited for a member with a topology that nobody had: the grid never started.
+    view = [m(3), m(1), m(4), m(2), m(5)]
+    statuses = {
+        m(3): no_topology((m(2),)),  # joined m(2)'s group of two
+        m(2): no_topology((m(3),)),  # a coordinator before, joined m(3)'s group at the merge
+        m(1): no_topology((m(3),)),
+        m(4): no_topology((m(1), m(3))),  # joined m(1)'s group of two, then the merge
+        m(5): no_topology((m(2), m(3))),
+    }
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, initial_size=3, merge=True)
+    out = p.on_statuses(statuses, 1.0)
+    assert [d for d, _ in out] == [None] and p.topology is not None
+    assert set(p.topology.members) == set(view) and set(owner_set(p.topology.current)) == set(view)
+
+
+def test_no_empty_grid_while_a_coordinator_joined_on_the_way_is_missing() -> None:
+    view = [m(3), m(1), m(2)]
+    # m(3) joined m(1), which is here, but m(1) joined m(0), which is not: m(0) may run a grid m(1) is in.
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, initial_size=3)
+    statuses = {m(3): no_topology((m(1),)), m(1): no_topology((m(0), m(3))), m(2): no_topology((m(3),))}
+    assert p.on_statuses(statuses, 0.0) == [] and p.topology is None
+    # m(0) comes back (a partition healed) and reports no topology: every coordinator met on the way is here
+    # and has no grid.
+    assert p.on_view([*view, m(0)], 1.0) == []
+    out = p.on_statuses({m(0): no_topology()}, 1.0)
+    assert out and p.topology is not None and set(p.topology.members) == {*view, m(0)}
+    # A member that joined more groups than a status lists cannot tell: it never counts as clean.
+    q = RebalancePlanner(view, num_segments=SEGS, num_owners=2, initial_size=3)
+    assert q.on_statuses({m(3): no_topology((m(1),)), m(1): no_topology(None), m(2): no_topology((m(3),))}, 0.0) == []
+    # Members the coordinator did not join do not stop it: it starts with them as it always did.
+    r = RebalancePlanner(view, num_segments=SEGS, num_owners=2, initial_size=3)
+    assert r.on_statuses({m(3): no_topology(), m(1): no_topology((m(0),)), m(2): no_topology((m(3),))}, 0.0)
+
+
+def test_a_topology_reported_after_the_recovery_is_continued_not_replaced_by_an_empty_grid() -> None:
+    # The recovery timed out before the status of m(2), which holds a topology; the others have none and are too
+    # few to start a grid. When m(2)'s status comes, the coordinator continues its grid: an empty one beside it
+    # would make m(2) drop what it holds.
+    other = RebalancePlanner([m(2), m(7)], num_segments=SEGS, num_owners=2)
+    other.on_statuses({m(2): no_topology(), m(7): no_topology()}, 0.0)
+    held = other.topology
+    assert held is not None
+    view = [m(0), m(1), m(2)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, initial_size=3, recovery_timeout=1.0, now=1.0)
+    assert p.on_statuses({m(0): no_topology(), m(1): no_topology((m(0),))}, 1.0) == []
+    assert p.on_tick(2.0) == [] and not p.recovering and p.topology is None
+    out = p.on_statuses({m(2): MemberStatus(1.0, False, held, joined=())}, 2.5)
+    assert out and p.topology is not None
+    assert p.topology.grid_id == held.grid_id and p.topology.topology_id > held.topology_id
+    assert set(p.topology.members) == set(view)
+
+
+def test_an_empty_grid_starts_once_a_member_has_capacity() -> None:
+    # Every member at capacity 0: nobody could own a segment, so no grid starts; the first member to get a
+    # capacity above 0 starts it, whoever the coordinator is (here one that joined another group on the way).
+    view = [m(3), m(1), m(2)]
+    p = RebalancePlanner(view, num_segments=SEGS, num_owners=2, initial_size=3)
+    statuses = {m(3): no_topology((m(1),), 0.0), m(1): no_topology((m(3),), 0.0), m(2): no_topology((m(3),), 0.0)}
+    assert p.on_statuses(statuses, 0.0) == [] and p.topology is None
+    out = p.on_statuses({m(2): no_topology((m(3),), 2.0)}, 1.0)
+    assert out and p.topology is not None and set(owner_set(p.topology.current)) == {m(2)}
+    assert set(p.topology.members) == set(view)
 
 
 def test_no_new_grid_starts_below_the_initial_cluster_size() -> None:
@@ -563,6 +636,14 @@ def test_topology_and_status_wire_round_trip_and_validation() -> None:
     assert len(MemberStatus(1.0, False, None).to_wire()) == 3
     with pytest.raises(WireError, match=r"status\.lost\[0\]"):
         MemberStatus.from_wire([1.0, False, None, 0, ["x"]])
+    # The coordinators a member joined without a topology follow its lost owners; None: too many to list.
+    for joined_ in ((m(3), m(1)), None):
+        st = MemberStatus(1.0, False, None, joined=joined_)
+        assert len(st.to_wire()) == 6 and MemberStatus.from_wire(st.to_wire()) == st
+    with pytest.raises(WireError, match=r"status\.joined"):
+        MemberStatus.from_wire([1.0, False, None, 0, [], [m(1).to_wire()] * (MAX_JOINED + 1)])
+    with pytest.raises(WireError, match=r"status\.joined"):
+        MemberStatus.from_wire([1.0, False, None, 0, [], []])
 
 
 def _grid(first: int, n: int, now: float) -> RebalancePlanner:

@@ -89,7 +89,10 @@ from .tx.messages import (
 # 9: topologies carry the owners the grid lost without a handoff (CacheTopology.lost), and a status may carry
 #    those its member lost (MemberStatus.lost): a member that took over data of a side cut off from the rest
 #    does not leave alone with the only copy.
-GRID_FORMAT_VERSION = 9
+# 10: a status may carry the coordinators its member joined while it held no topology (MemberStatus.joined,
+#    after its lost owners), so a coordinator can tell that no grid exists that a member belongs to before it
+#    starts an empty one.
+GRID_FORMAT_VERSION = 10
 
 
 @dataclass(frozen=True, slots=True)

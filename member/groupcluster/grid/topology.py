@@ -44,6 +44,9 @@ from .consistent_hash import MAX_MEMBERS, ConsistentHash, balanced
 # any of them is still away: dropping one for room could matter only once more than this many were lost and
 # every newer one came back.
 MAX_LOST = 256
+# The most coordinators a status lists as joined without a topology (MemberStatus.joined); a member that joined
+# more sends None instead (too many to list), and never counts as having joined no grid.
+MAX_JOINED = 64
 
 
 class Phase(IntEnum):
@@ -328,35 +331,48 @@ class MemberStatus:
     # Owners the member lost without a handoff (Membership._vanished_owners): the coordinator adds them to the
     # topology's ``lost``, so they reach every member that takes our data over. Sent only when set.
     lost: tuple[Address, ...] = ()
+    # The coordinators of the views the member installed while it held no topology (Membership.send_status),
+    # oldest first; None: more than MAX_JOINED. Any of them may have started a grid whose topology never
+    # reached the member, so the planner starts an empty grid only once it can tell none did
+    # (RebalancePlanner._may_start). Sent only when set.
+    joined: tuple[Address, ...] | None = ()
 
     def to_wire(self) -> list[Any]:
         out = [self.capacity, self.leaving, None if self.topology is None else self.topology.to_wire()]
-        if self.floor or self.lost:
+        if self.floor or self.lost or self.joined != ():
             out.append(self.floor)
-        if self.lost:
+        if self.lost or self.joined != ():
             out.append([m.to_wire() for m in self.lost])
+        if self.joined != ():
+            out.append(None if self.joined is None else [m.to_wire() for m in self.joined])
         return out
 
     @classmethod
     def from_wire(cls, data: Any, field_name: str = "status") -> MemberStatus:
-        items = as_list(data, field_name, 5)
+        items = as_list(data, field_name, 6)
         if len(items) < 3:
-            raise WireError(f"{field_name}: expected 3 to 5 items, got {len(items)}")
+            raise WireError(f"{field_name}: expected 3 to 6 items, got {len(items)}")
         cap = items[0]
         if type(cap) not in (int, float) or not (math.isfinite(cap) and 0 <= cap <= 1_000_000):
             raise WireError(f"{field_name}.capacity: expected a number in [0, 1000000], got {cap!r}")
         leaving = as_bool(items[1], f"{field_name}.leaving")
         topo = None if items[2] is None else CacheTopology.from_wire(items[2], f"{field_name}.topology")
         # A floor of 0 (none) is written only in front of a lost list.
-        floor = as_int(items[3], f"{field_name}.floor", 0 if len(items) == 5 else 1, MAX_INT) if len(items) > 3 else 0
-        lost = as_address_list(items[4], f"{field_name}.lost", MAX_LOST) if len(items) == 5 else ()
-        return cls(float(cap), leaving, topo, floor, lost)
+        floor = as_int(items[3], f"{field_name}.floor", 0 if len(items) >= 5 else 1, MAX_INT) if len(items) > 3 else 0
+        lost = as_address_list(items[4], f"{field_name}.lost", MAX_LOST) if len(items) >= 5 else ()
+        joined: tuple[Address, ...] | None = ()
+        if len(items) == 6:
+            joined = None if items[5] is None else as_address_list(items[5], f"{field_name}.joined", MAX_JOINED)
+            if joined == ():
+                raise WireError(f"{field_name}.joined: an empty list is not written")
+        return cls(float(cap), leaving, topo, floor, lost, joined)
 
 
 @dataclass(slots=True)
 class _Info:
     capacity: float
     leaving: bool
+    joined: tuple[Address, ...] | None = ()  # MemberStatus.joined
 
 
 def new_grid_id(coordinator: Address, now: float) -> int:
@@ -387,17 +403,13 @@ class RebalancePlanner:
         mode: PartitionHandling = PartitionHandling.DENY_READ_WRITES,
         recovery_timeout: float = 3.0,
         now: float = 0.0,
-        may_start_grid: bool = True,
         initial_size: int = 1,
         merge: bool = False,
     ) -> None:
         self.view: tuple[Address, ...] = tuple(view)
-        # Whether this coordinator may start a new, empty grid when no member reports a topology. A member
-        # that once joined another member's group may not: its grid exists elsewhere (behind a partition, or
-        # its topology was lost in transit), and an empty grid of its own would answer reads with "absent"
-        # and take writes that an older value beats at the merge (seed 590). It waits for a member with a
-        # topology, or for the operator's force_available().
-        self.may_start_grid = may_start_grid
+        # Set by the operator's force_available(): start a new, empty grid even if a member may belong to one
+        # that exists elsewhere (see _may_start).
+        self.forced_start = False
         # Infinispan's initial cluster size: a new, empty grid starts only once this many members reported.
         # Two grids that never met stamp versions from the same topology ids, so at their merge an older write
         # of one can beat a later acknowledged write of the other (seed 513: a member whose join failed and
@@ -453,6 +465,13 @@ class RebalancePlanner:
         if self.recovering:
             self.statuses.update(statuses)
             return self._maybe_finish_recovery(now)
+        if self.topology is None and any(st.topology is not None for st in statuses.values()):
+            # A member with a topology whose status came after our recovery, which found none: continue its
+            # topology as if the status had come in time. An empty grid beside it would drop its data.
+            known = self.members.items()
+            self.statuses = {m: MemberStatus(i.capacity, i.leaving, None, joined=i.joined) for m, i in known}
+            self.statuses.update(statuses)
+            return self._finish_recovery()
         out: list[Output] = []
         changed = ahead = False
         for m, st in statuses.items():
@@ -472,19 +491,7 @@ class RebalancePlanner:
                 # The member lost owners our topology does not name (Membership._vanished_owners: those gone while
                 # its merge push was unfinished): every member must know before it might leave alone.
                 changed = ahead = True
-            info = self.members.get(m)
-            if info is None:
-                self.members[m] = _Info(st.capacity, st.leaving)
-                changed = True
-            else:
-                if st.leaving and not info.leaving:
-                    info.leaving = True
-                    changed = True
-                if st.capacity != info.capacity:
-                    # A running member's new capacity (GridNode.set_capacity): the next rebalance gives it its new
-                    # share (none at 0). While every member's is 0, nothing moves: the owners keep the data.
-                    info.capacity = st.capacity
-                    changed = True
+            changed = self._note_member(m, st) or changed
         if changed:
             out = self._update()
             if not out and self.topology is not None:
@@ -496,6 +503,26 @@ class RebalancePlanner:
                 else:
                     out.extend((m, t) for m in statuses if m not in t.members)
         return out
+
+    def _note_member(self, m: Address, st: MemberStatus) -> bool:
+        """Take ``m``'s status into its member info; whether that changes what the planner would do."""
+        info = self.members.get(m)
+        if info is None:
+            self.members[m] = _Info(st.capacity, st.leaving, st.joined)
+            return True
+        changed = False
+        if st.joined != info.joined:
+            info.joined = st.joined
+            changed = self.topology is None  # only an empty grid's start depends on it
+        if st.leaving and not info.leaving:
+            info.leaving = True
+            changed = True
+        if st.capacity != info.capacity:
+            # A running member's new capacity (GridNode.set_capacity): the next rebalance gives it its new
+            # share (none at 0). While every member's is 0, nothing moves: the owners keep the data.
+            info.capacity = st.capacity
+            changed = True
+        return changed
 
     def on_confirm(self, member: Address, topology_id: int) -> list[Output]:
         """``member`` installed ``topology_id`` (and, in the transfer phase, holds all its new segments)."""
@@ -526,7 +553,7 @@ class RebalancePlanner:
         t = self.topology
         if t is None and not self.recovering:
             # Nobody holds a topology: accept that the grid starts empty, with the members present.
-            self.may_start_grid = True
+            self.forced_start = True
             self.initial_size = 1
             return self._update()
         if t is None or t.availability == Availability.AVAILABLE or not self.members:
@@ -544,7 +571,7 @@ class RebalancePlanner:
     def _finish_recovery(self) -> list[Output]:
         self.recovering = False
         reported = self.statuses
-        self.members = {m: _Info(st.capacity, st.leaving) for m, st in reported.items() if m in self.view}
+        self.members = {m: _Info(st.capacity, st.leaving, st.joined) for m, st in reported.items() if m in self.view}
         tops = [st.topology for st in reported.values() if st.topology is not None]
         self.statuses = {}
         for _m, st in sorted(reported.items()):
@@ -613,7 +640,7 @@ class RebalancePlanner:
             return []
         if t is None:
             owners = self._owner_candidates()
-            if not owners or not self.may_start_grid or len(live) < self.initial_size:
+            if not owners or len(live) < self.initial_size or not (self.forced_start or self._may_start()):
                 return []
             ch = self._with_clients(balanced(None, owners, self._caps(), self.num_segments, self.num_owners))
             self.grid_id = new_grid_id(self.view[0], self.now)
@@ -702,6 +729,32 @@ class RebalancePlanner:
         return self._set(nt)
 
     # -- helpers --------------------------------------------------------------------------------------------
+    def _may_start(self) -> bool:
+        """Whether we may start a new, empty grid (asked while no member reported a topology): no grid can exist
+        that we belong to without knowing it.
+
+        A member that joined another member's view without receiving a topology may belong to a grid that
+        coordinator started (its topology lost in transit, or cut off before it arrived): an empty grid of its
+        own would answer reads with "absent" and take writes that an older value beats at the merge (seed 590).
+        Each status lists the coordinators its member joined so (MemberStatus.joined). One of them that is in
+        our view, reported no topology and is itself clean in this sense never started a grid; one that is
+        missing may have, behind a partition. So we (the coordinator) start one only if every coordinator we
+        joined is such a member, transitively: members that only ever joined each other and us, and none of
+        which holds a topology, have no grid anywhere (seed 339000037: every member of a merge had joined a
+        group below the initial cluster size, so the merge coordinator, who had too, waited for good)."""
+        # The greatest set of members none of which joined a coordinator outside it (a cycle of members that
+        # joined each other is clean: none of them started a grid, or it would hold its topology).
+        clean = {m for m, i in self.members.items() if i.joined is not None}
+        shrunk = True
+        while shrunk:
+            shrunk = False
+            for m in list(clean):
+                joined = self.members[m].joined
+                if joined is not None and any(c not in clean for c in joined):
+                    clean.discard(m)
+                    shrunk = True
+        return bool(self.view) and self.view[0] in clean
+
     def _collides(self, reported: CacheTopology) -> bool:
         """Whether ``reported`` carries the id of our topology but is not it."""
         t = self.topology

@@ -21,6 +21,7 @@ from ..store import (
     version_seq,
 )
 from ..topology import (
+    MAX_JOINED,
     MAX_LOST,
     Availability,
     CacheTopology,
@@ -45,9 +46,12 @@ class Membership:
 
     def __init__(self, node: GridNode) -> None:
         self.node = node
-        # Set once we are in a view another member created (we joined its group): from then on an empty grid
-        # of our own would be a split brain, so our planner may not start one (RebalancePlanner.may_start_grid).
-        self._joined_others = False
+        # The coordinators of the views we installed while we held no topology (we joined their groups), and
+        # whether there were more than MAX_JOINED: any of them may have started a grid whose topology never
+        # reached us, and an empty grid of our own would then be a split brain. Our status lists them, so a
+        # coordinator starts an empty grid only once it can tell none did (RebalancePlanner._may_start).
+        self._joined: dict[Address, None] = {}
+        self._joined_overflow = False
         # Owners of our topology that left our view without handing their segments off (crashed, or cut off
         # behind a partition): until they are back, leaving "because nobody can take our segments" could
         # drop the only copy of writes they never saw (seed 591). See _no_taker.
@@ -119,7 +123,6 @@ class Membership:
                     mode=mode,
                     recovery_timeout=self.node.config.recovery_timeout,
                     now=now,
-                    may_start_grid=not self._joined_others,
                     initial_size=self.node.config.initial_cluster_size,
                     merge=merge,
                 )
@@ -130,7 +133,7 @@ class Membership:
             self.statuses_in.update(early)
         else:
             self.node.planner = None
-            self._joined_others = True
+            self._note_joined(self.node.view[0])
             # Statuses kept for when we become coordinator belong to an older view now: their senders send
             # new ones to whoever the coordinator of their next view is.
             self._early_statuses.clear()
@@ -180,16 +183,29 @@ class Membership:
             else:
                 self.node._emit(dest, Topology(topo))
 
+    def _note_joined(self, coordinator: Address) -> None:
+        """We installed a view of ``coordinator``'s: without a topology, we may be in a grid it started."""
+        if self.node.topology is not None or self._joined_overflow:
+            return
+        self._joined[coordinator] = None
+        if len(self._joined) > MAX_JOINED:
+            self._joined_overflow = True
+            self._joined.clear()
+
     def send_status(self) -> None:
         if not self.node.view:
             return
         lost = tuple(sorted(self._vanished_owners)[:MAX_LOST])
+        joined: tuple[Address, ...] | None = ()
+        if self.node.topology is None:  # with a topology, the coordinator continues it: no grid starts
+            joined = None if self._joined_overflow else tuple(self._joined)
         status = MemberStatus(
             self.node.config.capacity,
             self.node.leaving,
             self.node.topology,
             self.node.persistence.topology_floor,
             lost,
+            joined,
         )
         self.node._emit(self.node.view[0], Status(status))
 

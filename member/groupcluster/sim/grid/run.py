@@ -475,7 +475,7 @@ class GridRun(_Run):
         # Keep two data holders: a leave never makes the grid lose its replicas. Only members with a topology
         # hold data; one that never got one (cut off since it started, or in a group of its own) cannot take
         # over. Counting those let every holder leave (seeds 7524, 9271): the grid and its acknowledged writes
-        # were gone, and the remaining members, never in it, rightly started no empty one (may_start_grid,
+        # were gone, and the remaining members, never in it, rightly started no empty one (RebalancePlanner._may_start,
         # initial_cluster_size).
         staying = self._holders()
         if len(staying) <= 2:
