@@ -7,7 +7,7 @@ mypyc writes one extension module next to each ``.py`` file plus one shared libr
 them (``member/groupcluster/_native__mypyc*.so``); the ``.py`` files stay the source and the fallback. The build
 ends by writing ``member/groupcluster/_compiled.json``, the list of compiled modules with the SHA-256 of the source
 each was built from: :mod:`groupcluster._compiled` reads it at import and runs the compiled modules only while
-every source still matches and ``GROUPCLUSTER_PURE`` is not set (docs/development.md).
+every source still matches and ``GROUPCLUSTER_PURE`` is not set (CONTRIBUTING.md, "Compiled modules").
 """
 
 from __future__ import annotations

@@ -61,6 +61,9 @@ def decide(environ: Mapping[str, str]) -> Status:
         digests: dict[str, str] = dict(manifest["modules"])
         suffix = str(manifest["suffix"])
     except FileNotFoundError:
+        if any(PACKAGE_DIR.glob("_native__mypyc*")):
+            # The build writes the manifest last: extension modules without one are an interrupted build.
+            return Status((), False, "extension modules without a manifest; run scripts/build-compiled")
         return Status((), False, "not built; scripts/build-compiled builds it")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return Status((), False, f"unreadable {MANIFEST.name}: {exc!r}")
@@ -83,15 +86,19 @@ def decide(environ: Mapping[str, str]) -> Status:
 
 
 class _SourceFinder(importlib.abc.MetaPathFinder):
-    """Loads the named modules from their ``.py`` files, ahead of the extension modules beside them."""
+    """Loads modules of this package from their ``.py`` files, ahead of the extension modules beside them: the
+    named ones, or (``modules`` None, when which ones were compiled is unknown) every one that has a ``.py``."""
 
-    def __init__(self, modules: Sequence[str]) -> None:
-        self.modules = frozenset(modules)
+    def __init__(self, modules: Sequence[str] | None) -> None:
+        self.modules = None if modules is None else frozenset(modules)
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in self.modules:
+        if self.modules is None:
+            if not fullname.startswith("groupcluster.") or not source_path(fullname).is_file():
+                return None
+        elif fullname not in self.modules:
             return None
         return importlib.util.spec_from_file_location(fullname, source_path(fullname))
 
@@ -104,10 +111,12 @@ def install() -> Status:
     global _status
     if _status is None:
         _status = decide(os.environ)
-        if _status.built and not _status.compiled:
-            sys.meta_path.insert(0, _SourceFinder(_status.built))
-            if "changed since the build" in _status.reason or "missing" in _status.reason:
-                warnings.warn(f"groupcluster: running interpreted: {_status.reason}", RuntimeWarning, stacklevel=2)
+        stray = "without a manifest" in _status.reason
+        if (_status.built or stray) and not _status.compiled:
+            sys.meta_path.insert(0, _SourceFinder(None if stray else _status.built))
+        if stray or "changed since the build" in _status.reason or "missing" in _status.reason:
+            # Someone built them and now does not get them: worth a word, unlike GROUPCLUSTER_PURE or no build.
+            warnings.warn(f"groupcluster: running interpreted: {_status.reason}", RuntimeWarning, stacklevel=2)
     return _status
 
 
