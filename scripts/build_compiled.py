@@ -13,6 +13,7 @@ every source still matches and ``GROUPCLUSTER_PURE`` is not set (CONTRIBUTING.md
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -70,6 +71,8 @@ def clean() -> None:
     for path in compiled_outputs():
         path.unlink()
     shutil.rmtree(BUILD_DIR, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        BUILD_DIR.parent.rmdir()  # build/, if nothing else is in it
 
 
 def build() -> int:
@@ -90,6 +93,7 @@ def build() -> int:
     build_ext = dist.get_command_obj("build_ext")
     build_ext.inplace = True
     build_ext.build_temp = str(BUILD_DIR / "temp")
+    build_ext.build_lib = str(BUILD_DIR / "lib")
     dist.run_command("build_ext")
     suffix = EXTENSION_SUFFIXES[0]
     missing = [m for m in MODULES if not source_path(m).with_suffix(suffix).exists()]
