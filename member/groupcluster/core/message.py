@@ -21,9 +21,8 @@ NO_FRAG = 8  # never fragment
 ALL_FLAGS = NO_RELIABILITY | NO_FLOW_CONTROL | OOB | NO_FRAG
 
 
-# Compiled with mypyc, Header and Message stay plain Python classes (their methods are compiled): the interpreted
-# layers make instances with ``object.__new__``, which a native class refuses, and subclass Header.
-@mypyc_attr(native_class=False)
+# Compiled, the headers of the interpreted layers (GMS, SEQUENCER, ...) still subclass it as Python classes.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Header:
     """Base of every protocol header: a small immutable value with a compact wire form."""
 
@@ -69,7 +68,6 @@ def decode_header(pid: int, data: Any) -> Header:
     return cls.from_wire(data)
 
 
-@mypyc_attr(native_class=False)
 class Message:
     """One message. Layers add headers on the way down and read them on the way up."""
 

@@ -21,7 +21,8 @@ from .validate import as_address, as_bytes, as_int, as_list, as_str, known_addre
 
 FORMAT_VERSION = 1
 MAX_CLUSTER_NAME = 128
-_new_message = object.__new__
+# ``Message.__new__``, not ``object.__new__``: the same function interpreted, and the one a compiled Message accepts.
+_new_message = Message.__new__
 
 
 @dataclass(frozen=True, slots=True)
