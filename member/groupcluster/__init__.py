@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from . import compiled as _compiled
+
+# First, before any submodule is imported: it decides whether the mypyc-compiled modules or their sources run.
+_compiled.install()
+
 __all__ = ["Channel", "ChannelClosed", "ChannelError"]
 
 if TYPE_CHECKING:

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import sys
+from typing import Any
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -26,9 +27,31 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: the version, and whether the hot modules run compiled (mypyc) or interpreted."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from . import compiled
+
+        try:
+            number = version("groupcluster")
+        except PackageNotFoundError:
+            number = "unknown (not installed)"
+        print(f"groupcluster {number}\n{compiled.status().describe()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="groupcluster", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the version and whether the hot modules run compiled"
+    )
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     subs.required = True
     for name, (module_name, help_text) in SUBCOMMANDS.items():

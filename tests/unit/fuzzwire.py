@@ -34,6 +34,7 @@ from groupcluster.protocols import sequencer as _sequencer  # noqa: F401  # regi
 from groupcluster.protocols.flow import MULTICAST, REPLENISH, UNICAST, FlowHeader
 from groupcluster.protocols.frag import FragHeader
 from groupcluster.protocols.nakack import XMIT_GONE, XMIT_REQ, NakAckHeader
+from groupcluster.sim.network import Endpoint, Network
 from groupcluster.sim.runner import run_many
 from groupcluster.sim.scenario import Scenario
 
@@ -46,25 +47,29 @@ SIM_CLUSTER = Scenario().cluster
 def frame_corpus(limit_per_stack: int = 400) -> tuple[tuple[bytes, tuple[str, int]], ...]:
     """(frame, destination endpoint) pairs transmitted in short simulated runs of each preset."""
     captured: list[tuple[bytes, tuple[str, int]]] = []
-    original = Stack._transmit
+    # Captured where the simulator puts frames on its network: the stack's own methods may be compiled (mypyc),
+    # and a compiled class's methods call each other directly, past anything patched onto the class.
+    original = Network.send
     for stack_name in ("fifo", "vsync", "total-order"):
         seen: set[bytes] = set()
         picked: list[tuple[bytes, tuple[str, int]]] = []
         rng = random.Random(stack_name)
 
-        def record(self: Stack, endpoint: tuple[str, int], data: bytes, seen=seen, picked=picked, rng=rng) -> None:
+        def record(
+            self: Network, src: Endpoint, endpoint: Endpoint, data: bytes, seen=seen, picked=picked, rng=rng
+        ) -> None:
             # Reservoir-ish sampling: keep early frames (joins, views) and a random share of the rest.
             keep = len(picked) < limit_per_stack // 2 or rng.random() < 0.05
             if keep and data not in seen and len(picked) < limit_per_stack:
                 seen.add(data)
                 picked.append((data, endpoint))
-            original(self, endpoint, data)
+            original(self, src, endpoint, data)
 
-        Stack._transmit = record  # type: ignore[method-assign]
+        Network.send = record  # type: ignore[method-assign]
         try:
             list(run_many([1], Scenario(stack=stack_name, members=3, safety_time=6.0)))
         finally:
-            Stack._transmit = original  # type: ignore[method-assign]
+            Network.send = original  # type: ignore[method-assign]
         captured.extend(picked)
     # Messages that short runs rarely produce (credits are replenished after megabytes; XMIT_GONE needs a
     # collected seqno): built by hand between two of the simulated members, so they reach the layers too.

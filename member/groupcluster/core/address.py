@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 ANY_INCARNATION = 0
 
 
-@dataclass(frozen=True, order=True, slots=True)
+@dataclass(frozen=True, slots=True)
 class Address:
     """A member: host, port and incarnation. Ordering is total and deterministic (used for merge leaders).
 
     Addresses are dictionary keys on every message's path (a receive window per sender, credits per member),
     so the hash is computed once, and equality tries identity first (the wire decoder hands out one object per
-    sender) before comparing fields; the generated versions build a tuple on every call.
+    sender) before comparing fields; the generated versions build a tuple on every call. The ordering is written
+    out too (the ``order=True`` one, field by field): mypyc, compiling the class, refuses the generated one.
     """
 
     host: str
@@ -47,6 +48,29 @@ class Address:
             and self.port == other.port
             and self.host == other.host
         )
+
+    def _key(self) -> tuple[str, int, int]:
+        return (self.host, self.port, self.incarnation)
+
+    def __lt__(self, other: object) -> bool:
+        if type(other) is not Address:
+            return NotImplemented
+        return self._key() < other._key()
+
+    def __le__(self, other: object) -> bool:
+        if type(other) is not Address:
+            return NotImplemented
+        return self._key() <= other._key()
+
+    def __gt__(self, other: object) -> bool:
+        if type(other) is not Address:
+            return NotImplemented
+        return self._key() > other._key()
+
+    def __ge__(self, other: object) -> bool:
+        if type(other) is not Address:
+            return NotImplemented
+        return self._key() >= other._key()
 
     @property
     def endpoint(self) -> tuple[str, int]:

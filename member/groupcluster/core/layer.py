@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from .address import Address
 from .events import Event
 from .message import Message
+from .native import mypyc_attr
 
 if TYPE_CHECKING:
     from .stack import Stack
@@ -69,6 +70,8 @@ class LayerContext:
         self._stack._outputs.append(event)
 
 
+# Compiled, the layers above NAKACK..FRAG (and tests' probes) still subclass it as Python classes.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Layer:
     """Base class: by default every call passes straight through."""
 
@@ -141,7 +144,10 @@ L = TypeVar("L", bound=type[Layer])
 
 
 def register_layer(cls: L) -> L:
-    """Class decorator: make a layer available to stack configurations under ``cls.NAME``."""
+    """Make a layer available to stack configurations under ``cls.NAME``.
+
+    Called after the class (``register_layer(Cls)``) rather than as a decorator where the module is compiled
+    with mypyc: a decorated class would be compiled as a plain Python class, not a native one."""
     if not cls.NAME:
         raise RuntimeError(f"{cls.__qualname__} has no NAME")
     existing = LAYER_TYPES.get(cls.NAME)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .address import Address
 from .errors import WireError
+from .native import mypyc_attr
 
 # Flags: bits a layer reads to decide whether a message is its business.
 NO_RELIABILITY = 1  # bypass NAKACK/UNICAST (heartbeats, discovery, retransmission traffic)
@@ -20,6 +21,8 @@ NO_FRAG = 8  # never fragment
 ALL_FLAGS = NO_RELIABILITY | NO_FLOW_CONTROL | OOB | NO_FRAG
 
 
+# Compiled, the headers of the interpreted layers (GMS, SEQUENCER, ...) still subclass it as Python classes.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Header:
     """Base of every protocol header: a small immutable value with a compact wire form."""
 
@@ -39,16 +42,23 @@ H = TypeVar("H", bound=type[Header])
 
 
 def register_header(cls: H) -> H:
-    """Class decorator: bind a header class to its protocol id, refusing collisions."""
+    """Bind a header class to its protocol id, refusing collisions.
+
+    Called after the class (``register_header(Cls)``) rather than as a decorator where the module is compiled
+    with mypyc: a decorated class would be compiled as a plain Python class, not a native one."""
     pid = cls.PROTO_ID
     existing = HEADER_TYPES.get(pid)
     if existing is not None and existing is not cls:
         raise RuntimeError(
-            f"protocol id {pid} is claimed by both {existing.__module__}.{existing.__qualname__} "
-            f"and {cls.__module__}.{cls.__qualname__}"
+            f"protocol id {pid} is claimed by both {_qualified_name(existing)} and {_qualified_name(cls)}"
         )
     HEADER_TYPES[pid] = cls
     return cls
+
+
+def _qualified_name(cls: type) -> str:
+    # Typed as a plain ``type``: mypyc reads ``__module__`` of a ``type[Header]`` as a Header instance attribute.
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def decode_header(pid: int, data: Any) -> Header:

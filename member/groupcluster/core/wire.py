@@ -21,7 +21,8 @@ from .validate import as_address, as_bytes, as_int, as_list, as_str, known_addre
 
 FORMAT_VERSION = 1
 MAX_CLUSTER_NAME = 128
-_new_message = object.__new__
+# ``Message.__new__``, not ``object.__new__``: the same function interpreted, and the one a compiled Message accepts.
+_new_message = Message.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ def _address(wire: Any, field: str, index: int = 0) -> Address:
     return addr if addr is not None else as_address(wire, field.format(index))
 
 
-def unpack_bounded(data: bytes, what: str, max_bytes: int, max_array_len: int) -> Any:
+def unpack_bounded(data: bytes | memoryview, what: str, max_bytes: int, max_array_len: int) -> Any:
     """msgpack ``data`` decoded with every size bounded and no maps or extensions; a WireError naming ``what``
     if it is not valid msgpack within those bounds (shared by every decoder of peer input)."""
     try:
@@ -80,7 +81,7 @@ def unpack_bounded(data: bytes, what: str, max_bytes: int, max_array_len: int) -
 
 
 def decode_frame(
-    data: bytes, expected_cluster: str, limits: WireLimits = DEFAULT_LIMITS
+    data: bytes | memoryview, expected_cluster: str, limits: WireLimits = DEFAULT_LIMITS
 ) -> tuple[Address, list[Message]]:
     """Decode and validate a frame; return (sender, messages with ``src`` set to the sender)."""
     if len(data) > limits.max_frame_bytes:

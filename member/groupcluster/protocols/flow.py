@@ -37,7 +37,6 @@ _PID = protocol_ids.FLOW
 _UNLIMITED = 1 << 62
 
 
-@register_header
 class FlowHeader(Header):
     """REPLENISH(pool, credits) | CREDIT_REQUEST(pool, credits wanted); pool is MULTICAST or UNICAST."""
 
@@ -64,6 +63,9 @@ class FlowHeader(Header):
     def __repr__(self) -> str:
         kind = "REPLENISH" if self.kind == REPLENISH else "CREDIT_REQUEST"
         return f"FlowHeader({kind}, {'mcast' if self.pool == MULTICAST else 'ucast'}, {self.credits})"
+
+
+register_header(FlowHeader)
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,6 @@ class _Queue:
         self.bytes = 0
 
 
-@register_layer
 class FlowControl(Layer):
     NAME = "flow"
     PROTO_ID = protocol_ids.FLOW
@@ -362,3 +363,6 @@ class FlowControl(Layer):
             "mc_credits": min(self._mc_min - self._mc_sent, self._max) if self._mc_limit else None,
             "uc_credits": {str(m): c for m, c in self._uc_credits.items()},
         }
+
+
+register_layer(FlowControl)

@@ -36,7 +36,6 @@ _PARTIAL_BYTES = 200
 MAX_SENDERS = 4096
 
 
-@register_header
 class FragHeader(Header):
     """Fragment ``index`` of ``count`` of the sender's message ``frag_id``."""
 
@@ -67,6 +66,9 @@ class FragHeader(Header):
 
     def __repr__(self) -> str:
         return f"FragHeader({self.frag_id}, {self.index}/{self.count})"
+
+
+register_header(FragHeader)
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,6 @@ class _Sender:
             self.finish(keep[0])
 
 
-@register_layer
 class Frag(Layer):
     NAME = "frag"
     PROTO_ID = protocol_ids.FRAG
@@ -270,3 +271,6 @@ class Frag(Layer):
 
     def describe_state(self) -> dict[str, Any]:
         return {"next_id": self._next_id, "pending": len(self._pending), "pending_bytes": self.pending_bytes}
+
+
+register_layer(Frag)

@@ -37,7 +37,6 @@ _MAX_RANGES = 256
 _MAX_RETIRED = 4096  # departed members whose delivered seqno is remembered
 
 
-@register_header
 class NakAckHeader(Header):
     """MSG(seqno) | XMIT_REQ(sender, ranges) | XMIT_RSP(seqno, sender) | XMIT_GONE(sender, upto)."""
 
@@ -87,6 +86,9 @@ class NakAckHeader(Header):
 
     def __repr__(self) -> str:
         return f"NakAckHeader({self.kind}, {self.seqno}, {self.sender}, {self.ranges})"
+
+
+register_header(NakAckHeader)
 
 
 class Window:
@@ -148,7 +150,6 @@ class NakAckConfig:
     )
 
 
-@register_layer
 class NakAck(Layer):
     NAME = "nakack"
     PROTO_ID = protocol_ids.NAKACK
@@ -578,3 +579,6 @@ class NakAck(Layer):
             "retained": len(self.sent),
             "windows": {str(m): [w.delivered, w.received, len(w.buffer)] for m, w in self.windows.items()},
         }
+
+
+register_layer(NakAck)

@@ -29,7 +29,6 @@ _CONN_MAX = 2**31 - 1
 _MAX_RECV_CONNS = 4096  # receive-side state kept for peers outside the view
 
 
-@register_header
 class UnicastHeader(Header):
     """DATA(conn_id, seqno, low) | ACK(conn_id, seqno)."""
 
@@ -64,6 +63,9 @@ class UnicastHeader(Header):
         if len(items) != 3:
             raise WireError("unicast: ACK needs 3 fields")
         return cls(ACK, as_int(items[1], "unicast.conn_id", 0, _CONN_MAX), as_int(items[2], "unicast.seqno"))
+
+
+register_header(UnicastHeader)
 
 
 class _SendConn:
@@ -110,7 +112,6 @@ class UnicastConfig:
     )
 
 
-@register_layer
 class Unicast(Layer):
     NAME = "unicast"
     PROTO_ID = protocol_ids.UNICAST
@@ -277,3 +278,6 @@ class Unicast(Layer):
             "send": {str(d): len(c.unacked) for d, c in self.send_conns.items()},
             "recv": {str(s): c.delivered for s, c in self.recv_conns.items()},
         }
+
+
+register_layer(Unicast)

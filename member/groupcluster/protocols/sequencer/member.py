@@ -18,7 +18,7 @@ from .wire import ACK, MAX_EPOCHS, Run, SequencerHeader, decode_batch
 
 _FRAG = protocol_ids.FRAG
 _MAX_RETIRED = 4096  # received-table entries of senders outside our view (see _retire_senders), as NAKACK's
-_new_message = object.__new__
+_new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
 
 
 class MemberRole(ForwardTable):

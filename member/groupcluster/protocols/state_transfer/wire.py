@@ -78,9 +78,6 @@ def covers(cut: Cut, src: Address, seq: int) -> bool:
     return not any(lo <= seq <= hi for lo, hi in entry[1])
 
 
-_new_header = object.__new__
-
-
 @register_header
 class StateHeader(Header):
     """DATA(seq) on every application multicast; REQ (a multicast marker naming the donor) and CHUNK / ACK /
@@ -151,7 +148,7 @@ class StateHeader(Header):
             kind, seq = data
             if type(kind) is int and kind == DATA and type(seq) is int and 1 <= seq <= MAX_INT:
                 # DATA, on every multicast: checked and built without the general path's calls.
-                hdr = _new_header(cls)
+                hdr = cls.__new__(cls)  # not object.__new__, which a Header compiled with mypyc refuses
                 hdr.kind = DATA
                 hdr.seq = seq
                 return hdr
