@@ -176,7 +176,7 @@ def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.time() >= deadline
 
 
-class InvalidationRuntime(NodeTimer):
+class InvalidationRuntime(NodeTimer[InvalidationNode]):
     """Drives one :class:`~.invalidation.InvalidationNode` from the channel and the event loop (the same
     operations as :class:`~.driver.grid_runtime.GridRuntime` that the HTTP API uses)."""
 

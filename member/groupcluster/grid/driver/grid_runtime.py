@@ -145,6 +145,13 @@ class _BatchWait:
         self.first = ids[0]
         self.index = None if ids[-1] - ids[0] == len(ids) - 1 else {op: i for i, op in enumerate(ids)}
 
+    def complete(self) -> list[OpResult]:
+        """The results, once every operation reported one (``remaining`` is 0)."""
+        out = [r for r in self.results if r is not None]
+        if len(out) != len(self.results):
+            raise RuntimeError(f"batch: {len(self.results) - len(out)} results missing at completion")
+        return out
+
 
 def error_for(result: OpResult) -> GridError:
     """The exception for a failed :class:`OpResult` (``reason`` set by the node, the text says more)."""
@@ -159,7 +166,7 @@ def error_for(result: OpResult) -> GridError:
     return GridError(result.error or "operation failed")
 
 
-class GridRuntime(NodeTimer):
+class GridRuntime(NodeTimer[GridNode]):
     """Drives one :class:`GridNode` from a channel's callbacks and the event loop's clock."""
 
     def __init__(
@@ -296,9 +303,9 @@ class GridRuntime(NodeTimer):
                 # Our own copy of a multicast: the node already handled what it sent to itself.
                 if m.dest is None and m.src == me:
                     continue
-                grid.append((m.src, p[1:]))  # type: ignore[arg-type]
+                grid.append((m.sender(), p[1:]))
             elif tag == TAG_INFO:
-                self._on_info(m.src, p)  # type: ignore[arg-type]
+                self._on_info(m.sender(), p)
             else:
                 others.append(m)
         if others and self.other is not None:
@@ -400,7 +407,9 @@ class GridRuntime(NodeTimer):
                 self.counters["ops_get_local"] += 1
             op = node.get(key, now, cutoff)
         elif kind == PUT:
-            op = node.put(key, value, now, cutoff, expires)  # type: ignore[arg-type]
+            if value is None:
+                raise TypeError("put: value must be bytes, got None")
+            op = node.put(key, value, now, cutoff, expires)
         else:
             op = node.delete(key, now, cutoff)
         fut: asyncio.Future[OpResult] = self._loop.create_future()
@@ -929,9 +938,9 @@ class GridRuntime(NodeTimer):
         per segment, every member that can serve reads and segment scans, preferred first.
         """
         node = self.node
-        t = node.topology if node is not None else None
-        if t is None:
+        if node is None or node.topology is None:
             return None
+        t = node.topology
         members = list(t.members)
         urls = [self.endpoints.get(m) for m in members]
         cached = self._routing_cache
@@ -939,8 +948,9 @@ class GridRuntime(NodeTimer):
             return cached[2]  # clients and progress bars ask often; a topology's table never changes
         index = {m: i for i, m in enumerate(members)}
         read, write, owners = [], [], []
-        routes = node.owner_routes()  # type: ignore[union-attr]  # the node's, computed once per topology
-        assert routes is not None
+        routes = node.owner_routes()  # the node's, computed once per topology
+        if routes is None:
+            raise RuntimeError("routing: the node has a topology but no owner routes")
         for r, w in zip(*routes, strict=True):
             read.append(index.get(r[0], -1) if r else -1)
             write.append(index.get(w[0], -1) if w else -1)
@@ -1087,7 +1097,7 @@ class GridRuntime(NodeTimer):
                 wait.results[op_id - wait.first if wait.index is None else wait.index[op_id]] = res
                 wait.remaining -= 1
                 if wait.remaining == 0 and not wait.done.done():
-                    wait.done.set_result(wait.results)  # type: ignore[arg-type]
+                    wait.done.set_result(wait.complete())
 
     def _persist(self, node: GridNode) -> None:
         store = node.store
@@ -1109,7 +1119,7 @@ class GridRuntime(NodeTimer):
         self.counters["persist_steps"] += 1
         self.counters["persist_us"] += int((time.perf_counter() - started) * 1e6)
 
-    def _tick(self, now: float) -> None:
+    def _tick(self, node: GridNode, now: float) -> None:
         # Follow the wall clock's adjustments (NTP): refreshed whenever a timer fires.
-        self.node.wall_offset = time.time() - self._loop.time()  # type: ignore[union-attr]
-        self.node.tick(now)  # type: ignore[union-attr]
+        node.wall_offset = time.time() - self._loop.time()
+        node.tick(now)
