@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from groupcluster.grid import client, errors
 from groupcluster.grid.client._wire import _Reply, _tx_failure
-from groupcluster.grid.driver.grid_runtime import tx_error_for
+from groupcluster.grid.driver.outcomes import tx_error_for
 
 
 @pytest.mark.parametrize(

@@ -39,7 +39,9 @@ from ..core.errors import ConfigError
 from ..core.message import Message
 from ..core.view import View
 from .consistent_hash import MAX_OWNERS
-from .driver.grid_runtime import TAG_GRID, TAG_INFO, GridRuntime, error_for
+from .driver.grid_runtime import GridRuntime
+from .driver.outcomes import error_for
+from .driver.runtime_base import TAG_GRID, TAG_INFO
 from .driver.timer import NodeTimer
 from .errors import GridTimeout, GridUnavailable
 from .invalidation import InvalidationConfig, InvalidationNode

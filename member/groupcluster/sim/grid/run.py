@@ -61,7 +61,7 @@ from ..history_index import Violation
 from ..scenario import Scenario, _Run
 from ..world import LEAVING, PAUSED, RUNNING, AppFactory, Node
 
-# The runtime's tag byte for grid payloads (grid/driver/grid_runtime.py): the same bytes travel here.
+# The runtime's tag byte for grid payloads (grid/driver/runtime_base.py): the same bytes travel here.
 TAG_GRID = 0xF7
 _PREFIX = bytes([TAG_GRID])
 
