@@ -413,9 +413,10 @@ class CacheSet:
                 continue
             if m.dest is None and m.src == me:
                 continue  # our own copy of a multicast: the node handled what it sent itself
-            routed = self._route(m.src, p)  # type: ignore[arg-type]
+            src = m.sender()
+            routed = self._route(src, p)
             if routed is not None:
-                per.setdefault(routed[0], []).append((m.src, routed[1]))  # type: ignore[arg-type]
+                per.setdefault(routed[0], []).append((src, routed[1]))
         if rest:
             self.default.on_messages(rest)
         for name, batch in per.items():
