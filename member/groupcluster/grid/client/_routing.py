@@ -89,6 +89,7 @@ class _Router:
         """:meth:`target` of each key, with the segments hashed in one call and each member's ``avoid`` read
         once (the Spark writer routes millions of keys)."""
         t = self.table
+        by_kind = members = None
         try:
             segs = segments_of(keys, t["num_segments"]) if t is not None else None
             by_kind = (t["read"], t["write"]) if t is not None else None
