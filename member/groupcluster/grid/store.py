@@ -154,7 +154,7 @@ class Segment:
             return dict(self.items()) == other
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
+    # Unhashable (it is mutable): Python sets __hash__ to None in a class that defines __eq__ and not __hash__.
 
     def __repr__(self) -> str:
         return f"Segment({dict(self.items())!r})"
