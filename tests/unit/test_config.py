@@ -183,3 +183,22 @@ def test_layer_level_checks_fail_when_the_stack_is_built():
 def test_placeholder_local_address_is_refused():
     with pytest.raises(ConfigError, match="incarnation"):
         Stack([{"layer": "transport"}], local_address=Address("127.0.0.1", 7800, 0), cluster="c")
+
+
+def test_build_spec_refuses_a_layer_that_is_not_a_mapping():
+    from groupcluster.runtime.channel import build_spec
+
+    with pytest.raises(ConfigError, match=r"stack\[1\]: expected a mapping with a 'layer' key, got 'fd'"):
+        build_spec([{"layer": "transport"}, "fd"])  # a caller without type checking
+    assert build_spec([{"layer": "transport"}, {"layer": "fd"}], {"fd": {"interval": "1s"}})[1] == {
+        "layer": "fd",
+        "interval": "1s",
+    }
+
+
+def test_only_the_transport_receives_bytes():
+    stack = Stack([{"layer": "transport"}, {"layer": "fd"}], local_address=Address("10.0.0.1", 7800, 1), cluster="c")
+    fd_layer = stack.layer("fd")
+    assert fd_layer is not None
+    with pytest.raises(NotImplementedError, match="fd is not a transport"):
+        fd_layer.receive(b"")

@@ -245,3 +245,14 @@ def test_bad_configuration_names_the_key(params, key):
     with pytest.raises(ConfigError) as err:
         LayerHarness([{"layer": "frag", **params}])
     assert key in str(err.value)
+
+
+def test_a_partial_message_joins_only_once_every_fragment_is_there():
+    from groupcluster.protocols.frag import _Partial
+
+    partial = _Partial(3)
+    partial.chunks[0], partial.chunks[2] = b"ab", b""
+    with pytest.raises(RuntimeError, match="misses a fragment"):
+        partial.joined()
+    partial.chunks[1] = b"cd"
+    assert partial.joined() == b"abcd"  # an empty fragment is a fragment, not a missing one

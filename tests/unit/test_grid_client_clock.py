@@ -13,7 +13,8 @@ import msgpack
 import pytest
 from groupcluster.core.address import Address
 from groupcluster.grid.client._routing import _Router
-from groupcluster.grid.driver.grid_runtime import TAG_INFO, GridRuntime
+from groupcluster.grid.driver.grid_runtime import GridRuntime
+from groupcluster.grid.driver.runtime_base import TAG_INFO
 
 
 def router() -> _Router:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from groupcluster.grid import client, errors
 from groupcluster.grid.client._wire import _Reply, _tx_failure
-from groupcluster.grid.driver.grid_runtime import tx_error_for
+from groupcluster.grid.driver.outcomes import tx_error_for
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,24 @@ def test_a_transaction_abort_for_unavailability_is_both_kinds_with_every_attribu
     assert isinstance(err, errors.GridTxAborted) and isinstance(err, errors.GridUnavailable)
     assert (err.reason, err.tx, err.status, err.last_status) == ("unavailable", "t", 503, None)
     assert str(err) == "transaction t aborted (unavailable): owners missing"
+
+
+def test_a_batch_hands_over_its_results_only_once_every_operation_reported() -> None:
+    import asyncio
+
+    from groupcluster.grid.driver.outcomes import BatchWait
+    from groupcluster.grid.messages import GET
+    from groupcluster.grid.node import OpResult
+
+    loop = asyncio.new_event_loop()
+    try:
+        wait = BatchWait([7, 8], loop.create_future())
+        first = OpResult(7, GET, b"a", True, b"1")
+        wait.results[0] = first
+        with pytest.raises(RuntimeError, match="1 results missing"):
+            wait.complete()
+        second = OpResult(8, GET, b"b", True, None)
+        wait.results[1] = second
+        assert wait.complete() == [first, second]
+    finally:
+        loop.close()

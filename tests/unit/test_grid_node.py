@@ -1225,3 +1225,9 @@ def test_a_new_owner_that_dies_mid_rebalance_leaves_every_key_with_two_copies(ph
             held = [x for x in net.view if net.nodes[x].store.value(s, k) == k + b"!"]  # type: ignore[union-attr]
             fewest = min(fewest, len(held))
     assert net.stable() and fewest == 2
+
+
+def test_a_node_has_a_store_only_from_its_first_topology_on() -> None:
+    node = GridNode(Address("10.0.0.1", 7800, 1), GridConfig())
+    with pytest.raises(RuntimeError, match="no store before the first topology"):
+        node.installed_store()

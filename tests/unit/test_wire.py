@@ -188,3 +188,11 @@ def test_stack_drops_and_counts_bad_frames_and_keeps_working():
     assert h.take_delivered() == []
     h.receive(P1, [Message(None, b"fine")])
     assert [m.payload for m in h.take_delivered()] == [b"fine"]
+
+
+def test_a_decoded_message_names_its_sender_and_one_without_a_sender_is_refused():
+    sender, msgs = decode_frame(frame(), "test")
+    assert sender == SENDER and msgs[0].sender() is msgs[0].src
+    # A message a layer made and passed up without a sender is a bug: named, not a None handed to the layer.
+    with pytest.raises(ValueError, match="no src"):
+        Message(None, b"x").sender()

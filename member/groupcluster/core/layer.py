@@ -80,11 +80,14 @@ class Layer:
     Config: ClassVar[type] = NoConfig
     IS_TRANSPORT: ClassVar[bool] = False
 
+    # The neighbours, set by the Stack when it wires the layers (never None once the stack exists: the bottom
+    # layer's ``below`` and the top layer's ``above`` are the Stack's own end pieces).
+    above: Layer
+    below: Layer
+
     def __init__(self, config: Any, ctx: LayerContext) -> None:
         self.config = config
         self.ctx = ctx
-        self.above: Layer = None  # type: ignore[assignment]  # wired by the Stack
-        self.below: Layer = None  # type: ignore[assignment]
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -115,6 +118,10 @@ class Layer:
 
     def on_timer(self, key: Hashable) -> None:
         """A timer set with :meth:`set_timer` fired."""
+
+    def receive(self, data: bytes) -> None:
+        """Bottom layer only (``IS_TRANSPORT``): bytes arrived from the network."""
+        raise NotImplementedError(f"{self.NAME or type(self).__name__} is not a transport: it cannot receive bytes")
 
     # -- helpers ---------------------------------------------------------------------------------------
     @property

@@ -91,6 +91,14 @@ class Message:
         # (``hdr: NakackHeader | None = msg.headers.get(pid)``), which costs nothing at run time.
         self.headers: dict[int, Any] = headers if headers is not None else {}
 
+    def sender(self) -> Address:
+        """``src`` of a message on its way up: the transport sets it on every message it decodes or loops back, so
+        a message without one was passed up by a layer that never set it (a bug, reported here by name)."""
+        src = self.src
+        if src is None:
+            raise ValueError("a message on its way up has no src: the transport sets it on every received message")
+        return src
+
     @property
     def is_multicast(self) -> bool:
         return self.dest is None

@@ -153,7 +153,7 @@ class Stack:
         if self.stopped:
             return
         self._advance(now)
-        self.layers[0].receive(data)  # type: ignore[attr-defined]
+        self.layers[0].receive(data)
         self._end_step()
 
     def receive_many(self, now: float, frames: Sequence[bytes]) -> None:
@@ -164,7 +164,7 @@ class Stack:
         if self.stopped:
             return
         self._advance(now)
-        receive = self.layers[0].receive  # type: ignore[attr-defined]
+        receive = self.layers[0].receive
         error: Exception | None = None
         for data in frames:
             try:

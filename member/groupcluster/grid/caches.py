@@ -39,7 +39,9 @@ from ..core.errors import ConfigError
 from ..core.message import Message
 from ..core.view import View
 from .consistent_hash import MAX_OWNERS
-from .driver.grid_runtime import TAG_GRID, TAG_INFO, GridRuntime, error_for
+from .driver.grid_runtime import GridRuntime
+from .driver.outcomes import error_for
+from .driver.runtime_base import TAG_GRID, TAG_INFO
 from .driver.timer import NodeTimer
 from .errors import GridTimeout, GridUnavailable
 from .invalidation import InvalidationConfig, InvalidationNode
@@ -176,7 +178,7 @@ def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.time() >= deadline
 
 
-class InvalidationRuntime(NodeTimer):
+class InvalidationRuntime(NodeTimer[InvalidationNode]):
     """Drives one :class:`~.invalidation.InvalidationNode` from the channel and the event loop (the same
     operations as :class:`~.driver.grid_runtime.GridRuntime` that the HTTP API uses)."""
 
@@ -411,9 +413,10 @@ class CacheSet:
                 continue
             if m.dest is None and m.src == me:
                 continue  # our own copy of a multicast: the node handled what it sent itself
-            routed = self._route(m.src, p)  # type: ignore[arg-type]
+            src = m.sender()
+            routed = self._route(src, p)
             if routed is not None:
-                per.setdefault(routed[0], []).append((m.src, routed[1]))  # type: ignore[arg-type]
+                per.setdefault(routed[0], []).append((src, routed[1]))
         if rest:
             self.default.on_messages(rest)
         for name, batch in per.items():

@@ -388,12 +388,13 @@ def _assign_primaries(
                         primary[s] = m
                         pcount[m] += 1
                         break
-    for s in range(num_segments):
-        if primary[s] is None:
-            m = max(members, key=lambda x: (prim_q[x] - pcount[x], -order[x]))
-            primary[s] = m
-            pcount[m] += 1
-    return primary  # type: ignore[return-value]
+    out: list[Address] = []
+    for kept in primary:
+        if kept is None:
+            kept = max(members, key=lambda x: (prim_q[x] - pcount[x], -order[x]))
+            pcount[kept] += 1
+        out.append(kept)
+    return out
 
 
 def _keep_previous_backups(

@@ -154,7 +154,7 @@ class Segment:
             return dict(self.items()) == other
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
+    # Unhashable (it is mutable): Python sets __hash__ to None in a class that defines __eq__ and not __hash__.
 
     def __repr__(self) -> str:
         return f"Segment({dict(self.items())!r})"
@@ -243,13 +243,13 @@ class SegmentStore:
             if len(data) <= left:
                 freed += len(data)
                 garbage.pop()  # the last reference: the segment's entries are freed here
-            elif type(data) is deque:
+            elif isinstance(data, deque):
                 pop = data.pop
                 for _ in range(left):
                     pop()
                 freed += left
             else:
-                pop_ver, pop_val = data.ver.popitem, data.val.popitem  # type: ignore[union-attr]
+                pop_ver, pop_val = data.ver.popitem, data.val.popitem
                 for _ in range(left):
                     pop_ver()
                     pop_val()
@@ -375,7 +375,7 @@ class SegmentStore:
         if not clash and not tombs:
             vers.update(zip(keys, versions, strict=True))
             vals.update(zip(keys, values, strict=True))
-            self.nbytes += sum(map(len, keys)) + sum(map(len, values))  # type: ignore[arg-type]  # no tombstones
+            self.nbytes += sum(map(len, keys)) + sum(map(len, filter(None, values)))  # no tombstones: all counted
             return n
         if (len(clash) + tombs) * 8 > n:
             # Mostly special entries: the per-entry path is as fast and simpler.
@@ -402,8 +402,9 @@ class SegmentStore:
         # The bulk update's own entries: new keys with values (the special ones are counted on their path).
         self.nbytes += sum(map(len, keys)) + sum(map(len, filter(None, values)))
         for i in special:
-            if values[i] is not None:
-                self.nbytes -= len(keys[i]) + len(values[i])  # type: ignore[arg-type]
+            value = values[i]
+            if value is not None:
+                self.nbytes -= len(keys[i]) + len(value)
             else:
                 self.nbytes -= len(keys[i])
         return applied + self.apply_transferred(segment, ((keys[i], versions[i], values[i]) for i in special), now=now)

@@ -237,8 +237,8 @@ class FlowControl(Layer):
         if mixed:
             # Rare: a batch with messages of several senders (retransmissions re-attributed below us).
             self._account_per_message(batch)
-        elif src != me and (mc or uc):
-            self._account(src, mc, uc)  # type: ignore[arg-type]
+        elif src is not None and src != me and (mc or uc):  # like the per-message path, which skips no src
+            self._account(src, mc, uc)
         if control:
             rest: list[Message] = []
             for msg in batch:
@@ -246,7 +246,7 @@ class FlowControl(Layer):
                 if hdr is None:
                     rest.append(msg)
                 else:
-                    self._on_control(msg.src, hdr)  # type: ignore[arg-type]
+                    self._on_control(msg.sender(), hdr)
             batch = rest
         if batch:
             self.above.up(batch)

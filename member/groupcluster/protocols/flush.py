@@ -241,7 +241,7 @@ class Flush(Layer):
         if out:
             self.above.up(out)
         for msg, hdr in own:  # flush control is unicast: its order against multicasts carries no meaning
-            self._handle(msg.src, hdr)  # type: ignore[arg-type]
+            self._handle(msg.sender(), hdr)
 
     def up_event(self, event: Event) -> None:
         if isinstance(event, FlushRequest):

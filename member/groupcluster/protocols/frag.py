@@ -93,6 +93,15 @@ class _Partial:
         self.size = 0  # payload bytes held
         self.overhead = _PARTIAL_BYTES + _SLOT_BYTES * count
 
+    def joined(self) -> bytes:
+        """The whole payload, once no chunk is missing."""
+        parts: list[bytes] = []
+        for chunk in self.chunks:
+            if chunk is None:
+                raise RuntimeError("frag: joining a message that still misses a fragment")
+            parts.append(chunk)
+        return b"".join(parts)
+
 
 class _Sender:
     """Reassembly bookkeeping of one sender: ids below ``floor`` and ids in ``done`` are finished."""
@@ -179,8 +188,7 @@ class Frag(Layer):
             self.above.up(out)
 
     def _add(self, msg: Message, hdr: FragHeader) -> Message | None:
-        src = msg.src
-        assert src is not None
+        src = msg.sender()
         key = (src, hdr.frag_id)
         partial = self._pending.get(key)
         if partial is None:
@@ -215,7 +223,7 @@ class Frag(Layer):
             self.count("reassembled")
             headers = dict(msg.headers)
             del headers[_PID]
-            return Message(msg.dest, b"".join(partial.chunks), src=src, flags=msg.flags, headers=headers)  # type: ignore[arg-type]
+            return Message(msg.dest, partial.joined(), src=src, flags=msg.flags, headers=headers)
         if self.pending_bytes + self.overhead_bytes > self.config.max_pending:
             self._drop_oldest()
         return None

@@ -308,7 +308,7 @@ class Gms(Layer):
             if pending:
                 self._deliver(pending)
                 pending = []
-            self._handle(msg.src, hdr)  # type: ignore[arg-type]
+            self._handle(msg.sender(), hdr)
         if pending:
             self._deliver(batch if len(pending) == len(batch) else pending)
 

@@ -106,7 +106,7 @@ class Merge(Layer):
     def up(self, batch: list[Message]) -> None:
         rest, own = split_batch(batch, protocol_ids.MERGE)
         for msg, hdr in own:
-            self._on_info(msg.src, hdr)  # type: ignore[arg-type]
+            self._on_info(msg.sender(), hdr)
         if rest:
             self.above.up(rest)
 

@@ -346,8 +346,8 @@ class NakAck(Layer):
             kind = hdr.kind
             if kind == MSG:
                 if msg.src is not src:
-                    src = msg.src
-                    w = windows.get(src)  # type: ignore[arg-type]
+                    src = msg.sender()
+                    w = windows.get(src)
                     fast = (
                         w is not None
                         and w.cap is None
@@ -376,7 +376,7 @@ class NakAck(Layer):
                 self.count("xmit_received")
                 self._add(xw, hdr.seqno, msg, out)
             elif kind == XMIT_REQ:
-                self._serve_xmit(msg.src, hdr)  # type: ignore[arg-type]
+                self._serve_xmit(msg.sender(), hdr)
             elif kind == XMIT_GONE:
                 assert hdr.sender is not None
                 xw = windows.get(hdr.sender)
@@ -405,7 +405,7 @@ class NakAck(Layer):
             evicted = self.strangers.pop(next(iter(self.strangers)))
             self.stranger_count -= len(evicted)
             self.count("dropped_non_member", len(evicted))
-        self.strangers.setdefault(msg.src, []).append((seqno, msg))  # type: ignore[arg-type]
+        self.strangers.setdefault(msg.sender(), []).append((seqno, msg))
         self.stranger_count += 1
 
     def end_of_step(self) -> bool:

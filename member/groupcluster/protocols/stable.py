@@ -106,7 +106,7 @@ class Stable(Layer):
             if out is batch:
                 out = batch[:i]
             if hdr.kind == GOSSIP:
-                self._on_gossip(msg.src, hdr)  # type: ignore[arg-type]
+                self._on_gossip(msg.sender(), hdr)
             else:
                 self._on_stability(hdr)
         if out is not batch:

@@ -209,7 +209,7 @@ class Transport(Layer):
             self.bad_frames += 1
             self.count("bad_frames")
             why: Exception = exc
-            if auth is None and data[:1] == b"\xc1":
+            if auth is None and frame[:1] == b"\xc1":
                 why = WireError("a sealed (authenticated) frame, but this member has no cluster secret configured")
             self._warn("a bad frame", self.bad_frames, why)
             return

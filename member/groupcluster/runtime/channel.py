@@ -87,14 +87,18 @@ def build_spec(stack: StackSpec, overrides: Mapping[str, Mapping[str, Any]] | No
         return preset(stack, {k: dict(v) for k, v in (overrides or {}).items()})
     if not isinstance(stack, Sequence) or not stack:
         raise ConfigError("stack: expected a preset name or a non-empty list of layers, bottom first")
-    spec = [dict(entry) if isinstance(entry, Mapping) else entry for entry in stack]
+    spec: list[dict[str, Any]] = []
+    for i, entry in enumerate(stack):
+        if not isinstance(entry, Mapping):  # as resolve_config says it, before the hosts are injected
+            raise ConfigError(f"stack[{i}]: expected a mapping with a 'layer' key, got {entry!r}")
+        spec.append(dict(entry))
     for layer_name, params in (overrides or {}).items():
-        entry = next((e for e in spec if isinstance(e, dict) and e.get("layer") == layer_name), None)
-        if entry is None:
-            listed = ", ".join(str(e.get("layer")) for e in spec if isinstance(e, dict))
+        found = next((e for e in spec if e.get("layer") == layer_name), None)
+        if found is None:
+            listed = ", ".join(str(e.get("layer")) for e in spec)
             raise ConfigError(f"stack overrides: layer {layer_name!r} is not in the stack; allowed values: {listed}")
-        entry.update(params)
-    return spec  # type: ignore[return-value]
+        found.update(params)
+    return spec
 
 
 def parse_hosts(hosts: HostsArg) -> tuple[tuple[str, int], ...]:
@@ -112,7 +116,8 @@ def parse_hosts(hosts: HostsArg) -> tuple[tuple[str, int], ...]:
 def _inject_hosts(spec: list[dict[str, Any]], hosts: tuple[tuple[str, int], ...]) -> bool:
     """Give the discovery layer its static host list unless the configuration already sets one."""
     for entry in spec:
-        cls = LAYER_TYPES.get(entry.get("layer"))  # type: ignore[arg-type]
+        name = entry.get("layer")
+        cls = LAYER_TYPES.get(name) if isinstance(name, str) else None
         if cls is None or not dataclasses.is_dataclass(cls.Config):
             continue
         for f in dataclasses.fields(cls.Config):

@@ -224,11 +224,11 @@ class _Inbound(asyncio.Protocol):
 
     def __init__(self, network: TcpNetwork) -> None:
         self.network = network
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.BaseTransport | None = None  # what it is used for (peer name, close) is there
         self.buf = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport
         self.network.inbound.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -454,6 +454,12 @@ class TcpNetwork:
 class Driver:
     """Runs one Stack on asyncio: sockets in, timers, sends, and outputs to ``on_events``."""
 
+    # Set by open(), which binds the sockets first (the address is the bound endpoint); every other method but
+    # close() and all_metrics() is for an opened driver.
+    stack: Stack
+    address: Address
+    _loop: asyncio.AbstractEventLoop
+
     def __init__(
         self,
         spec: Sequence[LayerSpec],
@@ -483,9 +489,7 @@ class Driver:
         self.gc_thresholds = gc_thresholds
         self.metrics: collections.Counter[str] = collections.Counter()
         self.on_events: Callable[[list[Event]], None] | None = None
-        self.stack: Stack = None  # type: ignore[assignment]  # built by open()
-        self.address: Address = None  # type: ignore[assignment]
-        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self._opened = False  # the stack was built
         self._net: UdpNetwork | TcpNetwork | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_when = 0.0
@@ -513,6 +517,7 @@ class Driver:
                 now=loop.time(),
                 logger=self.logger,
             )
+            self._opened = True
             cfg = self.stack.layers[0].config
             reseed = getattr(self.stack.layers[0], "reseed_session", None)
             if reseed is not None:
@@ -583,7 +588,7 @@ class Driver:
         if self.closed:
             return
         self.closed = True
-        if self.stack is not None:
+        if self._opened:
             self.stack.stop()
         if self._timer is not None:
             self._timer.cancel()
@@ -632,6 +637,6 @@ class Driver:
 
     def all_metrics(self) -> dict[str, int]:
         """Protocol and runtime counters together."""
-        merged = dict(self.stack.metrics) if self.stack is not None else {}
+        merged = dict(self.stack.metrics) if self._opened else {}
         merged.update(self.metrics)
         return merged

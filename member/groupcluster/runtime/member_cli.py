@@ -314,17 +314,15 @@ class Member:
         self.cpu_at_last_delivery = cpu
         counts = self.delivered
         # The transport decodes a frame's sender once, so runs of one sender share one Address object.
-        src: Address | None = None
-        n = 0
-        for msg in msgs:
-            s = msg.src
-            if s is not src:
-                if n:
-                    counts[src] += n  # type: ignore[index]
-                src, n = s, 0
-            n += 1
-        if n:
-            counts[src] += n  # type: ignore[index]
+        if msgs:
+            src = msgs[0].sender()
+            n = 0
+            for msg in msgs:
+                if msg.src is not src:
+                    counts[src] += n
+                    src, n = msg.sender(), 0
+                n += 1
+            counts[src] += n
         self.delivered_total += len(msgs)
         self._check_done()
 

@@ -31,6 +31,7 @@ from ..core.address import Address
 from ..core.events import UpdateHosts
 from ..core.layer import LAYER_TYPES
 from ..core.stack import resolve_config
+from ..core.view import View
 from ..stacks import PRESETS, load_stack_file, preset
 from .checkers import check_all
 from .faults import FaultPlan, draw_plan, draw_startup
@@ -505,20 +506,26 @@ class _Run:
         self.loop.after(0.1, self._poll_convergence)
 
     def converged(self) -> bool:
+        return self.converged_view() is not None
+
+    def converged_view(self) -> View | None:
+        """The one view every live member installed, of exactly those members; None while they differ (or one
+        is still starting or leaving)."""
         world = self.world
         if self.pending_starts or any(n is not None and n.state == LEAVING for n in world.nodes):
-            return False
+            return None
         live = world.live_nodes()
         if not live or live[0].view is None:
-            return False
+            return None
         view = live[0].view
         if {n.address for n in live} != set(view.members) or len(view.members) != len(live):
-            return False
-        return all(n.view is not None and n.view.view_id == view.view_id for n in live)
+            return None
+        return view if all(n.view is not None and n.view.view_id == view.view_id for n in live) else None
 
     def _poll_convergence(self) -> None:
-        if self.converged():
-            view_id = self.world.live_nodes()[0].view.view_id  # type: ignore[union-attr]
+        view = self.converged_view()
+        if view is not None:
+            view_id = view.view_id
             if self.settling is None or self.settling[0] != view_id:
                 self.settling = (view_id, self.loop.now)
             elif self.loop.now - self.settling[1] >= self.sc.settle_time:

@@ -87,6 +87,14 @@ def slot_endpoint(slot: int) -> tuple[str, int]:
     return (f"10.0.0.{slot + 1}", SIM_PORT)
 
 
+def _app_of(node: Node) -> SimApp:
+    """The application of ``node``, which the world only steps when it has one (it armed the app's timer)."""
+    app = node.app
+    if app is None:
+        raise RuntimeError(f"{node.name}: an application step on a member without an application")
+    return app
+
+
 class Node:
     """One running member (one incarnation) in a slot."""
 
@@ -268,7 +276,7 @@ class World:
             self._step(node, node.stack.fire_timers)
         if node.state != GONE and node.app_due:
             node.app_due = False
-            self._app_step(node, node.app.tick)  # type: ignore[union-attr]
+            self._app_step(node, _app_of(node).tick)
 
     def leave(self, slot: int) -> None:
         """Ask the member in ``slot`` to leave gracefully."""
@@ -305,8 +313,7 @@ class World:
 
     def _app_pump(self, node: Node) -> None:
         """Move the application's sends into the stack (one step) and re-arm its timer."""
-        app = node.app
-        assert app is not None
+        app = _app_of(node)
         while node.state != GONE:
             msgs = app.take_sends()
             if not msgs:
@@ -337,7 +344,7 @@ class World:
             node.app_due = True
             return
         # At the deadline itself (the clock may be later): the node then finds what it asked for due.
-        self._app_step(node, node.app.tick)  # type: ignore[union-attr]
+        self._app_step(node, _app_of(node).tick)
 
     def _remove(self, node: Node) -> None:
         node.state = GONE

@@ -232,7 +232,7 @@ class GroupClusterReader(DataSourceReader):
                 keys = {k} if k is not None else None
             elif isinstance(f, In) and f.attribute == ("key",):
                 ks = [self._key_bytes(v) for v in f.value]
-                keys = None if any(k is None for k in ks) else set(ks)  # type: ignore[arg-type]
+                keys = None if any(k is None for k in ks) else {k for k in ks if k is not None}
             if keys is None:
                 yield f  # Spark evaluates it after the scan
                 continue

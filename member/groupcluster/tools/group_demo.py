@@ -99,6 +99,17 @@ def pick_port(hosts: list[str], preferred: int, transport: str) -> int:
     raise DemoError(f"no free port found on {', '.join(hosts)}")
 
 
+Statuses = dict[str, dict[str, Any] | None]  # member name -> its status file (None: not readable just now)
+
+
+def _status(st: Statuses, p: Proc) -> dict[str, Any]:
+    """``p``'s status in ``st``, which a wait's predicate found complete."""
+    s = st[p.name]
+    if s is None:
+        raise DemoError(f"{p.name} ({p.endpoint}): no status read from {p.status_file}")
+    return s
+
+
 class Proc:
     """One member process and its files."""
 
@@ -109,12 +120,23 @@ class Proc:
         self.record = workdir / f"{self.name}.jsonl"
         self.status_file = workdir / f"{self.name}.status.json"
         self.log = workdir / f"{self.name}.log"
-        self.popen: subprocess.Popen[bytes] | None = None
+        self._popen: subprocess.Popen[bytes] | None = None
         self.killed_at: float | None = None
 
     def start(self, argv: list[str]) -> None:
         with open(self.log, "wb") as out:
-            self.popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self._popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    @property
+    def started(self) -> bool:
+        return self._popen is not None
+
+    @property
+    def popen(self) -> subprocess.Popen[bytes]:
+        """The member's process (a DemoError before :meth:`start`)."""
+        if self._popen is None:
+            raise DemoError(f"{self.name} ({self.endpoint}) was never started")
+        return self._popen
 
     def status(self) -> dict[str, Any] | None:
         try:
@@ -123,7 +145,7 @@ class Proc:
             return None
 
     def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
+        return self._popen is not None and self._popen.poll() is None
 
     def log_tail(self, lines: int = 8) -> str:
         try:
@@ -203,23 +225,24 @@ class Demo:
             proc.start(argv)
             self.procs.append(proc)
 
-    def statuses(self) -> dict[str, dict[str, Any] | None]:
+    def statuses(self) -> Statuses:
         return {p.name: p.status() for p in self.procs}
 
     def check_alive(self, procs: Iterable[Proc]) -> None:
         for p in procs:
             if not p.alive():
-                code = p.popen.returncode if p.popen else None
+                code = p.popen.returncode if p.started else None
                 raise DemoError(f"{p.name} ({p.endpoint}) exited early with status {code}:\n{p.log_tail()}")
 
-    def wait(self, what: str, predicate: Any, procs: list[Proc], progress: Any) -> float:
-        """Poll status files until ``predicate(statuses)``; print ``progress(statuses)`` every second."""
+    def wait(self, what: str, predicate: Any, procs: list[Proc], progress: Any) -> tuple[float, Statuses]:
+        """Poll status files until ``predicate(statuses)``; print ``progress(statuses)`` every second. Returns how
+        long it took and the statuses that satisfied it (a later read may find a file being rewritten)."""
         start = time.monotonic()
         last_print = start
         while True:
             st = self.statuses()
             if predicate(st):
-                return time.monotonic() - start
+                return time.monotonic() - start, st
             self.check_alive(procs)
             now = time.monotonic()
             if now - start > self.args.timeout:
@@ -234,17 +257,17 @@ class Demo:
         live = [p for p in self.procs if p.alive()]
         self.stopping_at = min(self.stopping_at, time.time())
         for p in live:
-            p.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            p.popen.send_signal(signal.SIGTERM)
         for p in live:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                p.popen.wait(timeout=10)  # type: ignore[union-attr]
+                p.popen.wait(timeout=10)
 
     def shutdown(self) -> None:
         for p in self.procs:
             if p.alive():
-                p.popen.kill()  # type: ignore[union-attr]
+                p.popen.kill()
         for p in self.procs:
-            if p.popen is not None:
+            if p.started:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     p.popen.wait(timeout=5)
 
@@ -263,12 +286,11 @@ class Demo:
             sizes = [len(s["view"]["members"]) for s in st.values() if s and s.get("view")]
             return len(ids) == 1 and sizes == [n] * n
 
-        took = self.wait(f"one view of {n} members", one_view, procs, _view_sizes)
-        st = self.statuses()
+        took, st = self.wait(f"one view of {n} members", one_view, procs, _view_sizes)
         for p in procs:
-            short[st[p.name]["address"]] = p.name  # type: ignore[index]
-        first = st[procs[0].name]
-        self.say(f"joined: one view of {n} members in {took:.1f}s: {self._view_text(first['view'], short)}")  # type: ignore[index]
+            short[_status(st, p)["address"]] = p.name
+        first = _status(st, procs[0])
+        self.say(f"joined: one view of {n} members in {took:.1f}s: {self._view_text(first['view'], short)}")
 
         self.say(f"each member multicasts {args.messages} messages of {args.size} B at {args.rate:g}/s")
 
@@ -293,11 +315,10 @@ class Demo:
                 for p in survivors
             )
 
-        took = self.wait(f"survivors to remove {victim.name}", excluded, survivors, _view_sizes)
-        st = self.statuses()
+        took, st = self.wait(f"survivors to remove {victim.name}", excluded, survivors, _view_sizes)
         self.say(
             f"survivors installed a view without {victim.name} {took:.1f}s after the kill: "
-            f"{self._view_text(st[survivors[0].name]['view'], short)}"  # type: ignore[index]
+            f"{self._view_text(_status(st, survivors[0])['view'], short)}"
         )
 
         survivor_addrs = [a for a, name in short.items() if name != victim.name]
@@ -325,10 +346,10 @@ class Demo:
         self.say("survivors leave (SIGTERM, graceful leave)")
         self.stopping_at = time.time()
         for p in survivors:
-            p.popen.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            p.popen.send_signal(signal.SIGTERM)
         for p in survivors:
             try:
-                code = p.popen.wait(timeout=15)  # type: ignore[union-attr]
+                code = p.popen.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 raise DemoError(f"{p.name} did not exit within 15s of SIGTERM") from None
             if code != 0:

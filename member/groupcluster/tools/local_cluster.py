@@ -682,7 +682,7 @@ class LocalCluster:
                     "alive": self.alive(m),
                     "endpoint": m.http,
                     "address": (s or {}).get("address"),
-                    "coordinator": bool(s) and s.get("coordinator") == s.get("address"),  # type: ignore[union-attr]
+                    "coordinator": bool(s and s.get("coordinator") == s.get("address")),
                     "view_id": view["id"] if view else None,
                     "view": [by_addr.get(a, a) for a in view["members"]] if view else None,
                     "topology_id": g.get("topology_id"),

@@ -8,7 +8,7 @@ import random
 import time
 import urllib.parse
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 
@@ -17,6 +17,11 @@ from ..errors import GridError, GridRequestError
 from ._wire import RETRYABLE_STATUS, _locked, _Reply, error_message, key_path, normalize_endpoint
 
 log = logging.getLogger("groupcluster.grid.client")
+
+
+def _all_set(urls: list[str | None]) -> TypeGuard[list[str]]:
+    """Whether every segment found a member (checked in C: the writer routes millions of keys)."""
+    return None not in urls
 
 
 class _Router:
@@ -84,6 +89,7 @@ class _Router:
         """:meth:`target` of each key, with the segments hashed in one call and each member's ``avoid`` read
         once (the Spark writer routes millions of keys)."""
         t = self.table
+        by_kind = members = None
         try:
             segs = segments_of(keys, t["num_segments"]) if t is not None else None
             by_kind = (t["read"], t["write"]) if t is not None else None
@@ -118,9 +124,9 @@ class _Router:
             out: list[str | None] = list(map(per_seg[1].__getitem__, segs))
         else:
             out = [per_seg[w][seg] for seg, w in zip(segs, writes, strict=True)]
-        if None in out:
-            out = [url if url is not None else self.any_endpoint() for url in out]
-        return out  # type: ignore[return-value]
+        if _all_set(out):
+            return out
+        return [url if url is not None else self.any_endpoint() for url in out]
 
     def scan_target(self, segment: int) -> str:
         """The member to scan ``segment`` on: its read owner in the routing table, else any member."""

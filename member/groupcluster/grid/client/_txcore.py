@@ -34,6 +34,12 @@ class _TxCore:
         self.state = "active"  # active | committed | rolled_back | failed
         self.commit_sent = False
 
+    def begun(self) -> tuple[str, str]:
+        """``(tx, member)`` of a transaction begun on its member (which happens with its first lock)."""
+        if self.tx is None or self.member is None:
+            raise GridError("the transaction has not begun on a member yet")
+        return self.tx, self.member
+
     def needs_rollback(self) -> bool:
         """A rollback is due unless the transaction finished, or a commit was sent (whose outcome stands): a
         failed lock request may leave the transaction open on its member, holding the locks it got."""

@@ -4,10 +4,21 @@ and invalidation runtimes)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 
-class NodeTimer:
+class TickedNode(Protocol):
+    """What the timer needs of a sans-IO node: when it next has something due, and a call to do it."""
+
+    def next_deadline(self) -> float | None: ...
+
+    def tick(self, now: float) -> None: ...
+
+
+N = TypeVar("N", bound=TickedNode)
+
+
+class NodeTimer(Generic[N]):
     """One loop timer at the driven node's ``next_deadline()`` (grid and invalidation runtimes): re-armed after
     every step, it ticks the node when due and pumps what the tick produced."""
 
@@ -16,7 +27,7 @@ class NodeTimer:
     _timer: asyncio.TimerHandle | None
     _timer_at: float | None
     _waiting: dict[int, asyncio.Future[Any]]
-    node: Any
+    node: N | None  # None until the runtime is bound to its channel
 
     def _pump(self) -> None:
         raise NotImplementedError
@@ -32,13 +43,14 @@ class NodeTimer:
                 fut.set_exception(gone)
         self._waiting.clear()
 
-    def _tick(self, now: float) -> None:
-        self.node.tick(now)
+    def _tick(self, node: N, now: float) -> None:
+        node.tick(now)
 
     def _arm(self) -> None:
-        if self._closed or self.node is None:
+        node = self.node
+        if self._closed or node is None:
             return
-        deadline = self.node.next_deadline()
+        deadline = node.next_deadline()
         if deadline == self._timer_at:
             return
         if self._timer is not None:
@@ -54,7 +66,8 @@ class NodeTimer:
         due = self._timer_at or 0.0
         self._timer = None
         self._timer_at = None
-        if self.node is None or self._closed:
+        node = self.node
+        if node is None or self._closed:
             return
-        self._tick(max(self._loop.time(), due))
+        self._tick(node, max(self._loop.time(), due))
         self._pump()

@@ -30,7 +30,7 @@ class EntryBounds:
     def full(self, seg: int, key: bytes, value: bytes | None) -> bool:
         """Whether a PUT of ``key`` would take this member past a bound: ``max_entries`` if it adds a key,
         ``max_bytes`` if it grows the live bytes (a key held already may be overwritten by a value no larger)."""
-        data = self.node.store.segments.get(seg)  # type: ignore[union-attr]
+        data = self.node.installed_store().segments.get(seg)
         held = None if data is None else data.val.get(key)
         size = len(value or b"")
         grow = len(key) + size if held is None else size - len(held)

@@ -88,9 +88,19 @@ FREE_INTERVAL = 0.005
 # Transfer chunks applied or produced per step while operations may be waiting (see GridNode.defer_transfer).
 DEFERRED_CHUNKS_PER_STEP = 1
 
-_TX_KINDS: frozenset[type] = frozenset(
-    (TxLock, TxPrepare, TxVote, TxCommit, TxRollback, TxAck, TxLockInfo, TxInfoAck, TxReportRequest, TxReportAnswer)
+_TX_TYPES = (
+    TxLock,
+    TxPrepare,
+    TxVote,
+    TxCommit,
+    TxRollback,
+    TxAck,
+    TxLockInfo,
+    TxInfoAck,
+    TxReportRequest,
+    TxReportAnswer,
 )
+_TX_KINDS: frozenset[type] = frozenset(_TX_TYPES)
 
 
 # Client operations, backups and their answers: handled at once even while transfer messages are held back
@@ -373,6 +383,14 @@ class GridNode:
         if t is None:
             return False
         return bool(self._routes(t).i_read[segment_of(key, t.num_segments)])
+
+    def installed_store(self) -> SegmentStore:
+        """The store, which exists from the first installed topology on: a RuntimeError before, for a path that
+        needs it and was reached without a topology."""
+        store = self.store
+        if store is None:
+            raise RuntimeError("grid node: no store before the first topology is installed")
+        return store
 
     def owner_routes(self) -> tuple[list[tuple[Address, ...]], list[tuple[Address, ...]]] | None:
         """Per segment of the installed topology, its read owners (preferred first) and write owners (primary
@@ -658,17 +676,17 @@ class GridNode:
 
 
 def _approx_size(msg: GridMessage) -> int:
-    kind = type(msg)
-    if kind is BackupBatch or kind is CommandBatch or kind is ResponseBatch or kind is BackupAckBatch:
-        return msg.nbytes + 24 * len(msg) + 32  # type: ignore[union-attr,arg-type,operator]
-    if kind is XferData:
-        return len(msg.entries.blob) + 32  # type: ignore[union-attr]  # packed once, reused by the encoder
-    if kind is Command or kind is Backup:
-        return len(msg.key) + (len(msg.value) if msg.value else 0) + 48  # type: ignore[union-attr]
-    if kind is Response:
-        return (len(msg.value) if msg.value else 0) + 48  # type: ignore[union-attr]
-    if kind is Topology or kind is Status:
+    # isinstance, which the type checker follows: none of these message classes has subclasses.
+    if isinstance(msg, (BackupBatch, CommandBatch, ResponseBatch, BackupAckBatch)):
+        return msg.nbytes + 24 * len(msg) + 32
+    if isinstance(msg, XferData):
+        return len(msg.entries.blob) + 32  # packed once, reused by the encoder
+    if isinstance(msg, (Command, Backup)):
+        return len(msg.key) + (len(msg.value) if msg.value else 0) + 48
+    if isinstance(msg, Response):
+        return (len(msg.value) if msg.value else 0) + 48
+    if isinstance(msg, (Topology, Status)):
         return 8192
-    if kind in _TX_KINDS:
-        return _tx_approx_size(msg)  # type: ignore[arg-type]
+    if isinstance(msg, _TX_TYPES):
+        return _tx_approx_size(msg)
     return 32

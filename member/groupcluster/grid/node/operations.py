@@ -262,11 +262,11 @@ class Operations:
                 return
             target = self.node.address if r.i_read[seg] else r.read[seg][0]
         else:
-            if not r.can_write[seg]:
+            w = r.write[seg]
+            if not r.can_write[seg] or not w:  # a writable segment has a write owner: both say the same
                 self._finish(op, False, error=f"segment {seg} is unavailable for writes ({t.mode.value})")
                 return
-            w = r.write[seg]
-            target = w[0] if w else None  # type: ignore[assignment]
+            target = w[0]
         op.attempt += 1
         op.target = target
         op.topology_id = t.topology_id

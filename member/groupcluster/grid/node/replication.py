@@ -216,11 +216,10 @@ class Replication:
                 self.node._respond(src, op_id, attempt, RETRY, tid)
             else:
                 data = store.segments.get(seg)  # the two dicts directly: this is every read's path
-                val = data.val.get(key) if data is not None else None
-                if val is None:
+                if data is None or (val := data.val.get(key)) is None:
                     self.node._respond(src, op_id, attempt, NOT_FOUND, tid)
                 else:
-                    self.node._respond(src, op_id, attempt, OK, tid, val, version=data.ver[key])  # type: ignore[union-attr]
+                    self.node._respond(src, op_id, attempt, OK, tid, val, version=data.ver[key])
             return
         if not r.can_write[seg]:
             self.node._respond(src, op_id, attempt, ERROR, tid, error=f"segment {seg} unavailable")
@@ -395,7 +394,8 @@ class Replication:
                 self.on_backup(src, one)
             return
         # The common case, under our own topology: the checks of _on_backup, per entry, in one loop.
-        write = self.node.store.write  # type: ignore[union-attr]
+        store = self.node.installed_store()
+        write = store.write
         ack = self.node._emit_ack
         mine = self.node._routes(t).i_write
         now = self.node._now
@@ -417,7 +417,7 @@ class Replication:
         if any(b.expiries):
             # Some entries expire: recorded after the loop (the common batch has no expiry to look at), for the
             # entries whose version is the key's now (applied here, or already held).
-            set_expiry = self.node.store.set_expiry  # type: ignore[union-attr]
+            set_expiry = store.set_expiry
             for version, key, seg, expires in zip(b.versions, b.keys, segs, b.expiries, strict=True):
                 if expires and mine[seg]:
                     set_expiry(seg, key, version, expires)
@@ -435,9 +435,10 @@ class Replication:
         ):
             self.node._emit_ack(src, b.write_id, RETRY, t.topology_id)
             return
-        applied = self.node.store.write(seg, b.key, b.version, b.value, now=self.node._now)  # type: ignore[union-attr]
+        store = self.node.installed_store()
+        applied = store.write(seg, b.key, b.version, b.value, now=self.node._now)
         if applied and b.expires:
-            self.node.store.set_expiry(seg, b.key, b.version, b.expires)  # type: ignore[union-attr]
+            store.set_expiry(seg, b.key, b.version, b.expires)
         if applied and self.node.events.written is not None:
             self.node.events.note_written(b.key, b.version, b.value)
         # Named as the Backup's own round: the primary matches it to the round it waits for.

@@ -581,26 +581,25 @@ class Transactions:
     # -- outputs of the core
     def _tx_out(self, outputs: Iterable[TxOutput]) -> None:
         for o in outputs:
-            kind = type(o)
-            if kind is TxSend:
-                msg = o.message  # type: ignore[union-attr]
+            if isinstance(o, TxSend):
+                msg = o.message
                 if (
                     type(msg) is TxCommit
                     and self.node.config.tx_test_hold_commit
                     and msg.tx.origin == self.node.address
                 ):
                     continue  # fault injection (GridConfig.tx_test_hold_commit)
-                if type(msg) is TxLockInfo and o.dest != self.node.address:  # type: ignore[union-attr]
-                    key = (o.dest, msg.topology_id, msg.segments)  # type: ignore[union-attr]
+                if type(msg) is TxLockInfo and o.dest != self.node.address:
+                    key = (o.dest, msg.topology_id, msg.segments)
                     self.tx_pushes[key] = [msg, self.node._now + self.node.config.attempt_timeout]
-                self.node._emit(o.dest, msg)  # type: ignore[union-attr]
-            elif kind is TxOutcome:
-                self._tx_outcome(o)  # type: ignore[arg-type]
-            elif kind is TxLocked:
-                op_id = self._tx_lock_ops.pop(o.tx, None)  # type: ignore[union-attr]
+                self.node._emit(o.dest, msg)
+            elif isinstance(o, TxOutcome):
+                self._tx_outcome(o)
+            elif isinstance(o, TxLocked):
+                op_id = self._tx_lock_ops.pop(o.tx, None)
                 if op_id is not None:
-                    reason = "" if o.ok else _tx_reason(o.reason)  # type: ignore[union-attr]
-                    self._tx_result(op_id, TX_LOCK_OP, o.tx, o.ok, reason, o.reason)  # type: ignore[union-attr]
+                    reason = "" if o.ok else _tx_reason(o.reason)
+                    self._tx_result(op_id, TX_LOCK_OP, o.tx, o.ok, reason, o.reason)
 
     def _tx_outcome(self, o: TxOutcome) -> None:
         # ok False from tx_commit means: not committed, and never will be (a rollback is only ever decided
@@ -697,10 +696,10 @@ class Transactions:
 
     def _tx_resolver_out(self, outputs: Iterable[ResolverOutput]) -> None:
         for o in outputs:
-            if type(o) is TxSend:
+            if isinstance(o, TxSend):
                 self.node._emit(o.dest, o.message)
             else:
-                self._tx_send_decision(o)  # type: ignore[arg-type]
+                self._tx_send_decision(o)
 
     def _tx_send_decision(self, d: TxDecided) -> None:
         """Send the resolver's decision, self-contained, to the write owners of its keys (current and pending:

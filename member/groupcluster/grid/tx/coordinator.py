@@ -34,6 +34,8 @@ from .participant import TxReport, TxState
 
 # (keys) -> (topology id, key -> owners, primary first): the originator's current routing.
 Router = Callable[[Sequence[bytes]], tuple[int, Mapping[bytes, Sequence[Address]]]]
+# What the originator sends and waits for an answer to (kept per member until it comes, resent meanwhile).
+Sent = TxLock | TxPrepare | TxCommit | TxRollback
 
 
 class CoordState(IntEnum):
@@ -62,7 +64,7 @@ class _CTx:
     need_topology: int = 0
     contacted: set[Address] = field(default_factory=set)
     # the messages of the current phase not answered yet, by destination (resent on resend_at)
-    unanswered: dict[Address, TxMessage] = field(default_factory=dict)
+    unanswered: dict[Address, Sent] = field(default_factory=dict)
     votes: dict[Address, TxVote] = field(default_factory=dict)
     primary_of: dict[bytes, Address] = field(default_factory=dict)
     versions: dict[bytes, int] = field(default_factory=dict)
@@ -198,17 +200,17 @@ class TxCoordinator:
 
     def on_message(self, src: Address, msg: TxMessage, now: float) -> list[TxOutput]:
         out: list[TxOutput] = []
-        c = self._txs.get(msg.tx) if isinstance(msg, TxVote | TxAck) else None
-        if c is None:
-            return out
         if isinstance(msg, TxVote):
-            if msg.attempt == c.attempt:
+            c = self._txs.get(msg.tx)
+            if c is not None and msg.attempt == c.attempt:
                 if msg.request == 0 and c.state == CoordState.PREPARING:
                     self._on_prepare_vote(c, src, msg, now, out)
                 elif msg.request and msg.request == c.request and c.state == CoordState.ACTIVE:
                     self._on_lock_vote(c, src, msg, now, out)
-        elif c.state in (CoordState.COMMITTING, CoordState.ROLLING_BACK):
-            self._on_ack(c, src, msg, now, out)  # type: ignore[arg-type]
+        elif isinstance(msg, TxAck):
+            c = self._txs.get(msg.tx)
+            if c is not None and c.state in (CoordState.COMMITTING, CoordState.ROLLING_BACK):
+                self._on_ack(c, src, msg, now, out)
         return out
 
     def resolved_here(self, tx: TxId, commit: bool, now: float) -> list[TxOutput]:
@@ -327,7 +329,7 @@ class TxCoordinator:
             raise ValueError(f"transaction {tx} is {got}, expected {state.name}")
         return c
 
-    def _send(self, c: _CTx, dest: Address, msg: TxMessage, now: float, out: list[TxOutput]) -> None:
+    def _send(self, c: _CTx, dest: Address, msg: Sent, now: float, out: list[TxOutput]) -> None:
         c.contacted.add(dest)
         c.unanswered[dest] = msg
         c.resend_at = now + self.config.resend_interval
@@ -506,7 +508,7 @@ class TxCoordinator:
             if c.acked.get(dest, -1) >= tid or dest in held or (chosen is not None and dest not in chosen):
                 continue
             if c.state == CoordState.COMMITTING:
-                msg: TxMessage = TxCommit(c.tx, c.attempt, tid, tuple(per_dest.get(dest, ())))
+                msg: Sent = TxCommit(c.tx, c.attempt, tid, tuple(per_dest.get(dest, ())))
             else:
                 msg = TxRollback(c.tx, c.attempt, tid)
             self._send(c, dest, msg, now, out)
@@ -558,7 +560,7 @@ class TxCoordinator:
             if tid >= c.need_topology:
                 self._send_completion(c, now, out)
             return
-        if ack.topology_id != sent.topology_id:  # type: ignore[union-attr]
+        if ack.topology_id != sent.topology_id:
             return  # the answer to an earlier message to it, for another topology: wait for this one's
         if ack.code in (ACK_ROLLED_BACK, ACK_COMMITTED):
             want = "committed" if c.state == CoordState.COMMITTING else "rolled back"

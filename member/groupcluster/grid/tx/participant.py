@@ -44,6 +44,9 @@ from .outputs import TxOutput, TxSend
 # (store.make_version with a topology id of at least 1).
 ABSENT = 0
 
+# Messages held until their topology is installed here.
+Held = TxPrepare | TxLock | TxCommit
+
 
 class TxState(IntEnum):
     ACTIVE = 0  # known here, locks (being) taken, no YES vote for a prepare given
@@ -172,7 +175,7 @@ class TxTable:
         self._room = room
         self._txs: dict[TxId, _Record] = {}
         self._expiry: deque[tuple[float, TxId]] = deque()  # finished records, oldest first
-        self._held: list[tuple[Address, TxMessage]] = []  # for a topology not installed yet
+        self._held: list[tuple[Address, Held]] = []  # for a topology not installed yet
         self._members: frozenset[Address] | None = None
         self.dropped_held = 0
         # Lock information to pass on: segments this member still waits for, and who gets them next
@@ -278,8 +281,8 @@ class TxTable:
             granted.extend(self.locks.cancel_request(rec.tx))
             out.append(TxSend(rec.reply_to, TxVote(rec.tx, rec.attempt, request, VOTE_RETRY, self.topology_id)))
         self._granted(granted, now, out)  # only current-topology requests: the stale ones wait no more
-        ready = [(s, m) for s, m in self._held if m.topology_id <= self.topology_id]  # type: ignore[union-attr]
-        self._held = [(s, m) for s, m in self._held if m.topology_id > self.topology_id]  # type: ignore[union-attr]
+        ready = [(s, m) for s, m in self._held if m.topology_id <= self.topology_id]
+        self._held = [(s, m) for s, m in self._held if m.topology_id > self.topology_id]
         for src, msg in ready:
             out.extend(self.on_message(src, msg, now))
         return out
@@ -593,7 +596,7 @@ class TxTable:
 
     # -- handlers
 
-    def _hold(self, src: Address, msg: TxMessage) -> None:
+    def _hold(self, src: Address, msg: Held) -> None:
         if len(self._held) >= self.config.max_held:
             self._held.pop(0)  # the originator resends
             self.dropped_held += 1

@@ -61,7 +61,7 @@ from ..history_index import Violation
 from ..scenario import Scenario, _Run
 from ..world import LEAVING, PAUSED, RUNNING, AppFactory, Node
 
-# The runtime's tag byte for grid payloads (grid/driver/grid_runtime.py): the same bytes travel here.
+# The runtime's tag byte for grid payloads (grid/driver/runtime_base.py): the same bytes travel here.
 TAG_GRID = 0xF7
 _PREFIX = bytes([TAG_GRID])
 
@@ -303,8 +303,15 @@ class GridRun(_Run):
                 t += self.capacity_rng.expovariate(rate)
 
     # -- queries ----------------------------------------------------------------------------------------------
-    def _apps(self, states: tuple[str, ...] = (RUNNING, PAUSED)) -> list[GridApp]:
-        return [n.app for n in self.world.nodes if n is not None and n.state in states and n.app is not None]  # type: ignore[misc]
+    def _app(self, node: Node) -> GridApp:
+        """The grid application of a member of this run (``_app_factory`` gave every member one)."""
+        app = node.app
+        if not isinstance(app, GridApp):
+            raise TypeError(f"{node.name}: no grid application on this member ({app!r})")
+        return app
+
+    def _apps(self, states: tuple[str, ...] = (RUNNING, PAUSED)) -> Sequence[GridApp]:
+        return [self._app(n) for n in self.world.nodes if n is not None and n.state in states and n.app is not None]
 
     def grid_whole(self) -> bool:
         """One view of every live member, one balanced topology everywhere, no rebalance, no grid leave."""
@@ -452,7 +459,7 @@ class GridRun(_Run):
         if not candidates:
             return
         node = self.capacity_rng.choice(candidates)
-        app: GridApp = node.app  # type: ignore[assignment]
+        app = self._app(node)
         capacity = self.capacity_rng.choice((0.0, 0.5, 1.0, 2.0))
         # Keep num_owners members with capacity (at least two): fewer make fewer copies of each segment, and the
         # crashes the schedule allows for num_owners copies would lose acknowledged writes.
@@ -467,7 +474,7 @@ class GridRun(_Run):
         candidates = [
             n
             for n in self.world.nodes
-            if n is not None and n.state == RUNNING and n.view is not None and n.app is not None and n.app.usable  # type: ignore[attr-defined]
+            if n is not None and n.state == RUNNING and n.view is not None and n.app is not None and self._app(n).usable
         ]
         if not candidates:
             return
@@ -480,7 +487,7 @@ class GridRun(_Run):
         staying = self._holders()
         if len(staying) <= 2:
             return
-        self.world.app_call(node.slot, node.app.request_leave)  # type: ignore[union-attr]
+        self.world.app_call(node.slot, self._app(node).request_leave)
 
     def group_leave(self, node: Node) -> None:
         """The grid node handed its data off: now leave the group (flush-coordinated in vsync)."""
@@ -564,7 +571,7 @@ class GridRun(_Run):
         rng = self.work_rng
         self.loop.after(rng.expovariate(self.sc.send_rate), self._workload, slot)
         node = self.world.node(slot)
-        if node is None or node.state != RUNNING or node.app is None or not node.app.usable:  # type: ignore[attr-defined]
+        if node is None or node.state != RUNNING or node.app is None or not self._app(node).usable:
             return
         self._operate(node, rng)
 
@@ -606,7 +613,7 @@ class GridRun(_Run):
             # grid-expired checker can hold the final stores to having removed them.
             lifespan = self.lifespan_rng.uniform(0.05, 4.0)
             self.grid_stats["puts_with_lifespan"] += 1
-        self.world.app_call(node.slot, node.app.start_op, kind, key, value, hid, lifetime, lifespan)  # type: ignore[union-attr]
+        self.world.app_call(node.slot, self._app(node).start_op, kind, key, value, hid, lifetime, lifespan)
         return hid
 
     def op_done(self, app: GridApp, res: OpResult, now: float) -> None:
@@ -674,8 +681,9 @@ class GridRun(_Run):
             self._operator()
         else:
             self.group_since = None
-        if self.grid_whole() and not self._pending_ops():
-            key = (self.world.live_nodes()[0].view.view_id, self._apps()[0].topology_id)  # type: ignore[union-attr]
+        view = self.converged_view() if self.grid_whole() and not self._pending_ops() else None
+        if view is not None:  # grid_whole: the group converged too
+            key = (view.view_id, self._apps()[0].topology_id)
             if self.settling is None or self.settling[0] != key:
                 self.settling = (key, self.loop.now)
             elif self.loop.now - self.settling[1] >= self.sc.settle_time:

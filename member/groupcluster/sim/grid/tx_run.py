@@ -59,7 +59,7 @@ from ...grid.tx.reasons import REASON_MIXED
 from ...grid.tx.resolution import resolution, termination_decision
 from ..history_index import Violation
 from ..scenario import Scenario
-from ..world import RUNNING, Node
+from ..world import PAUSED, RUNNING, AppFactory, Node
 from .run import GridApp, GridRun, GridSetup, grid_scenario
 
 GRID_TX_STACK = "grid-tx"
@@ -115,13 +115,10 @@ class _Client:
 class GridTxApp(GridApp):
     """A grid member whose client also runs transactions."""
 
-    def __init__(self, node: Node, run: GridRun) -> None:
+    def __init__(self, node: Node, run: GridTxRun) -> None:
         super().__init__(node, run)
+        self.txrun = run  # ``run`` as what it is, for the transaction statistics and streams
         self.clients: dict[int, _Client] = {}  # node op id -> the transaction client waiting for it
-
-    @property
-    def txrun(self) -> GridTxRun:
-        return self.run  # type: ignore[return-value]
 
     def start_tx(self, hid: str, kind: str, mode: str, keys: list[bytes], now: float) -> None:
         grid = self.grid
@@ -249,7 +246,7 @@ class GridTxRun(GridRun):
         super().__init__(seed, scenario, logger)
         s = self.setup
         # Not drawn from a random stream, so the seed's other draws stay what they were.
-        self.setup = GridTxSetup(
+        self.tx_setup = GridTxSetup(
             s.mode,
             s.num_owners,
             s.num_segments,
@@ -258,6 +255,7 @@ class GridTxRun(GridRun):
             max_bytes=s.max_bytes,
             auto_resolve=seed % 4 != 0,
         )
+        self.setup = self.tx_setup
         self.tx_rng = random.Random(self.client_rng.getrandbits(64))
         self.tx_ids = 0
         self.tx_stats: Counter[str] = Counter(
@@ -267,8 +265,17 @@ class GridTxRun(GridRun):
         self.tx_final_start: dict[str, float] = {}
         self.resolved: set[TxId] = set()
 
-    def _app_factory(self) -> Any:
+    def _app_factory(self) -> AppFactory | None:
         return lambda node: GridTxApp(node, self)
+
+    def _app(self, node: Node) -> GridTxApp:
+        app = node.app
+        if not isinstance(app, GridTxApp):
+            raise TypeError(f"{node.name}: no grid-tx application on this member ({app!r})")
+        return app
+
+    def _apps(self, states: tuple[str, ...] = (RUNNING, PAUSED)) -> list[GridTxApp]:
+        return [self._app(n) for n in self.world.nodes if n is not None and n.state in states and n.app is not None]
 
     def extra_stats(self) -> dict[str, int]:
         return {**super().extra_stats(), **{f"grid_{k}": v for k, v in self.tx_stats.items()}}
@@ -309,17 +316,17 @@ class GridTxRun(GridRun):
         keys = [k.encode() for k in t.sample(space, n)]
         self.tx_ids += 1
         self.tx_stats["tx"] += 1
-        self.world.app_call(node.slot, node.app.start_tx, f"t{self.tx_ids}", kind, mode, keys)  # type: ignore[union-attr]
+        self.world.app_call(node.slot, self._app(node).start_tx, f"t{self.tx_ids}", kind, mode, keys)
 
     def _pending_ops(self) -> int:
-        return super()._pending_ops() + sum(a.tx_waiting for a in self._apps())  # type: ignore[attr-defined]
+        return super()._pending_ops() + sum(a.tx_waiting for a in self._apps())
 
     # -- the operator ----------------------------------------------------------------------------------------------
     def _operator(self) -> None:
         super()._operator()
         if self.group_since is None or self.loop.now - self.group_since < self.sc.settle_time:
             return
-        apps: list[GridTxApp] = self._apps((RUNNING,))  # type: ignore[assignment]
+        apps = self._apps((RUNNING,))
         doubt = sorted({d.tx for a in apps for d in a.grid.tx_in_doubt()})
         for tx in doubt:
             self._resolve(tx, apps)
@@ -329,7 +336,7 @@ class GridTxRun(GridRun):
         reports = [a.grid.tx_report(tx) for a in apps]
         commit = bool(termination_decision(r.state for r in reports))
         why = ""
-        if self.setup.auto_resolve:  # type: ignore[attr-defined]
+        if self.tx_setup.auto_resolve:
             # What the grid's coordinator would decide from the same reports: if it decides, the grid should have.
             view = apps[0].grid.view
             infos = {a.grid.address: a.grid.transactions._tx_report_info(tx) for a in apps}

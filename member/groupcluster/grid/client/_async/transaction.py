@@ -81,9 +81,10 @@ class AsyncTransaction(_TxHandle):
             return
         if t.tx is None:
             t.tx, t.member = await self._c._tx_begin(t.mode)
+        tx, member = t.begun()
         body = msgpack.packb({"keys": todo}, use_bin_type=True)
         try:
-            reply = await self._c._tx_post(t.member, _tx_path(t.tx, "lock"), body)  # type: ignore[arg-type]
+            reply = await self._c._tx_post(member, _tx_path(tx, "lock"), body)
         except self._c._io.errors as exc:
             # Nothing was committed; the member rolls the transaction back on its own (timeout, or it died).
             t.state = "failed"
@@ -105,8 +106,9 @@ class AsyncTransaction(_TxHandle):
         if t.tx is None:
             t.tx = await self._c._tx_oneshot(t)
         else:
+            tx, member = t.begun()
             try:
-                reply = await self._c._tx_post(t.member, _tx_path(t.tx, "commit"), t.body(False), commit=True)  # type: ignore[arg-type]
+                reply = await self._c._tx_post(member, _tx_path(tx, "commit"), t.body(False), commit=True)
             except self._c._io.errors as exc:
                 t.state = "failed"
                 raise GridTxUnknownOutcome(

@@ -83,9 +83,10 @@ class Transaction(_TxHandle):
             return
         if t.tx is None:
             t.tx, t.member = self._c._tx_begin(t.mode)
+        tx, member = t.begun()
         body = msgpack.packb({"keys": todo}, use_bin_type=True)
         try:
-            reply = self._c._tx_post(t.member, _tx_path(t.tx, "lock"), body)  # type: ignore[arg-type]
+            reply = self._c._tx_post(member, _tx_path(tx, "lock"), body)
         except self._c._io.errors as exc:
             # Nothing was committed; the member rolls the transaction back on its own (timeout, or it died).
             t.state = "failed"
@@ -107,8 +108,9 @@ class Transaction(_TxHandle):
         if t.tx is None:
             t.tx = self._c._tx_oneshot(t)
         else:
+            tx, member = t.begun()
             try:
-                reply = self._c._tx_post(t.member, _tx_path(t.tx, "commit"), t.body(False), commit=True)  # type: ignore[arg-type]
+                reply = self._c._tx_post(member, _tx_path(tx, "commit"), t.body(False), commit=True)
             except self._c._io.errors as exc:
                 t.state = "failed"
                 raise GridTxUnknownOutcome(
