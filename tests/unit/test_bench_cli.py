@@ -176,3 +176,35 @@ def test_harness_sources_are_in_the_repository() -> None:
     assert (root / "pom.xml").is_file()
     assert "<jgroups.version>5." in (root / "pom.xml").read_text()
     assert Path(root / "src-2.12" / "io" / "groupcluster" / "bench" / "Harness212.java").is_file()
+
+
+def _written(tmp: Path, settings: dict[str, object], workloads: list[str]) -> Path:
+    results = [
+        model.Result(w, "groupcluster", 1000.0 + i, "msgs/s per member", [1000.0]) for i, w in enumerate(workloads)
+    ]
+    doc = model.to_json(results, model.environment("2026-01-01 00:00 UTC", None, 2), settings)
+    path = tmp / "results.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_resume_keeps_the_finished_workloads_of_the_same_settings_only(tmp_path: Path) -> None:
+    from groupcluster.bench.cli import _resumed
+
+    settings: dict[str, object] = {"repeat": 5, "warmup_rounds": 2, "messages_per_sender": 200000}
+    path = _written(tmp_path, settings, ["fifo-4x100B", "fifo-1of4x100B"])
+    kept, invocations = _resumed(path, dict(settings))
+    assert [r.workload for r in kept] == ["fifo-4x100B", "fifo-1of4x100B"] and kept[0].value == 1000.0
+    assert invocations == [{"started": "2026-01-01 00:00 UTC", "workloads": ["fifo-1of4x100B", "fifo-4x100B"]}]
+    # Rows measured with other settings are not comparable: refused, naming the setting.
+    with pytest.raises(SystemExit, match="messages_per_sender 200000 there, 20000 here"):
+        _resumed(path, {**settings, "messages_per_sender": 20000})
+    assert _resumed(tmp_path / "absent.json", dict(settings)) == ([], [])
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SystemExit, match="cannot read"):
+        _resumed(tmp_path / "bad.json", dict(settings))
+
+
+def test_resume_needs_an_out_directory() -> None:
+    with pytest.raises(SystemExit, match="--resume needs --out"):
+        main(["bench", "--suite", "peers", "--workloads", "fifo-4x100B", "--resume"])

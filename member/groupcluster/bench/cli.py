@@ -25,6 +25,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-seconds", type=float, help="length of a paced latency run (default 4, quick 2)")
     parser.add_argument("--join-rounds", type=int, help="joins per run of join-4 / join-flush-4 (default 3, quick 2)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--out", metavar="DIR", help="also write DIR/results.json, DIR/results.txt and PNG plots")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        help="also write DIR/results.json and DIR/results.txt (after every workload, so an interrupted run keeps "
+        "what it finished) and PNG plots at the end",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --out: keep the workloads DIR/results.json already holds (same settings only) and run the rest",
+    )
     parser.add_argument("--list", action="store_true", help="list the workloads and their systems, then exit")
 
 
@@ -103,52 +114,9 @@ def _chosen(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return names, systems
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.list:
-        for w in WORKLOADS.values():
-            print(f"{w.name:<36} {w.unit:<17} {w.description}; systems: {', '.join(w.systems)}")
-        return 0
-    names, systems = _chosen(args)
-
-    from .runner import Runner
-
-    settings = _settings(args)
-
-    def progress(text: str) -> None:
-        print(text, file=sys.stderr, flush=True)
-
-    started = datetime.datetime.now(datetime.UTC)
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    progress(f"bench peers: {len(names)} workloads, systems {', '.join(systems)}; {settings.repeat} run(s) each")
-    if load is not None:
-        progress(f"  load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
-    # SIGTERM unwinds like Ctrl-C, so the runner's cleanup kills the member processes of the current run.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    settings.systems = tuple(systems)  # the grid workloads interleave the chosen systems run by run
-    runner = Runner(settings, progress)
-    results: list[Result] = []
-    failures: list[str] = []
-    for name in names:
-        w = WORKLOADS[name]
-        if w.kind not in LIFECYCLE_KINDS:
-            done, failed = runner.measure_interleaved(w, [x for x in w.systems if x in systems])
-            results.extend(done)
-            failures.extend(failed)
-            continue
-        for system in w.systems:
-            if system not in systems:
-                continue
-            try:
-                results.extend(runner.measure(system, w))
-            except Exception as exc:  # one peer failing must not lose the others' figures
-                failures.append(f"{name} / {system}: {exc}")
-                progress(f"  {name:<24} {system:<18} FAILED: {exc}")
-    elapsed = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
-    progress(f"bench peers: {len(results)} results, {len(failures)} failures in {elapsed / 60:.1f} minutes")
-    env = environment(started.strftime("%Y-%m-%d %H:%M UTC"), load, os.cpu_count())
-    env["minutes"] = round(elapsed / 60, 1)
-    env["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-    settings_doc = {
+def _settings_doc(settings: Any, runner: Any, names: list[str], systems: list[str]) -> dict[str, Any]:
+    """The settings a results document records (and a resumed run must share)."""
+    return {
         "repeat": settings.repeat,
         "warmup_rounds": settings.warmup,
         "messages_per_sender": settings.messages,
@@ -168,23 +136,152 @@ def run(args: argparse.Namespace) -> int:
         "workloads": names,
         "systems": systems,
     }
-    doc = to_json(results, env, settings_doc)
-    doc["by_workload"] = by_workload(results)
-    doc["failures"] = failures
-    table = format_table(results)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
-        (out / "results.txt").write_text(table + "\n")
-        try:
-            from .plots import write_plots
 
-            for path in write_plots(doc, out):
-                progress(f"  wrote {path}")
-        except ImportError:
-            failures.append("plots: matplotlib is missing (pip install 'groupcluster[bench]')")
-            progress("  no plots: matplotlib is missing (pip install 'groupcluster[bench]')")
+
+# What a resumed run must share with the one it resumes, or its rows would not be comparable.
+_RESUME_KEYS = (
+    "repeat",
+    "warmup_rounds",
+    "messages_per_sender",
+    "counter_ops_per_node",
+    "counter_window",
+    "raw_factor",
+    "mperf_seconds",
+    "jgroups_threads",
+    "tcp_bundler_capacity",
+    "latency_seconds",
+    "join_rounds",
+    "rebalance_idle_seconds",
+    "grid_rebalance_entries",
+    "grid_single_ops_per_client",
+    "grid_batch_ops_per_client",
+)
+
+
+def _resumed(path: Path, settings: dict[str, Any]) -> tuple[list[Result], list[dict[str, Any]]]:
+    """The results and invocations of an earlier run of the same settings, or SystemExit saying why not."""
+    try:
+        doc = json.loads(path.read_text())
+        kept = [Result(**entry) for entry in doc["results"]]
+        before = doc["settings"]
+        invocations = list(doc["environment"].get("invocations") or [])
+    except FileNotFoundError:
+        return [], []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"groupcluster bench: --resume: cannot read {path}: {exc!r}") from None
+    differ = [k for k in _RESUME_KEYS if before.get(k) != settings.get(k)]
+    if differ:
+        pairs = ", ".join(f"{k} {before.get(k)!r} there, {settings.get(k)!r} here" for k in differ)
+        raise SystemExit(f"groupcluster bench: --resume: {path} was measured with other settings: {pairs}")
+    if not invocations:
+        invocations = [{"started": doc["environment"].get("date"), "workloads": sorted({r.workload for r in kept})}]
+    return kept, invocations
+
+
+def _measure(
+    runner: Any,
+    w: Any,
+    systems: list[str],
+    results: list[Result],
+    failures: list[str],
+    progress: Callable[[str], None],
+) -> None:
+    """Run one workload on the chosen systems (interleaved rounds, or one system after another)."""
+    if w.kind not in LIFECYCLE_KINDS:
+        done, failed = runner.measure_interleaved(w, [x for x in w.systems if x in systems])
+        results.extend(done)
+        failures.extend(failed)
+        return
+    for system in w.systems:
+        if system not in systems:
+            continue
+        try:
+            results.extend(runner.measure(system, w))
+        except Exception as exc:  # one peer failing must not lose the others' figures
+            failures.append(f"{w.name} / {system}: {exc}")
+            progress(f"  {w.name:<24} {system:<18} FAILED: {exc}")
+
+
+def _plots(doc: dict[str, Any], out: Path, failures: list[str], progress: Callable[[str], None]) -> None:
+    try:
+        from .plots import write_plots
+
+        for path in write_plots(doc, out):
+            progress(f"  wrote {path}")
+    except ImportError:
+        failures.append("plots: matplotlib is missing (pip install 'groupcluster[bench]')")
+        progress("  no plots: matplotlib is missing (pip install 'groupcluster[bench]')")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list:
+        for w in WORKLOADS.values():
+            print(f"{w.name:<36} {w.unit:<17} {w.description}; systems: {', '.join(w.systems)}")
+        return 0
+    names, systems = _chosen(args)
+    all_names = list(names)
+
+    from .runner import Runner
+
+    settings = _settings(args)
+
+    def progress(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    started = datetime.datetime.now(datetime.UTC)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    progress(f"bench peers: {len(names)} workloads, systems {', '.join(systems)}; {settings.repeat} run(s) each")
+    if load is not None:
+        progress(f"  load average at start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
+    # SIGTERM unwinds like Ctrl-C, so the runner's cleanup kills the member processes of the current run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    settings.systems = tuple(systems)  # the grid workloads interleave the chosen systems run by run
+    runner = Runner(settings, progress)
+    results: list[Result] = []
+    failures: list[str] = []
+    out = Path(args.out) if args.out else None
+    invocations: list[dict[str, Any]] = []
+    if args.resume:
+        if out is None:
+            raise SystemExit("groupcluster bench: --resume needs --out DIR (the run to resume)")
+        results, invocations = _resumed(out / "results.json", _settings_doc(settings, runner, names, systems))
+        done = {r.workload for r in results}
+        for r in results:  # the latency workloads pace against peaks measured before
+            runner.peaks[(r.workload, r.system)] = r.value
+        progress(f"  resumed: {len(done)} workloads kept from {out / 'results.json'}")
+        names = [n for n in names if n not in done]
+    invocations.append({"started": started.strftime("%Y-%m-%d %H:%M UTC"), "workloads": list(names)})
+
+    def document() -> dict[str, Any]:
+        elapsed = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
+        env = environment(started.strftime("%Y-%m-%d %H:%M UTC"), load, os.cpu_count())
+        env["minutes"] = round(elapsed / 60, 1)
+        env["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+        env["invocations"] = invocations
+        doc = to_json(results, env, _settings_doc(settings, runner, all_names, systems))
+        doc["by_workload"] = by_workload(results)
+        doc["failures"] = failures
+        doc["workloads_done"] = sorted({r.workload for r in results})
+        doc["complete"] = False
+        return doc
+
+    def save(doc: dict[str, Any]) -> None:
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+            (out / "results.txt").write_text(format_table(results) + "\n")
+
+    for name in names:
+        _measure(runner, WORKLOADS[name], systems, results, failures, progress)
+        save(document())
+    elapsed = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
+    progress(f"bench peers: {len(results)} results, {len(failures)} failures in {elapsed / 60:.1f} minutes")
+    doc = document()
+    doc["complete"] = True
+    table = format_table(results)
+    if out is not None:
+        save(doc)
+        _plots(doc, out, failures, progress)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:

@@ -175,6 +175,8 @@ class KubeDiscovery:
         self.polls = 0
         self.failures = 0
         self._task: asyncio.Task[None] | None = None
+        # The loop keeps only a weak reference to a task: without this one the close could be collected unfinished.
+        self._closing: asyncio.Task[None] | None = None
         self._last_logged: dict[str, float] = {}
         self._alone = False
 
@@ -194,7 +196,7 @@ class KubeDiscovery:
             task.cancel()
         # close() is a coroutine; when the loop is going away the connections are released with it anyway.
         with contextlib.suppress(RuntimeError):
-            asyncio.get_running_loop().create_task(self.client.close())
+            self._closing = asyncio.get_running_loop().create_task(self.client.close())
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
