@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import compiled
 from .fair import by_workload
 from .model import (
     LIFECYCLE_KINDS,
@@ -258,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
         env["minutes"] = round(elapsed / 60, 1)
         env["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
         env["invocations"] = invocations
+        env["groupcluster_modules"] = compiled.status().describe()
         doc = to_json(results, env, _settings_doc(settings, runner, all_names, systems))
         doc["by_workload"] = by_workload(results)
         doc["failures"] = failures

@@ -21,6 +21,9 @@ from typing import Any
 
 # Systems, by family; a workload lists which of them it runs. A system name is what the JSON and the table say.
 GROUPCLUSTER = "groupcluster"
+# Our stack with GROUPCLUSTER_PURE=1: the interpreted modules even where scripts/build-compiled built compiled
+# ones, interleaved with the "groupcluster" rows so that what the compiled modules buy is measured in one run.
+GROUPCLUSTER_PURE = "groupcluster-pure"
 JGROUPS5 = "jgroups-5"
 JGROUPS212 = "jgroups-2.12"
 PYSYNCOBJ = "pysyncobj"
@@ -51,6 +54,7 @@ SYSTEMS = (
     JGROUPS5_TUNED,
     JGROUPS5_MPERF,
     *GRID_PEERS,
+    GROUPCLUSTER_PURE,
 )
 # system -> (the jar's XML file, bundler capacity raised?)
 JGROUPS5_VARIANTS = {
@@ -131,7 +135,7 @@ def _workloads() -> list[Workload]:
                     4,
                     4,
                     size,
-                    systems=(*systems, JGROUPS5_MPERF),  # MPerf's own workload: every member sends
+                    systems=(*systems, JGROUPS5_MPERF, GROUPCLUSTER_PURE),  # MPerf's own workload: all send
                     description=f"4 members, all send {label}",
                 )
             )

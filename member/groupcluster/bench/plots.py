@@ -11,6 +11,7 @@ from .model import LATENCY_UNIT, OPS_UNIT, THROUGHPUT_UNIT
 
 COLOURS = {
     "groupcluster": "#1f77b4",
+    "groupcluster-pure": "#aec7e8",  # a lighter blue: the same stack, interpreted
     "jgroups-5": "#d62728",
     "jgroups-2.12": "#ff7f0e",
     "raw-asyncio": "#7f7f7f",

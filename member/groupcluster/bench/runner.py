@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import compiled
 from . import jgroups
 from .fair import address_properties, config_diff, cpu_per_message_us, interleave, jgroups_config, summarize
 from .lifecycle import LifecycleRunner
 from .model import (
     GROUPCLUSTER,
+    GROUPCLUSTER_PURE,
     JGROUPS5,
     JGROUPS5_MPERF,
     JGROUPS5_STOCK,
@@ -138,9 +140,11 @@ class Runner:
         port_list = ",".join(map(str, ports))
         cmds = []
         for rank in range(w.members):
-            if system == GROUPCLUSTER:
+            if system in (GROUPCLUSTER, GROUPCLUSTER_PURE):
                 stack = "fifo" if w.order == "fifo" else "total-order"
-                base = [py, "-m", "groupcluster.bench.workers", "groupcluster", "--stack", stack, "--transport", "tcp"]
+                pure = ["env", f"{compiled.PURE_ENV}=1"] if system == GROUPCLUSTER_PURE else []
+                base = [*pure, py, "-m", "groupcluster.bench.workers", "groupcluster", "--stack", stack]
+                base += ["--transport", "tcp"]
                 cmds.append([*base, "--cluster", cluster, "--rank", str(rank), "--ports", port_list, *opts])
             elif system in (RAW, RAW_RELAY):
                 relay = ["--relay"] if system == RAW_RELAY else []
