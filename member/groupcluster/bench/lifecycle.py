@@ -341,6 +341,11 @@ class _JavaGroup:
         assert proc.stdin is not None and proc.stdout is not None
         results: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
+        # Reading its output blocks: a joiner that hangs without exiting is killed at the deadline, which ends
+        # the read, instead of holding the suite for ever.
+        watchdog = threading.Timer(timeout, proc.kill)
+        watchdog.daemon = True
+        watchdog.start()
         try:
             for line in proc.stdout:
                 doc = figures.lifecycle_result(line.strip())
@@ -355,9 +360,11 @@ class _JavaGroup:
                 proc.stdin.write("next\n")
                 proc.stdin.flush()
             if len(results) < repeat:
-                raise self._fail(f"{name} gave {len(results)} of {repeat} results (exit {proc.poll()})")
+                late = f" and ran longer than {timeout:g}s" if time.monotonic() >= deadline else ""
+                raise self._fail(f"{name} gave {len(results)} of {repeat} results{late} (exit {proc.poll()})")
             return results
         finally:
+            watchdog.cancel()
             if proc.poll() is None:
                 proc.kill()
             proc.wait()

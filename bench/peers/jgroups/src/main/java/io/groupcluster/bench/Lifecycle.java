@@ -59,7 +59,20 @@ public final class Lifecycle implements Receiver {
             core.stackStarting();
             return UUID.randomUUID();
         });
-        int code = core.run(args[1], new LifecycleCore.Channel() {
+        // A failed connect (e.g. a state transfer whose provider left) must end the JVM: its other threads are not
+        // daemons, and the suite reads this process's results until it exits.
+        int code;
+        try {
+            code = run(core, args[1], ch);
+        } catch (Throwable t) {
+            t.printStackTrace();
+            code = 1;
+        }
+        System.exit(code);
+    }
+
+    private static int run(LifecycleCore core, String cluster, JChannel ch) throws Exception {
+        return core.run(cluster, new LifecycleCore.Channel() {
             @Override
             public void connect(String cluster, boolean withState, long timeoutMs) throws Exception {
                 if (withState) ch.connect(cluster, null, timeoutMs);
@@ -81,6 +94,5 @@ public final class Lifecycle implements Receiver {
                 ch.close();
             }
         });
-        System.exit(code);
     }
 }
