@@ -447,6 +447,7 @@ class Member:
     async def main(self) -> int:
         args = self.args
         loop = asyncio.get_running_loop()
+        log.info("event loop: %s.%s", type(loop).__module__, type(loop).__qualname__)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         http_url = None
