@@ -28,7 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _VersionAction(argparse.Action):
-    """``--version``: the version, and whether the hot modules run compiled (mypyc) or interpreted."""
+    """``--version``: the version, whether the hot modules run compiled (mypyc) or interpreted, and which event
+    loop members and clients run."""
 
     def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
@@ -37,12 +38,17 @@ class _VersionAction(argparse.Action):
         from importlib.metadata import PackageNotFoundError, version
 
         from . import compiled
+        from .runtime import loop
 
         try:
             number = version("groupcluster")
         except PackageNotFoundError:
             number = "unknown (not installed)"
-        print(f"groupcluster {number}\n{compiled.status().describe()}")
+        try:
+            loop_line = loop.choose().describe()
+        except loop.LoopError as exc:
+            loop_line = f"event loop: none, members would not start: {exc}"
+        print(f"groupcluster {number}\n{compiled.status().describe()}\n{loop_line}")
         parser.exit()
 
 
@@ -50,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="groupcluster", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     parser.add_argument(
-        "--version", action=_VersionAction, help="print the version and whether the hot modules run compiled"
+        "--version",
+        action=_VersionAction,
+        help="print the version, whether the hot modules run compiled, and the event loop",
     )
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     subs.required = True

@@ -24,6 +24,7 @@ import threading
 import time
 
 from ..grid.client import AsyncGridClient, GridClient
+from ..runtime import loop as event_loop
 
 
 def _say(line: str) -> None:
@@ -165,7 +166,7 @@ async def serve(urls: list[str]) -> None:
 
 
 def main() -> int:
-    asyncio.run(serve(sys.argv[1:]))
+    event_loop.run(serve(sys.argv[1:]))
     return 0
 
 
