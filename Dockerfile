@@ -17,10 +17,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY member member
 COPY operator operator
-# A virtual environment holds the package and its dependencies, so the runtime stage copies one directory. The
-# fast extra is uvloop, the event loop members run on Linux (`groupcluster --version` names it).
+# A virtual environment holds the package and its dependencies, so the runtime stage copies one directory.
 RUN python -m venv "$VENV" \
-    && "$VENV/bin/pip" install --no-cache-dir ".[fast]" \
+    && "$VENV/bin/pip" install --no-cache-dir . \
     && "$VENV/bin/groupcluster" member --help >/dev/null \
     && "$VENV/bin/groupcluster" operator --help >/dev/null
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from groupcluster.grid.client import AsyncGridClient
-from groupcluster.runtime import loop as event_loop
 
 HOSTS = [f"127.0.0.{31 + i}" for i in range(4)]
 
@@ -154,8 +153,8 @@ def main() -> int:
         for i in range(3):
             start(i)
         wait("3 members", lambda: settled(urls[:3]), 60)
-        ops = event_loop.run(run_ops(urls[:3], args.ops, args.concurrency, args.value_size, "k"))
-        n = event_loop.run(load(urls[:3], int(args.rebalance_mb * 1024 * 1024), args.rebalance_value_size, 16))
+        ops = asyncio.run(run_ops(urls[:3], args.ops, args.concurrency, args.value_size, "k"))
+        n = asyncio.run(load(urls[:3], int(args.rebalance_mb * 1024 * 1024), args.rebalance_value_size, 16))
         t_start = time.monotonic()
         start(3)
         t_joined = wait("the joiner's view", lambda: (get_json(urls[3] + "/v1/status") or {}).get("joined"), 60, 0.02)

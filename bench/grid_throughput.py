@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from groupcluster.grid.client import AsyncGridClient, GridClient
-from groupcluster.runtime import loop as event_loop
 from groupcluster.tools.local import ProgressBar
 from groupcluster.tools.local_cluster import LocalCluster
 
@@ -73,10 +72,10 @@ def client(n: int, urls: list[str], args: argparse.Namespace, barrier: Any, out:
         t0 = time.time()
         lat: list[float] = []
         if step == "single put":
-            lat = event_loop.run(single(urls, single_keys, value, args.concurrency, True))
+            lat = asyncio.run(single(urls, single_keys, value, args.concurrency, True))
             ops = len(single_keys)
         elif step == "single get":
-            lat = event_loop.run(single(urls, single_keys, value, args.concurrency, False))
+            lat = asyncio.run(single(urls, single_keys, value, args.concurrency, False))
             ops = len(single_keys)
         else:
             with GridClient(urls, batch_size=args.batch_size) as c:

@@ -26,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from groupcluster.runtime import loop as event_loop
 from groupcluster.tools.local_cluster import free_ports
 
 HOST = "127.0.0.1"
@@ -157,7 +156,7 @@ def main() -> int:
                 def left() -> None:
                     wait(lambda: all(view_size(workdir, n) == args.members for n in names), 30, "the joiner to leave")
 
-                warm_times.extend(event_loop.run(warm_joins(args, ports[-1], everyone, left)))
+                warm_times.extend(asyncio.run(warm_joins(args, ports[-1], everyone, left)))
         finally:
             for p in procs:
                 p.kill()

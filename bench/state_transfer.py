@@ -27,7 +27,6 @@ import subprocess
 import sys
 import time
 
-from groupcluster.runtime import loop as event_loop
 from groupcluster.runtime.channel import Channel
 from groupcluster.tools.local_cluster import free_ports
 
@@ -35,7 +34,6 @@ STARTED_WALL = time.time()  # after the imports: what a joiner process pays befo
 
 DONOR_CODE = """
 import asyncio, signal, sys
-from groupcluster.runtime import loop as event_loop
 from groupcluster.runtime.channel import Channel
 async def main():
     size, window = int(sys.argv[1]), int(sys.argv[6])
@@ -52,7 +50,7 @@ async def main():
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
     await ch.leave()
-event_loop.run(main())
+asyncio.run(main())
 """
 
 
@@ -173,7 +171,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.size_mb <= 0 or args.members <= 0 or args.window <= 0 or args.repeat <= 0:
         ap.error("--size-mb, --members, --window and --repeat must be positive")
-    event_loop.run(run(args))
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

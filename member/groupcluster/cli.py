@@ -28,8 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _VersionAction(argparse.Action):
-    """``--version``: the version, whether the hot modules run compiled (mypyc) or interpreted, and which event
-    loop members and clients run."""
+    """``--version``: the version, and whether the hot modules run compiled (mypyc) or interpreted."""
 
     def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
@@ -38,17 +37,12 @@ class _VersionAction(argparse.Action):
         from importlib.metadata import PackageNotFoundError, version
 
         from . import compiled
-        from .runtime import loop
 
         try:
             number = version("groupcluster")
         except PackageNotFoundError:
             number = "unknown (not installed)"
-        try:
-            loop_line = loop.choose().describe()
-        except loop.LoopError as exc:
-            loop_line = f"event loop: none, members would not start: {exc}"
-        print(f"groupcluster {number}\n{compiled.status().describe()}\n{loop_line}")
+        print(f"groupcluster {number}\n{compiled.status().describe()}")
         parser.exit()
 
 
@@ -56,9 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="groupcluster", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default="WARNING", help="Python log level (default WARNING)")
     parser.add_argument(
-        "--version",
-        action=_VersionAction,
-        help="print the version, whether the hot modules run compiled, and the event loop",
+        "--version", action=_VersionAction, help="print the version and whether the hot modules run compiled"
     )
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     subs.required = True

@@ -89,9 +89,6 @@ def test_the_image_install_steps_work_in_a_fresh_virtualenv(tmp_path: Path) -> N
     for sub in ("member", "operator"):
         res = subprocess.run([str(exe), sub, "--help"], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and "usage: groupcluster" in res.stdout, res.stderr
-    # Members in the image run on uvloop (the fast extra), not on the fallback loop.
-    res = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin"})
-    assert res.returncode == 0 and "event loop: uvloop " in res.stdout, res.stdout + res.stderr
     # The package came from the copied sources, not from the developer's editable install.
     probe = "import groupcluster_operator, kopf; print(groupcluster_operator.__file__)"
     res = subprocess.run(

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import compiled
-from ..runtime import loop as event_loop
 from .fair import by_workload
 from .model import (
     LIFECYCLE_KINDS,
@@ -261,7 +260,6 @@ def run(args: argparse.Namespace) -> int:
         env["loadavg_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
         env["invocations"] = invocations
         env["groupcluster_modules"] = compiled.status().describe()
-        env["groupcluster_loop"] = event_loop.choose().describe()
         doc = to_json(results, env, _settings_doc(settings, runner, all_names, systems))
         doc["by_workload"] = by_workload(results)
         doc["failures"] = failures

@@ -24,7 +24,6 @@ import threading
 import time
 
 from ..grid.client import AsyncGridClient, GridClient
-from ..runtime import loop as event_loop
 
 
 def _say(line: str) -> None:
@@ -166,7 +165,7 @@ async def serve(urls: list[str]) -> None:
 
 
 def main() -> int:
-    event_loop.run(serve(sys.argv[1:]))
+    asyncio.run(serve(sys.argv[1:]))
     return 0
 
 

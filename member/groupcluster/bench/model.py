@@ -24,9 +24,6 @@ GROUPCLUSTER = "groupcluster"
 # Our stack with GROUPCLUSTER_PURE=1: the interpreted modules even where scripts/build-compiled built compiled
 # ones, interleaved with the "groupcluster" rows so that what the compiled modules buy is measured in one run.
 GROUPCLUSTER_PURE = "groupcluster-pure"
-# Our stack with GROUPCLUSTER_LOOP=asyncio: the standard library's event loop where "groupcluster" runs uvloop
-# (when installed, on Linux), interleaved the same way so that what uvloop buys is measured in one run.
-GROUPCLUSTER_ASYNCIO = "groupcluster-asyncio"
 JGROUPS5 = "jgroups-5"
 JGROUPS212 = "jgroups-2.12"
 PYSYNCOBJ = "pysyncobj"
@@ -58,7 +55,6 @@ SYSTEMS = (
     JGROUPS5_MPERF,
     *GRID_PEERS,
     GROUPCLUSTER_PURE,
-    GROUPCLUSTER_ASYNCIO,
 )
 # system -> (the jar's XML file, bundler capacity raised?)
 JGROUPS5_VARIANTS = {
@@ -139,8 +135,7 @@ def _workloads() -> list[Workload]:
                     4,
                     4,
                     size,
-                    # MPerf's own workload (every member sends); our stack interpreted and on asyncio's loop too
-                    systems=(*systems, JGROUPS5_MPERF, GROUPCLUSTER_PURE, GROUPCLUSTER_ASYNCIO),
+                    systems=(*systems, JGROUPS5_MPERF, GROUPCLUSTER_PURE),  # MPerf's own workload: all send
                     description=f"4 members, all send {label}",
                 )
             )

@@ -12,7 +12,6 @@ from .model import LATENCY_UNIT, OPS_UNIT, THROUGHPUT_UNIT
 COLOURS = {
     "groupcluster": "#1f77b4",
     "groupcluster-pure": "#aec7e8",  # a lighter blue: the same stack, interpreted
-    "groupcluster-asyncio": "#393b79",  # a dark blue: the same stack on the standard library's event loop
     "jgroups-5": "#d62728",
     "jgroups-2.12": "#ff7f0e",
     "raw-asyncio": "#7f7f7f",

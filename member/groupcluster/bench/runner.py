@@ -26,13 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import compiled
-from ..runtime import loop as event_loop
 from . import jgroups
 from .fair import address_properties, config_diff, cpu_per_message_us, interleave, jgroups_config, summarize
 from .lifecycle import LifecycleRunner
 from .model import (
     GROUPCLUSTER,
-    GROUPCLUSTER_ASYNCIO,
     GROUPCLUSTER_PURE,
     JGROUPS5,
     JGROUPS5_MPERF,
@@ -142,13 +140,10 @@ class Runner:
         port_list = ",".join(map(str, ports))
         cmds = []
         for rank in range(w.members):
-            if system in (GROUPCLUSTER, GROUPCLUSTER_PURE, GROUPCLUSTER_ASYNCIO):
+            if system in (GROUPCLUSTER, GROUPCLUSTER_PURE):
                 stack = "fifo" if w.order == "fifo" else "total-order"
-                variant = {
-                    GROUPCLUSTER_PURE: ["env", f"{compiled.PURE_ENV}=1"],
-                    GROUPCLUSTER_ASYNCIO: ["env", f"{event_loop.LOOP_ENV}=asyncio"],
-                }.get(system, [])
-                base = [*variant, py, "-m", "groupcluster.bench.workers", "groupcluster", "--stack", stack]
+                pure = ["env", f"{compiled.PURE_ENV}=1"] if system == GROUPCLUSTER_PURE else []
+                base = [*pure, py, "-m", "groupcluster.bench.workers", "groupcluster", "--stack", stack]
                 base += ["--transport", "tcp"]
                 cmds.append([*base, "--cluster", cluster, "--rank", str(rank), "--ports", port_list, *opts])
             elif system in (RAW, RAW_RELAY):

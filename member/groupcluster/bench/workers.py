@@ -37,8 +37,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..runtime import loop as event_loop
-
 # Chunk of messages handed over per event-loop iteration when unpaced: the same as `groupcluster member`.
 SEND_CHUNK = 200
 # Failure detection in benchmark runs: the suite shares a 2-core machine with other work, and a member starved
@@ -401,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     runner = run_groupcluster if args.system == "groupcluster" else run_raw
     try:
-        return event_loop.run(runner(args))
+        return asyncio.run(runner(args))
     except KeyboardInterrupt:
         return 0
 

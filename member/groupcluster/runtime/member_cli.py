@@ -51,7 +51,6 @@ from ..grid.node import GridConfig
 from ..sim.history import make_payload, view_id_json
 from ..stacks import PRESETS, load_stack_file
 from . import kube_discovery
-from . import loop as event_loop
 from .channel import Channel, ChannelError, build_spec
 from .driver import TRANSPORTS, parse_endpoint
 from .faults_control import FaultsControl, with_faults_layer
@@ -447,7 +446,6 @@ class Member:
     async def main(self) -> int:
         args = self.args
         loop = asyncio.get_running_loop()
-        log.info("event loop: %s.%s", type(loop).__module__, type(loop).__qualname__)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         http_url = None
@@ -638,10 +636,7 @@ def run(args: argparse.Namespace) -> int:
         spec = load_spec(args.stack, args.overrides)
         if getattr(args, "faults_control", None):
             spec = with_faults_layer(spec)
-        return event_loop.run(Member(args, spec).main())
-    except event_loop.LoopError as exc:
-        print(f"groupcluster member: error: {exc}", file=sys.stderr)
-        return 2
+        return asyncio.run(Member(args, spec).main())
     except ConfigError as exc:
         # One line, even when the message quotes a multi-line YAML parser error.
         print(f"groupcluster member: error: {' '.join(str(exc).split())}", file=sys.stderr)
