@@ -139,24 +139,9 @@ def _settings_doc(settings: Any, runner: Any, names: list[str], systems: list[st
     }
 
 
-# What a resumed run must share with the one it resumes, or its rows would not be comparable.
-_RESUME_KEYS = (
-    "repeat",
-    "warmup_rounds",
-    "messages_per_sender",
-    "counter_ops_per_node",
-    "counter_window",
-    "raw_factor",
-    "mperf_seconds",
-    "jgroups_threads",
-    "tcp_bundler_capacity",
-    "latency_seconds",
-    "join_rounds",
-    "rebalance_idle_seconds",
-    "grid_rebalance_entries",
-    "grid_single_ops_per_client",
-    "grid_batch_ops_per_client",
-)
+# What a resumed run may differ in from the one it resumes; every other setting must match, or the rows would
+# not be comparable.
+_RESUME_MAY_DIFFER = ("jgroups_configs", "workloads", "systems")
 
 
 def _resumed(path: Path, settings: dict[str, Any]) -> tuple[list[Result], list[dict[str, Any]]]:
@@ -170,7 +155,7 @@ def _resumed(path: Path, settings: dict[str, Any]) -> tuple[list[Result], list[d
         return [], []
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SystemExit(f"groupcluster bench: --resume: cannot read {path}: {exc!r}") from None
-    differ = [k for k in _RESUME_KEYS if before.get(k) != settings.get(k)]
+    differ = [k for k in settings if k not in _RESUME_MAY_DIFFER and before.get(k) != settings.get(k)]
     if differ:
         pairs = ", ".join(f"{k} {before.get(k)!r} there, {settings.get(k)!r} here" for k in differ)
         raise SystemExit(f"groupcluster bench: --resume: {path} was measured with other settings: {pairs}")
