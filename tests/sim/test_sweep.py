@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from groupcluster.sim import cli as sim_cli
+from groupcluster.sim import ledger as sim_ledger
 from groupcluster.sim import sweep as sweep_cli
 from groupcluster.sim.grid.run import GRID_DEFAULT_SAFETY
 
@@ -35,7 +36,7 @@ def test_a_fresh_start_misses_every_range_of_the_ledger(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.jsonl"
     rows = [{"profile": "fifo", "start": sweep_cli.START_LOW + 2_000_000, "seeds": 1_500_000, "failed": []}]
     ledger.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    used = sweep_cli.read_ledger(ledger)
+    used = sim_ledger.read_ranges(ledger)
     assert used == [(sweep_cli.START_LOW + 2_000_000, sweep_cli.START_LOW + 3_500_000)]
     # The draw offers the used slots first (2 and 3 overlap the range, 1 would run into it), then slot 4.
     offers = iter([2, 3, 1, 4])

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from .grid.run import GRID_DEFAULT_OPS, GRID_DEFAULT_SAFETY
 from .grid.tx_run import GRID_TX_DEFAULT_OPS, GRID_TX_DEFAULT_SAFETY, GRID_TX_STACK
+from .ledger import format_totals, read_ranges, read_rows, sim_code_digest, totals
 from .runner import default_jobs
 from .scenario import GRID_STACK, MEMBER_LOG, Scenario, SeedResult, run_seed
 
@@ -139,18 +140,6 @@ def code_version(repo: Path = _REPO_LEDGER.parents[2]) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return head + ("+dirty" if dirty else "") if head else None
-
-
-def read_ledger(path: Path) -> list[tuple[int, int]]:
-    """The seed ranges ``(first, end)`` a ledger records (any profile): a new start avoids all of them."""
-    if not path.exists():
-        return []
-    ranges = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            ranges.append((int(row["start"]), int(row["start"]) + int(row["seeds"])))
-    return ranges
 
 
 def fresh_start(used: Sequence[tuple[int, int]], span: int, draw: Callable[[int], int] = secrets.randbelow) -> int:
@@ -269,6 +258,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON lines of swept ranges: read to pick a fresh start, appended to (default: the repository's "
         "tests/sim/sweep-ledger.jsonl; '-' for none)",
     )
+    parser.add_argument(
+        "--totals",
+        action="store_true",
+        help="run nothing: print how many seeds of each stack and profile the ledger records on exactly the "
+        "simulated code as it is now, and which failed",
+    )
 
 
 def _print_failure(out: TextIO, run: ProfileRun, result: SeedResult) -> None:
@@ -294,10 +289,18 @@ def run(args: argparse.Namespace) -> int:
     if args.seeds is not None and args.seeds < 1:
         print("sweep: --seeds must be at least 1", file=sys.stderr)
         return 2
+    if args.totals:
+        if args.ledger in (None, "-"):
+            print("sweep: --totals reads a ledger; give --ledger FILE", file=sys.stderr)
+            return 2
+        current = sim_code_digest()
+        by_stack, by_profile = totals(read_rows(Path(args.ledger)), current, _REPO_LEDGER.parents[2])
+        out.write(format_totals(current, by_stack, by_profile))
+        return 0
     minutes = 5.0 if args.seeds is None and args.minutes is None else args.minutes
     jobs = default_jobs() if args.jobs is None else max(1, args.jobs)
     ledger = None if args.ledger in (None, "-") else Path(args.ledger)
-    used = read_ledger(ledger) if ledger is not None else []
+    used = read_ranges(ledger) if ledger is not None else []
     # A span of a million per profile leaves room for the longest sweeps (about 10 seeds per second per core).
     start = args.start if args.start is not None else fresh_start(used, 1_000_000)
     clash = [(lo, hi) for lo, hi in used if start < hi and lo < start + (args.seeds or 1_000_000)]
@@ -336,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
     if ledger is not None:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         code = code_version()
+        sim_code = sim_code_digest()
         with ledger.open("a") as fh:
             for r in runs:
                 if r.seeds:
@@ -346,6 +350,7 @@ def run(args: argparse.Namespace) -> int:
                         "seeds": r.seeds,
                         "failed": [x.seed for x in r.failed],
                         "code": code,
+                        "sim_code": sim_code,
                     }
                     fh.write(json.dumps(row) + "\n")
     out.write(f"sweep: {total} seeds in {elapsed:.0f}s, {failed} failing\n")
