@@ -3,9 +3,10 @@
 :func:`plan` is called on every reconciliation (a kopf timer) with what the handler observed (the pods and
 the members' reports, read by :mod:`groupcluster_operator.observations`); it returns a
 :class:`Plan`: the actions to execute now (create a pod, ask a member to leave, delete a pod), or none (wait),
-the status to write and the events to post. It keeps no state: everything it needs to remember (a leave was
-asked for, which spec a pod runs) lives on the pods as annotations, so an operator restart picks up where the
-last one stopped.
+the status to write and the events to post. It keeps no state: everything it needs to remember lives on the pods as
+annotations (a leave was asked for, which spec a pod runs) or in the status the last step wrote (the failures,
+the pods deleted by someone else and not replaced yet), so an operator restart picks up where the last one
+stopped.
 
 The rules, in the order they are checked:
 
@@ -23,7 +24,10 @@ The rules, in the order they are checked:
    runs an old spec (the user fixed the image, say) it is deleted, so the fix is not stuck behind it. One
    exception: a join-only member (see below) that is the only pod left and reports no grid topology can never
    start: it is deleted, and rule 4 then creates a cluster's first member in its place.
-4. Fewer members than wanted: create one (the lowest free ordinal).
+4. Fewer members than wanted: create one (the lowest free ordinal). A member pod someone else deleted stays in
+   the status' ``pendingReplacements`` until a pod is created for it (or fewer pods are missing than are
+   listed): the step that first sees it gone may be held by a rule above, and its replacement still says whom
+   it replaces.
 5. More members than wanted: once the group is well formed and no rebalance runs, ask up to
    ``max(1, numOwners-1)`` members to leave, preferring members on an old spec, then members that are not the
    coordinator, then the highest ordinal; the coordinator leaves last. A pod is deleted only after its member
@@ -347,11 +351,16 @@ class _Step:
     was_deleted: set[str]
     deleted_by_others: set[str]
     vanished: list[str]
+    # Members deleted by someone else whose replacement is still due, oldest first (the status'
+    # ``pendingReplacements``): the step that sees a pod vanish may be held by another rule, and the rule that
+    # adds the member must still say whom it replaces.
+    pending: list[str]
     out: Plan = field(default_factory=Plan)
     ready: list[PodState] = field(default_factory=list)
     starting: list[PodState] = field(default_factory=list)
     outdated: list[PodState] = field(default_factory=list)
     waiting_join: list[PodState] = field(default_factory=list)
+    replacing: str | None = None  # the pending replacement this step's CreatePod is for
 
     @property
     def desired(self) -> int:
@@ -376,7 +385,7 @@ def plan(
     """The next step for one GroupCluster (see the module docstring for the rules and the guards).
 
     ``previous_status`` is the status the last step wrote (its conditions, unless ``previous_conditions`` are
-    given, its failure count, its members); ``now`` is the time as ``YYYY-MM-DDTHH:MM:SSZ``.
+    given, its failure count, its members, its pending replacements); ``now`` is the time as ``YYYY-MM-DDTHH:MM:SSZ``.
     """
     s = _begin(spec, pods, reports, spec_hash, previous_conditions, previous_status, now)
     # 1. finished pods: delete (and say why they finished); unexpected exits in a row are paced.
@@ -410,6 +419,7 @@ def plan(
     # Pods this step asks to leave or deletes count as leaving from now on: gone at the next step, they are not
     # someone else's deletion.
     sent_off = {a.pod for a in out.actions if isinstance(a, RequestLeave | DeletePod)}
+    pending = _still_pending(s)
     out.status = _status(
         spec,
         s.spec_hash,
@@ -425,6 +435,7 @@ def plan(
         s.fail,
         s.deleted_by_others,
         sent_off,
+        pending,
     )
     return out
 
@@ -460,6 +471,9 @@ def _begin(
     vanished = sorted(
         name for name, m in last_members.items() if name not in names and (m.get("deleted") or not m.get("leaving"))
     )
+    # Remembered until a pod replaces them: a pod of the same name exists again only once the operator made it.
+    remembered = [str(n) for n in previous.get("pendingReplacements") or () if isinstance(n, str)]
+    pending = [n for n in dict.fromkeys([*remembered, *vanished]) if n not in names]
     return _Step(
         spec=spec,
         spec_hash=spec_hash,
@@ -472,6 +486,7 @@ def _begin(
         was_deleted=was_deleted,
         deleted_by_others=deleted_by_others,
         vanished=vanished,
+        pending=pending,
     )
 
 
@@ -515,9 +530,11 @@ def _members_seen(s: _Step) -> None:
 
 def _report_vanished(s: _Step) -> None:
     """One event per member pod someone else deleted that is gone since the last step."""
+    # As many of the pending replacements as pods are missing are made, the oldest first.
+    due = s.pending[: max(0, s.desired - s.n)]
     for name in s.vanished:
         if name not in s.was_deleted:
-            replaced = "a new member replaces it" if s.n < s.desired else "it is not replaced"
+            replaced = "a new member replaces it" if name in due else "it is not replaced"
             s.out.events.append(
                 Event("Normal", "MemberDeleted", f"member pod {name} was deleted (not by the operator); {replaced}")
             )
@@ -590,16 +607,31 @@ def _starting_pods(s: _Step) -> None:
 
 def _add_member(s: _Step) -> None:
     """Rule 4: create one member, at the lowest free ordinal."""
-    obs, out, n, desired, vanished = s.obs, s.out, s.n, s.desired, s.vanished
+    obs, out, n, desired = s.obs, s.out, s.n, s.desired
     ordinal = free_ordinal(s.pods)
+    name = f"{s.spec.name}-{ordinal}"
     reason = f"scaling up: {n} of {desired} members"
     if obs.finished and any(not (p.leave_requested and p.phase == "Succeeded") for p in obs.finished):
         reason = f"replacing a member that died: {n} of {desired} members"
-    elif vanished:
-        reason = f"replacing {', '.join(vanished)} (pod deleted): {n} of {desired} members"
+    elif s.pending:
+        # One pod replaces one deleted member: the one of its own name if there is one (the lowest free
+        # ordinal often is the deleted pod's), else the oldest; the others stay pending for the next steps.
+        s.replacing = name if name in s.pending else s.pending[0]
+        reason = f"replacing {s.replacing} (pod deleted): {n} of {desired} members"
     out.actions.append(CreatePod(ordinal, reason, _initial_cluster_size(s.ready)))
-    out.events.append(Event("Normal", "MemberCreated", f"creating member pod {s.spec.name}-{ordinal} ({reason})"))
+    out.events.append(Event("Normal", "MemberCreated", f"creating member pod {name} ({reason})"))
     out.phase, out.message = "ScalingUp", reason
+
+
+def _still_pending(s: _Step) -> list[str]:
+    """The pending replacements the next step inherits (after the back-off and the guards dropped actions).
+
+    The one this step creates a pod for is done; and no more stay than pods are still missing (a scale-down,
+    or members created meanwhile for another reason, leave nothing to replace).
+    """
+    created = any(isinstance(a, CreatePod) for a in s.out.actions)
+    left = [n for n in s.pending if not (created and n == s.replacing)]
+    return left[: max(0, s.desired - s.n - (1 if created else 0))]
 
 
 def _retire_members(s: _Step) -> None:
@@ -769,6 +801,7 @@ def _status(
     failures: Failures,
     deleted_by_others: set[str],
     going: set[str],
+    pending: list[str],
 ) -> dict[str, Any]:
     n = len(obs.active)
     members = []
@@ -881,6 +914,7 @@ def _status(
             "topologyId": max(topo) if topo else 0,
         },
         "failures": failures.to_status(),
+        "pendingReplacements": pending,
         "specHash": spec_hash,
         "conditions": conditions,
     }
