@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 import yaml
 from groupcluster.grid.client import GridClient
+from groupcluster_operator.failures import failure_backoff
 from groupcluster_operator.peering import peering_manifests
-from groupcluster_operator.planner import failure_backoff
 
 from .groupclusters import CLUSTER_LABEL, gc_events, get_gc, member_pods, settled, wait_settled
 from .kubeharness import Kube, wait_for

@@ -7,18 +7,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from groupcluster_operator.actions import CreatePod, DeletePod, RequestLeave
+from groupcluster_operator.failures import Failures, failure_backoff
+from groupcluster_operator.membership import choose_leavers
 from groupcluster_operator.model import ClusterSpec, SpecError
 from groupcluster_operator.observations import MemberReport, PodState
-from groupcluster_operator.planner import (
-    CreatePod,
-    DeletePod,
-    Failures,
-    RequestLeave,
-    choose_leavers,
-    failure_backoff,
-    invalid_status,
-    plan,
-)
+from groupcluster_operator.planner import plan
+from groupcluster_operator.status import invalid_status
 
 VIEW = "10.0.0.10:7800#1|7"
 
