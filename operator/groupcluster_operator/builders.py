@@ -105,7 +105,7 @@ def headless_service_name(spec: ClusterSpec) -> str:
 def member_args(spec: ClusterSpec, *, initial_cluster_size: int) -> list[str]:
     """The member's command line (after the image's ``groupcluster`` entry point).
 
-    ``initial_cluster_size`` is the planner's per-pod choice (:class:`~groupcluster_operator.planner.CreatePod`):
+    ``initial_cluster_size`` is the planner's per-pod choice (:class:`~groupcluster_operator.actions.CreatePod`):
     1 for a cluster's first member, else one more than the members ready, so a member whose join fails cannot
     start a second, empty grid. ``spec.grid`` cannot set it (:meth:`ClusterSpec.from_resource` refuses it).
     """

@@ -31,12 +31,14 @@ import aiohttp
 import kopf
 
 from . import builders, peering
+from .actions import CreatePod, DeletePod, Plan, RequestLeave
 from .auth import RANDOM_BYTES, AuthMaterial, AuthSecretError, read_auth_secret
 from .kubeapi import ApiError, KubeApi
 from .model import CLUSTER_LABEL, GROUP, LEAVE_ANNOTATION, PLURAL, STOP_ANNOTATION, VERSION, ClusterSpec, SpecError
 from .observations import MemberReport, PodState
-from .planner import CreatePod, DeletePod, Plan, RequestLeave, invalid_status, plan
+from .planner import plan
 from .release import FINALIZER, release_finalizers
+from .status import invalid_status
 
 log = logging.getLogger("groupcluster_operator")
 

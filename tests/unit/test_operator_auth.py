@@ -11,10 +11,11 @@ import pytest
 from aiohttp import web
 from groupcluster.grid.http import MemberContext, build_app
 from groupcluster_operator import builders, handlers
+from groupcluster_operator.actions import CreatePod, DeletePod, RequestLeave
 from groupcluster_operator.auth import AuthSecretError, read_auth_secret, required_keys
 from groupcluster_operator.model import ClusterSpec, SpecError
 from groupcluster_operator.observations import MemberReport, PodState
-from groupcluster_operator.planner import CreatePod, DeletePod, RequestLeave, plan
+from groupcluster_operator.planner import plan
 
 UID = "uid-1"
 KEY = "k" * 43

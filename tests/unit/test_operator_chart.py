@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from groupcluster_operator import builders
 from groupcluster_operator.model import AuthSpec, ClusterSpec
+from groupcluster_operator.observations import MemberReport, PodState
+from groupcluster_operator.planner import plan
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "groupcluster"
@@ -70,6 +72,36 @@ def test_crd_has_scale_status_printer_columns_and_described_fields() -> None:
     item = caches["items"]
     assert item["required"] == ["name"] and all(p.get("description") for p in item["properties"].values())
     assert item["properties"]["mode"]["enum"] == ["distributed", "replicated", "invalidation"]
+
+
+def _pruned(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """The fields of ``value`` the API server's structural pruning would drop under ``schema``."""
+    if isinstance(value, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        props = schema.get("properties") or {}
+        out = [f"{path}.{k}" for k in value if k not in props]
+        return out + [m for k, v in value.items() if k in props for m in _pruned(v, props[k], f"{path}.{k}")]
+    if isinstance(value, list):
+        return [m for i, v in enumerate(value) for m in _pruned(v, schema.get("items") or {}, f"{path}[{i}]")]
+    return []
+
+
+def test_every_status_field_the_operator_writes_survives_pruning() -> None:
+    # A status field the schema lacks is silently dropped on write, and the planner never sees it again.
+    status_schema = _schema()["schema"]["openAPIV3Schema"]["properties"]["status"]
+    spec = ClusterSpec.from_resource({"metadata": {"name": "demo", "namespace": "ns"}, "spec": {"image": "x"}})
+    pod = PodState(name="demo-0", ordinal=0, phase="Running", ip="10.0.0.10", ready=True, spec_hash=spec.pod_hash())
+    report = MemberReport(address="a", view_id="a|1", view_members=("a",), coordinator="a")
+    first = plan(spec, [pod, PodState(name="demo-1", ordinal=1, phase="Failed", exit_code=1)], {"demo-0": report})
+    # demo-2 was a member; gone without the operator removing it while demo-0 is not ready (so the step waits),
+    # it is a pending replacement.
+    previous = {**first.status, "members": [*first.status["members"], {"pod": "demo-2", "leaving": False}]}
+    waiting = PodState(**{**pod.__dict__, "ready": False})
+    step = plan(spec, [waiting], {"demo-0": report}, previous_status=previous, now="2026-01-01T00:00:00Z")
+    status = {**step.status, "observedGeneration": 1, "clientService": builders.client_service_name(spec)}
+    assert status["pendingReplacements"] and status["members"] and status["failures"]["failedPods"] == []
+    assert first.status["failures"]["failedPods"] == ["demo-1"]
+    assert _pruned(first.status, status_schema, "status") == []
+    assert _pruned(status, status_schema, "status") == []
 
 
 def test_crd_defaults_agree_with_the_operator_defaults() -> None:

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from groupcluster_operator.actions import CreatePod, DeletePod, RequestLeave
+from groupcluster_operator.failures import Failures, failure_backoff
+from groupcluster_operator.membership import choose_leavers
 from groupcluster_operator.model import ClusterSpec, SpecError
 from groupcluster_operator.observations import MemberReport, PodState
-from groupcluster_operator.planner import (
-    CreatePod,
-    DeletePod,
-    Failures,
-    RequestLeave,
-    choose_leavers,
-    failure_backoff,
-    invalid_status,
-    plan,
-)
+from groupcluster_operator.planner import plan
+from groupcluster_operator.status import invalid_status
 
 VIEW = "10.0.0.10:7800#1|7"
 
@@ -734,6 +730,98 @@ def test_only_pods_deleted_by_someone_else_count_as_deleted() -> None:
     second = plan(spec(3), pods, reports, previous_status=first.status)
     assert {m["pod"]: m["deleted"] for m in second.status["members"]}["demo-2"] is True
     assert [e.reason for e in second.events] == ["MemberDeleted"]
+
+
+def _without(n: int, *gone: int) -> tuple[list[PodState], dict[str, MemberReport | None]]:
+    """cluster(n) less the members ``gone`` (their pods deleted and gone)."""
+    pods, reports = cluster(n)
+    for i in gone:
+        reports.pop(f"demo-{i}")
+    return [p for p in pods if p.ordinal not in gone], reports
+
+
+def _not_ready(pods: list[PodState], name: str) -> list[PodState]:
+    """``name``'s readiness probe fails for a moment (say while the grid rebalances): rule 3 holds the step."""
+    return [replace(p, ready=False) if p.name == name else p for p in pods]
+
+
+def test_a_deleted_member_is_replaced_as_such_even_when_the_step_that_saw_it_go_was_held() -> None:
+    pods, reports = cluster(5)
+    pods[2] = replace(pods[2], deleting=True)
+    steps = [plan(spec(5), pods, reports)]
+    # demo-2 is gone, but demo-3 is not ready at that moment: the step waits and creates nothing.
+    pods, reports = _without(5, 2)
+    steps.append(plan(spec(5), _not_ready(pods, "demo-3"), reports, previous_status=steps[-1].status))
+    assert steps[-1].actions == [] and "demo-3" in steps[-1].message
+    assert steps[-1].status["pendingReplacements"] == ["demo-2"]
+    # The next step replaces it, and says so (not "scaling up").
+    steps.append(plan(spec(5), pods, reports, previous_status=steps[-1].status))
+    assert steps[-1].actions == [CreatePod(2, "replacing demo-2 (pod deleted): 4 of 5 members", 5)]
+    (created,) = [e for e in steps[-1].events if e.reason == "MemberCreated"]
+    assert created.message == "creating member pod demo-2 (replacing demo-2 (pod deleted): 4 of 5 members)"
+    # Created: nothing is pending any more, while its pod starts nor after.
+    assert steps[-1].status["pendingReplacements"] == []
+    starting = PodState(name="demo-2", ordinal=2, phase="Pending", spec_hash=HASH, initial_cluster_size=5)
+    steps.append(plan(spec(5), [*pods, starting], reports, previous_status=steps[-1].status))
+    assert steps[-1].actions == [] and steps[-1].status["pendingReplacements"] == []
+    # One MemberDeleted event in all these steps, posted when the deletion was first seen.
+    deleted = [(i, e.message) for i, step in enumerate(steps) for e in step.events if e.reason == "MemberDeleted"]
+    assert [i for i, _ in deleted] == [0] and "a new member replaces it" in deleted[0][1]
+
+
+def test_a_member_gone_unseen_while_a_leave_runs_is_replaced_as_deleted_after_it() -> None:
+    # demo-1 is being deleted (rule 2 waits for it); demo-3 goes between two steps without ever being seen
+    # terminating. Both are replaced by name, one pod at a time, each event posted once.
+    pods, reports = cluster(5)
+    steps = [plan(spec(5), pods, reports)]
+    pods, reports = _without(5, 3)
+    pods[1] = replace(pods[1], deleting=True)
+    steps.append(plan(spec(5), pods, reports, previous_status=steps[-1].status))
+    assert steps[-1].actions == [] and steps[-1].message.startswith("waiting for demo-1 to stop")
+    assert steps[-1].status["pendingReplacements"] == ["demo-3"]
+    pods, reports = _without(5, 1, 3)
+    steps.append(plan(spec(5), pods, reports, previous_status=steps[-1].status))
+    # The lowest free ordinal is demo-1's: that pod replaces demo-1; demo-3 waits for the next one.
+    assert steps[-1].actions == [CreatePod(1, "replacing demo-1 (pod deleted): 3 of 5 members", 4)]
+    assert steps[-1].status["pendingReplacements"] == ["demo-3"]
+    joining = PodState(name="demo-1", ordinal=1, phase="Running", ip="10.0.0.11", spec_hash=HASH)
+    steps.append(plan(spec(5), [*pods, joining], reports, previous_status=steps[-1].status))
+    assert steps[-1].actions == [] and steps[-1].status["pendingReplacements"] == ["demo-3"]
+    pods, reports = _without(5, 3)
+    steps.append(plan(spec(5), pods, reports, previous_status=steps[-1].status))
+    assert steps[-1].actions == [CreatePod(3, "replacing demo-3 (pod deleted): 4 of 5 members", 5)]
+    assert steps[-1].status["pendingReplacements"] == []
+    deleted = sorted(
+        (e.message.split()[2], i) for i, step in enumerate(steps) for e in step.events if e.reason == "MemberDeleted"
+    )
+    assert deleted == [("demo-1", 1), ("demo-3", 1)]
+
+
+def test_a_pending_replacement_is_dropped_when_replicas_drop_and_kept_while_a_guard_blocks_it() -> None:
+    pods, reports = cluster(5)
+    first = plan(spec(5), pods, reports)
+    pods, reports = _without(5, 2)
+    held = plan(spec(5), _not_ready(pods, "demo-3"), reports, previous_status=first.status)
+    assert held.status["pendingReplacements"] == ["demo-2"]
+    # The Secret is unusable: no pod is created, so the replacement is still due afterwards.
+    blocked = plan(spec(5), pods, reports, previous_status=held.status, auth_problem="the Secret lacks a key")
+    assert blocked.actions == [] and blocked.status["pendingReplacements"] == ["demo-2"]
+    step = plan(spec(5), pods, reports, previous_status=blocked.status)
+    assert step.actions == [CreatePod(2, "replacing demo-2 (pod deleted): 4 of 5 members", 5)]
+    # Scaled down to the members left: nothing replaces demo-2, and nothing remembers it.
+    fewer = plan(spec(4), pods, reports, previous_status=held.status)
+    assert fewer.actions == [] and fewer.status["pendingReplacements"] == []
+    # Scaled up again later, the new member is a scale-up, not demo-2's replacement.
+    again = plan(spec(5), pods, reports, previous_status=fewer.status)
+    assert again.actions == [CreatePod(2, "scaling up: 4 of 5 members", 5)]
+    # Two deleted, one still wanted: one stays pending.
+    pods, reports = _without(5, 1, 2)
+    two = plan(spec(4), _not_ready(pods, "demo-3"), reports, previous_status=first.status)
+    assert two.status["pendingReplacements"] == ["demo-1"]
+    assert [e.message for e in two.events if e.reason == "MemberDeleted"] == [
+        "member pod demo-1 was deleted (not by the operator); a new member replaces it",
+        "member pod demo-2 was deleted (not by the operator); it is not replaced",
+    ]
 
 
 def test_a_member_pod_gone_between_two_steps_was_deleted_unless_the_operator_removed_it() -> None:
