@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "member": ("groupcluster.runtime.member_cli", "run one member process"),
     "demo": ("groupcluster.tools.demo", "run a local grid that scales 3 -> 5 -> 2 under writes and loses nothing"),
     "local": ("groupcluster.tools.local", "start, scale, inspect and stop a local cluster of grid members"),
-    "chaos": ("groupcluster.tools.chaos", "kill, pause and replace real members under load; check the history"),
+    "chaos": ("groupcluster.tools.chaos.command", "kill, pause and replace real members under load; check the history"),
     "sim": ("groupcluster.sim.cli", "deterministic simulation with fault injection and property checks"),
     "sweep": ("groupcluster.sim.sweep", "run simulation seeds nobody has run, on every stack, for N minutes"),
     "tx": ("groupcluster.grid.tx.cli", "list and resolve in-doubt grid transactions on running members"),

@@ -23,18 +23,10 @@ from typing import Any
 
 import pytest
 from groupcluster.sim.history import History, HistoryEvent
-from groupcluster.tools.chaos import (
-    ATTEMPT_TIMEOUT,
-    CAPACITY,
-    CAPACITY_VALUES,
-    CUT_LENGTH,
-    HISTORY_FILE,
-    KINDS,
-    OP_TIMEOUT,
-    REQUEST_TIMEOUT,
-    FaultSchedule,
-    check_history,
-)
+from groupcluster.tools.chaos.faults import CAPACITY, CAPACITY_VALUES, CUT_LENGTH, KINDS, FaultSchedule
+from groupcluster.tools.chaos.judgement import check_history
+from groupcluster.tools.chaos.runner import HISTORY_FILE
+from groupcluster.tools.chaos.workload import ATTEMPT_TIMEOUT, OP_TIMEOUT, REQUEST_TIMEOUT
 from groupcluster.tools.local_cluster import pid_alive
 
 SUMMARY = re.compile(r"^chaos: (\d+) ops, (\d+) violations, (\d+) lost$")

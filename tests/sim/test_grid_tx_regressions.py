@@ -112,7 +112,7 @@ REFETCH_AFTER_COMMIT = (
     "emptied for a fresh transfer); the transfer came from an owner the commit had not reached yet, with c5's "
     "older value, and the originator's repeated commit was taken as a duplicate (c5 on record as applied): two "
     "owners kept different values for good (now a committed record forgets what a dropped or emptied copy "
-    "lost, and a repeated commit or pushed lock information applies it again; grid/tx/participant.py, forget_applied)"
+    "lost, and a repeated commit or pushed lock information applies it again; grid/tx/lock_transfer.py, forget_applied)"
 )
 
 OWN_COMMIT_DONE = (

@@ -31,7 +31,7 @@ from groupcluster.grid.node import (
 from groupcluster.grid.payload import decode_payload, encode_payload
 from groupcluster.grid.topology import Availability, CacheTopology, PartitionHandling, Phase
 from groupcluster.grid.tx.messages import TxCommit, TxId, TxLockInfo, TxPrepare, TxReportAnswer, TxReportRequest
-from groupcluster.grid.tx.participant import TxState
+from groupcluster.grid.tx.records import TxState
 from groupcluster.grid.tx.resolution import termination_decision
 
 from .gridnet import TxNet

@@ -28,7 +28,7 @@ from groupcluster.grid.tx.messages import (
     encode_tx_payload,
 )
 from groupcluster.grid.tx.outputs import TxOutcome, TxSend
-from groupcluster.grid.tx.participant import TxState
+from groupcluster.grid.tx.records import TxState
 
 from .grid_tx_support import O1, O2, A, B, C, D, StaticRouter, prepare, seg, sends, table, tid
 

@@ -8,7 +8,7 @@ from groupcluster.grid.store import make_version
 from groupcluster.grid.tx.config import TxConfig
 from groupcluster.grid.tx.messages import ACK_OK, TxAck, TxCommit, TxId, TxReportAnswer, TxReportInfo, TxReportRequest
 from groupcluster.grid.tx.outputs import TxSend
-from groupcluster.grid.tx.participant import TxState
+from groupcluster.grid.tx.records import TxState
 from groupcluster.grid.tx.resolution import TxDecided, TxResolver, report_info, resolution, termination_decision
 
 from .grid_tx_support import O1, O2, O3, RESOLVER, A, B, C, D, prepare, seg, sends, table, tid

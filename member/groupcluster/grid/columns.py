@@ -109,7 +109,7 @@ class EntryChunk:
             return list(self) == [tuple(e) for e in other]
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]  # mutable columns
+    # No __hash__: a class that defines __eq__ and not __hash__ gets __hash__ = None (mutable columns).
 
     def __repr__(self) -> str:
         return f"EntryChunk({len(self)} entries)"
@@ -226,15 +226,15 @@ def _u64s(blob: Any, field: str, n: int) -> array:
     return out
 
 
-def _codes(blob: Any, field: str, n: int, allowed: bytes) -> bytes:
-    """A column of ``n`` one-byte codes, each one of ``allowed``."""
+def _codes(blob: Any, field: str, n: int, allowed: bytes) -> bytearray:
+    """A column of ``n`` one-byte codes, each one of ``allowed`` (a bytearray, as a batch being built holds)."""
     if type(blob) is not bytes or len(blob) != n:
         got = f"{len(blob)} bytes" if type(blob) is bytes else type(blob).__name__
         raise WireError(f"{field}: expected {n} bytes (1 per entry), got {got}")
     if blob.translate(None, allowed):
         i = next(i for i, c in enumerate(blob) if c not in allowed)
         raise WireError(f"{field}[{i}]: {blob[i]} is not one of {list(allowed)}")
-    return blob
+    return bytearray(blob)
 
 
 def _bins(items: Any, field: str, n: int, max_len: int, *, nullable: bool = False) -> int:
@@ -272,7 +272,7 @@ class _Batch:
             return NotImplemented
         return all(_col(getattr(self, f)) == _col(getattr(other, f)) for f in type(self).__slots__ if f != "nbytes")
 
-    __hash__ = None  # type: ignore[assignment]  # mutable while it is built
+    # No __hash__: defining __eq__ alone makes the batches unhashable (mutable while one is built).
 
 
 def _col(v: Any) -> Any:
@@ -294,7 +294,7 @@ class CommandBatch(_Batch):
         self.topology_id = topology_id
         self.op_ids: list[int] | array = []
         self.attempts: list[int] | array = []
-        self.kinds: bytearray | bytes = bytearray()
+        self.kinds = bytearray()
         self.keys: list[bytes] = []
         self.values: list[bytes | None] = []
         self.deadlines: list[float] | array = []
@@ -313,7 +313,7 @@ class CommandBatch(_Batch):
     ) -> None:
         self.op_ids.append(op_id)
         self.attempts.append(attempt)
-        self.kinds.append(kind)  # type: ignore[union-attr]
+        self.kinds.append(kind)
         self.keys.append(key)
         self.values.append(value)
         self.deadlines.append(deadline)
@@ -412,7 +412,7 @@ class ResponseBatch(_Batch):
     def __init__(self) -> None:
         self.op_ids: list[int] | array = []
         self.attempts: list[int] | array = []
-        self.codes: bytearray | bytes = bytearray()
+        self.codes = bytearray()
         self.topology_ids: list[int] | array = []
         self.values: list[bytes | None] = []
         self.errors: dict[int, str] = {}
@@ -427,7 +427,7 @@ class ResponseBatch(_Batch):
         self.versions.append(version)
         self.op_ids.append(op_id)
         self.attempts.append(attempt)
-        self.codes.append(code)  # type: ignore[union-attr]
+        self.codes.append(code)
         self.topology_ids.append(tid)
         self.values.append(value)
         self.nbytes += (len(value) if value is not None else 0) + len(error)
@@ -545,13 +545,13 @@ class BackupAckBatch(_Batch):
 
     def __init__(self) -> None:
         self.write_ids: list[int] | array = []
-        self.codes: bytearray | bytes = bytearray()
+        self.codes = bytearray()
         self.topology_ids: list[int] | array = []
         self.nbytes = 0
 
     def add(self, write_id: int, code: int, tid: int) -> None:
         self.write_ids.append(write_id)
-        self.codes.append(code)  # type: ignore[union-attr]
+        self.codes.append(code)
         self.topology_ids.append(tid)
 
     def __len__(self) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -135,45 +135,43 @@ _TX_CLASSES: frozenset[type] = frozenset(
 
 
 def _wire(msg: GridMessage) -> list[Any]:  # noqa: C901  one case per message type, as the decoder
-    t = type(msg)
-    if t is BackupBatch or t is BackupAckBatch or t is ResponseBatch or t is CommandBatch:
-        if len(msg) == 1:  # type: ignore[arg-type]
+    # ``type(msg) is`` (not isinstance): the exact classes, as the decoder makes them; the checker narrows it.
+    if (
+        type(msg) is BackupBatch
+        or type(msg) is BackupAckBatch
+        or type(msg) is ResponseBatch
+        or type(msg) is CommandBatch
+    ):
+        if len(msg) == 1:
             # A batch of one goes as its single message: half the cost to encode and decode (no columns).
             return _wire(unbatched([msg])[0])
-        return msg.to_wire()  # type: ignore[union-attr]
-    if t is Command:
-        return [CMD, msg.op_id, msg.attempt, msg.topology_id, msg.kind, msg.key, msg.value, msg.deadline, msg.expires]  # type: ignore[union-attr]
-    if t is Response:
-        return [RSP, msg.op_id, msg.attempt, msg.code, msg.topology_id, msg.value, msg.error, msg.version]  # type: ignore[union-attr]
-    if t is Backup:
-        return [BACKUP, msg.write_id, msg.topology_id, msg.version, msg.key, msg.value, msg.expires]  # type: ignore[union-attr]
-    if t is BackupAck:
-        return [BACKUP_ACK, msg.write_id, msg.code, msg.topology_id]  # type: ignore[union-attr]
-    if t is XferData:
-        return [
-            XFER_DATA,
-            msg.xfer_id,  # type: ignore[union-attr]
-            msg.segment,  # type: ignore[union-attr]
-            _chunk(msg.entries).blob,  # type: ignore[union-attr]
-            list(msg.done),  # type: ignore[union-attr]
-            msg.last,  # type: ignore[union-attr]
-        ]
-    if t is XferAck:
-        return [XFER_ACK, msg.xfer_id]  # type: ignore[union-attr]
-    if t is Fetch:
-        return [FETCH, msg.xfer_id, msg.topology_id, msg.rebalance_id, list(msg.segments)]  # type: ignore[union-attr]
-    if t is Confirm:
-        return [CONFIRM, msg.topology_id]  # type: ignore[union-attr]
-    if t is Topology:
-        return [TOPOLOGY, msg.topology.to_wire()]  # type: ignore[union-attr]
-    if t is Status:
-        return [STATUS, msg.status.to_wire()]  # type: ignore[union-attr]
-    if t is XferCancel:
-        return [XFER_CANCEL, msg.xfer_id]  # type: ignore[union-attr]
-    if t is XferFail:
-        return [XFER_FAIL, msg.xfer_id, list(msg.segments)]  # type: ignore[union-attr]
-    if t in _TX_CLASSES:
-        return tx_to_wire(msg)  # type: ignore[arg-type]
+        return msg.to_wire()
+    if type(msg) is Command:
+        return [CMD, msg.op_id, msg.attempt, msg.topology_id, msg.kind, msg.key, msg.value, msg.deadline, msg.expires]
+    if type(msg) is Response:
+        return [RSP, msg.op_id, msg.attempt, msg.code, msg.topology_id, msg.value, msg.error, msg.version]
+    if type(msg) is Backup:
+        return [BACKUP, msg.write_id, msg.topology_id, msg.version, msg.key, msg.value, msg.expires]
+    if type(msg) is BackupAck:
+        return [BACKUP_ACK, msg.write_id, msg.code, msg.topology_id]
+    if type(msg) is XferData:
+        return [XFER_DATA, msg.xfer_id, msg.segment, _chunk(msg.entries).blob, list(msg.done), msg.last]
+    if type(msg) is XferAck:
+        return [XFER_ACK, msg.xfer_id]
+    if type(msg) is Fetch:
+        return [FETCH, msg.xfer_id, msg.topology_id, msg.rebalance_id, list(msg.segments)]
+    if type(msg) is Confirm:
+        return [CONFIRM, msg.topology_id]
+    if type(msg) is Topology:
+        return [TOPOLOGY, msg.topology.to_wire()]
+    if type(msg) is Status:
+        return [STATUS, msg.status.to_wire()]
+    if type(msg) is XferCancel:
+        return [XFER_CANCEL, msg.xfer_id]
+    if type(msg) is XferFail:
+        return [XFER_FAIL, msg.xfer_id, list(msg.segments)]
+    if type(msg) in _TX_CLASSES:
+        return tx_to_wire(cast(TxMessage, msg))  # _TX_CLASSES holds exactly the classes of TxMessage
     raise TypeError(f"not a grid message: {msg!r}")
 
 

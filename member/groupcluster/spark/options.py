@@ -136,6 +136,8 @@ def parse_options(options: Mapping[str, str]) -> GridOptions:
             "option members is required: the HTTP endpoints of grid members, e.g. "
             ".option('members', '127.0.0.11:8080,127.0.0.12:8080')"
         )
+    # Each value has its field's type (the branch of _option_value for that field makes it), which a dict with
+    # one value type cannot say per key.
     return GridOptions(**values)  # type: ignore[arg-type]
 
 

@@ -17,7 +17,7 @@ from ..errors import (
 )
 from ..node import OpResult
 from ..tx.messages import TxId
-from ..tx.participant import InDoubt, TxReport
+from ..tx.records import InDoubt, TxReport
 from .outcomes import tx_error_for
 from .runtime_base import Interactive, RuntimeBase
 

@@ -6,6 +6,8 @@ driver (``GridNode``, or the unit tests' in-memory network). Import from the mod
 
 * ``locks.py`` — :class:`LockTable`, a member's key locks (primary) and backup lock records;
 * ``participant.py`` — :class:`TxTable`, a member as participant (ACTIVE → PREPARED → COMMITTED | ROLLED_BACK);
+* ``records.py`` — what a participant knows of a transaction (:class:`TxState`, :class:`TxReport`, :class:`InDoubt`);
+* ``lock_transfer.py`` — the participant's part in state transfer: lock information of segments that move;
 * ``coordinator.py`` — :class:`TxCoordinator`, the originator (prepare, votes, decision, completion);
 * ``resolution.py`` — deciding in-doubt transactions (:func:`termination_decision`, :class:`TxResolver`);
 * ``outputs.py`` — what the machines return (:class:`TxSend`, :class:`TxOutcome`, :class:`TxLocked`);

@@ -30,7 +30,7 @@ from .messages import (
     Write,
 )
 from .outputs import TxLocked, TxOutcome, TxOutput, TxSend
-from .participant import TxReport, TxState
+from .records import TxReport, TxState
 
 # (keys) -> (topology id, key -> owners, primary first): the originator's current routing.
 Router = Callable[[Sequence[bytes]], tuple[int, Mapping[bytes, Sequence[Address]]]]

@@ -1,6 +1,7 @@
 """One member as a transaction participant: :class:`TxTable` takes each transaction on the keys it owns
 ACTIVE → PREPARED → COMMITTED | ROLLED_BACK (votes, idempotent decisions, in-doubt transactions and their
-resolution, retry answers to commands of an old topology, lock information for state transfer).
+resolution, retry answers to commands of an old topology). Its records are in :mod:`.records`, its part in
+state transfer (lock information of segments that change owners) in :mod:`.lock_transfer`.
 
 A participant never commits on its own: only on a TX_COMMIT (sent by the originator after every participant
 voted YES, or by a resolver) or an operator's :meth:`TxTable.resolve`."""
@@ -9,19 +10,16 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from enum import IntEnum
 
 from ...core.address import Address
 from .config import TxConfig
+from .lock_transfer import LockTransfer
 from .locks import LockTable
 from .messages import (
     ACK_COMMITTED,
     ACK_OK,
     ACK_RETRY,
     ACK_ROLLED_BACK,
-    INFO_ACTIVE,
-    INFO_PREPARED,
     NO,
     VOTE_RETRY,
     YES,
@@ -32,112 +30,23 @@ from .messages import (
     TxLockInfo,
     TxMessage,
     TxPrepare,
-    TxRecordInfo,
     TxRollback,
     TxVote,
     VersionedWrite,
-    Write,
 )
 from .outputs import TxOutput, TxSend
+from .records import TERMINAL, TxRecord
 
-# A version of 0 in a transaction's reads means "the key was absent": real versions start at 1 << 40
-# (store.make_version with a topology id of at least 1).
-ABSENT = 0
+# grid.node imports these from here (the explicit ``as``: they are defined in records).
+from .records import InDoubt as InDoubt
+from .records import TxReport as TxReport
+from .records import TxState as TxState
 
 # Messages held until their topology is installed here.
 Held = TxPrepare | TxLock | TxCommit
 
 
-class TxState(IntEnum):
-    ACTIVE = 0  # known here, locks (being) taken, no YES vote for a prepare given
-    PREPARED = 1  # voted YES: only a decision (commit or rollback) ends it
-    COMMITTED = 2
-    ROLLED_BACK = 3
-
-
-TERMINAL = (TxState.COMMITTED, TxState.ROLLED_BACK)
-
-
-@dataclass(frozen=True, slots=True)
-class InDoubt:
-    """A prepared transaction whose originator left the view: it keeps its locks until resolved."""
-
-    tx: TxId
-    attempt: int
-    keys: tuple[bytes, ...]
-    writes: tuple[Write, ...]
-    versions: tuple[tuple[bytes, int], ...]  # stamped here (as primary); a resolver collects them
-
-
-@dataclass(frozen=True, slots=True)
-class TxReport:
-    """One member's knowledge of a transaction (:meth:`TxTable.report`)."""
-
-    tx: TxId
-    state: TxState | None
-    attempt: int
-    writes: tuple[Write, ...]
-    versions: tuple[tuple[bytes, int], ...]
-    in_doubt: bool = False
-    # The members of the view at its prepare here (or at the import of its lock information), sorted.
-    views: tuple[Address, ...] = ()
-
-
-class _Record:
-    __slots__ = (
-        "attempt",
-        "backup_keys",
-        "decided",
-        "expires",
-        "imported",
-        "in_doubt",
-        "lock_keys",
-        "lost",
-        "pending",
-        "prepared_attempt",
-        "reads",
-        "reason",
-        "reply_to",
-        "stamp_keys",
-        "state",
-        "topology_id",
-        "tx",
-        "versions",
-        "views",
-        "writes",
-    )
-
-    def __init__(self, tx: TxId, attempt: int, reply_to: Address) -> None:
-        self.tx = tx
-        self.attempt = attempt
-        self.reply_to = reply_to
-        self.state = TxState.ACTIVE
-        self.lock_keys: tuple[bytes, ...] = ()
-        self.backup_keys: tuple[bytes, ...] = ()
-        # The keys the prepare asked this member to stamp (it is their primary in the prepare's topology).
-        # Not lock_keys: those may include keys inherited by an import, whose primary is another member now.
-        self.stamp_keys: frozenset[bytes] = frozenset()
-        self.writes: dict[bytes, bytes | None] = {}
-        self.reads: dict[bytes, int] = {}
-        self.versions: dict[bytes, int] = {}
-        self.in_doubt = False
-        self.reason = ""
-        self.topology_id = 0
-        self.prepared_attempt = 0  # the attempt this member voted YES to a prepare of (0: none)
-        self.expires = 0.0  # finished: forgotten at this time
-        self.decided = False  # finished by a decision (commit, rollback message, resolve), not on local grounds
-        self.imported = False  # known here only through pushed lock information
-        # Committed keys whose applied write this member's copy lost since (the segment was dropped or emptied
-        # for a fresh transfer): ``versions`` still names them, but a repeated commit must apply them again.
-        self.lost: set[bytes] = set()
-        # The request a lock wait will answer: 0 the prepare, n the lock request n, None nothing waits.
-        self.pending: int | None = None
-        # The members of the view when it prepared here (or its lock information came): a resolver rolls an
-        # in-doubt transaction back only when all of them but the originator are still members.
-        self.views: frozenset[Address] = frozenset()
-
-
-class TxTable:
+class TxTable(LockTransfer):
     """One member's participant side of every transaction that touches keys it owns.
 
     ``version_of(key)`` is the version the member holds (0: absent), for optimistic validation;
@@ -173,7 +82,7 @@ class TxTable:
         self._stamp = stamp
         self._apply = apply
         self._room = room
-        self._txs: dict[TxId, _Record] = {}
+        self._txs: dict[TxId, TxRecord] = {}
         self._expiry: deque[tuple[float, TxId]] = deque()  # finished records, oldest first
         self._held: list[tuple[Address, Held]] = []  # for a topology not installed yet
         self._members: frozenset[Address] | None = None
@@ -391,167 +300,6 @@ class TxTable:
             stamped.append((tx, rec.attempt, writes))
         return out, stamped
 
-    # -- state transfer
-
-    def block_segments(self, segments: Iterable[int]) -> None:
-        """New primary of ``segments``: no lock is granted there until their lock information arrived."""
-        segs = set(segments)
-        self._dropped -= segs
-        self.locks.block_segments(segs)
-
-    def push_lock_info(self, segments: Iterable[int], dest: Address) -> list[TxOutput]:
-        """The old primary's side of a move: send ``dest`` (the new primary) the lock information of
-        ``segments``, after installing the topology (so that waits of the old one were answered RETRY).
-        Segments this member still waits for itself (it became their primary in a topology just before, and
-        its own pusher has not answered yet) are sent on when their information arrives: pushing them now
-        would push nothing, and the new primary would grant locks that an in-doubt transaction holds (the
-        property test found that lost update)."""
-        segs = set(segments)
-        waiting = segs & self.locks.blocked_segments
-        out: list[TxOutput] = []
-        if segs - waiting:
-            out.append(TxSend(dest, self.export_segments(segs - waiting)))
-        for seg in waiting:
-            self._forward[seg] = dest
-        return out
-
-    def export_segments(self, segments: Iterable[int]) -> TxLockInfo:
-        """The pushing owner's lock information for ``segments``: every unfinished transaction that holds,
-        waits for or backs up a lock there (finished ones are not pushed: the seed's note that a primary must
-        not push backup locks of a transaction it got the commit for)."""
-        segs = frozenset(segments)
-        records = []
-        for tx in sorted(self._txs):
-            rec = self._txs[tx]
-            if rec.state in TERMINAL:
-                continue
-            keys = self.locks.keys_in(tx, segs)
-            if not keys:
-                continue
-            prepared = rec.state == TxState.PREPARED
-            ks = set(keys)
-            writes = tuple(sorted((k, v) for k, v in rec.writes.items() if k in ks)) if prepared else ()
-            versions = tuple(sorted((k, v) for k, v in rec.versions.items() if k in ks)) if prepared else ()
-            state = INFO_PREPARED if prepared else INFO_ACTIVE
-            records.append(TxRecordInfo(tx, rec.attempt, state, rec.in_doubt, keys, writes, versions))
-        return TxLockInfo(self.topology_id, tuple(sorted(segs)), tuple(records))
-
-    def import_lock_info(self, info: TxLockInfo, now: float, out: list[TxOutput] | None = None) -> list[TxOutput]:
-        """Lock information pushed for ``info.segments``: their keys stay locked by those transactions here
-        (as a new primary would treat promoted backup locks), then the segments are unblocked. A transaction
-        received from any pusher will be committed or rolled back here by the originator's retry."""
-        out = [] if out is None else out
-        for r in info.records:
-            rec = self._txs.get(r.tx)
-            if rec is not None and rec.state == TxState.COMMITTED:
-                self._import_committed(rec, r, now, out)
-                continue
-            if rec is not None and rec.attempt > r.attempt:
-                continue  # we know a newer attempt: the originator gave the pushed one up, it never commits
-            if rec is not None and rec.state == TxState.ROLLED_BACK:
-                if rec.decided and rec.attempt >= r.attempt:
-                    continue  # a decision rolled this attempt back
-                # Rolled back here on local grounds only (a lock timeout, a presumed abort, an older attempt):
-                # the pushed attempt may still commit elsewhere, so its locks must hold here until its decision.
-                rec.state = TxState.ACTIVE
-                rec.reason = ""
-            gone = self._members is not None and r.tx.origin not in self._members
-            if gone and r.state == INFO_ACTIVE and (rec is None or rec.state == TxState.ACTIVE):
-                # Presumed abort, as on_view does: the originator left before this transaction prepared.
-                rec = rec or _Record(r.tx, r.attempt, r.tx.origin)
-                self._txs[r.tx] = rec
-                self._finish(rec, TxState.ROLLED_BACK, now, out, "originator left before prepare")
-                continue
-            if rec is None:
-                rec = self._txs[r.tx] = _Record(r.tx, r.attempt, r.tx.origin)
-                rec.imported = True
-            rec.attempt = r.attempt
-            if r.state == INFO_PREPARED and rec.state == TxState.ACTIVE and rec.pending is None:
-                rec.state = TxState.PREPARED
-                rec.prepared_attempt = r.attempt
-            if r.state == INFO_PREPARED:
-                # The information does not carry the view of the prepare: ours now is what we can name
-                # (the members that prepared it report their own).
-                rec.views = rec.views | (self._members or frozenset())
-            rec.in_doubt = rec.in_doubt or r.in_doubt
-            if self._members is not None and r.tx.origin not in self._members and rec.state == TxState.PREPARED:
-                rec.in_doubt = True
-            # Keys the transaction's own request waits for here it acquires in its turn: taking them as held
-            # because a pusher recorded them (as backup locks of the same attempt, in a forwarded push) would
-            # let the waiting request skip the queue (the property test found four transactions validating one
-            # key at once). Keys it does not wait for here are held, even if it locked them here once before
-            # (a lock dropped with the segment and pushed back: the property test found that too).
-            waiting_for = self.locks.requested(r.tx)
-            hold = [k for k in r.lock_keys if k not in waiting_for]
-            rec.lock_keys = tuple(sorted(set(rec.lock_keys) | set(hold)))
-            rec.writes.update(r.writes)
-            rec.versions.update(r.versions)
-            self.locks.force_hold(r.tx, hold)
-        self._granted(self.locks.unblock_segments(info.segments), now, out)
-        self._pass_on(info, now, out)
-        return out
-
-    def _import_committed(self, rec: _Record, r: TxRecordInfo, now: float, out: list[TxOutput]) -> None:
-        """Pushed lock information of a transaction committed here already: apply the writes it lacks, and keep
-        the keys of writes pushed without a version locked until their versions come."""
-        # Committed here already, maybe by a commit computed before this member owned these keys (a
-        # backup of other keys): the prepared writes pushed with their versions are the transaction's,
-        # apply those it lacks (the property test found a new primary that skipped them and served
-        # the old value).
-        vs = dict(r.versions)
-        missing = tuple((k, vs[k], v) for k, v in r.writes if k in vs and (k not in rec.versions or k in rec.lost))
-        if missing:
-            rec.lost.difference_update(k for k, _, _ in missing)
-            rec.versions.update((k, ver) for k, ver, _ in missing)
-            self._apply(r.tx, missing)
-        # Writes pushed without a version (the pusher was a backup) cannot be applied yet: keep their
-        # keys locked for this transaction until a commit or resolution brings the versions.
-        waiting = [k for k, _ in r.writes if k not in rec.versions]
-        if waiting:
-            rec.writes.update((k, v) for k, v in r.writes if k in waiting)
-            self.locks.force_hold(r.tx, waiting)
-        if missing:
-            self._release_applied(rec, now, out)  # keys held for an earlier push have their write now
-
-    def _pass_on(self, info: TxLockInfo, now: float, out: list[TxOutput]) -> None:
-        """Forward the imported segments' lock information to where they went on, and let go of those we dropped."""
-        onward: dict[Address, list[int]] = {}
-        for seg in info.segments:
-            dest = self._forward.pop(seg, None)
-            if dest is not None:
-                onward.setdefault(dest, []).append(seg)
-        for dest, segs in sorted(onward.items()):
-            out.append(TxSend(dest, self.export_segments(segs)))
-        dropped = self._dropped.intersection(info.segments)
-        if dropped:
-            # Passed on, and none of our business any more: locks go, and records known here only through
-            # this information go too (a forwarded push carries what the forwarder holds by then, including
-            # transactions of later topologies; kept here they would never hear their decision: the random
-            # search found such a record left prepared for good).
-            self._granted(self.locks.drop_segments(dropped), now, out)
-            for r in info.records:
-                rec = self._txs.get(r.tx)
-                if (
-                    rec is not None
-                    and rec.imported
-                    and rec.state not in TERMINAL
-                    and not self.locks.held_by(r.tx)
-                    and all(self._segment_of(k) in self._dropped for k in rec.lock_keys)
-                ):
-                    del self._txs[r.tx]
-
-    def drop_segments(self, segments: Iterable[int], now: float) -> list[TxOutput]:
-        """This member owns ``segments`` no more, and their lock information was pushed: their locks and
-        backup locks go (records stay until their decision; a member that no longer owns a key gets no write
-        of it, so a committed record waiting for a version there would hold its lock for good)."""
-        segs = set(segments)
-        self._dropped |= segs
-        out: list[TxOutput] = []
-        # Segments whose information this member still has to pass on keep their locks until it has (then
-        # import_lock_info drops them): dropping first would pass on nothing (the property test found it).
-        self._granted(self.locks.drop_segments(segs - set(self._forward)), now, out)
-        return out
-
     def settle_own(self, tx: TxId, now: float) -> list[TxOutput]:
         """This member is ``tx``'s originator and completed its commit: every owner of its keys in the newest
         topology acknowledged it, and owners since took the keys by state transfer. A write waiting here for its
@@ -569,31 +317,6 @@ class TxTable:
             self._release_applied(rec, now, out)
         return out
 
-    def forget_applied(self, segments: Iterable[int]) -> None:
-        """This member's copy of ``segments`` is gone (dropped, or emptied for a fresh state transfer): the
-        committed writes it applied there went with it. A transfer into the emptied copy may come from an owner
-        that has not applied the commit yet, so a repeated commit (the originator drives it to this topology's
-        owners) must apply those writes again instead of taking them as done; newest version wins, so a copy
-        that does carry them is unharmed."""
-        segs = frozenset(segments)
-        if not segs:
-            return
-        segment_of = self._segment_of
-        for rec in self._txs.values():
-            if rec.state == TxState.COMMITTED and rec.versions:
-                rec.lost.update(k for k in rec.versions if segment_of(k) in segs)
-
-    def promote(self, segments: Iterable[int]) -> None:
-        """This member (a backup) became the primary of ``segments``: its backup locks there become locks."""
-        segs = frozenset(segments)
-        self._dropped -= segs
-        for rec in self._txs.values():
-            moved = tuple(k for k in rec.backup_keys if self._segment_of(k) in segs)
-            if moved:
-                rec.lock_keys = tuple(sorted(set(rec.lock_keys) | set(moved)))
-                rec.backup_keys = tuple(k for k in rec.backup_keys if k not in moved)
-        self.locks.promote(segs)
-
     # -- handlers
 
     def _hold(self, src: Address, msg: Held) -> None:
@@ -602,7 +325,7 @@ class TxTable:
             self.dropped_held += 1
         self._held.append((src, msg))
 
-    def _vote(self, rec: _Record, request: int, out: list[TxOutput]) -> None:
+    def _vote(self, rec: TxRecord, request: int, out: list[TxOutput]) -> None:
         """(Re)send the vote the record stands for."""
         if rec.state == TxState.ROLLED_BACK:
             vote = TxVote(rec.tx, rec.attempt, request, NO, self.topology_id, (), rec.reason or "rolled back")
@@ -611,7 +334,7 @@ class TxTable:
             vote = TxVote(rec.tx, rec.attempt, request, YES, self.topology_id, versions)
         out.append(TxSend(rec.reply_to, vote))
 
-    def _fresh(self, src: Address, msg: TxPrepare | TxLock, now: float, out: list[TxOutput]) -> _Record | None:
+    def _fresh(self, src: Address, msg: TxPrepare | TxLock, now: float, out: list[TxOutput]) -> TxRecord | None:
         """The record a prepare or lock request works on, or None when it is a duplicate or stale (answered)."""
         request = msg.request if isinstance(msg, TxLock) else 0
         if self._members is not None and msg.tx.origin not in self._members:
@@ -619,7 +342,7 @@ class TxTable:
             return None
         rec = self._txs.get(msg.tx)
         if rec is None:
-            rec = self._txs[msg.tx] = _Record(msg.tx, msg.attempt, src)
+            rec = self._txs[msg.tx] = TxRecord(msg.tx, msg.attempt, src)
             return rec
         if msg.attempt < rec.attempt:
             return None  # an abandoned attempt; the originator moved on
@@ -681,7 +404,7 @@ class TxTable:
             rec.pending = 0
             self._granted((), now, out)  # a no-wait prepare that met a held key failed already: vote NO
 
-    def _prepared(self, rec: _Record, now: float, out: list[TxOutput]) -> None:
+    def _prepared(self, rec: TxRecord, now: float, out: list[TxOutput]) -> None:
         """Every lock of a prepare is held: validate what was read, stamp versions, vote."""
         if self._members is not None and rec.tx.origin not in self._members:
             self._finish(rec, TxState.ROLLED_BACK, now, out, "originator left before prepare")
@@ -738,7 +461,7 @@ class TxTable:
         self._finish(rec, TxState.ROLLED_BACK, now, out, reason)
         out.append(TxSend(rec.reply_to, TxVote(tx, rec.attempt, request, NO, self.topology_id, (), reason)))
 
-    def _accepts_decision(self, src: Address, rec: _Record, msg: TxCommit | TxRollback) -> bool:
+    def _accepts_decision(self, src: Address, rec: TxRecord, msg: TxCommit | TxRollback) -> bool:
         # Once in doubt, the originator's own (late) commit no longer counts: a resolver may already have rolled
         # the transaction back for every participant, and one participant taking the late commit would split
         # them. A resolver's decision counts whoever sends it (the view coordinator can be the originator, back
@@ -791,7 +514,7 @@ class TxTable:
         else:
             # Never prepared here (a new owner after a topology change): the decision is final and the
             # commit self-contained, so apply it and remember it.
-            rec = self._txs[msg.tx] = _Record(msg.tx, msg.attempt, src)
+            rec = self._txs[msg.tx] = TxRecord(msg.tx, msg.attempt, src)
             rec.versions = {k: v for k, v, _ in msg.writes}
             self._apply(msg.tx, msg.writes)
             self._finish(rec, TxState.COMMITTED, now, out)
@@ -802,7 +525,7 @@ class TxTable:
         code = ACK_RETRY if self.topology_id > msg.topology_id else ACK_OK
         if rec is None:
             # Remember it, so a prepare of this attempt that arrives late is refused instead of locking.
-            rec = self._txs[msg.tx] = _Record(msg.tx, msg.attempt, src)
+            rec = self._txs[msg.tx] = TxRecord(msg.tx, msg.attempt, src)
             self._finish(rec, TxState.ROLLED_BACK, now, out, "rolled back", decided=True)
         elif not self._accepts_decision(src, rec, msg):
             return
@@ -820,7 +543,7 @@ class TxTable:
         out.append(TxSend(src, TxAck(msg.tx, msg.attempt, code, max(self.topology_id, msg.topology_id))))
 
     def _finish(
-        self, rec: _Record, state: TxState, now: float, out: list[TxOutput], reason: str = "", *, decided: bool = False
+        self, rec: TxRecord, state: TxState, now: float, out: list[TxOutput], reason: str = "", *, decided: bool = False
     ) -> None:
         rec.state = state
         rec.decided = decided or state == TxState.COMMITTED
@@ -831,7 +554,7 @@ class TxTable:
         self._expiry.append((rec.expires, rec.tx))
         self._granted(self.locks.release(rec.tx, self._unapplied(rec)), now, out)
 
-    def _unapplied(self, rec: _Record) -> set[bytes]:
+    def _unapplied(self, rec: TxRecord) -> set[bytes]:
         """Keys a committed transaction holds here whose write is known but not its version, so not applied:
         their locks stay until a commit or resolution brings the version (typically an imported lock of a
         prepared backup record: backups do not know versions). Releasing them let a later transaction
@@ -840,6 +563,6 @@ class TxTable:
             return set()
         return {k for k in self.locks.held_by(rec.tx) if k in rec.writes and k not in rec.versions}
 
-    def _release_applied(self, rec: _Record, now: float, out: list[TxOutput]) -> None:
+    def _release_applied(self, rec: TxRecord, now: float, out: list[TxOutput]) -> None:
         if self.locks.held_by(rec.tx):
             self._granted(self.locks.release(rec.tx, self._unapplied(rec)), now, out)

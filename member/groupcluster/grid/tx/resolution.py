@@ -11,7 +11,7 @@ from ...core.address import Address
 from .config import TxConfig
 from .messages import REPORT_UNKNOWN, TxId, TxReportAnswer, TxReportInfo, TxReportRequest, Write
 from .outputs import TxSend
-from .participant import TxReport, TxState
+from .records import TxReport, TxState
 
 
 def termination_decision(states: Iterable[TxState | None]) -> bool | None:

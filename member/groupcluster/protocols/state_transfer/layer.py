@@ -61,35 +61,37 @@ class StateTransfer(JoinerRole, DonorRole):
                     if out is None:
                         out = batch[:k]
                     if hdr.kind != REQ:
-                        self._control(msg.src, hdr, msg)  # type: ignore[arg-type]
+                        self._control(msg.src, hdr, msg)  # type: ignore[arg-type]  # src is set on the way up (below)
                         holding = self.phase == FETCHING  # the last chunk ends the holding mid-batch
                     elif hdr.donor == self.local_address and msg.src != hdr.donor:
                         # The cut is here: what came before the request in the stream goes up first.
                         self._pass_up(out, covered)
                         out, covered = [], []
-                        self._on_req(msg.src, hdr)  # type: ignore[arg-type]
+                        self._on_req(msg.src, hdr)  # type: ignore[arg-type]  # src is set on the way up (below)
                 elif out is not None:
                     if covered:
                         self._pass_up([], covered)
                         covered = []
                     out.append(msg)
                 continue
-            src = msg.src
+            # Message.src is Address | None (None before the transport stamps a message going down); on the way up
+            # it is always set. Not msg.sender(), which checks it: this is the per-message hot path.
+            src: Address = msg.src  # type: ignore[assignment]
             seq = hdr.seq
             if holding:
                 if out is None:
                     out = batch[:k]
-                self._hold(src, seq, msg)  # type: ignore[arg-type]
+                self._hold(src, seq, msg)
                 continue
-            if seq == delivered.get(src, 0) + 1:  # type: ignore[arg-type]
-                delivered[src] = seq  # type: ignore[index]
+            if seq == delivered.get(src, 0) + 1:
+                delivered[src] = seq
                 if out is not None:
                     if covered:
                         self._pass_up([], covered)
                         covered = []
                     out.append(msg)
                 continue
-            verdict = self._apply(src, seq)  # type: ignore[arg-type]
+            verdict = self._apply(src, seq)
             if verdict is FRESH:
                 if out is not None:
                     if covered:
