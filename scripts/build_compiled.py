@@ -47,6 +47,13 @@ MODULES = [
     "groupcluster.protocols.unicast",
     "groupcluster.protocols.frag",
     "groupcluster.protocols.flow",
+    "groupcluster.protocols.sequencer.wire",
+    "groupcluster.protocols.sequencer.state",
+    "groupcluster.protocols.sequencer.forwarding",
+    "groupcluster.protocols.sequencer.member",
+    "groupcluster.protocols.sequencer.coordinator",
+    "groupcluster.protocols.sequencer.view_sync",
+    "groupcluster.protocols.sequencer.layer",
 ]
 
 

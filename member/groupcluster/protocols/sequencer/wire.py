@@ -33,7 +33,6 @@ Item = Any
 Run = tuple[Address, int, list[Item]]
 
 
-@register_header
 class SequencerHeader(Header):
     """FORWARD | BCAST(epoch, seq, commit, replay) | COMMIT(epoch, commit) | ACK(epoch, seq) |
     SYNC(epoch, part, parts) | SYNC_REQ(epoch) | RESEND(epoch, seq: forward again from this forward seqno).
@@ -111,6 +110,9 @@ class SequencerHeader(Header):
             f"SequencerHeader({KIND_NAMES[self.kind]}, epoch={self.epoch}, seq={self.seq}, commit={self.commit}, "
             f"replay={self.replay})"
         )
+
+
+register_header(SequencerHeader)
 
 
 # ---- batch encoding --------------------------------------------------------------------------------------
