@@ -150,7 +150,9 @@ class MemberRole(ForwardTable):
             if type(item) is bytes:
                 append(Message(None, item, src=origin))
                 continue
-            flags, headers, payload = item
+            # Typed: compiled, the tuple is read by index and the header dict with the dict API.
+            decoded: tuple[int, dict[int, Any], bytes] = item
+            flags, headers, payload = decoded
             # Built field by field (a keyword call costs more), and the header dict is the item's own: a
             # decoded batch is delivered once (it leaves ``cur`` as it is delivered).
             msg = _new_message(Message)

@@ -134,10 +134,15 @@ def item_of(msg: Message) -> Any:
 
     Built of tuples: it stays in the forward-table until delivered (up to megabytes of messages), and tuples
     of plain values drop out of the cyclic garbage collector's walks after its first look, lists never do."""
-    if not msg.flags and not msg.headers:
-        return msg.payload
+    headers = msg.headers
+    if not headers:
+        return msg.payload if not msg.flags else (msg.flags, (), msg.payload)
+    if len(headers) == 1:  # the common case (STATE's header on every multicast): no flat list to build first
+        for pid, hdr in headers.items():
+            wire = hdr.to_wire()
+            return (msg.flags, (pid, tuple(wire) if type(wire) is list else wire), msg.payload)
     flat: list[Any] = []
-    for pid, hdr in msg.headers.items():
+    for pid, hdr in headers.items():
         flat.append(pid)
         wire = hdr.to_wire()
         flat.append(tuple(wire) if type(wire) is list else wire)
@@ -250,17 +255,20 @@ def columns_of(items: list[Any]) -> list[Any] | None:
         return None
     flags = first[0]
     pid = flat[0]
-    try:
-        if {(item[0], item[1][0], len(item[1])) for item in items} != {(flags, pid, 2)}:
+    # One pass that stops at the first difference (no tuple built and hashed per item).
+    for item in items:
+        if type(item) is bytes:
             return None
-    except (TypeError, IndexError, KeyError):  # a plain payload among them (bytes index to ints)
-        return None
+        hdrs = item[1]
+        if item[0] != flags or len(hdrs) != 2 or hdrs[0] != pid:
+            return None
     return [[item[2] for item in items], flags, pid, [item[1][1] for item in items]]
 
 
-def check_columns(cols: list[Any], field: str) -> tuple[list[Item], list[Any]]:
+def check_columns(cols: list[Any], field: str, *, wire: bool = True) -> tuple[list[Item], list[Any]]:
     """Validate the uniform form ``[payloads, flags, protocol id, header wire forms]`` (see :func:`columns_of`):
-    the items decoded, and in their per-item wire form (what the coordinator sequences)."""
+    the items decoded, and in their per-item wire form (what the coordinator sequences; with ``wire`` False an
+    empty list: a member delivering a batch needs only the decoded items, and two lists per message less)."""
     payloads = as_list(cols[0], f"{field}.payloads", MAX_ITEMS)
     flags, pid = cols[1], cols[2]
     wires = as_list(cols[3], f"{field}.headers", MAX_ITEMS)
@@ -280,6 +288,8 @@ def check_columns(cols: list[Any], field: str) -> tuple[list[Item], list[Any]]:
     except Exception as exc:  # a header class must never turn bad input into a crash
         raise WireError(f"{field}.headers[{cls.__name__}]: {type(exc).__name__}: {exc}") from None
     decoded = [(flags, {pid: hdr}, payload) for hdr, payload in zip(headers, payloads, strict=True)]
+    if not wire:
+        return decoded, []
     return decoded, [[flags, [pid, wire], payload] for wire, payload in zip(wires, payloads, strict=True)]
 
 
@@ -357,7 +367,7 @@ def decode_batch(payload: bytes, address: Callable[[Any, str], Address]) -> list
         if type(start) is not int or not 1 <= start <= MAX_INT:
             as_int(start, f"sequencer.batch[{i}].start", 1)
         if len(run) == 6:
-            items = check_columns(run[2:], f"sequencer.batch[{i}]")[0]
+            items = check_columns(run[2:], f"sequencer.batch[{i}]", wire=False)[0]
         else:
             items = check_items(run[2], f"sequencer.batch[{i}].items", decode=True)
         out.append((origin, start, items))
