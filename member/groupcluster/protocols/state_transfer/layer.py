@@ -18,8 +18,8 @@ from .wire import _PID, ACK, CHUNK, DATA, NO_STATE_YET, REFUSE, REQ, StateHeader
 
 
 class StateTransfer(JoinerRole):
-    """Non-blocking state transfer (see the package's docstring), built of its two roles on the state they share
-    (StateTransferState)."""
+    """Non-blocking state transfer (see the package's docstring), built of its two roles, each on the one before
+    (DonorRole, JoinerRole), on the state they share (StateTransferState)."""
 
     NAME = "state"
     PROTO_ID = protocol_ids.STATE

@@ -90,6 +90,7 @@ class StateHeader(Header):
     PROTO_ID = protocol_ids.STATE
     # Every application multicast carries a DATA header, so DATA is made cheap: only ``kind`` and ``seq`` are
     # slots; the fields of the rare transfer headers live in the instance dict, their defaults on the class.
+    # (Compiled with mypyc, every field is a slot of the native class and the defaults are set per instance.)
     __slots__ = ("__dict__", "kind", "seq")
     count = 0
     cut: Cut | None = None
