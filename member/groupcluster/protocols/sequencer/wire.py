@@ -27,8 +27,11 @@ MAX_SYNC_PARTS = 1 << 20
 MAX_EPOCHS = 1024  # epochs remembered per member (and announced in a SYNC)
 _ITEM_OVERHEAD = 8  # rough msgpack bytes per item, for cutting batches
 
+_new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
+
 BatchId = tuple[ViewId, int]
-# A decoded item: payload bytes (no flags, no headers), or (flags, headers, payload).
+# A decoded item: payload bytes (no flags, no headers), or (flags, headers, payload); in a run of a received batch
+# that came in uniform form, the message itself (see columns_messages).
 Item = Any
 Run = tuple[Address, int, list[Item]]
 
@@ -265,10 +268,9 @@ def columns_of(items: list[Any]) -> list[Any] | None:
     return [[item[2] for item in items], flags, pid, [item[1][1] for item in items]]
 
 
-def check_columns(cols: list[Any], field: str, *, wire: bool = True) -> tuple[list[Item], list[Any]]:
+def _check_columns(cols: list[Any], field: str) -> tuple[list[bytes], int, int, list[Any], list[Any]]:
     """Validate the uniform form ``[payloads, flags, protocol id, header wire forms]`` (see :func:`columns_of`):
-    the items decoded, and in their per-item wire form (what the coordinator sequences; with ``wire`` False an
-    empty list: a member delivering a batch needs only the decoded items, and two lists per message less)."""
+    the payloads, flags, protocol id, header wire forms and the headers decoded."""
     payloads = as_list(cols[0], f"{field}.payloads", MAX_ITEMS)
     flags, pid = cols[1], cols[2]
     wires = as_list(cols[3], f"{field}.headers", MAX_ITEMS)
@@ -287,10 +289,34 @@ def check_columns(cols: list[Any], field: str, *, wire: bool = True) -> tuple[li
         raise WireError(f"{field}.headers[{cls.__name__}]: {exc}") from None
     except Exception as exc:  # a header class must never turn bad input into a crash
         raise WireError(f"{field}.headers[{cls.__name__}]: {type(exc).__name__}: {exc}") from None
+    return payloads, flags, pid, wires, headers
+
+
+def check_columns(cols: list[Any], field: str) -> tuple[list[Item], list[Any]]:
+    """Validate the uniform form (see :func:`_check_columns`): the items decoded, and in their per-item wire
+    form (what the coordinator sequences)."""
+    payloads, flags, pid, wires, headers = _check_columns(cols, field)
     decoded = [(flags, {pid: hdr}, payload) for hdr, payload in zip(headers, payloads, strict=True)]
-    if not wire:
-        return decoded, []
     return decoded, [[flags, [pid, wire], payload] for wire, payload in zip(wires, payloads, strict=True)]
+
+
+def columns_messages(cols: list[Any], field: str, origin: Address) -> list[Message]:
+    """Validate the uniform form of a run of a batch (see :func:`_check_columns`) and decode it straight into
+    the messages ``origin`` multicast, as they will be delivered: a member needs nothing else of them, so no
+    item per message is built and taken apart again (see :meth:`.member.MemberRole._deliver_items`)."""
+    payloads, flags, pid, _wires, headers = _check_columns(cols, field)
+    new = _new_message
+    out: list[Message] = []
+    for hdr, payload in zip(headers, payloads, strict=True):
+        # Built field by field, as _deliver_items does: a keyword call costs more.
+        msg = new(Message)
+        msg.dest = None
+        msg.src = origin
+        msg.payload = payload
+        msg.flags = flags
+        msg.headers = {pid: hdr}
+        out.append(msg)
+    return out
 
 
 def forward_body(start: int, items: list[Any]) -> list[Any]:
@@ -354,7 +380,7 @@ def wire_run(run: list[Any]) -> list[Any]:
 
 def decode_batch(payload: bytes, address: Callable[[Any, str], Address]) -> list[Run]:
     """BCAST payload: a list of runs [origin, first forward seqno, items] or [origin, first forward seqno,
-    *uniform form] (items decoded)."""
+    *uniform form] (items decoded; a run in uniform form decoded into its messages, see :func:`columns_messages`)."""
     runs = as_list(_unpack(payload, "sequencer.batch"), "sequencer.batch", MAX_RUNS)
     out: list[Run] = []
     for i, run in enumerate(runs):
@@ -367,7 +393,7 @@ def decode_batch(payload: bytes, address: Callable[[Any, str], Address]) -> list
         if type(start) is not int or not 1 <= start <= MAX_INT:
             as_int(start, f"sequencer.batch[{i}].start", 1)
         if len(run) == 6:
-            items = check_columns(run[2:], f"sequencer.batch[{i}]", wire=False)[0]
+            items = columns_messages(run[2:], f"sequencer.batch[{i}]", origin)
         else:
             items = check_items(run[2], f"sequencer.batch[{i}].items", decode=True)
         out.append((origin, start, items))
