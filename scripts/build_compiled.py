@@ -32,9 +32,10 @@ MANIFEST = PACKAGE / "_compiled.json"
 GROUP = "groupcluster._native"
 BUILD_DIR = ROOT / "build" / "mypyc"
 
-# The multicast and total-order hot path: the wire codec and what it decodes into, the stack's dispatch, and the
-# layers every application message crosses. The layers above them (GMS, FLUSH, SEQUENCER, STATE, ...) and the
-# drivers stay interpreted; they subclass and call these as before.
+# The multicast and total-order hot path: the wire codec and what it decodes into, the stack's dispatch, the
+# layers every application message crosses, and the total-order stack's SEQUENCER and STATE (their packages but
+# STATE's events, dataclasses of the interpreted Event). GMS, FLUSH and the layers that see only control traffic,
+# and the drivers, stay interpreted; they subclass and call these as before.
 MODULES = [
     "groupcluster.core.address",
     "groupcluster.core.validate",
@@ -47,6 +48,18 @@ MODULES = [
     "groupcluster.protocols.unicast",
     "groupcluster.protocols.frag",
     "groupcluster.protocols.flow",
+    "groupcluster.protocols.sequencer.wire",
+    "groupcluster.protocols.sequencer.state",
+    "groupcluster.protocols.sequencer.forwarding",
+    "groupcluster.protocols.sequencer.member",
+    "groupcluster.protocols.sequencer.coordinator",
+    "groupcluster.protocols.sequencer.view_sync",
+    "groupcluster.protocols.sequencer.layer",
+    "groupcluster.protocols.state_transfer.wire",
+    "groupcluster.protocols.state_transfer.state",
+    "groupcluster.protocols.state_transfer.donor",
+    "groupcluster.protocols.state_transfer.joiner",
+    "groupcluster.protocols.state_transfer.layer",
 ]
 
 

@@ -33,6 +33,7 @@ from groupcluster.protocols.sequencer.wire import (
     decode_batch,
     decode_forward,
 )
+from groupcluster.protocols.state_transfer.wire import DATA, StateHeader
 
 from .harness import ME, PEERS, LayerHarness
 
@@ -681,6 +682,24 @@ def test_a_member_delivers_a_uniform_run_with_its_headers() -> None:
     got = h.take_delivered()
     assert payloads(got) == [(C, b"x"), (C, b"y")]
     assert [m.headers for m in got] == [{frag: FragHeader(7, 0, 1)}, {frag: FragHeader(8, 0, 1)}]
+
+
+def test_a_member_delivers_a_uniform_run_decoded_into_messages_minus_what_it_delivered_already() -> None:
+    # STATE's header on every message: the run is decoded straight into the messages it delivers.
+    state = protocol_ids.STATE
+    h, epoch = member_in_view()
+    h.receive(C, [bcast(epoch, 1, 0, [(C, 1, [b"a"])]), commit(epoch, 1)])
+    assert payloads(h.take_delivered()) == [(C, b"a")]
+    run = [C.to_wire(), 1, [b"a", b"b", b"c"], OOB, state, [[0, 1], [0, 2], [0, 3]]]
+    runs = decode_batch(pack([run]), lambda wire, field: Address(*wire))
+    assert [(m.src, m.dest, m.payload, m.flags, m.headers) for m in runs[0][2]] == [
+        (C, None, p, OOB, {state: StateHeader(DATA, i)}) for i, p in enumerate([b"a", b"b", b"c"], 1)
+    ]
+    h.receive(C, [Message(None, pack([run]), headers={PID: SequencerHeader(BCAST, epoch, 2, 1)}), commit(epoch, 2)])
+    got = h.take_delivered()
+    assert payloads(got) == [(C, b"b"), (C, b"c")]  # the first was delivered by batch 1
+    assert [m.headers for m in got] == [{state: StateHeader(DATA, 2)}, {state: StateHeader(DATA, 3)}]
+    assert h.metric("sequencer.duplicates") == 1
 
 
 def test_a_malformed_uniform_run_is_acknowledged_but_delivers_nothing() -> None:

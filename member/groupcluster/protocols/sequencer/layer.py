@@ -15,7 +15,6 @@ from .view_sync import ViewSync
 from .wire import _PID, ACK, BCAST, COMMIT, FORWARD, RESEND, SYNC, SYNC_REQ, SequencerHeader, item_of
 
 
-@register_layer
 class Sequencer(ViewSync):
     """Total order through the coordinator (see the package's docstring), built of its roles, each on the one
     before: ForwardTable, MemberRole, CoordinatorRole, ViewSync, on the state they share (SequencerState)."""
@@ -234,3 +233,6 @@ class Sequencer(ViewSync):
             "pending_batches": sum(len(p) for p in self.pending.values()),
             "forward_table": len(self.fwd_table),
         }
+
+
+register_layer(Sequencer)

@@ -140,9 +140,19 @@ class MemberRole(ForwardTable):
             del self.pending[e]
 
     def _deliver_items(self, origin: Address, todo: Sequence[Any], out: list[Message]) -> None:
-        """Append ``origin``'s sequenced items (plain payloads or (flags, headers, payload)) to ``out`` as
+        """Append ``origin``'s sequenced items (plain payloads, (flags, headers, payload), or messages) to ``out`` as
         messages, reassembling fragments."""
-        if len(set(map(type, todo))) == 1 and type(todo[0]) is bytes:
+        first = todo[0]
+        if type(first) is Message:
+            # A run that came in uniform form, decoded into its messages (see wire.columns_messages): delivered as
+            # they are, once (a decoded batch leaves ``cur`` as it is delivered). All carry the same one header.
+            if _FRAG not in first.headers:
+                out.extend(todo)
+                return
+            for msg in todo:
+                self._fragment(origin, msg.headers[_FRAG], msg, out)
+            return
+        if len(set(map(type, todo))) == 1 and type(first) is bytes:
             out.extend([Message(None, p, src=origin) for p in todo])
             return
         append = out.append
@@ -150,7 +160,9 @@ class MemberRole(ForwardTable):
             if type(item) is bytes:
                 append(Message(None, item, src=origin))
                 continue
-            flags, headers, payload = item
+            # Typed: compiled, the tuple is read by index and the header dict with the dict API.
+            decoded: tuple[int, dict[int, Any], bytes] = item
+            flags, headers, payload = decoded
             # Built field by field (a keyword call costs more), and the header dict is the item's own: a
             # decoded batch is delivered once (it leaves ``cur`` as it is delivered).
             msg = _new_message(Message)

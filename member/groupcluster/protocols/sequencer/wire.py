@@ -27,13 +27,15 @@ MAX_SYNC_PARTS = 1 << 20
 MAX_EPOCHS = 1024  # epochs remembered per member (and announced in a SYNC)
 _ITEM_OVERHEAD = 8  # rough msgpack bytes per item, for cutting batches
 
+_new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
+
 BatchId = tuple[ViewId, int]
-# A decoded item: payload bytes (no flags, no headers), or (flags, headers, payload).
+# A decoded item: payload bytes (no flags, no headers), or (flags, headers, payload); in a run of a received batch
+# that came in uniform form, the message itself (see columns_messages).
 Item = Any
 Run = tuple[Address, int, list[Item]]
 
 
-@register_header
 class SequencerHeader(Header):
     """FORWARD | BCAST(epoch, seq, commit, replay) | COMMIT(epoch, commit) | ACK(epoch, seq) |
     SYNC(epoch, part, parts) | SYNC_REQ(epoch) | RESEND(epoch, seq: forward again from this forward seqno).
@@ -113,6 +115,9 @@ class SequencerHeader(Header):
         )
 
 
+register_header(SequencerHeader)
+
+
 # ---- batch encoding --------------------------------------------------------------------------------------
 
 
@@ -132,10 +137,15 @@ def item_of(msg: Message) -> Any:
 
     Built of tuples: it stays in the forward-table until delivered (up to megabytes of messages), and tuples
     of plain values drop out of the cyclic garbage collector's walks after its first look, lists never do."""
-    if not msg.flags and not msg.headers:
-        return msg.payload
+    headers = msg.headers
+    if not headers:
+        return msg.payload if not msg.flags else (msg.flags, (), msg.payload)
+    if len(headers) == 1:  # the common case (STATE's header on every multicast): no flat list to build first
+        for pid, hdr in headers.items():
+            wire = hdr.to_wire()
+            return (msg.flags, (pid, tuple(wire) if type(wire) is list else wire), msg.payload)
     flat: list[Any] = []
-    for pid, hdr in msg.headers.items():
+    for pid, hdr in headers.items():
         flat.append(pid)
         wire = hdr.to_wire()
         flat.append(tuple(wire) if type(wire) is list else wire)
@@ -248,17 +258,19 @@ def columns_of(items: list[Any]) -> list[Any] | None:
         return None
     flags = first[0]
     pid = flat[0]
-    try:
-        if {(item[0], item[1][0], len(item[1])) for item in items} != {(flags, pid, 2)}:
+    # One pass that stops at the first difference (no tuple built and hashed per item).
+    for item in items:
+        if type(item) is bytes:
             return None
-    except (TypeError, IndexError, KeyError):  # a plain payload among them (bytes index to ints)
-        return None
+        hdrs = item[1]
+        if item[0] != flags or len(hdrs) != 2 or hdrs[0] != pid:
+            return None
     return [[item[2] for item in items], flags, pid, [item[1][1] for item in items]]
 
 
-def check_columns(cols: list[Any], field: str) -> tuple[list[Item], list[Any]]:
+def _check_columns(cols: list[Any], field: str) -> tuple[list[bytes], int, int, list[Any], list[Any]]:
     """Validate the uniform form ``[payloads, flags, protocol id, header wire forms]`` (see :func:`columns_of`):
-    the items decoded, and in their per-item wire form (what the coordinator sequences)."""
+    the payloads, flags, protocol id, header wire forms and the headers decoded."""
     payloads = as_list(cols[0], f"{field}.payloads", MAX_ITEMS)
     flags, pid = cols[1], cols[2]
     wires = as_list(cols[3], f"{field}.headers", MAX_ITEMS)
@@ -277,8 +289,34 @@ def check_columns(cols: list[Any], field: str) -> tuple[list[Item], list[Any]]:
         raise WireError(f"{field}.headers[{cls.__name__}]: {exc}") from None
     except Exception as exc:  # a header class must never turn bad input into a crash
         raise WireError(f"{field}.headers[{cls.__name__}]: {type(exc).__name__}: {exc}") from None
+    return payloads, flags, pid, wires, headers
+
+
+def check_columns(cols: list[Any], field: str) -> tuple[list[Item], list[Any]]:
+    """Validate the uniform form (see :func:`_check_columns`): the items decoded, and in their per-item wire
+    form (what the coordinator sequences)."""
+    payloads, flags, pid, wires, headers = _check_columns(cols, field)
     decoded = [(flags, {pid: hdr}, payload) for hdr, payload in zip(headers, payloads, strict=True)]
     return decoded, [[flags, [pid, wire], payload] for wire, payload in zip(wires, payloads, strict=True)]
+
+
+def columns_messages(cols: list[Any], field: str, origin: Address) -> list[Message]:
+    """Validate the uniform form of a run of a batch (see :func:`_check_columns`) and decode it straight into
+    the messages ``origin`` multicast, as they will be delivered: a member needs nothing else of them, so no
+    item per message is built and taken apart again (see :meth:`.member.MemberRole._deliver_items`)."""
+    payloads, flags, pid, _wires, headers = _check_columns(cols, field)
+    new = _new_message
+    out: list[Message] = []
+    for hdr, payload in zip(headers, payloads, strict=True):
+        # Built field by field, as _deliver_items does: a keyword call costs more.
+        msg = new(Message)
+        msg.dest = None
+        msg.src = origin
+        msg.payload = payload
+        msg.flags = flags
+        msg.headers = {pid: hdr}
+        out.append(msg)
+    return out
 
 
 def forward_body(start: int, items: list[Any]) -> list[Any]:
@@ -342,7 +380,7 @@ def wire_run(run: list[Any]) -> list[Any]:
 
 def decode_batch(payload: bytes, address: Callable[[Any, str], Address]) -> list[Run]:
     """BCAST payload: a list of runs [origin, first forward seqno, items] or [origin, first forward seqno,
-    *uniform form] (items decoded)."""
+    *uniform form] (items decoded; a run in uniform form decoded into its messages, see :func:`columns_messages`)."""
     runs = as_list(_unpack(payload, "sequencer.batch"), "sequencer.batch", MAX_RUNS)
     out: list[Run] = []
     for i, run in enumerate(runs):
@@ -355,7 +393,7 @@ def decode_batch(payload: bytes, address: Callable[[Any, str], Address]) -> list
         if type(start) is not int or not 1 <= start <= MAX_INT:
             as_int(start, f"sequencer.batch[{i}].start", 1)
         if len(run) == 6:
-            items = check_columns(run[2:], f"sequencer.batch[{i}]")[0]
+            items = columns_messages(run[2:], f"sequencer.batch[{i}]", origin)
         else:
             items = check_items(run[2], f"sequencer.batch[{i}].items", decode=True)
         out.append((origin, start, items))

@@ -49,9 +49,10 @@ which will contain them — makes up for it) and concurrent donor transfers (``m
 
 The layer is a package: ``wire`` (the header, its bounds and codecs, what a cut covers), ``events`` (what the
 layer and the application tell each other), ``state`` (the configuration, every field, the per-sender
-accounting both roles use), the two roles ``joiner`` (fetch, hold, check and set the state, replay) and
-``donor`` (wait for the floors, snapshot at the cut, stream the chunks), and ``layer``: :class:`StateTransfer`,
-the entry points, numbering every multicast and handing the rest to the roles.
+accounting both roles use), the two roles ``donor`` (wait for the floors, snapshot at the cut, stream the
+chunks) and ``joiner`` (fetch, hold, check and set the state, replay), each class on the one before (single
+inheritance, so that mypyc can compile them), and ``layer``: :class:`StateTransfer`, the entry points,
+numbering every multicast and handing the rest to the roles.
 """
 
 from .layer import StateTransfer

@@ -8,12 +8,13 @@ from typing import Any
 
 from ...core.address import Address
 from ...core.message import NO_FLOW_CONTROL, Message
+from .donor import DonorRole
 from .events import RequestState, SetState, StateCovered
-from .state import ABANDONED, COVERED, DONE, DUPLICATE, FETCHING, FRESH, WANTED, StateTransferState, _Incoming
+from .state import ABANDONED, COVERED, DONE, DUPLICATE, FETCHING, FRESH, WANTED, _Incoming
 from .wire import _PID, ACK, REQ, Cut, StateHeader
 
 
-class JoinerRole(StateTransferState):
+class JoinerRole(DonorRole):
     """What a member that asked for the state does until it has it."""
 
     def _on_request_state(self, event: RequestState) -> None:

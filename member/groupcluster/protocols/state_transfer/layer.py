@@ -11,17 +11,15 @@ from ...core.events import Event, Left, Suspect, ViewChange
 from ...core.layer import register_layer
 from ...core.message import NO_RELIABILITY, Message
 from ...core.view import View
-from .donor import DonorRole
 from .events import RequestState, StateSnapshot
 from .joiner import JoinerRole
 from .state import ABANDONED, COVERED, FETCHING, FRESH, WANTED, StateConfig
 from .wire import _PID, ACK, CHUNK, DATA, NO_STATE_YET, REFUSE, REQ, StateHeader
 
 
-@register_layer
-class StateTransfer(JoinerRole, DonorRole):
-    """Non-blocking state transfer (see the package's docstring), built of its two roles on the state they share
-    (StateTransferState)."""
+class StateTransfer(JoinerRole):
+    """Non-blocking state transfer (see the package's docstring), built of its two roles, each on the one before
+    (DonorRole, JoinerRole), on the state they share (StateTransferState)."""
 
     NAME = "state"
     PROTO_ID = protocol_ids.STATE
@@ -248,3 +246,6 @@ class StateTransfer(JoinerRole, DonorRole):
             "held": self.held_messages,
             "serving": sorted(map(str, self.outgoing)),
         }
+
+
+register_layer(StateTransfer)

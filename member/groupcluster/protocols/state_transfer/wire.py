@@ -78,7 +78,6 @@ def covers(cut: Cut, src: Address, seq: int) -> bool:
     return not any(lo <= seq <= hi for lo, hi in entry[1])
 
 
-@register_header
 class StateHeader(Header):
     """DATA(seq) on every application multicast; REQ (a multicast marker naming the donor) and CHUNK / ACK /
     REFUSE (reliable unicasts) for a transfer.
@@ -91,6 +90,7 @@ class StateHeader(Header):
     PROTO_ID = protocol_ids.STATE
     # Every application multicast carries a DATA header, so DATA is made cheap: only ``kind`` and ``seq`` are
     # slots; the fields of the rare transfer headers live in the instance dict, their defaults on the class.
+    # (Compiled with mypyc, every field is a slot of the native class and the defaults are set per instance.)
     __slots__ = ("__dict__", "kind", "seq")
     count = 0
     cut: Cut | None = None
@@ -101,9 +101,11 @@ class StateHeader(Header):
     total = 0
     vector: Vector | None = None
 
+    # ``kind`` has a default only for from_wire's ``_new_header(cls)``: compiled with mypyc, a class's __new__
+    # runs its __init__ too (with no arguments); interpreted, it does not.
     def __init__(
         self,
-        kind: int,
+        kind: int = DATA,
         seq: int = 0,
         *,
         tid: int = 0,
@@ -148,7 +150,7 @@ class StateHeader(Header):
             kind, seq = data
             if type(kind) is int and kind == DATA and type(seq) is int and 1 <= seq <= MAX_INT:
                 # DATA, on every multicast: checked and built without the general path's calls.
-                hdr = cls.__new__(cls)  # not object.__new__, which a Header compiled with mypyc refuses
+                hdr = _new_header(cls)
                 hdr.kind = DATA
                 hdr.seq = seq
                 return hdr
@@ -190,3 +192,8 @@ class StateHeader(Header):
         if self.kind == DATA:
             return f"StateHeader(DATA {self.seq})"
         return f"StateHeader({KIND_NAMES[self.kind]} tid={self.tid} index={self.index}/{self.count})"
+
+
+register_header(StateHeader)
+# mypyc cannot compile ``cls.__new__(cls)`` inside the class; a Header compiled with it refuses object.__new__.
+_new_header = StateHeader.__new__
