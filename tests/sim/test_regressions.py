@@ -333,3 +333,14 @@ REGRESSIONS += [
     (87122000940, VSYNC_STARTUP, ABANDONED_A_LIVE_FLUSH),
     (87122000344, TOTAL_ORDER_STARTUP, ABANDONED_A_LIVE_FLUSH),
 ]
+MERGE_FLUSH_ABANDONED = (
+    "flush.timeout below gms.merge_timeout: a coordinator whose subgroup was flushed for a merge hit the blocked "
+    "timeout first and unblocked in the old view; its multicasts went past the cut the merged view's digest "
+    "carries, and the other subgroup delivered them in the merged view (now: GMS keeps it blocked until the "
+    "merge ends)"
+)
+FLUSH_4S = {"flush": {"timeout": "4s"}}
+REGRESSIONS += [
+    (347160119, Scenario(stack="vsync", overrides=FLUSH_4S), MERGE_FLUSH_ABANDONED),
+    (347180100, Scenario(stack="total-order", overrides=FLUSH_4S), MERGE_FLUSH_ABANDONED),
+]

@@ -279,6 +279,14 @@ class Gms(Layer):
                 self._continue_alone("flush_abandoned", "blocked by a flush without a new view")
                 if self.state == "leaving":
                     self._left("left")  # alone now: nobody is left to hand over to
+                return None
+            if self.merge is not None:
+                # Our subgroup is flushed for a merge whose digest (ours, cut by that flush) the leader puts into
+                # the merged view. Unblocking in the old view now would multicast past that cut, and the other
+                # subgroups would deliver those messages in the merged view while we delivered them in the old
+                # one. The merge ends within merge_timeout, with the merged view or a view of our own.
+                self.count("flush_abandon_deferred")
+                return True
             return None
         if isinstance(event, FlushFailed):
             if event.flush_id == self.flushing:
