@@ -359,3 +359,25 @@ def test_a_coordinator_flushed_for_a_merge_keeps_its_subgroup_blocked_until_the_
     assert views and views[0].members == (ME, P1)
     assert h.layer("gms").merge is None
     assert h.control(FlushAbandoned()) is None
+
+
+def test_a_coordinator_whose_view_is_on_its_way_to_itself_waits_for_it_once() -> None:
+    """Sim seed 347680001 (total-order, flush.timeout=5s = merge_timeout): the merge timed out in the same
+    instant as FLUSH's blocked timeout; GMS had just multicast the subgroup's new view, not installed yet, and
+    FLUSH unblocked the coordinator in the old view, which delivered its own multicasts there while the other
+    member delivered them in the new view. A view we cast and have not installed is waited for (once: a view
+    that never reaches us cannot keep us blocked)."""
+    h = participant((ME, P1), FLUSHING)
+    h.take_sent()
+    h.probe().inject_up_event(MergeNeeded((P3,)))
+    h.collect()
+    [req] = h.take_events(FlushRequest)
+    h.control(FlushCompleted(req.flush_id))
+    h.probe().swallow_down = True  # our VIEW goes out but never comes back to us
+    h.advance(5.1)  # merge_timeout: the subgroup's new view is cast
+    gms = h.layer("gms")
+    assert gms.merge is None
+    assert [m for m in h.probe().log.down if GID in m.headers and m.headers[GID].kind == VIEW]
+    assert gms.view.members == (ME, P1) and gms.view.view_id == ViewId(3, P1)  # not installed
+    assert h.control(FlushAbandoned()) is True
+    assert h.control(FlushAbandoned()) is None

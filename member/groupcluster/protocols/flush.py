@@ -517,7 +517,8 @@ class Flush(Layer):
             # Unblocking in the old view would send our queued multicasts into a view the others may have left
             # (they installed the next one, which never reached us): GMS moves us into a view of our own first,
             # which unblocks us through the view change. It answers True when a view is on its way (a merge
-            # our flush prepared ends by its own timeout): we wait for it. Otherwise we unblock here.
+            # our flush prepared ends by its own timeout, or our own VIEW has not looped back yet): we wait for
+            # it. Otherwise we unblock here.
             if self.below.down_event(FlushAbandoned()) is True and (self.round is not None or self.latched):
                 self.ctx.log.info("flush blocked %.1fs: waiting for the view GMS prepares", self.config.timeout)
                 self.set_timer("blocked", self.config.timeout)
