@@ -333,3 +333,25 @@ REGRESSIONS += [
     (87122000940, VSYNC_STARTUP, ABANDONED_A_LIVE_FLUSH),
     (87122000344, TOTAL_ORDER_STARTUP, ABANDONED_A_LIVE_FLUSH),
 ]
+MERGE_FLUSH_ABANDONED = (
+    "flush.timeout below gms.merge_timeout: a coordinator whose subgroup was flushed for a merge hit the blocked "
+    "timeout first and unblocked in the old view; its multicasts went past the cut the merged view's digest "
+    "carries, and the other subgroup delivered them in the merged view (now: GMS keeps it blocked until the "
+    "merge ends)"
+)
+FLUSH_4S = {"flush": {"timeout": "4s"}}
+REGRESSIONS += [
+    (347160119, Scenario(stack="vsync", overrides=FLUSH_4S), MERGE_FLUSH_ABANDONED),
+    (347180100, Scenario(stack="total-order", overrides=FLUSH_4S), MERGE_FLUSH_ABANDONED),
+]
+VIEW_ON_ITS_WAY = (
+    "flush.timeout equal to gms.merge_timeout: the merge timed out and the coordinator multicast its subgroup's new "
+    "view in the same instant as its blocked timeout; the view was not installed yet, so it unblocked in the old "
+    "view and delivered its own multicasts there, the others in the new view (now: a view we cast is waited for)"
+)
+FLUSH_5S = {"flush": {"timeout": "5s"}}
+REGRESSIONS += [
+    (347680001, Scenario(stack="total-order", overrides=FLUSH_5S), VIEW_ON_ITS_WAY),
+    (347680035, Scenario(stack="total-order", overrides=FLUSH_5S), VIEW_ON_ITS_WAY),
+    (347680089, Scenario(stack="total-order", overrides=FLUSH_5S), VIEW_ON_ITS_WAY),
+]

@@ -8,6 +8,7 @@ from groupcluster.core.digest import Digest
 from groupcluster.core.errors import WireError
 from groupcluster.core.events import (
     Block,
+    FlushAbandoned,
     FlushCompleted,
     FlushFailed,
     FlushRequest,
@@ -126,6 +127,42 @@ def test_member_blocked_too_long_unblocks_by_itself() -> None:
     h.advance(5.1)
     assert any(isinstance(e, Unblock) for e in h.take_events())
     assert h.metric("flush.block_timeouts") == 1
+
+
+def test_blocked_too_long_keeps_waiting_while_gms_prepares_a_view() -> None:
+    # GMS answers FlushAbandoned with True while a merge our flush prepared is open: its digest is our cut, so
+    # unblocking in the old view would multicast past it. The latch holds until the view, then everything goes.
+    h = member()
+    probe = h.probe()
+    merging = [True]
+    probe.answer = lambda e: (True, merging[0]) if isinstance(e, FlushAbandoned) else (False, None)
+    start(h)
+    h.send(b"queued")
+    h.take_sent()
+    h.take_events()
+    h.advance(5.1)
+    assert not any(isinstance(e, Unblock) for e in h.take_events())
+    assert not [m for _, m in h.take_sent() if m.payload == b"queued"]
+    assert h.layer("flush").latched
+    merging[0] = False  # the merge is over without a view reaching us: the next timeout unblocks
+    h.advance(5.1)
+    assert any(isinstance(e, Unblock) for e in h.take_events())
+    assert sum(isinstance(e, FlushAbandoned) for e in probe.log.down_events) == 2
+    assert h.metric("flush.block_timeouts") == 2
+
+
+def test_waiting_for_the_view_gms_prepares_ends_with_that_view() -> None:
+    h = member()
+    h.probe().answer = lambda e: (True, True) if isinstance(e, FlushAbandoned) else (False, None)
+    start(h)
+    h.send(b"queued")
+    h.take_sent()
+    h.take_events()
+    h.advance(5.1)
+    h.install_view([P1, ME, P2, P3, PEERS[3]], seq=2, down=True, up=True)
+    assert any(isinstance(e, Unblock) for e in h.take_events())
+    assert [m.payload for _, m in h.take_sent() if m.payload].count(b"queued") == 4
+    assert "blocked" not in h.timer_keys()
 
 
 def coordinator() -> LayerHarness:

@@ -10,6 +10,7 @@ from groupcluster.core.events import (
     Disconnect,
     DiscoveryResponse,
     FindMembers,
+    FlushAbandoned,
     FlushCompleted,
     FlushGroup,
     FlushRequest,
@@ -333,3 +334,50 @@ def test_a_flushed_merge_leaves_out_the_suspects_its_subgroup_flush_left_out() -
     assert merged.view.members == (ME, P1, P3, P4)
     assert merged.view.subgroups == ((ME, P1), (P3, P4))
     assert P2 not in merged.digest and merged.digest[P3] == (9, 9)
+
+
+def test_a_coordinator_flushed_for_a_merge_keeps_its_subgroup_blocked_until_the_merge_ends() -> None:
+    """Sim seed 347160119 (vsync, flush.timeout=4s < merge_timeout): our subgroup was flushed for a merge and
+    its digest sent; FLUSH's blocked timeout came first and, GMS keeping a coordinator in its view, unblocked
+    us in the old view. Our multicasts went past the cut the merged view carries, so the other subgroup
+    delivered them in the merged view and we in the old one. GMS answers FlushAbandoned with True (a view is
+    coming) while the merge is open; once it ends, the subgroup gets a view and the answer is None again."""
+    h = participant((ME, P1), FLUSHING)
+    h.take_sent()
+    h.probe().inject_up_event(MergeNeeded((P3,)))
+    h.collect()
+    [req] = h.take_events(FlushRequest)
+    h.control(FlushCompleted(req.flush_id))
+    assert h.layer("gms").merge is not None  # waiting for P3's answer
+    h.take_sent()
+    assert h.control(FlushAbandoned()) is True
+    assert not h.take_events(ViewChange)  # no view of our own: we stay coordinator of (ME, P1)
+    assert h.layer("gms").view.members == (ME, P1)
+    assert h.metric("gms.flush_abandon_deferred") == 1
+    h.advance(5.1)  # merge_timeout: P3 never answered; the flushed subgroup gets a view of its own
+    views = [hdr.view for _, hdr in gms_sent(h) if hdr.kind == VIEW]
+    assert views and views[0].members == (ME, P1)
+    assert h.layer("gms").merge is None
+    assert h.control(FlushAbandoned()) is None
+
+
+def test_a_coordinator_whose_view_is_on_its_way_to_itself_waits_for_it_once() -> None:
+    """Sim seed 347680001 (total-order, flush.timeout=5s = merge_timeout): the merge timed out in the same
+    instant as FLUSH's blocked timeout; GMS had just multicast the subgroup's new view, not installed yet, and
+    FLUSH unblocked the coordinator in the old view, which delivered its own multicasts there while the other
+    member delivered them in the new view. A view we cast and have not installed is waited for (once: a view
+    that never reaches us cannot keep us blocked)."""
+    h = participant((ME, P1), FLUSHING)
+    h.take_sent()
+    h.probe().inject_up_event(MergeNeeded((P3,)))
+    h.collect()
+    [req] = h.take_events(FlushRequest)
+    h.control(FlushCompleted(req.flush_id))
+    h.probe().swallow_down = True  # our VIEW goes out but never comes back to us
+    h.advance(5.1)  # merge_timeout: the subgroup's new view is cast
+    gms = h.layer("gms")
+    assert gms.merge is None
+    assert [m for m in h.probe().log.down if GID in m.headers and m.headers[GID].kind == VIEW]
+    assert gms.view.members == (ME, P1) and gms.view.view_id == ViewId(3, P1)  # not installed
+    assert h.control(FlushAbandoned()) is True
+    assert h.control(FlushAbandoned()) is None

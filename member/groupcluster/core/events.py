@@ -138,7 +138,9 @@ class FlushAbandoned(Event):
 
     The rest of the group may have moved on to a view this member never received: multicasts it sends now
     must not count as old-view messages. GMS moves a participant into a view of its own (MERGE brings it
-    back); if the member stays in its view, FLUSH unblocks it there.
+    back); if the member stays in its view, FLUSH unblocks it there — unless GMS answers True: a view is on its
+    way (our subgroup is flushed for a merge, which ends by its own timeout, or we multicast the view and it has not
+    reached us yet), and FLUSH keeps waiting for it.
     """
 
 

@@ -135,7 +135,10 @@ class FlushHeader(Header):
 @dataclass(frozen=True)
 class FlushConfig:
     timeout: float = param(
-        "8s", "duration", doc="longest a member stays blocked; then it moves into a view of its own (MERGE rejoins)"
+        "8s",
+        "duration",
+        doc="longest a member stays blocked; then it moves into a view of its own (MERGE rejoins); a coordinator "
+        "whose subgroup is flushed for a merge waits for the merge to end (gms.merge_timeout)",
     )
     start_flush_timeout: float = param(
         "2s", "duration", doc="a participant that has not answered START_FLUSH (FLUSH_OK) by then is reported failed"
@@ -511,11 +514,16 @@ class Flush(Layer):
             return
         if key == "blocked":
             self.count("block_timeouts")
-            self.ctx.log.warning("blocked by a flush for %.1fs without a new view: unblocking", self.config.timeout)
             # Unblocking in the old view would send our queued multicasts into a view the others may have left
             # (they installed the next one, which never reached us): GMS moves us into a view of our own first,
-            # which unblocks us through the view change. If it keeps us where we are, unblock here.
-            self.below.down_event(FlushAbandoned())
+            # which unblocks us through the view change. It answers True when a view is on its way (a merge
+            # our flush prepared ends by its own timeout, or our own VIEW has not looped back yet): we wait for
+            # it. Otherwise we unblock here.
+            if self.below.down_event(FlushAbandoned()) is True and (self.round is not None or self.latched):
+                self.ctx.log.info("flush blocked %.1fs: waiting for the view GMS prepares", self.config.timeout)
+                self.set_timer("blocked", self.config.timeout)
+                return
+            self.ctx.log.warning("blocked by a flush for %.1fs without a new view: unblocking", self.config.timeout)
             if self.round is not None or self.latched:
                 self._unblock("timeout")
         elif key == "coordinate":

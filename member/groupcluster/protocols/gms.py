@@ -215,6 +215,10 @@ class Gms(Layer):
         # FLUSH (use_flush): the flush in progress, and whether the queue may now become a view.
         self.flushing: tuple[Address, int] | None = None
         self.flush_for_merge = False  # the flush in progress prepares our subgroup for self.merge
+        # A view we multicast and have not installed yet (it reaches us through our own stream), and the one
+        # FlushAbandoned was already deferred for (each cast view is waited for once).
+        self.casting: ViewId | None = None
+        self.abandon_deferred_for: ViewId | None = None
         self.flush_ready = False
         self.flush_counter = 0
         self.cancel_timer("orphan")
@@ -279,6 +283,21 @@ class Gms(Layer):
                 self._continue_alone("flush_abandoned", "blocked by a flush without a new view")
                 if self.state == "leaving":
                     self._left("left")  # alone now: nobody is left to hand over to
+                return None
+            if self.merge is not None:
+                # Our subgroup is flushed for a merge whose digest (ours, cut by that flush) the leader puts into
+                # the merged view. Unblocking in the old view now would multicast past that cut, and the other
+                # subgroups would deliver those messages in the merged view while we delivered them in the old
+                # one. The merge ends within merge_timeout, with the merged view or a view of our own.
+                self.count("flush_abandon_deferred")
+                return True
+            casting = self.casting
+            if casting is not None and casting != self.abandon_deferred_for:
+                # We multicast the view that ends this flush (a merge that ended in the same instant, say) and it
+                # is on its way to us: the members that install it first deliver what we would send now in it.
+                self.abandon_deferred_for = casting
+                self.count("flush_abandon_deferred")
+                return True
             return None
         if isinstance(event, FlushFailed):
             if event.flush_id == self.flushing:
@@ -504,6 +523,7 @@ class Gms(Layer):
         view = View(ViewId(self.max_seq, me), members)
         start_points = Digest({j: (s, s) for j, s in joiners.items()}) if joiners else None
         self.tmp_members = members
+        self.casting = view.view_id
         self._send(None, GmsHeader(VIEW, view=view, digest=start_points))
         # Same step, after NAKACK numbered the view message: our own entry includes it (no race, no "+1").
         current = self.below.down_event(GetDigest())
@@ -579,6 +599,7 @@ class Gms(Layer):
     def _install(self, view: View) -> None:
         me = self.local_address
         self.view = view
+        self.casting = None  # any view installed unblocks FLUSH
         self.acting_coordinator = False
         self.flush_ready = False  # a flush readies only the view that follows it
         self.max_seq = max(self.max_seq, view.view_id.seq)
@@ -623,6 +644,7 @@ class Gms(Layer):
     def _cast_view(self, view: View, digest: Digest | None) -> None:
         self.max_seq = max(self.max_seq, view.view_id.seq)
         self.tmp_members = view.members
+        self.casting = view.view_id
         self._send(None, GmsHeader(VIEW, view=view, digest=digest))
 
     # -- failures ------------------------------------------------------------------------------------

@@ -39,9 +39,9 @@ Where this goes beyond seed 004, and why (``docs/total-order.md`` has the argume
 * **Gaps.** A member's SYNC announces its highest forward seqno, so the coordinator knows where its next
   FORWARD must start; one that starts later (forwards were lost, e.g. while the receiver was not coordinator
   yet) is held and the sender asked to RESEND from the first missing seqno.
-* **Fragments** of one message (FRAG is above us) are delivered together once all are committed: when a view
-  change splits them, the rest comes by replay after the view, and FRAG forgets partial messages of senders
-  outside the new view.
+* **Fragments** of one message (only in a stack that puts FRAG above us; the preset has it below, so whole
+  messages are sequenced) are delivered together once all are committed: when a view change splits them, the
+  rest comes by replay after the view, and FRAG forgets partial messages of senders outside the new view.
 
 Multicasts sent before the first view wait in the forward-table and travel with the first SYNC; more than
 ``max_queued`` bytes of undelivered own multicasts raise ``Backpressure(True)``. A graceful leave waits (up to
