@@ -103,13 +103,14 @@ def test_totals_count_only_the_rows_on_the_current_code(tmp_path: Path) -> None:
         {"profile": "vsync", "start": 100, "seeds": 50, "failed": [120], "code": old},
         {"profile": "vsync", "start": 200, "seeds": 40, "failed": [], "code": new},
         {"profile": "grid+deadlines=0.5", "start": 300, "seeds": 30, "failed": [], "sim_code": current},
-        {"profile": "grid", "start": 400, "seeds": 20, "failed": [], "code": new},
+        {"profile": "grid", "options": "--members 3", "start": 400, "seeds": 20, "failed": [], "code": new},
         {"profile": "grid", "start": 500, "seeds": 10, "failed": [], "code": new + "+dirty"},
         {"profile": "fifo", "start": 600, "seeds": 5, "failed": [], "code": None},
     ]
     by_stack, by_profile = ledger.totals(rows, current, repo)
     assert {k: (t.seeds, t.failed) for k, t in by_stack.items()} == {"vsync": (40, []), "grid": (50, [])}
     assert by_profile["grid+deadlines=0.5"].ranges == ["300..329"]
+    assert by_profile["grid --members 3"].seeds == 20
     text = ledger.format_totals(current, by_stack, by_profile)
     assert "vsync" in text and "fifo" not in text
 

@@ -137,9 +137,11 @@ def totals(rows: Sequence[dict[str, Any]], current: str, repo: Path) -> tuple[di
     for row in rows:
         if row_digest(row, repo, cache) != current:
             continue
-        profile = str(row["profile"])
+        # Rows written by hand for sweeps run with `groupcluster sim` carry the options profiles cannot name.
+        profile = str(row["profile"]) + (f" {row['options']}" if row.get("options") else "")
         start, seeds = int(row["start"]), int(row["seeds"])
-        for key, table in ((profile.split("+", 1)[0], by_stack), (profile, by_profile)):
+        stack = str(row["profile"]).split("+", 1)[0]
+        for key, table in ((stack, by_stack), (profile, by_profile)):
             t = table.setdefault(key, Total())
             t.seeds += seeds
             t.failed += [int(s) for s in row.get("failed") or ()]
