@@ -58,7 +58,8 @@ from ..tx.messages import (
     TxVote,
 )
 from ..tx.messages import approx_size as _tx_approx_size
-from ..tx.participant import InDoubt, TxReport, TxTable
+from ..tx.participant import TxTable
+from ..tx.records import InDoubt, TxReport
 from ..tx.resolution import TxResolver
 from .capacity import EntryBounds
 from .config import MAX_CAPACITY, GridConfig

@@ -40,7 +40,6 @@ from ..tx.messages import (
     VersionedWrite,
 )
 from ..tx.outputs import TxLocked, TxOutcome, TxOutput, TxSend
-from ..tx.participant import InDoubt, TxReport, TxState
 from ..tx.reasons import (
     REASON_CONFLICT,
     REASON_FULL,
@@ -50,6 +49,7 @@ from ..tx.reasons import (
     REASON_TIMEOUT,
     REASON_UNAVAILABLE,
 )
+from ..tx.records import InDoubt, TxReport, TxState
 from ..tx.resolution import ResolverOutput, TxDecided, decision, report_info, resolution
 from .results import TX_COMMIT_OP, TX_LOCK_OP, TX_RESOLVE_OP, TX_ROLLBACK_OP, OpResult
 

@@ -35,12 +35,7 @@ from .messages import (
     VersionedWrite,
 )
 from .outputs import TxOutput, TxSend
-from .records import TERMINAL, TxRecord
-
-# grid.node imports these from here (the explicit ``as``: they are defined in records).
-from .records import InDoubt as InDoubt
-from .records import TxReport as TxReport
-from .records import TxState as TxState
+from .records import TERMINAL, InDoubt, TxRecord, TxReport, TxState
 
 # Messages held until their topology is installed here.
 Held = TxPrepare | TxLock | TxCommit
