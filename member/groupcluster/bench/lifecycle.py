@@ -223,8 +223,11 @@ class LifecycleRunner:
         if config is None:
             raise LifecycleFailed(f"{w.name}: no {system} state configuration")
         conf = self._java_config(system, "state", config)
-        # The donor holds the state in its heap; JVM_OPTS' 512 MB would not hold the 1 GB state.
-        heap = ["-Xmx" + str(max(512, 3 * w.size // 1_000_000)) + "m"]
+        # Both JVMs hold the state in their heaps, and STATE_TRANSFER copies it whole several times on the way
+        # (the provider's ByteArrayOutputStream grows by doubling and is copied out; FRAG2 reassembles one
+        # message; the joiner still holds its previous fetch): at 3 MB of heap per MB, 100 MB and 1 GB states
+        # ran out of memory (OutOfMemoryError in JChannel.invokeCallback). JVM_OPTS' 512 MB is the floor.
+        heap = ["-Xmx" + str(max(512, 6 * w.size // 1_000_000)) + "m"]
         with _JavaGroup(self.java_peer(system), conf, cluster, self.free_ports(2), self.progress, heap) as group:
             group.start_members(1, ["--state-bytes", str(w.size)])
             # One joiner JVM fetches ``state_repeat`` times: the first is the figure, the rest the warm figure.
