@@ -436,15 +436,19 @@ def skipped_in(sync: Message) -> dict[Address, list[int]]:
 
 
 def test_a_member_announces_in_its_sync_what_it_skipped_past_but_not_what_it_skipped_when_joining() -> None:
-    h, v1 = member_in_view()  # we joined C's group: what we skip in this epoch, our state holds
-    h.receive(C, [bcast(v1, 1, 0, [(P1, 40, [b"a", b"b"])]), commit(v1, 1)])
+    # We joined C's group: what we skip before our first multicast (STATE's request) is delivered, the state holds.
+    h, v1 = member_in_view()
+    h.send(b"request")
+    h.receive(C, [bcast(v1, 1, 0, [(P1, 40, [b"a"])]), commit(v1, 1)])
     v2 = h.install_view([C, ME, P1], seq=2).view_id
     assert skipped_in(sent_kind(h, SYNC)[0][1]) == {}
+    h.receive(C, [bcast(v2, 1, 0, [(P2, 7, [b"y"]), (ME, 1, [b"request"]), (P1, 41, [b"b"])]), commit(v2, 1)])
     # P1 delivered its 42..44 without us (say, on its own side of a partition): we deliver past them.
-    h.receive(C, [bcast(v2, 1, 0, [(P1, 45, [b"f"]), (P2, 3, [b"x"])]), commit(v2, 1)])
-    assert payloads(h.take_delivered()) == [(P1, b"a"), (P1, b"b"), (P1, b"f"), (P2, b"x")]
+    h.receive(C, [bcast(v2, 2, 1, [(P1, 45, [b"f"]), (P2, 10, [b"x"])]), commit(v2, 2)])
+    got = [(P1, b"a"), (P2, b"y"), (ME, b"request"), (P1, b"b"), (P1, b"f"), (P2, b"x")]
+    assert payloads(h.take_delivered()) == got
     h.install_view([P2, ME], seq=3)  # P1 left: what we skipped of it is announced all the same
-    assert skipped_in(sent_kind(h, SYNC)[0][1]) == {P1: [42, 44], P2: [1, 2]}
+    assert skipped_in(sent_kind(h, SYNC)[0][1]) == {P1: [42, 44], P2: [8, 9]}
 
 
 def test_a_sync_with_much_skipped_is_cut_into_parts_and_taken_whole() -> None:

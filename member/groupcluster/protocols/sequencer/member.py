@@ -109,7 +109,7 @@ class MemberRole(ForwardTable):
             n = len(items)
             if start > h:
                 first = 0
-                if start > h + 1 and self.epoch != self.join_epoch:
+                if start > h + 1 and not self.joining:
                     self._skipped(origin, h + 1, start - 1)
             else:
                 first = h - start + 1
@@ -125,14 +125,15 @@ class MemberRole(ForwardTable):
                 self._retire(origin, last)
             if origin == me:
                 self._forget_own(last)
+                self.joining = False
         if len(self.delivered_in) > MAX_EPOCHS:
             for old in list(self.delivered_in)[: len(self.delivered_in) - MAX_EPOCHS]:
                 del self.delivered_in[old]
 
     def _skipped(self, origin: Address, first: int, last: int) -> None:
         """We deliver ``origin``'s messages past ``first`` .. ``last``, which we never delivered: from now on our
-        received-table drops them, so they are remembered as ours to announce (see ``gaps``). Not in the epoch we
-        joined a group in: what a joiner skips there was sent before it joined, and its state holds it."""
+        received-table drops them, so they are remembered as ours to announce (see ``gaps``). Not while we join a
+        group (see ``joining``): what a joiner skips then, its state holds."""
         ranges = self.gaps.pop(origin, None)
         if ranges is None:
             ranges = []

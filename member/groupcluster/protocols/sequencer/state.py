@@ -125,9 +125,10 @@ class SequencerState(Layer):
         # other side delivered these): below our received-table entry, yet never delivered. Announced in our SYNC
         # so that a replay leaves them out for everyone (see ViewSync._maybe_open). Bounded.
         self.gaps: dict[Address, list[tuple[int, int]]] = {}
-        # The epoch in which we joined a group (not a merge): what we skip in it, our state holds.
+        # We joined a group (not a merge) and none of our own multicasts was delivered yet: what we skip until then
+        # was sequenced before our first one (STATE's request, on the preset), and the state we take holds it.
         self.grouped = False
-        self.join_epoch: ViewId | None = None
+        self.joining = False
         self.fwd_seq = 0
         # Own multicasts not delivered yet, in forward-seqno order: fwd_table[i] has seqno fwd_first + i. Their
         # seqnos are contiguous (only delivery removes them, from the front), so a deque does: a dict popped at

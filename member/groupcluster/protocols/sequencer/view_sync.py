@@ -40,8 +40,7 @@ class ViewSync(CoordinatorRole):
         epoch = view.view_id
         if not self.grouped and len(view.members) > 1:
             self.grouped = True
-            if not view.is_merge:
-                self.join_epoch = epoch
+            self.joining = not view.is_merge
         self.epoch = epoch
         self.coord = view.coordinator
         self.epochs_seen[epoch] = None
