@@ -27,7 +27,7 @@ from .wire import (
 )
 
 _MAX_FUTURE_SYNCS = 4096  # senders whose SYNC for a view we have not installed yet is kept
-_MARK_SIZE = 32  # rough msgpack bytes of a received-table entry in a SYNC, for cutting it into parts
+_MARK_SIZE = 32  # rough msgpack bytes of a sender named in a SYNC as skipped past, for cutting it into parts
 
 
 class ViewSync(CoordinatorRole):
@@ -203,7 +203,7 @@ class ViewSync(CoordinatorRole):
                 field = f"sequencer.sync.skipped[{i}]"
                 m = as_list(mark, field, 2, exact=2)
                 origin = self._address(m[0], f"{field}.origin")
-                bounds = [as_int(x, f"{field}.ranges[]", 1) for x in as_list(m[1], f"{field}.ranges", 2 * MAX_MARKS)]
+                bounds = [as_int(x, f"{field}.ranges[]", 1) for x in as_list(m[1], f"{field}.ranges", MAX_MARKS)]
                 if len(bounds) % 2:
                     raise WireError(f"{field}.ranges: an odd number of bounds")
                 marks.append((origin, [(bounds[j], bounds[j + 1]) for j in range(0, len(bounds), 2)]))

@@ -25,7 +25,7 @@ MAX_ITEMS = 1 << 20
 MAX_HEADERS = 16
 MAX_SYNC_PARTS = 1 << 20
 MAX_EPOCHS = 1024  # epochs remembered per member (and announced in a SYNC)
-MAX_MARKS = 1 << 16  # received-table entries announced in one SYNC part
+MAX_MARKS = 1 << 16  # senders a SYNC part names as skipped past; ranges per sender: half as many as this
 _ITEM_OVERHEAD = 8  # rough msgpack bytes per item, for cutting batches
 
 _new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
