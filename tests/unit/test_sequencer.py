@@ -725,6 +725,25 @@ def test_a_malformed_sync_is_ignored_and_asked_for_again() -> None:
     assert sent_kind(h, BCAST) == []
 
 
+@pytest.mark.parametrize(
+    "skipped",
+    [
+        [[P2.to_wire(), [3]]],  # a range without its end
+        [[P2.to_wire(), [0, 4]]],  # forward seqnos start at 1
+        [["not", "an", "address"]],
+        "nope",
+    ],
+)
+def test_a_sync_with_a_malformed_skipped_field_is_ignored(skipped: Any) -> None:
+    h = harness()
+    view = h.install_view([ME, P1]).view_id
+    body = [[view.to_wire()], [], None, 0, skipped]
+    h.receive(P1, [Message(ME, pack(body), headers={PID: SequencerHeader(SYNC, view, 0, 1)})])
+    assert h.metric("sequencer.bad_syncs") == 1
+    h.send(b"waits")
+    assert sent_kind(h, BCAST) == []
+
+
 def test_bad_configuration_names_the_key() -> None:
     with pytest.raises(ConfigError, match="max_batch_size"):
         resolve_config([{"layer": "transport"}, {"layer": "sequencer", "max_batch_size": "1B"}])
