@@ -355,3 +355,13 @@ REGRESSIONS += [
     (347680035, Scenario(stack="total-order", overrides=FLUSH_5S), VIEW_ON_ITS_WAY),
     (347680089, Scenario(stack="total-order", overrides=FLUSH_5S), VIEW_ON_ITS_WAY),
 ]
+REGRESSIONS += [
+    (
+        347180072,
+        Scenario(stack="total-order", overrides=FLUSH_4S),
+        "the coordinator replayed a departed sender's message that an unfinished sync had left pending; members "
+        "chose what to deliver of it by their own received-tables, and one had skipped past it (it delivered the "
+        "sender's later messages after a merge): delivered by the coordinator only (now: a member's SYNC names the "
+        "forward seqnos it skipped past, and the replay and the forward-tables leave them out for everyone)",
+    ),
+]

@@ -58,8 +58,18 @@ def commit(epoch: ViewId, upto: int) -> Message:
     return Message(None, headers={PID: SequencerHeader(COMMIT, epoch, commit=upto)})
 
 
-def sync_msg(epoch: ViewId, *, epochs: list[ViewId], batches=(), fwd=None, fwd_seq: int = 0) -> Message:
+def sync_msg(
+    epoch: ViewId,
+    *,
+    epochs: list[ViewId],
+    batches=(),
+    fwd=None,
+    fwd_seq: int = 0,
+    skipped: dict[Address, list[tuple[int, int]]] | None = None,
+) -> Message:
     body = [[e.to_wire() for e in epochs], [[e.to_wire(), b, raw] for e, b, raw in batches], fwd, fwd_seq]
+    if skipped is not None:  # without: a SYNC of four fields, announcing nothing skipped
+        body.append([[origin.to_wire(), [x for r in ranges for x in r]] for origin, ranges in skipped.items()])
     return Message(ME, pack(body), headers={PID: SequencerHeader(SYNC, epoch, 0, 1)})
 
 
@@ -279,9 +289,9 @@ def test_after_a_coordinator_crash_the_forward_table_goes_to_the_new_one_in_orde
     h.install_view([P2, ME], seq=2)
     syncs = sent_kind(h, SYNC)
     assert [ep for ep, _ in syncs] == [P2.endpoint]
-    epochs, batches, fwd, fwd_seq = msgpack.unpackb(syncs[0][1].payload, raw=False)
+    epochs, batches, fwd, fwd_seq, marks = msgpack.unpackb(syncs[0][1].payload, raw=False)
     assert fwd == [1, [b"a", b"b", b"c"]] and fwd_seq == 3
-    assert len(epochs) == 2 and batches == []
+    assert len(epochs) == 2 and batches == [] and marks == []
 
 
 def test_a_member_reports_undelivered_batches_and_they_are_delivered_after_the_replay() -> None:
@@ -290,7 +300,8 @@ def test_a_member_reports_undelivered_batches_and_they_are_delivered_after_the_r
     h.take_sent()
     view2 = h.install_view([P2, ME], seq=2)  # C crashed; was batch 1 committed? Nobody knows here.
     syncs = sent_kind(h, SYNC)
-    _epochs, batches, _fwd, _ = msgpack.unpackb(syncs[0][1].payload, raw=False)
+    _epochs, batches, _fwd, _, marks = msgpack.unpackb(syncs[0][1].payload, raw=False)
+    assert marks == []  # nothing delivered yet: the received-table is empty
     assert [(b[0], b[1]) for b in batches] == [(epoch.to_wire(), 1)]
     raw = batches[0][2]
     # The new coordinator replays it as its batch 1 (and it commits): delivered, in the old order.
@@ -419,6 +430,110 @@ def test_a_replay_brings_nothing_twice_from_a_sender_outside_the_view() -> None:
     assert layer.high == {} and layer.retired == {P1: 2}
 
 
+def skipped_in(sync: Message) -> dict[Address, list[int]]:
+    *_, skipped = msgpack.unpackb(sync.payload, raw=False)
+    return {Address(*wire): bounds for wire, bounds in skipped}
+
+
+def test_a_member_announces_in_its_sync_what_it_skipped_past_but_not_what_it_skipped_when_joining() -> None:
+    # We joined C's group: what we skip before our first multicast (STATE's request) is delivered, the state holds.
+    h, v1 = member_in_view()
+    h.send(b"request")
+    h.receive(C, [bcast(v1, 1, 0, [(P1, 40, [b"a"])]), commit(v1, 1)])
+    v2 = h.install_view([C, ME, P1], seq=2).view_id
+    assert skipped_in(sent_kind(h, SYNC)[0][1]) == {}
+    h.receive(C, [bcast(v2, 1, 0, [(P2, 7, [b"y"]), (ME, 1, [b"request"]), (P1, 41, [b"b"])]), commit(v2, 1)])
+    # P1 delivered its 42..44 without us (say, on its own side of a partition): we deliver past them.
+    h.receive(C, [bcast(v2, 2, 1, [(P1, 45, [b"f"]), (P2, 10, [b"x"])]), commit(v2, 2)])
+    got = [(P1, b"a"), (P2, b"y"), (ME, b"request"), (P1, b"b"), (P1, b"f"), (P2, b"x")]
+    assert payloads(h.take_delivered()) == got
+    h.install_view([P2, ME], seq=3)  # P1 left: what we skipped of it is announced all the same
+    assert skipped_in(sent_kind(h, SYNC)[0][1]) == {P1: [42, 44], P2: [8, 9]}
+
+
+def test_a_sync_with_much_skipped_is_cut_into_parts_and_taken_whole() -> None:
+    h = harness(max_batch_size="1KiB")
+    layer = h.layer("sequencer")
+    many = [restarted(i) for i in range(100)]
+    layer.gaps = {x: [(1, 5), (9, 9)] for x in many}
+    h.install_view([C, ME])
+    parts = [m for _, m in sent_kind(h, SYNC)]
+    assert len(parts) > 1
+    got: dict[Address, list[int]] = {}
+    for part in parts:
+        got.update(skipped_in(part))
+    assert got == {x: [1, 5, 9, 9] for x in many}
+    # As coordinator, the parts of a peer's SYNC are put together: its skipped ranges count.
+    c = harness()
+    v = c.install_view([ME, P1]).view_id
+    raw = pack([[P2.to_wire(), 1, [b"p%d" % i for i in range(1, 11)]]])
+    wire_parts = [msgpack.unpackb(p.payload, raw=False) for p in parts]
+    wire_parts[0][1] = [[ViewId(1, P2).to_wire(), 1, raw]]
+    wire_parts[0][4].append([P2.to_wire(), [2, 9]])
+    c.receive(
+        P1,
+        [
+            Message(ME, pack(body), headers={PID: SequencerHeader(SYNC, v, i, len(parts))})
+            for i, body in enumerate(wire_parts)
+        ],
+    )
+    assert [runs_of(m) for _, m in sent_kind(c, BCAST)] == [[(P2, 1, [b"p1"]), (P2, 10, [b"p10"])]]
+
+
+def departed_sender_replay(
+    skipped: dict[Address, list[tuple[int, int]]] | None,
+) -> tuple[LayerHarness, list[Message]]:
+    """We delivered P2's forwards 1..6 in epoch 2, then its 7..9 were sequenced there but not committed before
+    P2 left; we coordinate view 3 with P1, whose SYNC says it ``skipped`` these. The replays sent."""
+    h = harness()
+    h.install_view([C, ME])
+    v2 = h.install_view([C, ME, P2], seq=2).view_id
+    h.receive(C, [bcast(v2, 1, 0, [(P2, 1, [b"p%d" % i for i in range(1, 7)])]), commit(v2, 1)])
+    assert len(h.take_delivered()) == 6
+    h.receive(C, [bcast(v2, 2, 1, [(P2, 7, [b"p7", b"p8", b"p9"]), (C, 1, [b"c1"])])])
+    h.take_sent()
+    v3 = h.install_view([ME, P1], seq=3).view_id
+    h.receive(P1, [sync_msg(v3, epochs=[v3], skipped=skipped)])
+    bcasts = [m for _, m in sent_kind(h, BCAST)]
+    assert [m.headers[PID].replay for m in bcasts] == [(v2, 2)]
+    h.receive(P1, [ack(v3, 1)])
+    return h, bcasts
+
+
+def test_a_replay_leaves_out_what_another_member_skipped_past_so_every_member_delivers_the_same() -> None:
+    # P1 delivered P2's forwards from 104 on, on the other side of a partition, having never seen 7..103: it
+    # cannot deliver them any more (it drops what its received-table holds), so we must not either.
+    h, bcasts = departed_sender_replay({P2: [(7, 103)]})
+    assert runs_of(bcasts[0]) == [(C, 1, [b"c1"])]
+    assert payloads(h.take_delivered()) == [(C, b"c1")]
+    assert h.metric("sequencer.replays_trimmed") == 1
+
+
+def test_a_replay_cut_by_what_was_skipped_keeps_the_rest_of_the_run() -> None:
+    h, bcasts = departed_sender_replay({P2: [(8, 8), (40, 50)], C: [(3, 4)]})
+    assert runs_of(bcasts[0]) == [(P2, 7, [b"p7"]), (P2, 9, [b"p9"]), (C, 1, [b"c1"])]
+    assert payloads(h.take_delivered()) == [(P2, b"p7"), (P2, b"p9"), (C, b"c1")]
+
+
+@pytest.mark.parametrize("skipped", [None, {}, {P2: [(1, 6)]}])
+def test_a_replay_keeps_what_no_member_skipped(skipped: dict[Address, list[tuple[int, int]]] | None) -> None:
+    h, bcasts = departed_sender_replay(skipped)  # None: a peer whose SYNC has four fields
+    assert runs_of(bcasts[0]) == [(P2, 7, [b"p7", b"p8", b"p9"]), (C, 1, [b"c1"])]
+    assert payloads(h.take_delivered()) == [(P2, b"p7"), (P2, b"p8"), (P2, b"p9"), (C, b"c1")]
+    assert h.metric("sequencer.replays_trimmed") == 0
+
+
+def test_a_forward_table_is_sequenced_without_what_another_member_skipped_past() -> None:
+    h = harness()
+    v = h.install_view([ME, P1, P2]).view_id
+    h.receive(P1, [sync_msg(v, epochs=[v], fwd=[1, [b"a", b"b", b"c"]], fwd_seq=3, skipped={})])
+    h.receive(P2, [sync_msg(v, epochs=[v], skipped={P1: [(2, 2)]})])
+    bcasts = [m for ep, m in sent_kind(h, BCAST) if ep == P1.endpoint]  # a multicast: one copy per peer
+    assert [runs_of(m) for m in bcasts] == [[(P1, 1, [b"a"]), (P1, 3, [b"c"])]]
+    h.receive(P1, [forward(2, [b"b", b"c", b"d"])])  # b comes again: it is not sequenced either
+    assert [runs_of(m) for ep, m in sent_kind(h, BCAST) if ep == P1.endpoint] == [[(P1, 4, [b"d"])]]
+
+
 def test_a_sync_that_overtakes_the_view_is_kept_for_it() -> None:
     h = harness()
     h.install_view([C, ME, P1])
@@ -438,7 +553,7 @@ def test_multicasts_sent_before_the_first_view_wait_and_travel_with_the_first_sy
     assert sent_kind(h, FORWARD) == []
     h.install_view([C, ME])
     syncs = sent_kind(h, SYNC)
-    _e, _b, fwd, _ = msgpack.unpackb(syncs[0][1].payload, raw=False)
+    _e, _b, fwd, _, _marks = msgpack.unpackb(syncs[0][1].payload, raw=False)
     assert fwd == [1, [bytes(60), bytes(60)]]
     view = h.layer("sequencer").view
     h.receive(C, [bcast(view.view_id, 1, 0, [(ME, 1, [bytes(60), bytes(60)])]), commit(view.view_id, 1)])
@@ -605,6 +720,25 @@ def test_a_malformed_sync_is_ignored_and_asked_for_again() -> None:
     h = harness()
     view = h.install_view([ME, P1])
     h.receive(P1, [Message(ME, pack([1, 2]), headers={PID: SequencerHeader(SYNC, view.view_id, 0, 1)})])
+    assert h.metric("sequencer.bad_syncs") == 1
+    h.send(b"waits")
+    assert sent_kind(h, BCAST) == []
+
+
+@pytest.mark.parametrize(
+    "skipped",
+    [
+        [[P2.to_wire(), [3]]],  # a range without its end
+        [[P2.to_wire(), [0, 4]]],  # forward seqnos start at 1
+        [["not", "an", "address"]],
+        "nope",
+    ],
+)
+def test_a_sync_with_a_malformed_skipped_field_is_ignored(skipped: Any) -> None:
+    h = harness()
+    view = h.install_view([ME, P1]).view_id
+    body = [[view.to_wire()], [], None, 0, skipped]
+    h.receive(P1, [Message(ME, pack(body), headers={PID: SequencerHeader(SYNC, view, 0, 1)})])
     assert h.metric("sequencer.bad_syncs") == 1
     h.send(b"waits")
     assert sent_kind(h, BCAST) == []

@@ -27,14 +27,15 @@ Where this goes beyond seed 004, and why (``docs/total-order.md`` has the argume
   later deliver in another order (members resend them in arbitrary interleavings).
 * **Sync on every view change** (a small flush, done by the sequencer itself). Each member sends the new
   coordinator a SYNC: the batches it received but has not delivered yet (by their original identity: the
-  epoch that sequenced them and their number there), its forward-table, and the epochs it has been in. The
+  epoch that sequenced them and their number there), its forward-table, the epochs it has been in, and the
+  forward seqnos it skipped past (delivered later ones of their sender first, and now drops). The
   coordinator waits for every member's SYNC (members that never send one are removed by the next view, which
   restarts the sync), then re-multicasts the union of those batches in (epoch, number) order, then the
-  forward-tables' messages, then new traffic. A replayed batch is delivered by every member of the view that
-  has not delivered it (members of its epoch skip it by number, others drop what their received-table has):
-  a member that skipped it could deliver its messages later in another position, when their sender, absent
-  from this view, forwards them again. A forwarded message that a replay delivers to its sender is not
-  sequenced a second time.
+  forward-tables' messages, both without what any member skipped past, then new traffic. A replayed batch is
+  delivered by every member of the view that has not delivered it (members of its epoch skip it by number,
+  others drop what their received-table has): a member that skipped it could deliver its messages later in
+  another position, when their sender, absent from this view, forwards them again. A forwarded message that
+  a replay delivers to its sender is not sequenced a second time.
 
 * **Gaps.** A member's SYNC announces its highest forward seqno, so the coordinator knows where its next
   FORWARD must start; one that starts later (forwards were lost, e.g. while the receiver was not coordinator

@@ -18,6 +18,8 @@ from .wire import ACK, MAX_EPOCHS, Run, SequencerHeader, decode_batch
 
 _FRAG = protocol_ids.FRAG
 _MAX_RETIRED = 4096  # received-table entries of senders outside our view (see _retire_senders), as NAKACK's
+_MAX_GAP_SENDERS = 4096  # senders whose skipped forward seqnos we remember (see _skipped)
+_MAX_GAPS = 64  # ranges remembered per sender, the oldest forgotten first
 _new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
 
 
@@ -107,6 +109,8 @@ class MemberRole(ForwardTable):
             n = len(items)
             if start > h:
                 first = 0
+                if start > h + 1 and not self.joining:
+                    self._skipped(origin, h + 1, start - 1)
             else:
                 first = h - start + 1
                 if first >= n:
@@ -121,9 +125,24 @@ class MemberRole(ForwardTable):
                 self._retire(origin, last)
             if origin == me:
                 self._forget_own(last)
+                self.joining = False
         if len(self.delivered_in) > MAX_EPOCHS:
             for old in list(self.delivered_in)[: len(self.delivered_in) - MAX_EPOCHS]:
                 del self.delivered_in[old]
+
+    def _skipped(self, origin: Address, first: int, last: int) -> None:
+        """We deliver ``origin``'s messages past ``first`` .. ``last``, which we never delivered: from now on our
+        received-table drops them, so they are remembered as ours to announce (see ``gaps``). Not while we join a
+        group (see ``joining``): what a joiner skips then, its state holds."""
+        ranges = self.gaps.pop(origin, None)
+        if ranges is None:
+            ranges = []
+            if len(self.gaps) >= _MAX_GAP_SENDERS:
+                del self.gaps[next(iter(self.gaps))]
+        ranges.append((first, last))
+        if len(ranges) > _MAX_GAPS:
+            del ranges[0]
+        self.gaps[origin] = ranges  # most recently skipped from last
 
     def _settle_pending(self, e: ViewId, b: int) -> None:
         """Batch ``b`` of epoch ``e`` and any older one of its epoch are settled (older ones were delivered or

@@ -80,7 +80,7 @@ class _Batch:
 class _Sync:
     """A coordinator's collection of SYNCs for one epoch."""
 
-    __slots__ = ("batches", "epochs", "forwards", "fwd_seqs", "parts", "totals", "waiting")
+    __slots__ = ("batches", "epochs", "forwards", "fwd_seqs", "gaps", "parts", "totals", "waiting")
 
     def __init__(self, waiting: set[Address]) -> None:
         self.waiting = waiting
@@ -90,6 +90,9 @@ class _Sync:
         self.epochs: dict[Address, set[ViewId]] = {}
         self.forwards: dict[Address, list[tuple[int, list[Any]]]] = {}
         self.fwd_seqs: dict[Address, int] = {}  # each member's highest forward seqno when it synced
+        # Per sender, the forward seqnos some member skipped past and can no longer deliver (see
+        # ViewSync._maybe_open), as (first, last) ranges.
+        self.gaps: dict[Address, list[tuple[int, int]]] = {}
 
 
 class SequencerState(Layer):
@@ -118,6 +121,14 @@ class SequencerState(Layer):
         self.high: dict[Address, int] = {}
         self.retired: dict[Address, int] = {}
         self.members: frozenset[Address] = frozenset()
+        # Per sender, the forward seqnos we skipped past (delivered later ones first, e.g. after a merge, while the
+        # other side delivered these): below our received-table entry, yet never delivered. Announced in our SYNC
+        # so that a replay leaves them out for everyone (see ViewSync._maybe_open). Bounded.
+        self.gaps: dict[Address, list[tuple[int, int]]] = {}
+        # We joined a group (not a merge) and none of our own multicasts was delivered yet: what we skip until then
+        # was sequenced before our first one (STATE's request, on the preset), and the state we take holds it.
+        self.grouped = False
+        self.joining = False
         self.fwd_seq = 0
         # Own multicasts not delivered yet, in forward-seqno order: fwd_table[i] has seqno fwd_first + i. Their
         # seqnos are contiguous (only delivery removes them, from the front), so a deque does: a dict popped at

@@ -25,6 +25,7 @@ MAX_ITEMS = 1 << 20
 MAX_HEADERS = 16
 MAX_SYNC_PARTS = 1 << 20
 MAX_EPOCHS = 1024  # epochs remembered per member (and announced in a SYNC)
+MAX_MARKS = 1 << 16  # senders a SYNC part names as skipped past; ranges per sender: half as many as this
 _ITEM_OVERHEAD = 8  # rough msgpack bytes per item, for cutting batches
 
 _new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
@@ -398,3 +399,21 @@ def decode_batch(payload: bytes, address: Callable[[Any, str], Address]) -> list
             items = check_items(run[2], f"sequencer.batch[{i}].items", decode=True)
         out.append((origin, start, items))
     return out
+
+
+def trim_batch(payload: bytes, keep: list[list[tuple[int, int]] | None]) -> bytes:
+    """A batch (validated already) with only the parts ``keep[i]`` of its run i, as (offset, count) each (None:
+    the whole run): a run may become several, or none. The coordinator's replay leaves out what some member of
+    the view can no longer deliver (see :meth:`.view_sync.ViewSync._maybe_open`)."""
+    runs = _unpack(payload, "sequencer.batch")
+    out: list[Any] = []
+    for run, parts in zip(runs, keep, strict=True):
+        if parts is None:
+            out.append(run)
+            continue
+        for k, n in parts:
+            if len(run) == 6:
+                out.append([run[0], run[1] + k, run[2][k : k + n], run[3], run[4], run[5][k : k + n]])
+            else:
+                out.append([run[0], run[1] + k, run[2][k : k + n]])
+    return _pack(out)
