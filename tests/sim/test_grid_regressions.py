@@ -1,10 +1,10 @@
 """Grid seeds that once broke a property replay here (``groupcluster sim --stack grid --seeds 1 --start S``).
 
-Each entry names what the seed found; the fix is in grid/node/, grid/topology.py or grid/store.py (and a unit
-test in tests/unit/test_grid_node.py or test_grid_store.py where the case can be built by hand), or in the
-checkers (sim/grid/checkers.py, with a test in tests/sim/test_grid_checkers.py) when the run was right and the
-judgement wrong, or in the scenario (sim/grid/run.py, with a test here) when its fault schedule broke the promise it
-keeps.
+Each entry names what the seed found; the fix is in grid/node/, grid/topology.py, grid/rebalance.py or
+grid/store.py (and a unit test in tests/unit/test_grid_node.py or test_grid_store.py where the case can be built
+by hand), or in the checkers (sim/grid/checkers.py, with a test in tests/sim/test_grid_checkers.py) when the run
+was right and the judgement wrong, or in the scenario (sim/grid/run.py, with a test here) when its fault schedule
+broke the promise it keeps.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from groupcluster.core.view import View, ViewId
-from groupcluster.grid.topology import MemberStatus, RebalancePlanner
+from groupcluster.grid.rebalance import RebalancePlanner
+from groupcluster.grid.topology import MemberStatus
 from groupcluster.sim.grid.run import GridApp, GridRun, grid_scenario
 from groupcluster.sim.scenario import Scenario
 

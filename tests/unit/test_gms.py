@@ -26,7 +26,7 @@ from groupcluster.core.view import View, ViewId
 from groupcluster.protocols import gms as _gms  # noqa: F401
 from groupcluster.protocols import nakack as _nakack  # noqa: F401
 from groupcluster.protocols import unicast as _unicast  # noqa: F401
-from groupcluster.protocols.gms import (
+from groupcluster.protocols.gms.wire import (
     FLUSH_REQ,
     JOIN_REQ,
     JOIN_RSP,

@@ -11,6 +11,7 @@ import pytest
 from groupcluster.core.address import Address
 from groupcluster.core.errors import WireError
 from groupcluster.grid.consistent_hash import ConsistentHash, balanced
+from groupcluster.grid.rebalance import RebalancePlanner
 from groupcluster.grid.topology import (
     MAX_JOINED,
     MAX_LOST,
@@ -19,7 +20,6 @@ from groupcluster.grid.topology import (
     MemberStatus,
     PartitionHandling,
     Phase,
-    RebalancePlanner,
     owner_set,
 )
 from hypothesis import given, settings

@@ -20,7 +20,7 @@ IO_MODULES |= {"http", "concurrent", "multiprocessing", "signal", "os", "pathlib
 # Parts of groupcluster a sans-IO module may not import: the drivers, the tools and the clients.
 DRIVER_PACKAGES = ("runtime", "tools", "sim", "bench", "spark", "grid.http", "grid.client", "grid.driver")
 GRID_CORE = ("consistent_hash", "topology", "messages", "columns", "payload", "store", "lifespan", "invalidation")
-GRID_CORE += ("errors", "feed")
+GRID_CORE += ("errors", "feed", "rebalance")
 # Files read when a stack is built, never while it runs: auth's secret files, the stack files of stacks.py.
 CONFIG_TIME_IO = {PKG / "protocols" / "auth.py": {"os", "pathlib"}, PKG / "stacks.py": {"pathlib"}}
 

@@ -9,7 +9,7 @@ call, :meth:`GridNode.tick` at :meth:`GridNode.next_deadline`) and client operat
 What happens on the wire (see docs/grid.md for the full picture):
 
 * after every view change each member sends its STATUS (capacity, leave request, last topology) to the
-  coordinator; the coordinator's :class:`~..topology.RebalancePlanner` turns statuses, views and
+  coordinator; the coordinator's :class:`~..rebalance.RebalancePlanner` turns statuses, views and
   confirmations into topologies it multicasts;
 * a client operation becomes a CMD tagged with the originator's topology id, sent to the write primary
   (PUT/DELETE) or a read owner (GET). An owner whose topology is newer answers RETRY and the originator tries

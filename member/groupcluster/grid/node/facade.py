@@ -34,6 +34,7 @@ from ..messages import (
     XferFail,
 )
 from ..payload import DEFAULT_LIMITS, GridLimits, GridMessage, decode_payload, encode_payload
+from ..rebalance import RebalancePlanner
 from ..store import (
     SegmentStore,
     TransferEntry,
@@ -41,7 +42,6 @@ from ..store import (
 from ..topology import (
     CacheTopology,
     Phase,
-    RebalancePlanner,
 )
 from ..tx.coordinator import TxCoordinator
 from ..tx.messages import (

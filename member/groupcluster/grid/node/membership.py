@@ -3,7 +3,7 @@ merges, the coordinator's planner inputs (statuses, confirmations), and when a l
 
 It holds the merge state (the topology a merge push and the command hold start from, and the other
 partitions' members), owners lost without a handoff, statuses waiting for the planner, and the last topology
-confirmed. The planner itself is ``grid/topology.py``; the node's ``view``, ``topology``, ``planner``,
+confirmed. The planner itself is ``grid/rebalance.py``; the node's ``view``, ``topology``, ``planner``,
 ``leaving`` and ``ready_to_leave`` stay on the node (the driver reads them)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ...core.address import Address
 from ..consistent_hash import segment_of
 from ..messages import Confirm, Status, Topology, XferCancel
+from ..rebalance import RebalancePlanner
 from ..store import (
     SEQ_BITS,
     SegmentStore,
@@ -27,7 +28,6 @@ from ..topology import (
     CacheTopology,
     MemberStatus,
     Phase,
-    RebalancePlanner,
     owner_set,
 )
 from .events import EVENT_DEPARTED
