@@ -315,6 +315,10 @@ def run(args: argparse.Namespace) -> int:
     out.flush()
     # Members warn all the time under faults; a failing seed's replay shows them with --verbose.
     MEMBER_LOG.setLevel(max(MEMBER_LOG.getEffectiveLevel(), logging.ERROR))
+    # The code the seeds run is the code imported now: taken before the first seed, since the checkout may move
+    # on while a long sweep runs.
+    code = code_version() if ledger is not None else None
+    sim_code = sim_code_digest() if ledger is not None else None
     began = time.monotonic()
     deadline = None if minutes is None else began + minutes * 60.0
     progress = {"done": 0, "last": began}
@@ -338,8 +342,6 @@ def run(args: argparse.Namespace) -> int:
     failed = sum(len(r.failed) for r in runs)
     if ledger is not None:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        code = code_version()
-        sim_code = sim_code_digest()
         with ledger.open("a") as fh:
             for r in runs:
                 if r.seeds:
