@@ -336,18 +336,24 @@ def test_a_flushed_merge_leaves_out_the_suspects_its_subgroup_flush_left_out() -
     assert P2 not in merged.digest and merged.digest[P3] == (9, 9)
 
 
-def test_a_coordinator_flushed_for_a_merge_keeps_its_subgroup_blocked_until_the_merge_ends() -> None:
-    """Sim seed 347160119 (vsync, flush.timeout=4s < merge_timeout): our subgroup was flushed for a merge and
-    its digest sent; FLUSH's blocked timeout came first and, GMS keeping a coordinator in its view, unblocked
-    us in the old view. Our multicasts went past the cut the merged view carries, so the other subgroup
-    delivered them in the merged view and we in the old one. GMS answers FlushAbandoned with True (a view is
-    coming) while the merge is open; once it ends, the subgroup gets a view and the answer is None again."""
+def _subgroup_flushed_for_a_merge() -> LayerHarness:
+    """We coordinate (ME, P1), hear of P3's group, and our subgroup's flush for the merge has completed."""
     h = participant((ME, P1), FLUSHING)
     h.take_sent()
     h.probe().inject_up_event(MergeNeeded((P3,)))
     h.collect()
     [req] = h.take_events(FlushRequest)
     h.control(FlushCompleted(req.flush_id))
+    return h
+
+
+def test_a_coordinator_flushed_for_a_merge_keeps_its_subgroup_blocked_until_the_merge_ends() -> None:
+    """Sim seed 347160119 (vsync, flush.timeout=4s < merge_timeout): our subgroup was flushed for a merge and
+    its digest sent; FLUSH's blocked timeout came first and, GMS keeping a coordinator in its view, unblocked
+    us in the old view. Our multicasts went past the cut the merged view carries, so the other subgroup
+    delivered them in the merged view and we in the old one. GMS answers FlushAbandoned with True (a view is
+    coming) while the merge is open; once it ends, the subgroup gets a view and the answer is None again."""
+    h = _subgroup_flushed_for_a_merge()
     assert h.layer("gms").merge is not None  # waiting for P3's answer
     h.take_sent()
     assert h.control(FlushAbandoned()) is True
@@ -367,12 +373,7 @@ def test_a_coordinator_whose_view_is_on_its_way_to_itself_waits_for_it_once() ->
     FLUSH unblocked the coordinator in the old view, which delivered its own multicasts there while the other
     member delivered them in the new view. A view we cast and have not installed is waited for (once: a view
     that never reaches us cannot keep us blocked)."""
-    h = participant((ME, P1), FLUSHING)
-    h.take_sent()
-    h.probe().inject_up_event(MergeNeeded((P3,)))
-    h.collect()
-    [req] = h.take_events(FlushRequest)
-    h.control(FlushCompleted(req.flush_id))
+    h = _subgroup_flushed_for_a_merge()
     h.probe().swallow_down = True  # our VIEW goes out but never comes back to us
     h.advance(5.1)  # merge_timeout: the subgroup's new view is cast
     gms = h.layer("gms")
