@@ -252,6 +252,22 @@ def test_messages_that_arrive_before_our_join_response_are_delivered_once_joined
     assert [m.payload for m in h.take_delivered()] == [b"early"]
 
 
+def test_early_unicasts_from_a_member_outside_our_first_view_are_delivered_once_joined() -> None:
+    """Fifo seed 962349000201: our JOIN_RSP came late, with a view older than the merge view that added P2, and
+    P2 had already sent to us in the merge view; UNICAST acknowledged those, so dropping them loses them."""
+    h = LayerHarness(SPEC)
+    h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P1, P1, None, True),)))
+    h.stack._end_step()
+    h._collect()
+    h.receive(P2, [Message(ME, b"from P2", headers={protocol_ids.UNICAST: UnicastHeader(DATA, 7, 1, 1)})])
+    assert h.take_delivered() == []
+    acks = [hdr for ep, hdr in sent_with(h.take_sent(), protocol_ids.UNICAST) if ep == P2.endpoint]
+    assert [(a.conn_id, a.seqno) for a in acks] == [(7, 1)]  # acknowledged: P2 never resends it
+    view = View(ViewId(3, P1), (P1, ME))
+    h.receive(P1, [unicast_to(1, GmsHeader(JOIN_RSP, view=view, digest=Digest({P1: (0, 0), ME: (0, 0)})))])
+    assert [m.payload for m in h.take_delivered()] == [b"from P2"]
+
+
 FLUSHING = [*SPEC[:-1], {**SPEC[-1], "use_flush": True}]
 
 

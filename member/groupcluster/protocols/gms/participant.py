@@ -76,8 +76,12 @@ class ParticipantRole(CoordinatorRole):
             self.cancel_timer("join")
             self.cancel_timer("rediscover")
             self.above.up_event(Joined(view))
+            # UNICAST acknowledged the early unicasts, so none is ever resent: deliver them whoever sent them,
+            # as a member delivers unicasts from outside its view. A late JOIN_RSP can bring a view older than
+            # the sender's (the coordinator has since merged the sender in, and the sender sent to us in that
+            # view, which we install next). Multicasts belong to the stream of a view that has their sender.
             early, self.early = self.early, []
-            early = [m for m in early if m.src in view.members]
+            early = [m for m in early if m.dest is not None or m.src in view.members]
             if early:
                 self.above.up(early)
         if self.merge is not None:
