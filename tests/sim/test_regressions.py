@@ -365,3 +365,13 @@ REGRESSIONS += [
         "forward seqnos it skipped past, and the replay and the forward-tables leave them out for everyone)",
     ),
 ]
+REGRESSIONS += [
+    (
+        496794000248,
+        VSYNC_STARTUP,
+        "a sender listed in the coordinator's view but living in a view of its own, which listed one of our members "
+        'too, told that member "gone" for messages stable in its own view; the flush named that member the holder '
+        "of them, it could not retransmit them, and every round failed at the coordinator itself: blocked for good "
+        '(now: the holder relays the "gone" and the requester passes over the same part)',
+    ),
+]
