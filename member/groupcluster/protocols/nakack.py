@@ -35,6 +35,7 @@ from ..core.validate import as_address, as_int, as_list
 MSG, XMIT_REQ, XMIT_RSP, XMIT_GONE = 0, 1, 2, 3
 _MAX_RANGES = 256
 _MAX_RETIRED = 4096  # departed members whose delivered seqno is remembered
+_MAX_PASSED = 64  # ranges of a sender's stream passed over on its XMIT_GONE, remembered for a flush (latest)
 
 
 class NakAckHeader(Header):
@@ -96,8 +97,8 @@ class Window:
 
     ``cap`` (FLUSH) holds delivery at a seqno; ``store`` keeps delivered messages for retransmission on the
     sender's behalf (only with ``retain_delivered``); seqnos up to ``seen_upto`` were delivered to us in an
-    earlier view (a member that came back): they advance the window but are not delivered again. Seqnos
-    ``passed_from``..``passed_upto`` were passed over on an XMIT_GONE: counted as delivered, never held.
+    earlier view (a member that came back): they advance the window but are not delivered again. ``passed``
+    lists the seqno ranges passed over on the sender's XMIT_GONE: counted as delivered, never held.
     """
 
     __slots__ = (
@@ -106,8 +107,7 @@ class Window:
         "cap",
         "delivered",
         "missing_before",
-        "passed_from",
-        "passed_upto",
+        "passed",
         "received",
         "seen_upto",
         "store",
@@ -121,8 +121,7 @@ class Window:
         self.buffered_bytes = 0
         self.cap: int | None = None
         self.seen_upto = 0
-        self.passed_from = 0
-        self.passed_upto = 0
+        self.passed: list[tuple[int, int]] = []
         self.store: dict[int, Message] = {}
         # Seqnos missing at the previous retransmission tick: only those still missing are requested.
         self.missing_before: frozenset[int] = frozenset()
@@ -405,9 +404,13 @@ class NakAck(Layer):
                     upto = min(upto, xw.cap)  # the holder vouches for the flushed part of the stream only
                 if xw is not None and upto > xw.delivered:
                     self.count("skipped_stable", upto - xw.delivered)
-                    if xw.passed_upto != xw.delivered:
-                        xw.passed_from = xw.delivered + 1
-                    xw.passed_upto = upto
+                    passed = xw.passed
+                    if passed and passed[-1][1] == xw.delivered:
+                        passed[-1] = (passed[-1][0], upto)
+                    else:
+                        passed.append((xw.delivered + 1, upto))
+                        if len(passed) > _MAX_PASSED:
+                            del passed[0]
                     # Over the buffer, not the range: a peer's seqno may be 2**63, the buffer is bounded.
                     for s in [s for s in xw.buffer if s <= upto]:
                         xw.buffered_bytes -= len(xw.buffer.pop(s).payload)
@@ -556,7 +559,9 @@ class NakAck(Layer):
         w = self.windows.get(sender)
         if w is None:
             return
-        if ranges and w.passed_from <= ranges[0][0] <= w.passed_upto:
+        first_wanted = ranges[0][0] if ranges else 0
+        passed_upto = next((hi for lo, hi in w.passed if lo <= first_wanted <= hi), 0)
+        if passed_upto:
             # The requester has the stream up to where we passed over a part on the sender's XMIT_GONE (it was
             # stable in a view of the sender's that we were not in). A flush that names us the holder counts
             # those seqnos as delivered by us, but nobody here can retransmit them and the sender may not answer
@@ -567,7 +572,7 @@ class NakAck(Layer):
                 Message(
                     requester,
                     flags=NO_RELIABILITY | NO_FLOW_CONTROL,
-                    headers={protocol_ids.NAKACK: NakAckHeader(XMIT_GONE, w.passed_upto, sender)},
+                    headers={protocol_ids.NAKACK: NakAckHeader(XMIT_GONE, passed_upto, sender)},
                 )
             )
         if not w.store:
