@@ -5,7 +5,8 @@ seqno order. Gaps are detected on arrival and requested from the original sender
 for one retransmission interval (so reordering alone causes no requests). The sender keeps what it sent until
 STABLE reports it delivered everywhere. A lost *last* message is found through the stability digest's highest
 received seqnos (seed 002's fix), and a request for a message already collected as stable is answered with
-"gone up to N", so a member that was not in the view back then skips instead of waiting forever.
+"gone up to N", so a member that was not in the view back then skips instead of waiting forever; a member
+FLUSH names to retransmit a sender's messages for it relays that for the part it skipped itself.
 """
 
 from __future__ import annotations
