@@ -373,3 +373,23 @@ REGRESSIONS += [
         "sent to it there; GMS dropped those UNICAST-acked early unicasts as from a non-member of that first view",
     ),
 ]
+REGRESSIONS += [
+    (
+        496794000248,
+        VSYNC_STARTUP,
+        "a sender listed in the coordinator's view but living in a view of its own, which listed one of our members "
+        'too, told that member "gone" for messages stable in its own view; the flush named that member the holder '
+        "of them, it could not retransmit them, and every round failed at the coordinator itself: blocked for good "
+        '(now: the holder relays the "gone" and the requester passes over the same part)',
+    ),
+]
+REGRESSIONS += [
+    (
+        354000073,
+        VSYNC_STARTUP,
+        "a member completed a round that left out a suspected member and held another's next-view multicasts (that "
+        "view never reached it); a new coordinator's round of the old view, with the left-out member, delivered that "
+        "member's old-view multicasts, but they queued behind the held ones and reached the application in the next "
+        "view (now: only a sender with something held queues behind it)",
+    ),
+]

@@ -492,3 +492,27 @@ def test_a_member_back_through_a_merge_is_reported_as_the_merge_digest_starts_it
     # Its stream goes on from where the merge digest starts it; what we had delivered is not delivered again.
     h.receive(P3, [mcast(1), mcast(2), mcast(3), mcast(4)])
     assert [m.payload for m in h.take_delivered()] == [b"m4"]
+
+
+def test_a_superseding_round_delivers_old_view_multicasts_of_a_sender_with_nothing_held_in_the_old_view() -> None:
+    """Sim seed 354000073 (vsync): we completed a round that did not flush P3 (its coordinator suspected it) and
+    held P2's next-view multicasts; that view never reached us. A new coordinator's round of the old view, with
+    P3, delivered P3's old-view multicasts up to its target, but they queued behind P2's held ones and reached
+    the application only in the next view, while P3 and the others had them in the old one."""
+    h = member()
+    start(h)  # P3 is not flushed
+    h.take_sent()
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0), P3: (0, 0)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h.receive(P2, [mcast(1)])  # sent in the next view
+    h.receive(P3, [mcast(1)])  # sent in the old view: P3 never flushed, never installed the next one
+    assert h.take_delivered() == []
+    h.receive(P1, [control(P1, FlushHeader(START_FLUSH, (P1, 2), participants=(P1, ME, P3), view_id=VID))])
+    h.take_sent()
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0), P3: (1, 1)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, (P1, 2), participants=(P1, ME, P3), digest=target))])
+    assert [(m.src, m.payload) for m in h.take_delivered()] == [(P3, b"m1")]  # in the old view
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h.install_view([P1, ME, P2, P3], seq=3)
+    assert [(m.src, m.payload) for m in h.take_delivered()] == [(P2, b"m1")]

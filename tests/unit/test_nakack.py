@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from groupcluster.core import protocol_ids
 from groupcluster.core.digest import Digest
-from groupcluster.core.events import GetDigest, MergeDigest, SetDigest, Stability
+from groupcluster.core.events import FlushTarget, GetDigest, MergeDigest, SetDigest, Stability
 from groupcluster.core.message import NO_RELIABILITY, Message
 from groupcluster.protocols import nakack as _nakack  # noqa: F401
 from groupcluster.protocols.nakack import MSG, XMIT_GONE, XMIT_REQ, XMIT_RSP, NakAckHeader
@@ -223,3 +223,42 @@ def test_a_member_that_comes_back_starts_where_the_digest_says_and_skips_what_we
     h.receive(P1, [mcast(2)])
     assert payloads(h.take_delivered()) == [b"m4"]
     assert h.control(GetDigest())[P1] == (4, 4)
+
+
+def test_a_flush_holder_relays_gone_for_what_it_passed_over_and_the_requester_passes_over_it_too() -> None:
+    """Simulator seed 496794000248 (vsync): P1 (in its own view too, with us but not the coordinator) said
+    "gone up to 4" to us for messages stable in its view, so our counter for it read 4 while we held none of
+    them. FLUSH named us the holder of P1's 1..4 for P2; we could not retransmit them and P1 would not answer
+    P2, so every flush round failed on P2's own target and the group stayed blocked for good."""
+    holder = LayerHarness([{"layer": "nakack", "xmit_interval": "100ms", "retain_delivered": True}])
+    holder.install_view([ME, P1, P2])
+    holder.receive(P1, [mcast(1), mcast(5)])
+    holder.receive(P1, [Message(ME, flags=NO_RELIABILITY, headers={PID: NakAckHeader(XMIT_GONE, 4, P1)})])
+    assert payloads(holder.take_delivered()) == [b"m1", b"m5"]
+    holder.take_sent()
+
+    def ask(lo: int) -> list[tuple[tuple[str, int], int, int]]:
+        req = Message(ME, flags=NO_RELIABILITY, headers={PID: NakAckHeader(XMIT_REQ, sender=P1, ranges=((lo, 5),))})
+        holder.receive(P2, [req])
+        return [(ep, hdr.kind, hdr.seqno) for ep, hdr in sent_with(holder.take_sent(), PID) if hdr.sender == P1]
+
+    # What we delivered is retransmitted first; only a requester that has it is told the part after it is gone.
+    assert ask(1) == [(P2.endpoint, XMIT_RSP, 1), (P2.endpoint, XMIT_RSP, 5)]
+    assert ask(2) == [(P2.endpoint, XMIT_GONE, 4), (P2.endpoint, XMIT_RSP, 5)]
+    assert holder.metric("nakack.xmit_gone_relayed") == 1
+
+    # The requester, as P2: a "gone" from anyone but the sender is ignored, but from the holder its flush named.
+    req_h = make()
+    relayed = Message(ME, flags=NO_RELIABILITY, headers={PID: NakAckHeader(XMIT_GONE, 4, P1)})
+    req_h.receive(P2, [relayed])
+    assert req_h.control(GetDigest())[P1] == (0, 0)
+    assert req_h.metric("nakack.xmit_gone_ignored") == 1
+    req_h.control(FlushTarget(Digest({P1: (3, 3)}), ((P1, P2),)))
+    req_h.advance(0.1)
+    req_h.advance(0.1)
+    requests = [(ep, hdr) for ep, hdr in sent_with(req_h.take_sent(), PID) if hdr.kind == XMIT_REQ]
+    assert requests and requests[-1][0] == P2.endpoint and requests[-1][1].ranges == ((1, 3),)
+    req_h.receive(P2, [relayed])
+    # Passed over up to the flush target only: the holder vouches for the flushed part of the stream.
+    assert req_h.control(GetDigest())[P1] == (3, 3)
+    assert req_h.take_delivered() == []

@@ -235,12 +235,22 @@ class Flush(Layer):
         r = self.round
         if out and ((r is not None and r.completed) or self.held):
             # Our old-view delivery is complete; a multicast arriving now was sent in the next view (its
-            # sender installed it before us): deliver it after we install that view too. While anything is
-            # held, later multicasts queue behind it (FIFO), even if a new flush round started meanwhile.
-            held = [m for m in out if m.dest is None]
+            # sender installed it before us): deliver it after we install that view too. While a sender has
+            # anything held, its later multicasts queue behind it (FIFO), even if a new flush round started
+            # meanwhile; but only its own: a new round's target may deliver old-view multicasts of a sender
+            # the completed round did not flush (it never installed that next view), and those are delivered
+            # in the old view, as its other participants do.
+            senders = None if r is not None and r.completed else {m.src for m in self.held}
+            kept: list[Message] = []
+            held: list[Message] = []
+            for m in out:
+                if m.dest is None and (senders is None or m.src in senders):
+                    held.append(m)
+                else:
+                    kept.append(m)
             if held:
                 self.held.extend(held)
-                out = [m for m in out if m.dest is not None]
+                out = kept
         if out:
             self.above.up(out)
         for msg, hdr in own:  # flush control is unicast: its order against multicasts carries no meaning

@@ -5,7 +5,8 @@ seqno order. Gaps are detected on arrival and requested from the original sender
 for one retransmission interval (so reordering alone causes no requests). The sender keeps what it sent until
 STABLE reports it delivered everywhere. A lost *last* message is found through the stability digest's highest
 received seqnos (seed 002's fix), and a request for a message already collected as stable is answered with
-"gone up to N", so a member that was not in the view back then skips instead of waiting forever.
+"gone up to N", so a member that was not in the view back then skips instead of waiting forever; a member
+FLUSH names to retransmit a sender's messages for it relays that for the part it skipped itself.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..core.validate import as_address, as_int, as_list
 MSG, XMIT_REQ, XMIT_RSP, XMIT_GONE = 0, 1, 2, 3
 _MAX_RANGES = 256
 _MAX_RETIRED = 4096  # departed members whose delivered seqno is remembered
+_MAX_PASSED = 64  # ranges of a sender's stream passed over on its XMIT_GONE, remembered for a flush (latest)
 
 
 class NakAckHeader(Header):
@@ -96,10 +98,21 @@ class Window:
 
     ``cap`` (FLUSH) holds delivery at a seqno; ``store`` keeps delivered messages for retransmission on the
     sender's behalf (only with ``retain_delivered``); seqnos up to ``seen_upto`` were delivered to us in an
-    earlier view (a member that came back): they advance the window but are not delivered again.
+    earlier view (a member that came back): they advance the window but are not delivered again. ``passed``
+    lists the seqno ranges passed over on the sender's XMIT_GONE: counted as delivered, never held.
     """
 
-    __slots__ = ("buffer", "buffered_bytes", "cap", "delivered", "missing_before", "received", "seen_upto", "store")
+    __slots__ = (
+        "buffer",
+        "buffered_bytes",
+        "cap",
+        "delivered",
+        "missing_before",
+        "passed",
+        "received",
+        "seen_upto",
+        "store",
+    )
 
     def __init__(self, delivered: int = 0, received: int | None = None) -> None:
         self.delivered = delivered
@@ -109,6 +122,7 @@ class Window:
         self.buffered_bytes = 0
         self.cap: int | None = None
         self.seen_upto = 0
+        self.passed: list[tuple[int, int]] = []
         self.store: dict[int, Message] = {}
         # Seqnos missing at the previous retransmission tick: only those still missing are requested.
         self.missing_before: frozenset[int] = frozenset()
@@ -380,16 +394,29 @@ class NakAck(Layer):
             elif kind == XMIT_GONE:
                 assert hdr.sender is not None
                 xw = windows.get(hdr.sender)
-                if msg.src != hdr.sender:
-                    # Only a sender collects its own messages (see _serve_xmit); anyone else saying so is wrong.
+                upto = hdr.seqno
+                stand_in = msg.src != hdr.sender
+                if stand_in and (msg.src is None or self.xmit_from.get(hdr.sender) != msg.src):
+                    # Only a sender collects its own messages (see _serve_xmit); anyone else saying so is wrong,
+                    # but for the holder FLUSH named for it, relaying what it passed over itself (_serve_for).
                     self.count("xmit_gone_ignored")
-                elif xw is not None and hdr.seqno > xw.delivered:
-                    self.count("skipped_stable", hdr.seqno - xw.delivered)
+                    continue
+                if stand_in and xw is not None and xw.cap is not None:
+                    upto = min(upto, xw.cap)  # the holder vouches for the flushed part of the stream only
+                if xw is not None and upto > xw.delivered:
+                    self.count("skipped_stable", upto - xw.delivered)
+                    passed = xw.passed
+                    if passed and passed[-1][1] == xw.delivered:
+                        passed[-1] = (passed[-1][0], upto)
+                    else:
+                        passed.append((xw.delivered + 1, upto))
+                        if len(passed) > _MAX_PASSED:
+                            del passed[0]
                     # Over the buffer, not the range: a peer's seqno may be 2**63, the buffer is bounded.
-                    for s in [s for s in xw.buffer if s <= hdr.seqno]:
+                    for s in [s for s in xw.buffer if s <= upto]:
                         xw.buffered_bytes -= len(xw.buffer.pop(s).payload)
-                    xw.delivered = hdr.seqno
-                    xw.received = max(xw.received, hdr.seqno)
+                    xw.delivered = upto
+                    xw.received = max(xw.received, upto)
                     self._drain(xw, out)
         if out:
             self.above.up(out)
@@ -531,7 +558,25 @@ class NakAck(Layer):
     def _serve_for(self, requester: Address, sender: Address, ranges: tuple[tuple[int, int], ...]) -> None:
         """Retransmit another member's messages we delivered (FLUSH reconciliation after it crashed)."""
         w = self.windows.get(sender)
-        if w is None or not w.store:
+        if w is None:
+            return
+        first_wanted = ranges[0][0] if ranges else 0
+        passed_upto = next((hi for lo, hi in w.passed if lo <= first_wanted <= hi), 0)
+        if passed_upto:
+            # The requester has the stream up to where we passed over a part on the sender's XMIT_GONE (it was
+            # stable in a view of the sender's that we were not in). A flush that names us the holder counts
+            # those seqnos as delivered by us, but nobody here can retransmit them and the sender may not answer
+            # the requester: tell it they are gone, so it passes over the same part as we did and the flush
+            # completes, instead of the requester waiting for them in every new round.
+            self.count("xmit_gone_relayed")
+            self.below.down(
+                Message(
+                    requester,
+                    flags=NO_RELIABILITY | NO_FLOW_CONTROL,
+                    headers={protocol_ids.NAKACK: NakAckHeader(XMIT_GONE, passed_upto, sender)},
+                )
+            )
+        if not w.store:
             return
         budget = self.config.max_xmit_batch
         first = min(w.store)
