@@ -141,6 +141,7 @@ class LayerHarness:
         self.now = now
         self.stack = Stack(spec, local_address=me, cluster=cluster, seed=seed, now=now)
         self.frames: list[Frame] = []
+        self.hellos: list[Frame] = []
         self.delivered: list[Message] = []
         self.events: list[Event] = []
         if start:
@@ -248,7 +249,10 @@ class LayerHarness:
         for out in self.stack.drain():
             if isinstance(out, Transmit):
                 sender, msgs = decode_frame(out.data, self.cluster)
-                self.frames.append(Frame(out.endpoint, sender, msgs))
+                if msgs:
+                    self.frames.append(Frame(out.endpoint, sender, msgs))
+                else:  # the transport's "I decode runs" hello: no message, kept apart
+                    self.hellos.append(Frame(out.endpoint, sender, msgs))
             elif isinstance(out, Deliver):
                 self.delivered.extend(out.messages)
             else:

@@ -84,7 +84,7 @@ def expect_error(data: bytes, field: str, limits: WireLimits | None = None) -> N
         (pack({"a": 1}), "not valid msgpack"),  # maps are not part of the format
         (pack("frame"), "frame: expected a list"),
         (pack([1, "test", SENDER.to_wire()]), "frame: expected 4 items"),
-        (frame(version=2), "frame.version: unsupported"),
+        (frame(version=3), "frame.version: unsupported"),
         (frame(version="1"), "frame.version"),
         (frame(version=True), "frame.version"),
         (frame(cluster="other"), "frame.cluster: frame belongs to cluster 'other'"),

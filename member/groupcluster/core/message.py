@@ -36,6 +36,15 @@ class Header:
     def from_wire(cls, data: Any) -> Header:
         raise NotImplementedError
 
+    def run_seqno(self) -> int:
+        """The seqno this header stands for in a run of the wire format, or 0: not part of runs (the default)."""
+        return 0
+
+    @classmethod
+    def from_run(cls, seqno: int) -> Header:
+        """The header of the message at ``seqno`` of a decoded run (only the run protocol's header has one)."""
+        raise WireError(f"protocol {cls.PROTO_ID} has no runs")
+
 
 HEADER_TYPES: dict[int, type[Header]] = {}
 H = TypeVar("H", bound=type[Header])
