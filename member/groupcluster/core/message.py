@@ -40,11 +40,6 @@ class Header:
         """The seqno this header stands for in a run of the wire format, or 0: not part of runs (the default)."""
         return 0
 
-    @classmethod
-    def from_run(cls, seqno: int) -> Header:
-        """The header of the message at ``seqno`` of a decoded run (only the run protocol's header has one)."""
-        raise WireError(f"protocol {cls.PROTO_ID} has no runs")
-
 
 HEADER_TYPES: dict[int, type[Header]] = {}
 H = TypeVar("H", bound=type[Header])

@@ -30,7 +30,7 @@ from .validate import MAX_INT, as_address, as_bytes, as_int, as_list, as_str, kn
 FORMAT_VERSION = 1
 # Frames that may hold runs; also sent empty, as the "I decode runs" hello (see the Transport).
 RUNS_VERSION = 2
-# The protocol whose header a run stands for (its header class implements Header.from_run / run_seqno).
+# The protocol whose header a run stands for: NAKACK's MSG (its header class implements Header.run_seqno).
 RUN_PROTO_ID = protocol_ids.NAKACK
 MAX_CLUSTER_NAME = 128
 # ``Message.__new__``, not ``object.__new__``: the same function interpreted, and the one a compiled Message accepts.
@@ -226,19 +226,13 @@ def _decode_run(raw: list[Any], i: int, sender: Address, out: list[Message], max
     for j, payload in enumerate(payloads):
         if type(payload) is not bytes:
             as_bytes(payload, f"frame.messages[{i}].payloads[{j}]", 0)
-    cls = HEADER_TYPES.get(RUN_PROTO_ID)
-    if cls is None:
-        raise WireError(f"frame.messages[{i}]: a run, but no protocol {RUN_PROTO_ID} to read it")
-    make = cls.from_run
+    # Imported here: the protocols package imports this module (a top-level import would be a cycle). Named, not
+    # looked up in HEADER_TYPES: compiled, the header and the message are then built by direct native calls.
+    from ..protocols.nakack import MSG, NakAckHeader
+
     pid = RUN_PROTO_ID
     seqno = first
     for payload in payloads:
-        # Field by field, as in decode_frame; one header dict per message still, as every layer reads them.
-        msg = _new_message(Message)
-        msg.dest = None
-        msg.src = sender
-        msg.payload = payload
-        msg.flags = flags
-        msg.headers = {pid: make(seqno)}
-        out.append(msg)
+        # One header dict per message still: every layer reads its header from it.
+        out.append(Message(None, payload, src=sender, flags=flags, headers={pid: NakAckHeader(MSG, seqno)}))
         seqno += 1

@@ -87,10 +87,6 @@ class NakAckHeader(Header):
     def run_seqno(self) -> int:
         return self.seqno if self.kind == MSG else 0
 
-    @classmethod
-    def from_run(cls, seqno: int) -> NakAckHeader:
-        return cls(MSG, seqno)
-
     def __repr__(self) -> str:
         return f"NakAckHeader({self.kind}, {self.seqno}, {self.sender}, {self.ranges})"
 
