@@ -33,9 +33,10 @@ GROUP = "groupcluster._native"
 BUILD_DIR = ROOT / "build" / "mypyc"
 
 # The multicast and total-order hot path: the wire codec and what it decodes into, the stack's dispatch, the
-# layers every application message crosses, and the total-order stack's SEQUENCER and STATE (their packages but
-# STATE's events, dataclasses of the interpreted Event). GMS, FLUSH and the layers that see only control traffic,
-# and the drivers, stay interpreted; they subclass and call these as before.
+# layers every application message crosses (DISCOVERY, MERGE, FD and STABLE too: each scans every message
+# going up for its header), and the total-order stack's SEQUENCER and STATE (their packages but STATE's events,
+# dataclasses of the interpreted Event). GMS, FLUSH and the drivers stay interpreted; they subclass and call these
+# as before.
 MODULES = [
     "groupcluster.core.address",
     "groupcluster.core.validate",
@@ -44,8 +45,12 @@ MODULES = [
     "groupcluster.core.layer",
     "groupcluster.core.stack",
     "groupcluster.protocols.transport",
+    "groupcluster.protocols.discovery",
+    "groupcluster.protocols.merge",
+    "groupcluster.protocols.fd",
     "groupcluster.protocols.nakack",
     "groupcluster.protocols.unicast",
+    "groupcluster.protocols.stable",
     "groupcluster.protocols.frag",
     "groupcluster.protocols.flow",
     "groupcluster.protocols.sequencer.wire",

@@ -34,7 +34,7 @@ from groupcluster.core.layer import LAYER_TYPES, Layer, NoConfig, register_layer
 from groupcluster.core.message import Message
 from groupcluster.core.stack import Stack, Transmit
 from groupcluster.core.view import View, ViewId
-from groupcluster.core.wire import decode_frame, encode_messages
+from groupcluster.core.wire import FORMAT_VERSION, decode_frame_version, encode_messages
 from groupcluster.protocols import transport as _transport  # noqa: F401  (registers "transport")
 
 CLUSTER = "test"
@@ -58,6 +58,7 @@ class Frame:
     endpoint: tuple[str, int]
     sender: Address
     messages: list[Message]
+    version: int = FORMAT_VERSION  # RUNS_VERSION: the frame may hold runs
 
 
 @dataclass
@@ -141,6 +142,7 @@ class LayerHarness:
         self.now = now
         self.stack = Stack(spec, local_address=me, cluster=cluster, seed=seed, now=now)
         self.frames: list[Frame] = []
+        self.hellos: list[Frame] = []
         self.delivered: list[Message] = []
         self.events: list[Event] = []
         if start:
@@ -170,9 +172,11 @@ class LayerHarness:
         self.stack.start(self.now)
         self._collect()
 
-    def receive(self, sender: Address, messages: Iterable[Message], *, cluster: str | None = None) -> None:
-        """A frame from ``sender`` carrying ``messages`` (encoded with the real codec) arrives."""
-        data = encode_messages(cluster or self.cluster, sender, list(messages))
+    def receive(
+        self, sender: Address, messages: Iterable[Message], *, cluster: str | None = None, runs: bool = False
+    ) -> None:
+        """A frame from ``sender`` carrying ``messages`` (encoded with the real codec, in runs if ``runs``) arrives."""
+        data = encode_messages(cluster or self.cluster, sender, list(messages), runs)
         self.receive_raw(data)
 
     def receive_raw(self, data: bytes) -> None:
@@ -247,8 +251,11 @@ class LayerHarness:
     def _collect(self) -> None:
         for out in self.stack.drain():
             if isinstance(out, Transmit):
-                sender, msgs = decode_frame(out.data, self.cluster)
-                self.frames.append(Frame(out.endpoint, sender, msgs))
+                sender, msgs, version = decode_frame_version(out.data, self.cluster)
+                if msgs:
+                    self.frames.append(Frame(out.endpoint, sender, msgs, version))
+                else:  # the transport's "I decode runs" hello: no message, kept apart
+                    self.hellos.append(Frame(out.endpoint, sender, msgs, version))
             elif isinstance(out, Deliver):
                 self.delivered.extend(out.messages)
             else:

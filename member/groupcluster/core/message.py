@@ -36,6 +36,10 @@ class Header:
     def from_wire(cls, data: Any) -> Header:
         raise NotImplementedError
 
+    def run_seqno(self) -> int:
+        """The seqno this header stands for in a run of the wire format, or 0: not part of runs (the default)."""
+        return 0
+
 
 HEADER_TYPES: dict[int, type[Header]] = {}
 H = TypeVar("H", bound=type[Header])

@@ -1,7 +1,14 @@
 """The one wire format: a msgpack frame carrying a batch of messages from one sender.
 
-    frame   = [FORMAT_VERSION, cluster, sender, [message, ...]]
+    frame   = [version, cluster, sender, [item, ...]]
+    item    = message | run                  (a run only in a RUNS_VERSION frame)
     message = [dest or nil, flags, [proto_id, header, proto_id, header, ...], payload]
+    run     = [first_seqno, flags, [payload, ...]]
+
+A run stands for consecutive multicasts whose only header is a NAKACK ``MSG`` with seqnos ``first_seqno``,
+``first_seqno + 1``, ...: one item instead of a message list and a header list per message. Frames without runs
+keep ``FORMAT_VERSION``; a member of the previous version rejects a ``RUNS_VERSION`` frame as an unsupported
+version, so senders use runs only towards members that said they decode them (docs/decisions/004-wire-runs.md).
 
 Every decoded field is validated and every size a peer controls is bounded. Decoding raises
 :class:`WireError` naming the field; callers drop the frame and count it.
@@ -14,12 +21,17 @@ from typing import Any
 
 import msgpack
 
+from . import protocol_ids
 from .address import Address
 from .errors import WireError
 from .message import ALL_FLAGS, HEADER_TYPES, Message
-from .validate import as_address, as_bytes, as_int, as_list, as_str, known_address
+from .validate import MAX_INT, as_address, as_bytes, as_int, as_list, as_str, known_address
 
 FORMAT_VERSION = 1
+# Frames that may hold runs; also sent empty, as the "I decode runs" hello (see the Transport).
+RUNS_VERSION = 2
+# The protocol whose header a run stands for: NAKACK's MSG (its header class implements Header.run_seqno).
+RUN_PROTO_ID = protocol_ids.NAKACK
 MAX_CLUSTER_NAME = 128
 # ``Message.__new__``, not ``object.__new__``: the same function interpreted, and the one a compiled Message accepts.
 _new_message = Message.__new__
@@ -45,13 +57,56 @@ def encode_message(msg: Message) -> list[Any]:
     return [None if msg.dest is None else msg.dest.to_wire(), msg.flags, headers, msg.payload]
 
 
-def encode_frame(cluster: str, sender: Address, encoded_messages: list[list[Any]]) -> bytes:
-    """Encode already-encoded messages (see :func:`encode_message`) into one frame."""
-    return msgpack.packb([FORMAT_VERSION, cluster, sender.to_wire(), encoded_messages], use_bin_type=True)
+def run_seqno(msg: Message) -> int:
+    """The seqno under which ``msg`` can travel in a run, or 0 if it must travel as a message of its own."""
+    if msg.dest is not None:
+        return 0
+    headers = msg.headers
+    if len(headers) != 1:
+        return 0
+    hdr = headers.get(RUN_PROTO_ID)
+    if hdr is None:
+        return 0
+    seqno: int = hdr.run_seqno()
+    return seqno
 
 
-def encode_messages(cluster: str, sender: Address, messages: list[Message]) -> bytes:
-    return encode_frame(cluster, sender, [encode_message(m) for m in messages])
+def encode_frame(
+    cluster: str, sender: Address, encoded_messages: list[list[Any]], version: int = FORMAT_VERSION
+) -> bytes:
+    """Encode already-encoded items (see :func:`encode_message`, :func:`encode_items`) into one frame;
+    ``version`` must be RUNS_VERSION if any of them is a run."""
+    return msgpack.packb([version, cluster, sender.to_wire(), encoded_messages], use_bin_type=True)
+
+
+def encode_items(messages: list[Message], runs: bool) -> tuple[list[list[Any]], bool]:
+    """``messages`` as frame items, consecutive run-able multicasts folded into runs if ``runs``; and whether any
+    run was made (the frame must then be RUNS_VERSION)."""
+    items: list[list[Any]] = []
+    any_run = False
+    payloads: list[bytes] | None = None
+    flags = -1
+    nxt = 0
+    for msg in messages:
+        seqno = run_seqno(msg) if runs else 0
+        if seqno:
+            if payloads is not None and seqno == nxt and msg.flags == flags:
+                payloads.append(msg.payload)
+            else:
+                payloads = [msg.payload]
+                flags = msg.flags
+                items.append([seqno, flags, payloads])
+                any_run = True
+            nxt = seqno + 1
+        else:
+            payloads = None
+            items.append(encode_message(msg))
+    return items, any_run
+
+
+def encode_messages(cluster: str, sender: Address, messages: list[Message], runs: bool = False) -> bytes:
+    items, any_run = encode_items(messages, runs)
+    return encode_frame(cluster, sender, items, RUNS_VERSION if any_run else FORMAT_VERSION)
 
 
 def _address(wire: Any, field: str, index: int = 0) -> Address:
@@ -84,13 +139,24 @@ def decode_frame(
     data: bytes | memoryview, expected_cluster: str, limits: WireLimits = DEFAULT_LIMITS
 ) -> tuple[Address, list[Message]]:
     """Decode and validate a frame; return (sender, messages with ``src`` set to the sender)."""
+    sender, out, _ = decode_frame_version(data, expected_cluster, limits)
+    return sender, out
+
+
+def decode_frame_version(  # noqa: C901  the per-message hot path, kept in one function
+    data: bytes | memoryview, expected_cluster: str, limits: WireLimits = DEFAULT_LIMITS
+) -> tuple[Address, list[Message], int]:
+    """:func:`decode_frame`, and the frame's format version (RUNS_VERSION: the sender decodes runs)."""
     if len(data) > limits.max_frame_bytes:
         raise WireError(f"frame: {len(data)} bytes exceed the limit of {limits.max_frame_bytes}")
     frame = unpack_bounded(data, "frame", limits.max_frame_bytes, max(limits.max_messages, 4096) * 4)
     parts = as_list(frame, "frame", 4, exact=4)
     version = as_int(parts[0], "frame.version")
-    if version != FORMAT_VERSION:
-        raise WireError(f"frame.version: unsupported format version {version} (this member speaks {FORMAT_VERSION})")
+    if version != FORMAT_VERSION and version != RUNS_VERSION:
+        raise WireError(
+            f"frame.version: unsupported format version {version} (this member speaks {FORMAT_VERSION} and "
+            f"{RUNS_VERSION})"
+        )
     cluster = as_str(parts[1], "frame.cluster", MAX_CLUSTER_NAME)
     if cluster != expected_cluster:
         raise WireError(f"frame.cluster: frame belongs to cluster {cluster!r}, not {expected_cluster!r}")
@@ -100,7 +166,12 @@ def decode_frame(
     max_payload = limits.max_frame_bytes
     max_headers2 = limits.max_headers * 2
     header_types = HEADER_TYPES
+    runs = version == RUNS_VERSION
+    max_messages = limits.max_messages
     for i, raw in enumerate(raw_messages):
+        if runs and type(raw) is list and len(raw) == 3:
+            _decode_run(raw, i, sender, out, max_messages)
+            continue
         if type(raw) is not list or len(raw) != 4:
             as_list(raw, f"frame.messages[{i}]", 4, exact=4)
         raw_dest, flags, raw_headers, payload = raw
@@ -133,4 +204,35 @@ def decode_frame(
         msg.flags = flags
         msg.headers = headers
         out.append(msg)
-    return sender, out
+    if len(out) > max_messages:
+        raise WireError(f"frame.messages: {len(out)} messages exceed the limit of {max_messages}")
+    return sender, out, version
+
+
+def _decode_run(raw: list[Any], i: int, sender: Address, out: list[Message], max_messages: int) -> None:
+    """Validate the run ``raw`` (item ``i`` of its frame) as a whole and append its messages to ``out``."""
+    first, flags, payloads = raw
+    if type(first) is not int or first < 1:
+        as_int(first, f"frame.messages[{i}].first_seqno", 1)
+    if type(flags) is not int or flags & ~ALL_FLAGS or flags < 0:
+        raise WireError(f"frame.messages[{i}].flags: invalid flags {flags!r}")
+    if type(payloads) is not list or not payloads:
+        raise WireError(f"frame.messages[{i}].payloads: expected a non-empty list of payloads")
+    n = len(payloads)
+    if len(out) + n > max_messages:
+        raise WireError(f"frame.messages[{i}]: a run of {n} messages exceeds the limit of {max_messages} per frame")
+    if first > MAX_INT - n + 1:
+        raise WireError(f"frame.messages[{i}]: a run of {n} from seqno {first} overflows the seqno range")
+    for j, payload in enumerate(payloads):
+        if type(payload) is not bytes:
+            as_bytes(payload, f"frame.messages[{i}].payloads[{j}]", 0)
+    # Imported here: the protocols package imports this module (a top-level import would be a cycle). Named, not
+    # looked up in HEADER_TYPES: compiled, the header and the message are then built by direct native calls.
+    from ..protocols.nakack import MSG, NakAckHeader
+
+    pid = RUN_PROTO_ID
+    seqno = first
+    for payload in payloads:
+        # One header dict per message still: every layer reads its header from it.
+        out.append(Message(None, payload, src=sender, flags=flags, headers={pid: NakAckHeader(MSG, seqno)}))
+        seqno += 1

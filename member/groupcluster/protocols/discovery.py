@@ -45,7 +45,6 @@ MAX_LEARNED_HOSTS = 1024
 Endpoint = tuple[str, int]
 
 
-@register_header
 class DiscoveryHeader(Header):
     """GET_MBRS_REQ | GET_MBRS_RSP(coordinator, view_id, is_coordinator); the sender is the frame's sender."""
 
@@ -119,7 +118,6 @@ class _Round:
         self.responses: dict[Address, DiscoveryResponse] = {}
 
 
-@register_layer
 class Discovery(Layer):
     NAME = "discovery"
     PROTO_ID = protocol_ids.DISCOVERY
@@ -135,15 +133,16 @@ class Discovery(Layer):
 
     # -- traffic -------------------------------------------------------------------------------------
     def up(self, batch: list[Message]) -> None:
+        pid = _PID  # a local: compiled, a module global is looked up (and boxed) on every message
         for msg in batch:
-            if _PID in msg.headers:
+            if pid in msg.headers:
                 break
         else:
             self.above.up(batch)
             return
         rest: list[Message] = []
         for msg in batch:
-            hdr: DiscoveryHeader | None = msg.headers.get(_PID)
+            hdr: DiscoveryHeader | None = msg.headers.get(pid)
             if hdr is None:
                 rest.append(msg)
             elif msg.src is None or msg.src == self.local_address:
@@ -252,3 +251,7 @@ class Discovery(Layer):
             "rounds": sorted(self.rounds),
             "view": None if self.view is None else str(self.view.view_id),
         }
+
+
+register_header(DiscoveryHeader)
+register_layer(Discovery)

@@ -30,7 +30,6 @@ _FLAGS = NO_RELIABILITY | NO_FLOW_CONTROL
 _PID = protocol_ids.FD
 
 
-@register_header
 class FdHeader(Header):
     """HEARTBEAT | ARE_YOU_ALIVE | I_AM_ALIVE; the sender is the frame's sender."""
 
@@ -71,7 +70,6 @@ class FdConfig:
     )
 
 
-@register_layer
 class FailureDetection(Layer):
     NAME = "fd"
     PROTO_ID = protocol_ids.FD
@@ -105,15 +103,16 @@ class FailureDetection(Layer):
             last[src] = self.now
             if src in self._watch:
                 self._alive_again(src)
+        pid = _PID  # a local: compiled, a module global is looked up (and boxed) on every message
         for msg in batch:
-            if _PID in msg.headers:
+            if pid in msg.headers:
                 break
         else:
             self.above.up(batch)
             return
         rest: list[Message] = []
         for msg in batch:
-            hdr: FdHeader | None = msg.headers.get(_PID)
+            hdr: FdHeader | None = msg.headers.get(pid)
             if hdr is None:
                 rest.append(msg)
             elif hdr.kind == ARE_YOU_ALIVE:
@@ -238,3 +237,7 @@ class FailureDetection(Layer):
             "verifying": sorted(map(str, self.verifying)),
             "suspected": sorted(map(str, self.suspected)),
         }
+
+
+register_header(FdHeader)
+register_layer(FailureDetection)

@@ -31,7 +31,6 @@ from ..core.validate import as_address, as_list
 from ..core.view import View, ViewId
 
 
-@register_header
 class MergeHeader(Header):
     """INFO: the sender's view id and coordinator."""
 
@@ -68,7 +67,6 @@ class MergeConfig:
 MAX_HEARD = 256
 
 
-@register_layer
 class Merge(Layer):
     NAME = "merge"
     PROTO_ID = protocol_ids.MERGE
@@ -193,3 +191,7 @@ class Merge(Layer):
             if member.endpoint not in known and member.endpoint != me:
                 self._send_to(member, hdr)
         self.count("info_sent")
+
+
+register_header(MergeHeader)
+register_layer(Merge)

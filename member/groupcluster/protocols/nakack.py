@@ -86,6 +86,9 @@ class NakAckHeader(Header):
 
         raise WireError(f"nakack.kind: {kind} is not valid in this form")
 
+    def run_seqno(self) -> int:
+        return self.seqno if self.kind == MSG else 0
+
     def __repr__(self) -> str:
         return f"NakAckHeader({self.kind}, {self.seqno}, {self.sender}, {self.ranges})"
 

@@ -28,7 +28,6 @@ from ..core.view import ViewId
 GOSSIP, STABILITY = 0, 1
 
 
-@register_header
 class StableHeader(Header):
     PROTO_ID = protocol_ids.STABLE
     __slots__ = ("digest", "kind", "view_id")
@@ -59,7 +58,6 @@ class StableConfig:
     max_bytes: int = param("4MiB", "size", doc="also gossip after receiving this many multicast bytes", minimum=1)
 
 
-@register_layer
 class Stable(Layer):
     NAME = "stable"
     PROTO_ID = protocol_ids.STABLE
@@ -170,3 +168,7 @@ class Stable(Layer):
 
     def describe_state(self) -> dict[str, Any]:
         return {"heard_from": sorted(map(str, self.heard_from)), "view_id": str(self.view_id)}
+
+
+register_header(StableHeader)
+register_layer(Stable)

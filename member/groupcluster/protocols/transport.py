@@ -2,7 +2,10 @@
 
 Messages sent during one driver step are bundled: all multicasts of the step travel in as few frames as
 fit ``max_frame_size``, and so do all unicasts to one member. The same multicast frame bytes go to every
-other member of the view (encoded once). Malformed frames, frames of another cluster and unicasts meant
+other member of the view (encoded once). Consecutive NAKACK multicasts travel as runs (see :mod:`..core.wire`)
+towards members known to decode them: each member says so with an empty RUNS_VERSION frame ("hello") to every
+member of each new view it has not heard one from, and any RUNS_VERSION frame counts as one
+(docs/decisions/004-wire-runs.md). Malformed frames, frames of another cluster and unicasts meant
 for another incarnation are dropped and counted, never raised.
 
 With a cluster secret (``auth_secret_file`` or ``auth_secret_env``) every frame is sealed once after encoding
@@ -23,11 +26,13 @@ from ..core.errors import ConfigError, WireError
 from ..core.events import Event, SetLocalAddress, ViewChange
 from ..core.layer import Layer, register_layer
 from ..core.message import Message
-from ..core.wire import WireLimits, decode_frame, encode_frame, encode_message
+from ..core.wire import FORMAT_VERSION, RUNS_VERSION, WireLimits, decode_frame_version, encode_frame, encode_items
 from .auth import OVERHEAD, AuthError, FrameAuth, Secret, make_session, parse_secret_env, parse_secret_file
 
 # Rough per-message framing overhead used to cut frames before encoding them.
 _MESSAGE_OVERHEAD = 48
+# Most members remembered as decoding runs between two view changes.
+_MAX_RUNS_OK = 1024
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,11 @@ class TransportConfig:
         doc="name of an environment variable holding the cluster secret (instead of auth_secret_file)",
     )
     encrypt: bool = param(False, "bool", doc="encrypt frames (ChaCha20-Poly1305); needs a cluster secret")
+    wire_runs: bool = param(
+        True,
+        "bool",
+        doc="send consecutive multicasts as runs to members that decode them (false: the previous wire format only)",
+    )
     auth_replay_window: int = param(
         4096, "int", doc="frames per sender accepted out of order; older ones count as replays", minimum=64
     )
@@ -85,6 +95,12 @@ class Transport(Layer):
         self._mcast: list[tuple[tuple[tuple[str, int], ...], list[Message]]] = []
         self._ucast: dict[tuple[str, int], list[Message]] = {}
         self._loopback: list[Message] = []
+        # Members (by endpoint, with the address that said so) known to decode runs, and the members of the
+        # current view still to be told that we do; both kept to the current view's members.
+        self._runs_ok: dict[tuple[str, int], Address] = {}
+        self._hello: list[Address] = []
+        self._told: set[Address] = set()
+        self.wire_runs: bool = config.wire_runs
         self.bad_frames = 0
         self.auth_rejected = 0
         self._next_warning = 0.0
@@ -140,13 +156,43 @@ class Transport(Layer):
         if isinstance(event, ViewChange):
             me = self.local_address.endpoint
             self.targets = tuple(m.endpoint for m in event.view.members if m.endpoint != me)
+            if self.wire_runs:
+                self._on_view(event.view.members)
             if self.auth is not None:
                 self.auth.set_members(event.view.members)
         elif isinstance(event, SetLocalAddress):  # pragma: no cover - addresses are fixed at creation
             pass
         return self.below.down_event(event)
 
+    def _on_view(self, members: tuple[Address, ...]) -> None:
+        me = self.local_address
+        peers = [m for m in members if m != me]
+        runs_ok = self._runs_ok
+        # An endpoint counts only with the address that said so: a member restarted there (maybe with the
+        # previous version, in a rollback) must say so again.
+        self._runs_ok = {m.endpoint: m for m in peers if runs_ok.get(m.endpoint) == m}
+        self._told = {m for m in self._told if m in self._runs_ok.values() or m in peers}
+        # Told again at every view change until it told us: a hello may be lost like any frame.
+        due = [m for m in peers if m not in self._told or m.endpoint not in self._runs_ok]
+        self._hello = due + [m for m in self._hello if m not in due]
+
+    def _runs_to(self, targets: tuple[tuple[str, int], ...]) -> bool:
+        runs_ok = self._runs_ok
+        for endpoint in targets:
+            if endpoint not in runs_ok:
+                return False
+        return self.wire_runs
+
     def end_of_step(self) -> bool:
+        if self._hello:
+            hello, self._hello = self._hello, []
+            frame = encode_frame(self.ctx.cluster, self.local_address, [], RUNS_VERSION)
+            if self.auth is not None:
+                frame = self.auth.seal(frame)
+            for m in hello:
+                self._told.add(m)
+                self.ctx.transmit(m.endpoint, frame)
+            self.count("hellos_sent", len(hello))
         if self._loopback:
             batch, self._loopback = self._loopback, []
             # Loopback goes up as the local member's own batch; unicasts to self and multicasts alike.
@@ -157,37 +203,41 @@ class Transport(Layer):
             bundles, self._mcast = self._mcast, []
             for targets, msgs in bundles:
                 if targets:
-                    for frame in self._frames(msgs):
+                    for frame in self._frames(msgs, self._runs_to(targets)):
                         for endpoint in targets:
                             self.ctx.transmit(endpoint, frame)
         if self._ucast:
             ucast, self._ucast = self._ucast, {}
             for endpoint, msgs in ucast.items():
-                for frame in self._frames(msgs):
+                for frame in self._frames(msgs, False):
                     self.ctx.transmit(endpoint, frame)
         return False
 
-    def _frames(self, msgs: list[Message]) -> list[bytes]:
+    def _frames(self, msgs: list[Message], runs: bool) -> list[bytes]:
         limit = self._frame_limit
         frames: list[bytes] = []
-        encoded: list[list[Any]] = []
+        start = 0
         size = 0
-        for msg in msgs:
-            item = encode_message(msg)
+        # Cut by the same estimate with or without runs (a run is smaller than its messages): the frames hold
+        # the same messages either way.
+        for i, msg in enumerate(msgs):
             est = len(msg.payload) + _MESSAGE_OVERHEAD + 16 * len(msg.headers)
-            if encoded and size + est > limit:
-                frames.append(encode_frame(self.ctx.cluster, self.local_address, encoded))
-                encoded, size = [], 0
-            encoded.append(item)
+            if i > start and size + est > limit:
+                frames.append(self._frame(msgs[start:i], runs))
+                start, size = i, 0
             size += est
-        if encoded:
-            frames.append(encode_frame(self.ctx.cluster, self.local_address, encoded))
+        if start < len(msgs):
+            frames.append(self._frame(msgs[start:] if start else msgs, runs))
         if self.auth is not None:
             seal = self.auth.seal
             frames = [seal(f) for f in frames]
         self.count("frames_sent", len(frames))
         self.count("messages_sent", len(msgs))
         return frames
+
+    def _frame(self, msgs: list[Message], runs: bool) -> bytes:
+        items, any_run = encode_items(msgs, runs)
+        return encode_frame(self.ctx.cluster, self.local_address, items, RUNS_VERSION if any_run else FORMAT_VERSION)
 
     # -- up ------------------------------------------------------------------------------------------
     def receive(self, data: bytes) -> None:
@@ -204,7 +254,7 @@ class Transport(Layer):
                 self._warn("an unauthentic frame", self.auth_rejected, exc)
                 return
         try:
-            sender, msgs = decode_frame(frame, self.ctx.cluster, self.limits)
+            sender, msgs, version = decode_frame_version(frame, self.ctx.cluster, self.limits)
         except WireError as exc:
             self.bad_frames += 1
             self.count("bad_frames")
@@ -219,6 +269,8 @@ class Transport(Layer):
         if sender == me:
             self.count("own_frames_dropped")
             return
+        if version == RUNS_VERSION and self.wire_runs and self._runs_ok.get(sender.endpoint) != sender:
+            self._learn_runs(sender)
         batch = msgs
         for msg in msgs:
             dest = msg.dest
@@ -237,6 +289,16 @@ class Transport(Layer):
         if so_far <= 10 or now >= self._next_warning:
             self._next_warning = now + 10.0
             self.ctx.log.warning("dropped %s (%d so far): %s", what, so_far, exc)
+
+    def _learn_runs(self, sender: Address) -> None:
+        # Kept even from a member not in our view yet (a joiner may install the view first); bounded, and cut to
+        # the view's members at the next view change.
+        if len(self._runs_ok) >= _MAX_RUNS_OK and sender.endpoint not in self._runs_ok:
+            return
+        self._runs_ok[sender.endpoint] = sender
+        # Told back at once: our hello to it may have been lost. It learns us now and answers nothing more.
+        self._hello.append(sender)
+        self.count("runs_peers_learned")
 
     def _for_me(self, dest: Address) -> bool:
         me = self.local_address

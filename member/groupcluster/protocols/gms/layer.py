@@ -121,6 +121,13 @@ class Gms(MergeRole):
     # -- from below ----------------------------------------------------------------------------------
     def up(self, batch: list[Message]) -> None:
         pid = protocol_ids.GMS
+        for msg in batch:
+            if pid in msg.headers:
+                break
+        else:  # the common case, application messages only: one scan, the batch passed on as it is
+            if batch:
+                self._deliver(batch)
+            return
         # In order: messages that precede a VIEW in the stream are delivered before it is installed.
         pending: list[Message] = []
         for msg in batch:
