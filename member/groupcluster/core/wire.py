@@ -16,6 +16,7 @@ Every decoded field is validated and every size a peer controls is bounded. Deco
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,11 @@ RUNS_VERSION = 2
 # The protocol whose header a run stands for: NAKACK's MSG (its header class implements Header.run_seqno).
 RUN_PROTO_ID = protocol_ids.NAKACK
 MAX_CLUSTER_NAME = 128
+# Builds a run's messages (sender, first seqno, flags, payloads, into): registered by the protocol whose header a
+# run stands for when it is imported (set_run_builder), so that core imports no protocol. One call per run; the
+# builder makes each message with its own module's (compiled: native) constructors.
+RunBuilder = Callable[[Address, int, int, list[bytes], list[Message]], None]
+_RUN_BUILDER: list[RunBuilder] = []
 # ``Message.__new__``, not ``object.__new__``: the same function interpreted, and the one a compiled Message accepts.
 _new_message = Message.__new__
 
@@ -226,13 +232,12 @@ def _decode_run(raw: list[Any], i: int, sender: Address, out: list[Message], max
     for j, payload in enumerate(payloads):
         if type(payload) is not bytes:
             as_bytes(payload, f"frame.messages[{i}].payloads[{j}]", 0)
-    # Imported here: the protocols package imports this module (a top-level import would be a cycle). Named, not
-    # looked up in HEADER_TYPES: compiled, the header and the message are then built by direct native calls.
-    from ..protocols.nakack import MSG, NakAckHeader
+    builders = _RUN_BUILDER
+    if not builders:
+        raise WireError(f"frame.messages[{i}]: a run, but no protocol that decodes runs is loaded")
+    builders[0](sender, first, flags, payloads, out)
 
-    pid = RUN_PROTO_ID
-    seqno = first
-    for payload in payloads:
-        # One header dict per message still: every layer reads its header from it.
-        out.append(Message(None, payload, src=sender, flags=flags, headers={pid: NakAckHeader(MSG, seqno)}))
-        seqno += 1
+
+def set_run_builder(builder: RunBuilder) -> None:
+    """Make ``builder`` the one that turns a decoded run into messages (see ``RunBuilder``)."""
+    _RUN_BUILDER[:] = [builder]

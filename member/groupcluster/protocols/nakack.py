@@ -32,6 +32,7 @@ from ..core.events import (
 from ..core.layer import Layer, register_layer
 from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, register_header
 from ..core.validate import as_address, as_int, as_list
+from ..core.wire import set_run_builder
 
 MSG, XMIT_REQ, XMIT_RSP, XMIT_GONE = 0, 1, 2, 3
 _MAX_RANGES = 256
@@ -630,3 +631,16 @@ class NakAck(Layer):
 
 
 register_layer(NakAck)
+
+
+def _build_run(sender: Address, first: int, flags: int, payloads: list[bytes], out: list[Message]) -> None:
+    """The messages of a run decoded by core.wire, validated there: multicasts with a MSG header each."""
+    pid = protocol_ids.NAKACK
+    seqno = first
+    for payload in payloads:
+        # One header dict per message still: every layer reads its header from it.
+        out.append(Message(None, payload, src=sender, flags=flags, headers={pid: NakAckHeader(MSG, seqno)}))
+        seqno += 1
+
+
+set_run_builder(_build_run)
