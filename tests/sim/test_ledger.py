@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from groupcluster.compiled import PURE_ENV
 from groupcluster.sim import ledger
 from groupcluster.sim import sweep as sweep_cli
 
@@ -31,6 +33,8 @@ def test_every_module_a_seed_of_each_default_profile_loads_is_in_the_digest() ->
     for name in modules:
         if name.endswith("__mypyc"):
             continue  # mypyc's shared runtime of the compiled modules, built from the sources checked here
+        if name == "groupcluster.sim.ledger":
+            continue  # imported by the sweep, but no seed calls it (the tracing test below checks it)
         parts = name.split(".")[1:]
         package = ledger.PACKAGE.joinpath(*parts)
         rel = ((package / "__init__.py") if package.is_dir() else package.with_suffix(".py")).relative_to(
@@ -41,10 +45,69 @@ def test_every_module_a_seed_of_each_default_profile_loads_is_in_the_digest() ->
     assert not outside, f"modules the simulation runs that the digest leaves out: {outside}"
 
 
+_CALLED = """
+import json, sys
+from groupcluster.sim.sweep import DEFAULT_PROFILES, parse_profile, _run
+files = {}
+
+for p in DEFAULT_PROFILES:
+    seen = files.setdefault(p.split("+", 1)[0], set())
+
+    def on_call(frame, event, arg, seen=seen):
+        if event == "call":
+            seen.add(frame.f_code.co_filename)
+
+    sys.setprofile(on_call)
+    _run((3, parse_profile(p).scenario))
+    sys.setprofile(None)
+print(json.dumps({k: sorted(v) for k, v in files.items()}))
+"""
+
+
+def test_a_seed_of_each_group_stack_calls_only_the_group_code_and_none_calls_the_ledger() -> None:
+    # Interpreted modules, so that every function the seeds call is seen by the profiler hook.
+    env = {**os.environ, PURE_ENV: "1"}
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _CALLED],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+        env=env,
+    )
+    called = json.loads(out.stdout.strip().splitlines()[-1])
+    package = ledger.PACKAGE.resolve()
+
+    def rels(stack: str) -> set[str]:
+        paths = (Path(f).resolve() for f in called[stack])
+        return {p.relative_to(package).as_posix() for p in paths if p.is_relative_to(package)}
+
+    assert set(ledger.GROUP_STACKS) < set(called) and "grid-tx" in called
+    group = set().union(*(rels(s) for s in ledger.GROUP_STACKS))
+    assert {"protocols/flush.py", "protocols/sequencer/layer.py", "sim/scenario.py"} <= group
+    outside = sorted(r for r in group if not ledger.in_group_code(r))
+    assert not outside, f"code a group stack's seed calls that the group-code digest leaves out: {outside}"
+    everything = set().union(*(rels(s) for s in called))
+    assert "grid/tx/locks.py" in everything
+    outside = sorted(r for r in everything if not ledger.in_sim_code(r))
+    assert not outside, f"code a seed calls that the digest leaves out: {outside}"
+
+
+def test_the_group_code_is_the_simulated_code_without_the_grid() -> None:
+    assert ledger.in_group_code("protocols/flush.py")
+    assert ledger.in_group_code("sim/scenario.py")
+    assert ledger.in_group_code("stacks.py")
+    assert not ledger.in_group_code("grid/node/facade.py")
+    assert not ledger.in_group_code("grid/tx/locks.py")
+    assert not ledger.in_group_code("sim/grid/tx_checkers.py")
+    assert not ledger.in_group_code("grid/http/app.py")
+
+
 def test_the_parts_a_simulation_never_imports_are_left_out() -> None:
     assert ledger.in_sim_code("protocols/flush.py")
     assert ledger.in_sim_code("grid/node/facade.py")
     assert ledger.in_sim_code("stacks.py")
+    assert not ledger.in_sim_code("sim/ledger.py")
     assert not ledger.in_sim_code("grid/http/app.py")
     assert not ledger.in_sim_code("grid/client/_routing.py")
     assert not ledger.in_sim_code("tools/chaos.py")
@@ -63,6 +126,7 @@ def _repo(tmp_path: Path) -> tuple[Path, Path]:
         "__init__.py": "",
         "core/wire.py": "A = 1\n",
         "protocols/flush.py": "B = 2\n",
+        "grid/tx/locks.py": "E = 5\n",
         "grid/http/app.py": "C = 3\n",
         "tools/chaos.py": "D = 4\n",
     }.items():
@@ -113,6 +177,37 @@ def test_totals_count_only_the_rows_on_the_current_code(tmp_path: Path) -> None:
     assert by_profile["grid --members 3"].seeds == 20
     text = ledger.format_totals(current, by_stack, by_profile)
     assert "vsync" in text and "fifo" not in text
+
+
+def test_a_change_to_the_grid_alone_keeps_the_group_stacks_totals(tmp_path: Path) -> None:
+    repo, pkg = _repo(tmp_path)
+    old = _git(repo, "rev-parse", "HEAD").strip()
+    (pkg / "grid/tx/locks.py").write_text("E = 50\n")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qam", "grid")
+    grid_changed = _git(repo, "rev-parse", "HEAD").strip()
+    (pkg / "protocols/flush.py").write_text("B = 20\n")
+    current = ledger.sim_code_digest(pkg)
+    group = ledger.sim_code_digest(pkg, part=ledger.in_group_code)
+    rows = [
+        {"profile": "vsync", "start": 100, "seeds": 50, "failed": [], "code": old},
+        {"profile": "grid-tx", "start": 100, "seeds": 50, "failed": [], "code": old},
+    ]
+    # Before the protocol change: the grid's change keeps vsync's rows, not grid-tx's.
+    at_grid = ledger.sim_code_digest_at(repo, "HEAD")
+    at_grid_group = ledger.sim_code_digest_at(repo, "HEAD", part=ledger.in_group_code)
+    assert at_grid is not None and at_grid_group is not None
+    by_stack, _ = ledger.totals(rows, at_grid, repo, at_grid_group)
+    assert {k: t.seeds for k, t in by_stack.items()} == {"vsync": 50}
+    rows.append({"profile": "grid-tx", "start": 200, "seeds": 7, "failed": [], "code": grid_changed})
+    by_stack, _ = ledger.totals(rows, at_grid, repo, at_grid_group)
+    assert {k: t.seeds for k, t in by_stack.items()} == {"vsync": 50, "grid-tx": 7}
+    # A protocol change counts for every stack: none of those rows ran it.
+    by_stack, _ = ledger.totals(rows, current, repo, group)
+    assert by_stack == {}
+    rows.append({"profile": "fifo", "start": 300, "seeds": 3, "failed": [], "sim_code": "x", "group_code": group})
+    by_stack, by_profile = ledger.totals(rows, current, repo, group)
+    assert {k: t.seeds for k, t in by_stack.items()} == {"fifo": 3}
+    assert f"the group code {group}" in ledger.format_totals(current, by_stack, by_profile)
 
 
 def test_a_sweep_records_the_digest_and_totals_read_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
