@@ -170,6 +170,23 @@ REFUSED_KEY_TO_A_VOTER = (
     "member that did not vote on that key; TxCoordinator._send_completion)"
 )
 
+STALE_ATTEMPT_PUSHED = (
+    "capacity changes: a backup of u6 got t26's first prepare late and was cut off in doubt about that attempt; "
+    "t26 committed its second attempt without it; at the merge the backup pushed the abandoned attempt's u6 "
+    "write (no version) to 10.0.0.5, u6's new primary, which held t26 committed for other keys and locked u6 "
+    "for a version that no commit brings: u6 locked for good (now pushed lock information of an attempt older "
+    "than the one known here is ignored, committed or not; grid/tx/lock_transfer.py, import_lock_info)"
+)
+
+OWN_MEMBER_APPLIED_FIRST = (
+    "deadlines: t12's originator, a backup of u10, applied its own commit of u10 at once; a partition then cut "
+    "it off before the other owners took the commit (in doubt there), and the automatic resolver on the other "
+    "side, seeing every prepare-time member but the originator and nobody committed, rolled t12 back; the merge "
+    "brought the originator's u10 back beside the rolled-back u12: half a transaction visible (now the "
+    "originator's own member gets the commit only once another member applied it, and a commit a voter answers "
+    "ROLLED_BACK before anyone applied it rolls back everywhere; TxCoordinator._own_held, _overruled)"
+)
+
 # (seed, scenario, what the seed found). Seeds 104 and 143 found TWO_GRIDS on the first sweep; the fault choice
 # changed since (crashes and pauses prefer originators in the middle of a commit), so their runs are not the
 # same any more: 212 (a later transaction's write beaten at the merge) and 220 (the counters' total broken by
@@ -199,6 +216,8 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (508822000432, GRID_TX_STARTUP, IN_DOUBT_IGNORED_ROLLBACK),
     (338600243, GRID_TX_DEADLINES_STARTUP, REFUSED_KEY_TO_A_VOTER),
     (339000037, GRID_TX_CAPACITY_STARTUP, NO_GRID_AFTER_MERGE),
+    (499392000289, GRID_TX_CAPACITY_STARTUP, STALE_ATTEMPT_PUSHED),
+    (681165000353, GRID_TX_DEADLINES_STARTUP, OWN_MEMBER_APPLIED_FIRST),
 ]
 
 

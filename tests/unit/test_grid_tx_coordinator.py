@@ -131,6 +131,71 @@ class TestCoordinator:
         to_c = [o.message for o in out if isinstance(o, TxSend) and o.dest == C]
         assert len(to_c) == 1 and isinstance(to_c[0], TxCommit) and to_c[0].writes == ()
 
+    @staticmethod
+    def _committing_own_backup() -> tuple[TxCoordinator, TxId, StaticRouter, list[TxOutput]]:
+        """k0 owned by A (primary) and the originator's own member O1 (backup); both voted YES: committing."""
+        router = StaticRouter([A, O1])  # k0: A, O1
+        co = TxCoordinator(O1, router)
+        co.on_view([A, O1], 0.0)
+        tx = co.begin(0.0)
+        preps = co.commit(tx, {b"k0": b"x"}, 0.0)
+        assert {o.dest for o in preps if isinstance(o, TxSend)} == {A, O1}
+        co.on_message(O1, TxVote(tx, 1, 0, YES, 1), 1.0)
+        out = co.on_message(A, TxVote(tx, 1, 0, YES, 1, ((b"k0", make_version(1, 1)),)), 1.0)
+        assert co.state_of(tx) == CoordState.COMMITTING
+        return co, tx, router, out
+
+    def test_the_originators_own_member_applies_a_commit_only_after_another_member_did(self) -> None:
+        # Simulation seed 681165000353 (deadlines): the originator's member applied its own commit of u10 at
+        # once; a partition then cut the originator off, the resolver on the other side (every prepare-time
+        # member but the originator present, none committed) rolled the transaction back, and the merge brought
+        # the originator's u10 back beside the rolled-back u12: half a transaction visible.
+        co, tx, _, out = self._committing_own_backup()
+        assert [o.dest for o in out if isinstance(o, TxSend) and isinstance(o.message, TxCommit)] == [A]
+        out = co.on_message(A, TxAck(tx, 1, ACK_OK, 1), 2.0)  # A applied it: a resolver asking A commits
+        to_me = [o.message for o in out if isinstance(o, TxSend) and o.dest == O1]
+        assert len(to_me) == 1 and isinstance(to_me[0], TxCommit) and to_me[0].writes[0][0] == b"k0"
+        assert co.on_message(O1, TxAck(tx, 1, ACK_OK, 1), 2.1) == [TxOutcome(tx, True, "", 1)]
+
+    def test_a_commit_the_resolver_rolled_back_while_the_originator_was_cut_off_rolls_back_its_member(self) -> None:
+        co, tx, router, _ = self._committing_own_backup()
+        out = co.on_view([O1], 2.0)  # cut off before A answered: A's side resolves it without us
+        router.topology_id = 2  # our side's topology still names A (degraded): nobody applies it here
+        out += co.on_topology(2.5) + co.tick(5.0)
+        assert not [o for o in out if isinstance(o, TxSend) and o.dest == O1]
+        assert not [o for o in out if isinstance(o, TxOutcome)]
+        co.on_view([A, O1], 6.0)  # merged: A was rolled back by the resolver
+        out = co.tick(9.0)
+        assert {o.dest for o in out if isinstance(o, TxSend) and isinstance(o.message, TxCommit)} == {A}
+        out = co.on_message(A, TxAck(tx, 1, ACK_ROLLED_BACK, 2), 9.5)
+        (outcome,) = [o for o in out if isinstance(o, TxOutcome)]
+        assert not outcome.committed and not outcome.mixed
+        rollbacks = {o.dest for o in out if isinstance(o, TxSend) and isinstance(o.message, TxRollback)}
+        assert rollbacks == {A, O1}  # our own member never applied it: it rolls back like the others
+        co.on_message(A, TxAck(tx, 1, ACK_OK, 2), 10.0)
+        assert co.on_message(O1, TxAck(tx, 1, ACK_OK, 2), 10.0) == [] and co.pending() == []
+
+    def test_the_originators_own_member_is_released_by_a_new_owner_when_its_co_voter_crashed(self) -> None:
+        co, tx, router, _ = self._committing_own_backup()
+        co.on_view([O1, C], 2.0)  # A crashed before answering
+        router.members, router.topology_id = [C, O1], 2  # k0: C (a new owner by state transfer), O1
+        out = co.on_topology(2.5)
+        to_c = [o.message for o in out if isinstance(o, TxSend) and o.dest == C]
+        assert len(to_c) == 1 and isinstance(to_c[0], TxCommit) and to_c[0].writes[0][0] == b"k0"
+        assert not [o for o in out if isinstance(o, TxSend) and o.dest == O1]
+        out = co.on_message(C, TxAck(tx, 1, ACK_OK, 2), 3.0)
+        assert [o.dest for o in out if isinstance(o, TxSend) and isinstance(o.message, TxCommit)] == [O1]
+        assert co.on_message(O1, TxAck(tx, 1, ACK_OK, 2), 3.1) == [TxOutcome(tx, True, "", 1)]
+
+    def test_an_originator_owning_every_key_alone_commits_at_once(self) -> None:
+        router = StaticRouter([O1], owners=1)
+        co = TxCoordinator(O1, router)
+        tx = co.begin(0.0)
+        co.commit(tx, {b"k0": b"x"}, 0.0)
+        out = co.on_message(O1, TxVote(tx, 1, 0, YES, 1, ((b"k0", make_version(1, 1)),)), 1.0)
+        assert [o.dest for o in out if isinstance(o, TxSend) and isinstance(o.message, TxCommit)] == [O1]
+        assert co.on_message(O1, TxAck(tx, 1, ACK_OK, 1), 1.1) == [TxOutcome(tx, True, "", 1)]
+
     def test_a_new_owner_held_back_is_released_when_every_voter_left(self) -> None:
         router = StaticRouter([A, B])
         co, _ = committing_k0(router)

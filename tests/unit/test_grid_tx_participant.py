@@ -384,3 +384,27 @@ class TestTxTable:
         assert t.locks.empty() and t.state_of(tx) == TxState.COMMITTED
         assert k2 not in store.data  # nothing applied: the key's owners have the write
         assert t.report(tx).writes == ()  # the dropped write is no longer waited for
+
+    def test_a_pushed_record_of_an_abandoned_attempt_locks_nothing_where_a_later_one_committed(self) -> None:
+        # tx prepared attempt 1 (k1 on this member as primary, k2 on a backup), gave it up and committed attempt
+        # 2, which this member applied for k1 only (it owned no copy of k2 then). The backup of k2, cut off in
+        # doubt about attempt 1, later pushes that attempt's k2 write without a version to this member as k2's
+        # new primary. Attempt 1 never commits and attempt 2 brings no version for k2 here: locking k2 for a
+        # version held it for good.
+        t, store = table(A)
+        tx = tid(1)
+        k1, k2 = b"k1", b"k2"
+        t.on_message(O1, prepare(tx, [k1], attempt=1), 0.0)
+        t.on_message(O1, TxRollback(tx, 1, 1), 0.5)
+        t.on_message(O1, prepare(tx, [k1], attempt=2), 0.6)
+        t.on_message(O1, TxCommit(tx, 2, 1, ((k1, make_version(1, 7), b"x1"),)), 1.0)
+        assert t.state_of(tx) == TxState.COMMITTED and t.locks.empty()
+        info = TxLockInfo(1, (seg(k2),), (TxRecordInfo(tx, 1, INFO_PREPARED, True, (k2,), ((k2, b"x2"),), ()),))
+        t.import_lock_info(info, 2.0)
+        assert t.locks.empty()
+        assert t.state_of(tx) == TxState.COMMITTED
+        assert k2 not in store.data
+        # a push of the committed attempt still keeps a versionless write's key until its version comes
+        info2 = TxLockInfo(1, (seg(k2),), (TxRecordInfo(tx, 2, INFO_PREPARED, True, (k2,), ((k2, b"x2"),), ()),))
+        t.import_lock_info(info2, 3.0)
+        assert t.locks.held_by(tx) == {k2}

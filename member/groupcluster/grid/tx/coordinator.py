@@ -85,6 +85,10 @@ class _CTx:
     confirmed: set[bytes] = field(default_factory=set)
     refused: set[bytes] = field(default_factory=set)
     held: set[Address] = field(default_factory=set)
+    # The originator's own member, a voter, gets the commit only once another member applied it (``released``;
+    # see _own_held). ``carried``: members that voted on none of the keys and were sent writes anyway.
+    released: bool = False
+    carried: set[Address] = field(default_factory=set)
 
 
 class TxCoordinator:
@@ -486,6 +490,8 @@ class TxCoordinator:
         per_dest: dict[Address, list[VersionedWrite]] = {}
         held: set[Address] = set()
         voters = {v for vs in c.voters_of.values() for v in vs}
+        if self._own_held(c, voters, owners):
+            held.add(self.address)
         for key in keys:
             for dest in owners[key]:
                 targets.add(dest)
@@ -508,21 +514,41 @@ class TxCoordinator:
             if c.acked.get(dest, -1) >= tid or dest in held or (chosen is not None and dest not in chosen):
                 continue
             if c.state == CoordState.COMMITTING:
+                if per_dest.get(dest) and dest not in voters:
+                    c.carried.add(dest)
                 msg: Sent = TxCommit(c.tx, c.attempt, tid, tuple(per_dest.get(dest, ())))
             else:
                 msg = TxRollback(c.tx, c.attempt, tid)
             self._send(c, dest, msg, now, out)
         self._maybe_complete(c, out)
 
+    def _own_held(self, c: _CTx, voters: set[Address], owners: Mapping[bytes, Sequence[Address]]) -> bool:
+        """Whether the originator's own member, a voter, still waits for its commit: until another member applied
+        it. An automatic resolver rolls a transaction in doubt back when every member of its prepare-time view
+        but the originator is present and none committed it; it cannot ask a member it does not see, the
+        originator's, so that member must not be the only one to have applied the commit. Applied at once, it
+        kept the writes it owned while the resolver on the other side of a partition rolled the rest back, and
+        the merge brought them back: half a transaction visible. Once a member
+        reachable by a resolver applied it, that member reports it committed and any resolver commits too.
+        Released at once where no other member owns or voted on any of the keys (nobody else could apply it)."""
+        me = self.address
+        if c.state != CoordState.COMMITTING or c.released or me not in voters:
+            return False
+        others = (voters - {me}) | {o for k in c.writes if k in owners for o in owners[k] if o != me}
+        if not others:
+            c.released = True
+        return not c.released
+
     def _applied_by_voter(self, c: _CTx, key: bytes) -> bool | None:
         """Whether a voter of ``key`` applied the commit (True), was rolled back instead (False), or has not
-        answered yet (None). True as well when every voter left: nobody is left to ask."""
+        answered yet (None). True as well when every voter but the originator's own member (held back until
+        another member applied it, see _own_held) left: nobody is left to ask."""
         if key in c.refused:
             return False
         if key in c.confirmed:
             return True
         voters = c.voters_of.get(key, ())
-        if self._members is not None and not any(v in self._members for v in voters):
+        if self._members is not None and not any(v in self._members for v in voters if v != self.address):
             return True
         return None
 
@@ -532,18 +558,24 @@ class TxCoordinator:
             # a late commit name the participant's newer topology and are otherwise not counted): it decides
             # whether the owners that did not vote get the keys it voted on (see _send_completion).
             voted = {k for k, voters in c.voters_of.items() if src in voters}
+            release = False
             if ack.code == ACK_ROLLED_BACK:
                 news = voted - c.refused
                 c.refused |= voted
+                if news and self._overruled(c, src, now, out):
+                    return
                 if news:
                     c.mixed = True
                     c.reason = c.reason or f"{src} had rolled it back, not committed"
             elif ack.code in (ACK_OK, ACK_RETRY):
                 news = voted - c.confirmed
                 c.confirmed |= voted
+                if src != self.address and (voted or src in c.carried) and not c.released:
+                    # Applied by a member a resolver can ask: the originator's own member may apply it too.
+                    c.released = release = True
             else:
                 news = set()
-            if news and c.held:
+            if (news or release) and c.held:
                 self._send_completion(c, now, out, only=c.held)
         sent = c.unanswered.get(src)
         if ack.attempt != c.attempt or sent is None:
@@ -570,6 +602,24 @@ class TxCoordinator:
         del c.unanswered[src]
         c.acked[src] = ack.topology_id
         self._maybe_complete(c, out)
+
+    def _overruled(self, c: _CTx, src: Address, now: float, out: list[TxOutput]) -> bool:
+        """A voter answered our commit ROLLED_BACK (a resolver rolled the transaction back while we were cut off)
+        and no member can have applied the commit: no voter acknowledged it, none that did not vote was sent a
+        write, and the originator's own member is still held back (_own_held). The resolver's rule rolled it
+        back everywhere it could ask, so rolling back our own member too leaves the transaction atomic: it is
+        reported rolled back (it was never reported committed) and the rollback goes to every member."""
+        if c.released or c.confirmed or c.carried or self.address not in c.held:
+            return False
+        reason = f"rolled back by a resolution while committing ({src} had rolled it back)"
+        c.state = CoordState.ROLLING_BACK
+        c.reason = reason
+        c.unanswered.clear()
+        c.acked.clear()
+        c.held = set()
+        out.append(TxOutcome(c.tx, False, reason, c.attempt))
+        self._send_completion(c, now, out)
+        return True
 
     def _maybe_complete(self, c: _CTx, out: list[TxOutput]) -> None:
         if c.unanswered or c.held:

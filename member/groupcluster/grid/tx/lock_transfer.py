@@ -97,11 +97,15 @@ class LockTransfer:
         out = [] if out is None else out
         for r in info.records:
             rec = self._txs.get(r.tx)
+            if rec is not None and rec.attempt > r.attempt:
+                # We know a newer attempt: the originator gave the pushed one up, it never commits. Also when
+                # the newer one committed here: the pushed attempt's writes carry no version of the committed
+                # one, and holding their keys for a version would hold them for good (a backup cut off in
+                # doubt about an abandoned attempt pushes such a record when it becomes a primary again).
+                continue
             if rec is not None and rec.state == TxState.COMMITTED:
                 self._import_committed(rec, r, now, out)
                 continue
-            if rec is not None and rec.attempt > r.attempt:
-                continue  # we know a newer attempt: the originator gave the pushed one up, it never commits
             if rec is not None and rec.state == TxState.ROLLED_BACK:
                 if rec.decided and rec.attempt >= r.attempt:
                     continue  # a decision rolled this attempt back
