@@ -187,6 +187,14 @@ OWN_MEMBER_APPLIED_FIRST = (
     "ROLLED_BACK before anyone applied it rolls back everywhere; TxCoordinator._own_held, _overruled)"
 )
 
+DEMOTED_PRIMARY_KEPT_LOCK = (
+    "capacity changes, startup faults: 10.0.0.4, a backup of u15 prepared for t8, was cut off in doubt and, alone, "
+    "became u15's primary: its backup lock became a lock. The merge made 10.0.0.3 the primary again and 10.0.0.4 "
+    "a backup; it pushed the lock information but kept the lock itself, and the resolved commit, carrying only the "
+    "u7 write whose version the resolver knew, left u15 held for its missing version, for good (now an old primary "
+    "that stays an owner turns its locks into backup locks after the push; LockTable.demote, TxTable.demote)"
+)
+
 # (seed, scenario, what the seed found). Seeds 104 and 143 found TWO_GRIDS on the first sweep; the fault choice
 # changed since (crashes and pauses prefer originators in the middle of a commit), so their runs are not the
 # same any more: 212 (a later transaction's write beaten at the merge) and 220 (the counters' total broken by
@@ -218,6 +226,7 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (339000037, GRID_TX_CAPACITY_STARTUP, NO_GRID_AFTER_MERGE),
     (499392000289, GRID_TX_CAPACITY_STARTUP, STALE_ATTEMPT_PUSHED),
     (681165000353, GRID_TX_DEADLINES_STARTUP, OWN_MEMBER_APPLIED_FIRST),
+    (959994000140, GRID_TX_CAPACITY_STARTUP, DEMOTED_PRIMARY_KEPT_LOCK),
 ]
 
 

@@ -659,6 +659,45 @@ def test_a_lock_promoted_in_a_partition_goes_with_the_segment_a_merged_topology_
     assert node.tx.locks.empty(), node.tx.locks.locked_keys()
 
 
+def test_a_primary_that_stays_a_backup_keeps_no_lock_after_pushing_its_lock_information() -> None:
+    # Simulation grid-tx seed 959994000140: as in the test above, x (a backup of b, prepared) was cut off alone
+    # and, primary of b's segment in its own degraded grid, held b's lock (a promoted backup lock). The merged
+    # topology made p b's primary again but kept x as a backup: x pushed its lock information to p and kept the
+    # lock itself. The resolved commit carried only a's write (b's version unknown to the resolver), so x held b
+    # for that missing version, for good. The old primary now demotes its locks to backup locks after the push.
+    o, p, x = (Address(f"10.0.0.{i}", 7800, i) for i in (1, 2, 3))
+    a = next(f"a{i}".encode() for i in range(100) if segment_of(f"a{i}".encode(), 2) == 1)
+    b = next(f"b{i}".encode() for i in range(100) if segment_of(f"b{i}".encode(), 2) == 0)
+    caps = {o: 1.0, p: 1.0, x: 1.0}
+
+    def topo(tid: int, owners: list[tuple[Address, ...]], members: tuple[Address, ...]) -> Topology:
+        ch = ConsistentHash.from_owner_map(2, 2, owners, caps)
+        deny = PartitionHandling.DENY_READ_WRITES
+        return Topology(
+            CacheTopology(tid, 1, Phase.NO_REBALANCE, ch, None, members, Availability.AVAILABLE, members, deny)
+        )
+
+    node = GridNode(x, GridConfig.from_dict({"num_segments": 2, "num_owners": 2, "recovery_timeout": "1s"}))
+    node.on_view((o, p, x), 0.0)
+    node.on_messages([(o, encode_payload([topo(5, [(p, x), (x, p)], (o, p, x))]))], 0.1)
+    tx = TxId(o, 1)
+    node.on_messages([(o, encode_payload([TxPrepare(tx, 1, 5, (a,), ((a, b"1"), (b, b"2")), ())]))], 0.2)
+    assert node.tx.state_of(tx) == TxState.PREPARED and node.tx.locks.backup_locks(tx) == {b}
+    version_a = node.tx.report(tx).versions[0][1]
+    node.on_view((x,), 1.0)  # cut off alone: in doubt, and its own degraded grid makes it b's primary
+    node.tick(2.5)
+    assert node.tx.locks.held_by(tx) == {a, b}
+    node.on_view((o, p, x), 3.0, merge=True)
+    node.take_outbox()
+    node.on_messages([(o, encode_payload([topo(7, [(p, x), (x, p)], (o, p, x))]))], 3.1)  # p is b's primary again
+    pushed = [m for o in node.take_outbox() if o.dest == p for m in decode_payload(o.payload) if type(m) is TxLockInfo]
+    assert [r.lock_keys for info in pushed for r in info.records] == [(b,)]  # p holds b for tx now
+    assert node.tx.locks.held_by(tx) == {a} and node.tx.locks.backup_locks(tx) == {b}
+    node.on_messages([(o, encode_payload([TxCommit(tx, 1, 7, ((a, version_a, b"1"),), resolved=True)]))], 3.2)
+    assert node.tx.state_of(tx) == TxState.COMMITTED
+    assert node.tx.locks.empty(), node.tx.locks.locked_keys()
+
+
 def test_an_in_doubt_commit_needs_no_version_for_a_key_whose_segment_the_member_holds_no_more() -> None:
     # Simulation grid-tx seed 203001472: a backup lagging behind held the originator's commit for a topology it
     # had not installed, was cut off (in doubt) before installing it, and so ignored it. The key then moved to

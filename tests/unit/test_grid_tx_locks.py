@@ -150,6 +150,23 @@ class TestLockTable:
         assert lt.release(t1) == []  # t2 still holds it
         assert lt.release(t2) == [t3]
 
+    def test_demoted_locks_become_backup_locks(self) -> None:
+        # The primary's locks of a segment whose lock information went to a new primary, this member staying a
+        # backup: known still (exported, promoted again), locking nothing, released with the transaction.
+        lt = LockTable(seg)
+        t1, t2 = tid(1), tid(2)
+        assert lt.acquire(t1, [b"k1", b"k2"], 10.0)
+        assert not lt.acquire(t2, [b"k1"], 10.0)
+        assert lt.demote([seg(b"k1")]) == [t2]
+        assert lt.held_by(t1) == {b"k2"} and lt.backup_locks(t1) == {b"k1"}
+        assert lt.holders(b"k1") == {t2}
+        assert lt.keys_in(t1, frozenset({seg(b"k1")})) == (b"k1",)
+        assert lt.release(t2) == []
+        lt.promote([seg(b"k1")])  # the primary once more
+        assert lt.holders(b"k1") == {t1} and lt.backup_locks(t1) == frozenset()
+        lt.demote([seg(b"k1")])
+        assert lt.release(t1) == [] and lt.empty()
+
     def test_keys_in_segments(self) -> None:
         lt = LockTable(seg)
         t1 = tid(1)

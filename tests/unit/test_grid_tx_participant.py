@@ -30,7 +30,7 @@ from groupcluster.grid.tx.messages import (
 from groupcluster.grid.tx.outputs import TxOutcome, TxSend
 from groupcluster.grid.tx.records import TxState
 
-from .grid_tx_support import O1, O2, A, B, C, D, StaticRouter, prepare, seg, sends, table, tid
+from .grid_tx_support import O1, O2, RESOLVER, A, B, C, D, StaticRouter, prepare, seg, sends, table, tid
 
 
 class TestTxTable:
@@ -339,6 +339,60 @@ class TestTxTable:
         assert sends(backup.on_message(O2, prepare(t2, [b"k1"]), 1.0)) == []
         out = backup.on_message(O1, TxRollback(t1, 1, 1), 2.0)
         assert any(isinstance(m, TxVote) and m.tx == t2 and m.code == YES for m in sends(out))
+
+    def test_a_primary_that_stays_a_backup_demotes_its_locks_after_the_push(self) -> None:
+        # A backup in doubt about tx became the primary of k1's and k2's segments (its backup locks promoted),
+        # then a new primary took k2's segment while it stayed a backup there: it pushes the lock information
+        # and keeps k2 as a backup lock only. A resolved commit that knows k1's version only (k2's primary has
+        # it) then leaves nothing locked; kept as a lock, k2 waited for a version that never comes here.
+        t, store = table(B)
+        tx = tid(1)
+        k1, k2 = b"k1", b"k2"
+        t.on_message(O1, prepare(tx, [k1, k2], lock=()), 0.0)
+        t.on_view([A, B, C, D], 1.0)  # the originator is gone: in doubt
+        t.promote([seg(k1), seg(k2)])
+        assert t.locks.held_by(tx) == {k1, k2}
+        (push,) = sends(t.push_lock_info([seg(k2)], A))
+        assert isinstance(push, TxLockInfo) and [r.lock_keys for r in push.records] == [(k2,)]
+        assert t.demote([seg(k2)], 2.0) == []
+        assert t.locks.held_by(tx) == {k1} and t.locks.backup_locks(tx) == {k2}
+        assert [d.keys for d in t.in_doubt()] == [(k1, k2)]  # still known
+        t.on_message(RESOLVER, TxCommit(tx, 1, 1, ((k1, make_version(1, 5), b"x1"),), resolved=True), 3.0)
+        assert t.state_of(tx) == TxState.COMMITTED and t.locks.empty()
+        assert k2 not in store.data  # k2's owners get it from its primary
+
+    def test_a_demoted_segment_awaiting_its_lock_information_is_demoted_again_once_passed_on(self) -> None:
+        # C became the primary of k1's segment and waits for A's lock information; before it comes, D becomes
+        # the primary and C a backup: C passes the information on when it arrives, and keeps only backup locks.
+        t, _ = table(C)
+        tx = tid(1)
+        k1 = b"k1"
+        t.block_segments([seg(k1)])
+        t.promote([seg(k1)])
+        assert t.push_lock_info([seg(k1)], D) == []  # nothing to push yet: passed on once it arrives
+        t.demote([seg(k1)], 1.0)
+        info = TxLockInfo(1, (seg(k1),), (TxRecordInfo(tx, 1, INFO_PREPARED, False, (k1,), ((k1, b"x"),), ()),))
+        out = t.import_lock_info(info, 2.0)
+        assert [m.segments for m in sends(out) if isinstance(m, TxLockInfo)] == [(seg(k1),)]
+        assert t.locks.held_by(tx) == frozenset() and t.locks.backup_locks(tx) == {k1}
+        t.on_message(O1, TxRollback(tx, 1, 1), 3.0)
+        assert t.locks.empty()
+
+    def test_a_demoted_committed_record_keeps_no_lock(self) -> None:
+        # Committed here with k2's write waiting for its version (pushed without one): the primary keeps the key
+        # held until the version comes; once the segment's primary is another member, nothing here is locked.
+        t, store = table(A)
+        tx = tid(1, O2)
+        k1, k2 = b"k1", b"k2"
+        t.on_message(O2, TxCommit(tx, 1, 1, ((k1, make_version(1, 5), b"x1"),)), 0.0)
+        info = TxLockInfo(1, (seg(k2),), (TxRecordInfo(tx, 1, INFO_PREPARED, True, (k2,), ((k2, b"x2"),), ()),))
+        t.import_lock_info(info, 1.0)
+        assert t.locks.held_by(tx) == {k2}
+        t.demote([seg(k2)], 2.0)
+        assert t.locks.empty() and t.state_of(tx) == TxState.COMMITTED
+        # a later commit with the version still applies the write
+        t.on_message(O2, TxCommit(tx, 1, 1, ((k2, make_version(1, 6), b"x2"),)), 3.0)
+        assert store.data[k2] == (make_version(1, 6), b"x2")
 
     def test_a_repeated_commit_applies_again_what_a_dropped_copy_lost(self) -> None:
         # The member's copy of a segment went (dropped, or emptied for a fresh transfer) after it applied a

@@ -467,14 +467,16 @@ class Transactions:
     def tx_install(self, old: CacheTopology | None, t: CacheTopology, dropped: list[int]) -> None:
         """The transaction side of installing ``t`` (after ``old``): where the write primary of a segment
         changed, the new primary blocks it (and promotes its backup locks) until the old primary's lock
-        information arrives, and the old primary pushes it; then the core answers waits of older topologies,
-        runs what it held for ``t``, drops the locks of segments gone, and the originator re-routes."""
+        information arrives, and the old primary pushes it (and demotes its locks to backup locks where it stays
+        an owner); then the core answers waits of older topologies, runs what it held for ``t``, drops the locks
+        of segments gone, and the originator re-routes."""
         now = self.node._now
         me = self.node.address
         alive = set(self.node.view)
         block: list[int] = []
         promote: list[int] = []
         push: dict[Address, list[int]] = {}
+        demote: list[int] = []
         if old is not None and old.num_segments == t.num_segments:
             ro, rn = self.node._routes(old), self.node._routes(t)
             for s in range(t.num_segments):
@@ -490,6 +492,8 @@ class Transactions:
                         self.tx_awaiting[s] = (op, now)
                 elif op == me and np is not None:
                     push.setdefault(np, []).append(s)
+                    if me in wn:
+                        demote.append(s)
         out: list[TxOutput] = []
         if block:
             self.node.tx.block_segments(block)
@@ -499,6 +503,10 @@ class Transactions:
         for dest, segs in sorted(push.items()):
             self.node.metrics["grid.tx_lock_info_pushed"] += 1
             out += self.node.tx.push_lock_info(segs, dest)
+        if demote:
+            # After the push (which carries them): the new primary holds these locks now and releases them at
+            # the decision; kept as locks here they could wait for good for a version no commit brings a backup.
+            out += self.node.tx.demote(demote, now)
         if dropped:
             out += self.node.tx.drop_segments(dropped, now)
         self._tx_out(out)

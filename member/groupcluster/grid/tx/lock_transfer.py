@@ -2,8 +2,8 @@
 blocks them until their lock information arrives (:meth:`LockTransfer.block_segments`), the old one pushes it
 (:meth:`~LockTransfer.push_lock_info`, :meth:`~LockTransfer.export_segments`), the new one imports it
 (:meth:`~LockTransfer.import_lock_info`) and passes it on where the segments moved again; a backup promoted to
-primary turns its backup locks into locks, and a member that lost its copy of segments forgets what it applied
-there."""
+primary turns its backup locks into locks, a primary that stays a backup turns its locks into backup locks, and
+a member that lost its copy of segments forgets what it applied there."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class LockTransfer:
     _members: frozenset[Address] | None
     _forward: dict[int, Address]
     _dropped: set[int]
+    _demoted: set[int]
     _segment_of: Callable[[bytes], int]
     _apply: Callable[[TxId, tuple[VersionedWrite, ...]], None]
 
@@ -51,6 +52,7 @@ class LockTransfer:
         """New primary of ``segments``: no lock is granted there until their lock information arrived."""
         segs = set(segments)
         self._dropped -= segs
+        self._demoted -= segs
         self.locks.block_segments(segs)
 
     def push_lock_info(self, segments: Iterable[int], dest: Address) -> list[TxOutput]:
@@ -180,6 +182,11 @@ class LockTransfer:
                 onward.setdefault(dest, []).append(seg)
         for dest, segs in sorted(onward.items()):
             out.append(TxSend(dest, self.export_segments(segs)))
+        demoted = self._demoted.intersection(info.segments)
+        if demoted:
+            # Passed on to the new primary while we stay a backup: what the import made locks here goes back
+            # to backup locks (see demote).
+            self._demote_locks(demoted, now, out)
         dropped = self._dropped.intersection(info.segments)
         if dropped:
             # Passed on, and none of our business any more: locks go, and records known here only through
@@ -194,7 +201,7 @@ class LockTransfer:
                     and rec.imported
                     and rec.state not in TERMINAL
                     and not self.locks.held_by(r.tx)
-                    and all(self._segment_of(k) in self._dropped for k in rec.lock_keys)
+                    and all(self._segment_of(k) in self._dropped for k in (*rec.lock_keys, *rec.backup_keys))
                 ):
                     del self._txs[r.tx]
 
@@ -204,11 +211,39 @@ class LockTransfer:
         of it, so a committed record waiting for a version there would hold its lock for good)."""
         segs = set(segments)
         self._dropped |= segs
+        self._demoted -= segs
         out: list[TxOutput] = []
         # Segments whose information this member still has to pass on keep their locks until it has (then
         # import_lock_info drops them): dropping first would pass on nothing (the property test found it).
         self._granted(self.locks.drop_segments(segs - set(self._forward)), now, out)
         return out
+
+    def demote(self, segments: Iterable[int], now: float) -> list[TxOutput]:
+        """The reverse of :meth:`promote`: this member was the primary of ``segments``, pushed their lock
+        information to the new primary (:meth:`push_lock_info`, called first) and stays a backup owner of
+        them. The new primary holds those locks now and releases them at the decision; kept as locks here they
+        could wait for good for a version that no commit brings a backup (a resolved commit carries only the
+        writes whose versions it knows). So they become backup locks, released with the record like any other
+        backup lock, and promoted again if this member becomes the primary once more. Segments whose lock
+        information is still to be passed on are demoted again once it arrived (:meth:`_pass_on`)."""
+        segs = frozenset(segments)
+        self._demoted |= segs
+        out: list[TxOutput] = []
+        self._demote_locks(segs, now, out)
+        return out
+
+    def _demote_locks(self, segments: Iterable[int], now: float, out: list[TxOutput]) -> None:
+        segs = frozenset(segments)
+        self._granted(self.locks.demote(segs), now, out)
+        for rec in list(self._txs.values()):
+            moved = tuple(k for k in rec.lock_keys if self._segment_of(k) in segs)
+            if moved:
+                rec.backup_keys = tuple(sorted(set(rec.backup_keys) | set(moved)))
+                rec.lock_keys = tuple(k for k in rec.lock_keys if k not in moved)
+            if rec.state in TERMINAL and self.locks.backup_locks(rec.tx):
+                # A finished record keeps no backup lock (a lock it kept was for a write waiting for its
+                # version: a later commit still applies it, and only the primary needs the key held).
+                self._granted(self.locks.release(rec.tx, self.locks.held_by(rec.tx)), now, out)
 
     def forget_applied(self, segments: Iterable[int]) -> None:
         """This member's copy of ``segments`` is gone (dropped, or emptied for a fresh state transfer): the
@@ -228,6 +263,7 @@ class LockTransfer:
         """This member (a backup) became the primary of ``segments``: its backup locks there become locks."""
         segs = frozenset(segments)
         self._dropped -= segs
+        self._demoted -= segs
         for rec in self._txs.values():
             moved = tuple(k for k in rec.backup_keys if self._segment_of(k) in segs)
             if moved:

@@ -335,6 +335,34 @@ class LockTable:
                 if not keys:
                     del self._backup[tx]
 
+    def demote(self, segments: Iterable[int]) -> list[TxId]:
+        """The reverse of :meth:`promote`: this member stays an owner of ``segments`` but is their primary no
+        more (their lock information went to the new primary, which holds those locks now and releases them at
+        the decision). The locks held on their keys become backup locks: still known (exported, promoted again
+        if this member becomes the primary once more) but locking nothing, and released with the record like
+        any backup lock. Kept as locks they waited here for a version that a backup may never get (a resolved
+        commit carries only the writes whose versions it knows). Returns the transactions whose requests this
+        completed."""
+        segs = set(segments)
+        freed: set[bytes] = set()
+        for tx in sorted(self._held):
+            held = self._held[tx]
+            moved = {k for k in held if self._segment_of(k) in segs}
+            if not moved:
+                continue
+            held -= moved
+            if not held and tx not in self._requests:
+                del self._held[tx]
+            self._backup.setdefault(tx, set()).update(moved)
+            for key in moved:
+                self._locks[key].holders.discard(tx)
+            freed |= moved
+        # Waiters are woken only once every lock there is demoted: a lock granted now stays a lock.
+        granted: list[TxId] = []
+        for key in sorted(freed):
+            self._wake(key, granted)
+        return granted
+
     def keys_in(self, tx: TxId, segments: frozenset[int]) -> tuple[bytes, ...]:
         """The keys of ``segments`` that ``tx`` holds, waits for or records as backup locks (sorted)."""
         keys = set(self._held.get(tx, ())) | set(self._backup.get(tx, ()))

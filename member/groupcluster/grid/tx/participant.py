@@ -83,9 +83,11 @@ class TxTable(LockTransfer):
         self._members: frozenset[Address] | None = None
         self.dropped_held = 0
         # Lock information to pass on: segments this member still waits for, and who gets them next
-        # (:meth:`push_lock_info`); segments it owns no more (:meth:`drop_segments`).
+        # (:meth:`push_lock_info`); segments it owns no more (:meth:`drop_segments`); segments it is a backup
+        # of after being their primary (:meth:`demote`).
         self._forward: dict[int, Address] = {}
         self._dropped: set[int] = set()
+        self._demoted: set[int] = set()
 
     # -- queries
 
