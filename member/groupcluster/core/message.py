@@ -7,18 +7,18 @@ layers claiming the same id fail loudly before anything runs.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Final, TypeVar
 
 from .address import Address
 from .errors import WireError
 from .native import mypyc_attr
 
 # Flags: bits a layer reads to decide whether a message is its business.
-NO_RELIABILITY = 1  # bypass NAKACK/UNICAST (heartbeats, discovery, retransmission traffic)
-NO_FLOW_CONTROL = 2  # bypass credit-based flow control (control traffic)
-OOB = 4  # deliver without waiting for FIFO order (control messages that must not queue)
-NO_FRAG = 8  # never fragment
-ALL_FLAGS = NO_RELIABILITY | NO_FLOW_CONTROL | OOB | NO_FRAG
+NO_RELIABILITY: Final = 1  # bypass NAKACK/UNICAST (heartbeats, discovery, retransmission traffic)
+NO_FLOW_CONTROL: Final = 2  # bypass credit-based flow control (control traffic)
+OOB: Final = 4  # deliver without waiting for FIFO order (control messages that must not queue)
+NO_FRAG: Final = 8  # never fragment
+ALL_FLAGS: Final = NO_RELIABILITY | NO_FLOW_CONTROL | OOB | NO_FRAG
 
 
 # Compiled, the headers of the interpreted layers (GMS, SEQUENCER, ...) still subclass it as Python classes.

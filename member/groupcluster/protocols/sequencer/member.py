@@ -5,7 +5,7 @@ together, ACKs."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from ...core import protocol_ids
 from ...core.address import Address
@@ -16,11 +16,11 @@ from .forwarding import ForwardTable
 from .state import _Batch
 from .wire import ACK, MAX_EPOCHS, Run, SequencerHeader, decode_batch
 
-_FRAG = protocol_ids.FRAG
+_FRAG: Final = protocol_ids.FRAG
 _MAX_RETIRED = 4096  # received-table entries of senders outside our view (see _retire_senders), as NAKACK's
-_MAX_GAP_SENDERS = 4096  # senders whose skipped forward seqnos we remember (see _skipped)
-_MAX_GAPS = 64  # ranges remembered per sender, the oldest forgotten first
-_new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
+_MAX_GAP_SENDERS: Final = 4096  # senders whose skipped forward seqnos we remember (see _skipped)
+_MAX_GAPS: Final = 64  # ranges remembered per sender, the oldest forgotten first
+_new_message: Final = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
 
 
 class MemberRole(ForwardTable):

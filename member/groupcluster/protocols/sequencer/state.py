@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ...core.address import Address
 from ...core.config import param
@@ -15,7 +15,7 @@ from ...core.validate import as_address
 from ...core.view import View, ViewId
 from .wire import _PID, BatchId, Item, Run, SequencerHeader
 
-_MAX_ADDRESSES = 8192  # interned origin addresses
+_MAX_ADDRESSES: Final = 8192  # interned origin addresses
 
 
 @dataclass(frozen=True)

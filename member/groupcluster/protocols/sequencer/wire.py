@@ -4,7 +4,7 @@ codec of the batches that FORWARD, BCAST and SYNC carry (runs of items, plain or
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
@@ -15,20 +15,26 @@ from ...core.message import ALL_FLAGS, HEADER_TYPES, Header, Message, register_h
 from ...core.validate import MAX_INT, as_bytes, as_int, as_list
 from ...core.view import ViewId
 
-FORWARD, BCAST, COMMIT, ACK, SYNC, SYNC_REQ, RESEND = 0, 1, 2, 3, 4, 5, 6
+FORWARD: Final = 0
+BCAST: Final = 1
+COMMIT: Final = 2
+ACK: Final = 3
+SYNC: Final = 4
+SYNC_REQ: Final = 5
+RESEND: Final = 6
 KIND_NAMES = ("FORWARD", "BCAST", "COMMIT", "ACK", "SYNC", "SYNC_REQ", "RESEND")
-_PID = protocol_ids.SEQUENCER
+_PID: Final = protocol_ids.SEQUENCER
 
 # Bounds on what a peer can make us allocate (a batch also fits in one frame: the transport limits that).
-MAX_RUNS = 65536
-MAX_ITEMS = 1 << 20
-MAX_HEADERS = 16
-MAX_SYNC_PARTS = 1 << 20
-MAX_EPOCHS = 1024  # epochs remembered per member (and announced in a SYNC)
-MAX_MARKS = 1 << 16  # senders a SYNC part names as skipped past; ranges per sender: half as many as this
-_ITEM_OVERHEAD = 8  # rough msgpack bytes per item, for cutting batches
+MAX_RUNS: Final = 65536
+MAX_ITEMS: Final = 1 << 20
+MAX_HEADERS: Final = 16
+MAX_SYNC_PARTS: Final = 1 << 20
+MAX_EPOCHS: Final = 1024  # epochs remembered per member (and announced in a SYNC)
+MAX_MARKS: Final = 1 << 16  # senders a SYNC part names as skipped past; ranges per sender: half as many as this
+_ITEM_OVERHEAD: Final = 8  # rough msgpack bytes per item, for cutting batches
 
-_new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
+_new_message: Final = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
 
 BatchId = tuple[ViewId, int]
 # A decoded item: payload bytes (no flags, no headers), or (flags, headers, payload); in a run of a received batch
