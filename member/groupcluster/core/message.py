@@ -7,6 +7,7 @@ layers claiming the same id fail loudly before anything runs.
 
 from __future__ import annotations
 
+from types import FunctionType
 from typing import Any, ClassVar, Final, TypeVar
 
 from .address import Address
@@ -126,3 +127,10 @@ class Message:
         hdrs = ", ".join(f"{type(h).__name__}" for h in self.headers.values())
         dest = "all" if self.dest is None else str(self.dest)
         return f"Message({self.src}->{dest}, {len(self.payload)}B, flags={self.flags}, [{hdrs}])"
+
+
+# Whether Message is the native class of the mypyc build (its __init__ is then a slot of the C type, not a Python
+# function). Compiled, a direct ``Message(...)`` call is a C call that fills the slots once; interpreted, that
+# call binds keywords and costs more than ``Message.__new__`` plus setting the fields, which decoders use instead.
+# (Compiled, ``__new__`` runs ``__init__`` with its defaults first: an empty header dict built and dropped.)
+NATIVE: Final = not isinstance(vars(Message)["__init__"], FunctionType)

@@ -25,7 +25,7 @@ import msgpack
 from . import protocol_ids
 from .address import Address
 from .errors import WireError
-from .message import ALL_FLAGS, HEADER_TYPES, Message
+from .message import ALL_FLAGS, HEADER_TYPES, NATIVE, Message
 from .validate import MAX_INT, as_address, as_bytes, as_int, as_list, as_str, known_address
 
 FORMAT_VERSION: Final = 1
@@ -202,7 +202,10 @@ def decode_frame_version(  # noqa: C901  the per-message hot path, kept in one f
                 raise WireError(f"frame.messages[{i}].headers[{cls.__name__}]: {exc}") from None
             except Exception as exc:  # a header class must never turn bad input into a crash
                 raise WireError(f"frame.messages[{i}].headers[{cls.__name__}]: {type(exc).__name__}: {exc}") from None
-        # Built field by field: a keyword call of Message() costs more than the rest of this loop body.
+        if NATIVE:
+            out.append(Message(dest, payload, src=sender, flags=flags, headers=headers))
+            continue
+        # Built field by field: interpreted, a keyword call of Message() costs more than the rest of this loop body.
         msg = _new_message(Message)
         msg.dest = dest
         msg.src = sender

@@ -10,7 +10,7 @@ from typing import Any, Final
 from ...core import protocol_ids
 from ...core.address import Address
 from ...core.errors import WireError
-from ...core.message import NO_RELIABILITY, Message
+from ...core.message import NATIVE, NO_RELIABILITY, Message
 from ...core.view import View, ViewId
 from .forwarding import ForwardTable
 from .state import _Batch
@@ -182,14 +182,17 @@ class MemberRole(ForwardTable):
             # Typed: compiled, the tuple is read by index and the header dict with the dict API.
             decoded: tuple[int, dict[int, Any], bytes] = item
             flags, headers, payload = decoded
-            # Built field by field (a keyword call costs more), and the header dict is the item's own: a
-            # decoded batch is delivered once (it leaves ``cur`` as it is delivered).
-            msg = _new_message(Message)
-            msg.dest = None
-            msg.src = origin
-            msg.payload = payload
-            msg.flags = flags
-            msg.headers = headers
+            # The header dict is the item's own: a decoded batch is delivered once (it leaves ``cur`` as it is
+            # delivered). Interpreted, built field by field (a keyword call costs more).
+            if NATIVE:
+                msg = Message(None, payload, src=origin, flags=flags, headers=headers)
+            else:
+                msg = _new_message(Message)
+                msg.dest = None
+                msg.src = origin
+                msg.payload = payload
+                msg.flags = flags
+                msg.headers = headers
             frag = headers.get(_FRAG)
             if frag is None:
                 append(msg)
