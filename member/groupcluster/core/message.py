@@ -37,6 +37,13 @@ class Header:
     def from_wire(cls, data: Any) -> Header:
         raise NotImplementedError
 
+    @classmethod
+    def from_wire_many(cls, wires: list[Any]) -> list[Header]:
+        """The headers of a run of messages, from their wire forms: what :meth:`from_wire` makes of each. A class
+        whose headers come in long runs (STATE's DATA, one per multicast of the total-order stack) overrides it
+        with one tight loop for the whole run instead of a call per message."""
+        return [cls.from_wire(data) for data in wires]
+
     def run_seqno(self) -> int:
         """The seqno this header stands for in a run of the wire format, or 0: not part of runs (the default)."""
         return 0

@@ -291,7 +291,7 @@ def _check_columns(cols: list[Any], field: str) -> tuple[list[bytes], int, int, 
     if cls is None or pid == _PID:
         raise WireError(f"{field}.headers: protocol id {pid!r} is not allowed here")
     try:
-        headers = list(map(cls.from_wire, wires))
+        headers = cls.from_wire_many(wires)
     except WireError as exc:
         raise WireError(f"{field}.headers[{cls.__name__}]: {exc}") from None
     except Exception as exc:  # a header class must never turn bad input into a crash

@@ -8,7 +8,7 @@ from typing import Any, Final
 from ...core import protocol_ids
 from ...core.address import Address
 from ...core.errors import WireError
-from ...core.message import Header, register_header
+from ...core.message import NATIVE, Header, register_header
 from ...core.validate import MAX_INT, as_address, as_int, as_list, as_str
 
 _PID: Final = protocol_ids.STATE
@@ -185,6 +185,27 @@ class StateHeader(Header):
         if kind == ACK:
             return cls(ACK, tid=tid, index=as_int(items[2], "state.next_index", 0, MAX_CHUNKS))
         return cls(REFUSE, tid=tid, reason=as_str(items[2], "state.reason", MAX_REASON))
+
+    @classmethod
+    def from_wire_many(cls, wires: list[Any]) -> list[Header]:
+        """:meth:`from_wire` of each, the DATA headers of the run checked and built in one loop."""
+        out: list[Header] = []
+        native = NATIVE and cls is StateHeader
+        for data in wires:
+            if type(data) is list and len(data) == 2:
+                kind = data[0]
+                seq = data[1]
+                if type(kind) is int and kind == DATA and type(seq) is int and 1 <= seq <= MAX_INT:
+                    if native:
+                        out.append(StateHeader(DATA, seq))
+                        continue
+                    hdr = _new_header(cls)
+                    hdr.kind = DATA
+                    hdr.seq = seq
+                    out.append(hdr)
+                    continue
+            out.append(cls.from_wire(data))
+        return out
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, StateHeader) and other.to_wire() == self.to_wire()
