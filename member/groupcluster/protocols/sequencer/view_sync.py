@@ -55,6 +55,7 @@ class ViewSync(CoordinatorRole):
         self.acked = 0
         self.cancel_timer("ack")
         self.out_items = []  # they are in the forward-table, which our SYNC carries
+        self.out_pos = 0
         self.out_decoded = []
         self._open_window()
         self.sync_parts = self._build_sync()
