@@ -171,8 +171,13 @@ def split_batch(batch: list[Message], pid: int) -> tuple[list[Message], list[tup
     the relative order of the two kinds does not matter (control messages that change nothing the
     application sees in between); GMS, whose views must be delivered in order, keeps its own loop.
     """
-    first = next((k for k, msg in enumerate(batch) if pid in msg.headers), None)
-    if first is None:
+    # A plain loop: compiled, a generator expression is an object and a call per message.
+    first = -1
+    for k in range(len(batch)):
+        if pid in batch[k].headers:
+            first = k
+            break
+    if first < 0:
         return batch, []
     rest = batch[:first]
     own: list[tuple[Message, Any]] = []

@@ -7,18 +7,19 @@ layers claiming the same id fail loudly before anything runs.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypeVar
+from types import FunctionType
+from typing import Any, ClassVar, Final, TypeVar
 
 from .address import Address
 from .errors import WireError
 from .native import mypyc_attr
 
 # Flags: bits a layer reads to decide whether a message is its business.
-NO_RELIABILITY = 1  # bypass NAKACK/UNICAST (heartbeats, discovery, retransmission traffic)
-NO_FLOW_CONTROL = 2  # bypass credit-based flow control (control traffic)
-OOB = 4  # deliver without waiting for FIFO order (control messages that must not queue)
-NO_FRAG = 8  # never fragment
-ALL_FLAGS = NO_RELIABILITY | NO_FLOW_CONTROL | OOB | NO_FRAG
+NO_RELIABILITY: Final = 1  # bypass NAKACK/UNICAST (heartbeats, discovery, retransmission traffic)
+NO_FLOW_CONTROL: Final = 2  # bypass credit-based flow control (control traffic)
+OOB: Final = 4  # deliver without waiting for FIFO order (control messages that must not queue)
+NO_FRAG: Final = 8  # never fragment
+ALL_FLAGS: Final = NO_RELIABILITY | NO_FLOW_CONTROL | OOB | NO_FRAG
 
 
 # Compiled, the headers of the interpreted layers (GMS, SEQUENCER, ...) still subclass it as Python classes.
@@ -35,6 +36,13 @@ class Header:
     @classmethod
     def from_wire(cls, data: Any) -> Header:
         raise NotImplementedError
+
+    @classmethod
+    def from_wire_many(cls, wires: list[Any]) -> list[Header]:
+        """The headers of a run of messages, from their wire forms: what :meth:`from_wire` makes of each. A class
+        whose headers come in long runs (STATE's DATA, one per multicast of the total-order stack) overrides it
+        with one tight loop for the whole run instead of a call per message."""
+        return [cls.from_wire(data) for data in wires]
 
     def run_seqno(self) -> int:
         """The seqno this header stands for in a run of the wire format, or 0: not part of runs (the default)."""
@@ -126,3 +134,10 @@ class Message:
         hdrs = ", ".join(f"{type(h).__name__}" for h in self.headers.values())
         dest = "all" if self.dest is None else str(self.dest)
         return f"Message({self.src}->{dest}, {len(self.payload)}B, flags={self.flags}, [{hdrs}])"
+
+
+# Whether Message is the native class of the mypyc build (its __init__ is then a slot of the C type, not a Python
+# function). Compiled, a direct ``Message(...)`` call is a C call that fills the slots once; interpreted, that
+# call binds keywords and costs more than ``Message.__new__`` plus setting the fields, which decoders use instead.
+# (Compiled, ``__new__`` runs ``__init__`` with its defaults first: an empty header dict built and dropped.)
+NATIVE: Final = not isinstance(vars(Message)["__init__"], FunctionType)

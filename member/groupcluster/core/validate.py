@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from .address import Address
 from .errors import WireError
 
-MAX_HOST_LEN = 255
-MAX_INT = 2**63 - 1
+MAX_HOST_LEN: Final = 255
+MAX_INT: Final = 2**63 - 1
 
 
 def as_int(value: Any, field: str, lo: int = 0, hi: int = MAX_INT) -> int:
@@ -55,7 +55,7 @@ def as_list(value: Any, field: str, max_len: int, exact: int | None = None) -> l
 # their members: handing out one object per member lets the dictionaries keyed by address on every message's
 # path (receive windows, connections, credits) match on identity, without comparing fields.
 _ADDRESSES: dict[tuple[str, int, int], Address] = {}
-_MAX_ADDRESSES = 4096
+_MAX_ADDRESSES: Final = 4096
 
 
 def known_address(value: Any) -> Address | None:

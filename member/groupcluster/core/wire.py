@@ -18,29 +18,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
 from . import protocol_ids
 from .address import Address
 from .errors import WireError
-from .message import ALL_FLAGS, HEADER_TYPES, Message
+from .message import ALL_FLAGS, HEADER_TYPES, NATIVE, Message
 from .validate import MAX_INT, as_address, as_bytes, as_int, as_list, as_str, known_address
 
-FORMAT_VERSION = 1
+FORMAT_VERSION: Final = 1
 # Frames that may hold runs; also sent empty, as the "I decode runs" hello (see the Transport).
-RUNS_VERSION = 2
+RUNS_VERSION: Final = 2
 # The protocol whose header a run stands for: NAKACK's MSG (its header class implements Header.run_seqno).
-RUN_PROTO_ID = protocol_ids.NAKACK
-MAX_CLUSTER_NAME = 128
+RUN_PROTO_ID: Final = protocol_ids.NAKACK
+MAX_CLUSTER_NAME: Final = 128
 # Builds a run's messages (sender, first seqno, flags, payloads, into): registered by the protocol whose header a
 # run stands for when it is imported (set_run_builder), so that core imports no protocol. One call per run; the
 # builder makes each message with its own module's (compiled: native) constructors.
 RunBuilder = Callable[[Address, int, int, list[bytes], list[Message]], None]
 _RUN_BUILDER: list[RunBuilder] = []
 # ``Message.__new__``, not ``object.__new__``: the same function interpreted, and the one a compiled Message accepts.
-_new_message = Message.__new__
+_new_message: Final = Message.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +202,10 @@ def decode_frame_version(  # noqa: C901  the per-message hot path, kept in one f
                 raise WireError(f"frame.messages[{i}].headers[{cls.__name__}]: {exc}") from None
             except Exception as exc:  # a header class must never turn bad input into a crash
                 raise WireError(f"frame.messages[{i}].headers[{cls.__name__}]: {type(exc).__name__}: {exc}") from None
-        # Built field by field: a keyword call of Message() costs more than the rest of this loop body.
+        if NATIVE:
+            out.append(Message(dest, payload, src=sender, flags=flags, headers=headers))
+            continue
+        # Built field by field: interpreted, a keyword call of Message() costs more than the rest of this loop body.
         msg = _new_message(Message)
         msg.dest = dest
         msg.src = sender

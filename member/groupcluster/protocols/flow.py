@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ..core import protocol_ids
 from ..core.address import Address
@@ -30,11 +30,13 @@ from ..core.layer import Layer, register_layer
 from ..core.message import NO_FLOW_CONTROL, Header, Message, register_header
 from ..core.validate import MAX_INT, as_int, as_list
 
-REPLENISH, CREDIT_REQUEST = 0, 1
-MULTICAST, UNICAST = 0, 1
-_PID = protocol_ids.FLOW
+REPLENISH: Final = 0
+CREDIT_REQUEST: Final = 1
+MULTICAST: Final = 0
+UNICAST: Final = 1
+_PID: Final = protocol_ids.FLOW
 # Credit of a pool nobody limits (no other member in the view): larger than any sum of payloads.
-_UNLIMITED = 1 << 62
+_UNLIMITED: Final = 1 << 62
 
 
 class FlowHeader(Header):

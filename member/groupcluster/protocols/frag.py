@@ -13,7 +13,7 @@ tracked.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ..core import protocol_ids
 from ..core.address import Address
@@ -23,17 +23,17 @@ from ..core.layer import Layer, register_layer
 from ..core.message import NO_FRAG, Header, Message, register_header
 from ..core.validate import MAX_INT, as_int, as_list
 
-_PID = protocol_ids.FRAG
+_PID: Final = protocol_ids.FRAG
 # Most fragments one message may claim: bounds the slot list a peer can make us allocate.
-MAX_FRAGMENTS = 1 << 16
+MAX_FRAGMENTS: Final = 1 << 16
 # Finished ids remembered per sender beyond the contiguous floor (gaps come from unicasts to others).
-_MAX_DONE = 1024
+_MAX_DONE: Final = 1024
 # What an incomplete message costs besides its payload: one list slot per announced fragment, plus the
 # objects. Counted in ``max_pending``, so fragments announcing 65536 pieces cannot allocate without bound.
-_SLOT_BYTES = 8
-_PARTIAL_BYTES = 200
+_SLOT_BYTES: Final = 8
+_PARTIAL_BYTES: Final = 200
 # Senders whose reassembly bookkeeping is kept; anyone can send us a fragment, so this is bounded too.
-MAX_SENDERS = 4096
+MAX_SENDERS: Final = 4096
 
 
 class FragHeader(Header):

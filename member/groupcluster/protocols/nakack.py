@@ -12,7 +12,7 @@ FLUSH names to retransmit a sender's messages for it relays that for the part it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ..core import protocol_ids
 from ..core.address import Address
@@ -34,10 +34,13 @@ from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, reg
 from ..core.validate import as_address, as_int, as_list
 from ..core.wire import set_run_builder
 
-MSG, XMIT_REQ, XMIT_RSP, XMIT_GONE = 0, 1, 2, 3
-_MAX_RANGES = 256
+MSG: Final = 0
+XMIT_REQ: Final = 1
+XMIT_RSP: Final = 2
+XMIT_GONE: Final = 3
+_MAX_RANGES: Final = 256
 _MAX_RETIRED = 4096  # departed members whose delivered seqno is remembered
-_MAX_PASSED = 64  # ranges of a sender's stream passed over on its XMIT_GONE, remembered for a flush (latest)
+_MAX_PASSED: Final = 64  # ranges of a sender's stream passed over on its XMIT_GONE, remembered for a flush (latest)
 
 
 class NakAckHeader(Header):

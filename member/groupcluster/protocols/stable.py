@@ -12,7 +12,7 @@ resets the round, so no member acts on a digest the others have not agreed to.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ..core import protocol_ids
 from ..core.address import Address
@@ -25,7 +25,8 @@ from ..core.message import NO_FLOW_CONTROL, NO_RELIABILITY, Header, Message, reg
 from ..core.validate import as_int, as_list
 from ..core.view import ViewId
 
-GOSSIP, STABILITY = 0, 1
+GOSSIP: Final = 0
+STABILITY: Final = 1
 
 
 class StableHeader(Header):

@@ -17,7 +17,7 @@ as ``transport.auth_rejected`` and ``transport.auth_<reason>``. Without a secret
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ..core import protocol_ids
 from ..core.address import Address
@@ -30,9 +30,9 @@ from ..core.wire import FORMAT_VERSION, RUNS_VERSION, WireLimits, decode_frame_v
 from .auth import OVERHEAD, AuthError, FrameAuth, Secret, make_session, parse_secret_env, parse_secret_file
 
 # Rough per-message framing overhead used to cut frames before encoding them.
-_MESSAGE_OVERHEAD = 48
+_MESSAGE_OVERHEAD: Final = 48
 # Most members remembered as decoding runs between two view changes.
-_MAX_RUNS_OK = 1024
+_MAX_RUNS_OK: Final = 1024
 
 
 @dataclass(frozen=True)

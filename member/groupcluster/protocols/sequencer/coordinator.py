@@ -4,7 +4,7 @@ holds delivery for a view change, no commit leaves."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from ...core.address import Address
 from ...core.errors import WireError
@@ -25,7 +25,7 @@ from .wire import (
     wire_run,
 )
 
-_MAX_OWN_RUNS = 1024  # own batches awaiting their loopback (it comes in the same step: a bound, not a need)
+_MAX_OWN_RUNS: Final = 1024  # own batches awaiting their loopback (it comes in the same step: a bound, not a need)
 
 
 class CoordinatorRole(MemberRole):

@@ -53,24 +53,32 @@ class ForwardTable(SequencerState):
             last = min(last, self.out_start - 1)
         if first <= last:
             items = list(islice(table, first - self.fwd_first, last - self.fwd_first + 1))
-            self.out_items = items + self.out_items
+            self.out_items = items + self._pending_out()
+            self.out_pos = 0
             self.out_start = first
 
-    def _forward(self, items: list[Any], start: int) -> bool:
-        """Forward ``items`` (forward seqnos from ``start``) to the coordinator, cut at ``max_batch_size``, as far
-        as the forward window allows; the rest waits in ``out_items`` for our next BCAST (the end of that step
-        forwards more)."""
+    def _pending_out(self) -> list[Any]:
+        """The own multicasts not forwarded yet, taken out of ``out_items`` (which is left empty)."""
+        items, pos = self.out_items, self.out_pos
+        self.out_items = []
+        self.out_pos = 0
+        return items[pos:] if pos else items
+
+    def _forward(self) -> bool:
+        """Forward the waiting ``out_items`` to the coordinator, cut at ``max_batch_size``, as far as the forward
+        window allows; the rest waits in place for our next BCAST (the end of that step forwards more)."""
         room = self.config.forward_window - self.fwd_inflight
         if room <= 0:
-            self.out_items, self.out_start = items, start
             self.count("forwards_windowed")
             self._watch_window()
             return False
         limit = self._max_batch
         coord = self.coord
         flight = self.fwd_flight
+        items = self.out_items
+        start = self.out_start
         sent = 0
-        i = 0
+        i = self.out_pos
         n = len(items)
         while i < n and sent < room:
             chunk: list[Any] = []
@@ -90,10 +98,18 @@ class ForwardTable(SequencerState):
             sent += len(chunk)
         self.fwd_inflight += sent
         self.count("forwards_sent")
+        self.out_start = start
         if i < n:
-            self.out_items, self.out_start = items[i:], start
+            if 2 * i >= n:
+                # Most of the list went: drop the forwarded ones (costs what waits, less than what went).
+                del items[:i]
+                i = 0
+            self.out_pos = i
             self.count("forwards_windowed")
             self._watch_window()
+        else:
+            self.out_items = []
+            self.out_pos = 0
         return True
 
     def _watch_window(self) -> None:

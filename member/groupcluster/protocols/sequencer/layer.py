@@ -140,6 +140,7 @@ class Sequencer(ViewSync):
         self.held, self.held_bytes = {}, 0
         self.cancel_timer("resend")
         self.out_items = []
+        self.out_pos = 0
         self.out_decoded = []
         self._open_window()
 
@@ -193,7 +194,7 @@ class Sequencer(ViewSync):
                 self._maybe_open()
                 busy = True
         if self.out_items and self.is_coord:
-            items, self.out_items = self.out_items, []
+            items = self._pending_out()
             decoded, self.out_decoded = self.out_decoded, []
             if self.open and not self.frozen:
                 self._sequence(
@@ -202,8 +203,7 @@ class Sequencer(ViewSync):
             else:
                 self.queue.append((self.local_address, self.out_start, items))
         if self.out_items and self.coord is not None and not self.is_coord:
-            items, self.out_items = self.out_items, []
-            busy = self._forward(items, self.out_start) or busy
+            busy = self._forward() or busy
         if self.is_coord:
             if self._runs or self._ready:
                 self._flush_batch()

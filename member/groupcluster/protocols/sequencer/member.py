@@ -5,22 +5,22 @@ together, ACKs."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from ...core import protocol_ids
 from ...core.address import Address
 from ...core.errors import WireError
-from ...core.message import NO_RELIABILITY, Message
+from ...core.message import NATIVE, NO_RELIABILITY, Message
 from ...core.view import View, ViewId
 from .forwarding import ForwardTable
 from .state import _Batch
 from .wire import ACK, MAX_EPOCHS, Run, SequencerHeader, decode_batch
 
-_FRAG = protocol_ids.FRAG
+_FRAG: Final = protocol_ids.FRAG
 _MAX_RETIRED = 4096  # received-table entries of senders outside our view (see _retire_senders), as NAKACK's
-_MAX_GAP_SENDERS = 4096  # senders whose skipped forward seqnos we remember (see _skipped)
-_MAX_GAPS = 64  # ranges remembered per sender, the oldest forgotten first
-_new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
+_MAX_GAP_SENDERS: Final = 4096  # senders whose skipped forward seqnos we remember (see _skipped)
+_MAX_GAPS: Final = 64  # ranges remembered per sender, the oldest forgotten first
+_new_message: Final = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
 
 
 class MemberRole(ForwardTable):
@@ -182,14 +182,17 @@ class MemberRole(ForwardTable):
             # Typed: compiled, the tuple is read by index and the header dict with the dict API.
             decoded: tuple[int, dict[int, Any], bytes] = item
             flags, headers, payload = decoded
-            # Built field by field (a keyword call costs more), and the header dict is the item's own: a
-            # decoded batch is delivered once (it leaves ``cur`` as it is delivered).
-            msg = _new_message(Message)
-            msg.dest = None
-            msg.src = origin
-            msg.payload = payload
-            msg.flags = flags
-            msg.headers = headers
+            # The header dict is the item's own: a decoded batch is delivered once (it leaves ``cur`` as it is
+            # delivered). Interpreted, built field by field (a keyword call costs more).
+            if NATIVE:
+                msg = Message(None, payload, src=origin, flags=flags, headers=headers)
+            else:
+                msg = _new_message(Message)
+                msg.dest = None
+                msg.src = origin
+                msg.payload = payload
+                msg.flags = flags
+                msg.headers = headers
             frag = headers.get(_FRAG)
             if frag is None:
                 append(msg)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from ...core.address import Address
 from ...core.config import param
@@ -15,7 +15,7 @@ from ...core.validate import as_address
 from ...core.view import View, ViewId
 from .wire import _PID, BatchId, Item, Run, SequencerHeader
 
-_MAX_ADDRESSES = 8192  # interned origin addresses
+_MAX_ADDRESSES: Final = 8192  # interned origin addresses
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,11 @@ class SequencerState(Layer):
         self.fwd_table: deque[Any] = deque()
         self.fwd_first = 1
         self.fwd_bytes = 0
-        self.out_start = 0  # forwards of this step: first seqno and items
+        # Own multicasts not forwarded yet: out_items[out_pos:], the first with forward seqno out_start. What the
+        # window lets go leaves by moving out_pos (the list is compacted once most of it went), so a backlog of
+        # thousands waiting for the window is not copied on every forward. Empty when nothing waits.
+        self.out_start = 0
+        self.out_pos = 0
         # The forward window: FORWARDs sent in this epoch and not seen sequenced yet, as (last forward seqno,
         # messages), their messages in all, and the highest own forward seqno seen in a BCAST.
         self.fwd_flight: deque[tuple[int, int]] = deque()

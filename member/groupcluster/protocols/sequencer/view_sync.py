@@ -4,7 +4,7 @@ batches in (epoch, number) order, then the forward-tables, and only then sequenc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from ...core.address import Address
 from ...core.errors import WireError
@@ -26,8 +26,8 @@ from .wire import (
     trim_batch,
 )
 
-_MAX_FUTURE_SYNCS = 4096  # senders whose SYNC for a view we have not installed yet is kept
-_MARK_SIZE = 32  # rough msgpack bytes of a sender named in a SYNC as skipped past, for cutting it into parts
+_MAX_FUTURE_SYNCS: Final = 4096  # senders whose SYNC for a view we have not installed yet is kept
+_MARK_SIZE: Final = 32  # rough msgpack bytes of a sender named in a SYNC as skipped past, for cutting it into parts
 
 
 class ViewSync(CoordinatorRole):
@@ -55,6 +55,7 @@ class ViewSync(CoordinatorRole):
         self.acked = 0
         self.cancel_timer("ack")
         self.out_items = []  # they are in the forward-table, which our SYNC carries
+        self.out_pos = 0
         self.out_decoded = []
         self._open_window()
         self.sync_parts = self._build_sync()

@@ -4,31 +4,37 @@ codec of the batches that FORWARD, BCAST and SYNC carry (runs of items, plain or
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import msgpack
 
 from ...core import protocol_ids
 from ...core.address import Address
 from ...core.errors import WireError
-from ...core.message import ALL_FLAGS, HEADER_TYPES, Header, Message, register_header
+from ...core.message import ALL_FLAGS, HEADER_TYPES, NATIVE, Header, Message, register_header
 from ...core.validate import MAX_INT, as_bytes, as_int, as_list
 from ...core.view import ViewId
 
-FORWARD, BCAST, COMMIT, ACK, SYNC, SYNC_REQ, RESEND = 0, 1, 2, 3, 4, 5, 6
+FORWARD: Final = 0
+BCAST: Final = 1
+COMMIT: Final = 2
+ACK: Final = 3
+SYNC: Final = 4
+SYNC_REQ: Final = 5
+RESEND: Final = 6
 KIND_NAMES = ("FORWARD", "BCAST", "COMMIT", "ACK", "SYNC", "SYNC_REQ", "RESEND")
-_PID = protocol_ids.SEQUENCER
+_PID: Final = protocol_ids.SEQUENCER
 
 # Bounds on what a peer can make us allocate (a batch also fits in one frame: the transport limits that).
-MAX_RUNS = 65536
-MAX_ITEMS = 1 << 20
-MAX_HEADERS = 16
-MAX_SYNC_PARTS = 1 << 20
-MAX_EPOCHS = 1024  # epochs remembered per member (and announced in a SYNC)
-MAX_MARKS = 1 << 16  # senders a SYNC part names as skipped past; ranges per sender: half as many as this
-_ITEM_OVERHEAD = 8  # rough msgpack bytes per item, for cutting batches
+MAX_RUNS: Final = 65536
+MAX_ITEMS: Final = 1 << 20
+MAX_HEADERS: Final = 16
+MAX_SYNC_PARTS: Final = 1 << 20
+MAX_EPOCHS: Final = 1024  # epochs remembered per member (and announced in a SYNC)
+MAX_MARKS: Final = 1 << 16  # senders a SYNC part names as skipped past; ranges per sender: half as many as this
+_ITEM_OVERHEAD: Final = 8  # rough msgpack bytes per item, for cutting batches
 
-_new_message = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
+_new_message: Final = Message.__new__  # not object.__new__, which a Message compiled with mypyc refuses
 
 BatchId = tuple[ViewId, int]
 # A decoded item: payload bytes (no flags, no headers), or (flags, headers, payload); in a run of a received batch
@@ -285,7 +291,7 @@ def _check_columns(cols: list[Any], field: str) -> tuple[list[bytes], int, int, 
     if cls is None or pid == _PID:
         raise WireError(f"{field}.headers: protocol id {pid!r} is not allowed here")
     try:
-        headers = list(map(cls.from_wire, wires))
+        headers = cls.from_wire_many(wires)
     except WireError as exc:
         raise WireError(f"{field}.headers[{cls.__name__}]: {exc}") from None
     except Exception as exc:  # a header class must never turn bad input into a crash
@@ -306,10 +312,15 @@ def columns_messages(cols: list[Any], field: str, origin: Address) -> list[Messa
     the messages ``origin`` multicast, as they will be delivered: a member needs nothing else of them, so no
     item per message is built and taken apart again (see :meth:`.member.MemberRole._deliver_items`)."""
     payloads, flags, pid, _wires, headers = _check_columns(cols, field)
+    if NATIVE:
+        return [
+            Message(None, payload, src=origin, flags=flags, headers={pid: hdr})
+            for hdr, payload in zip(headers, payloads, strict=True)
+        ]
     new = _new_message
     out: list[Message] = []
     for hdr, payload in zip(headers, payloads, strict=True):
-        # Built field by field, as _deliver_items does: a keyword call costs more.
+        # Built field by field, as _deliver_items does: interpreted, a keyword call costs more.
         msg = new(Message)
         msg.dest = None
         msg.src = origin

@@ -52,8 +52,30 @@ class StateTransfer(JoinerRole):
         # WANTED holds too: a layer below may deliver (a sequencer's first replay) before our first view comes up.
         holding = self.phase == FETCHING or self.phase == WANTED
         covered: list[Message] = []
+        # A run of consecutive multicasts of one sender (how SEQUENCER and NAKACK deliver) is accounted once:
+        # while ``run_src`` is set, its entry in ``delivered`` is ``run_next - 1``, written back when the run ends
+        # (before anything else reads ``delivered``), not per message.
+        run_src: Address | None = None
+        run_next = 0
         for k, msg in enumerate(batch):
             hdr: StateHeader | None = msg.headers.get(_PID)
+            if (
+                run_src is not None
+                and hdr is not None
+                and msg.src is run_src
+                and hdr.seq == run_next
+                and hdr.kind == DATA
+            ):
+                run_next += 1
+                if out is not None:
+                    if covered:
+                        self._pass_up([], covered)
+                        covered = []
+                    out.append(msg)
+                continue
+            if run_src is not None:
+                delivered[run_src] = run_next - 1
+                run_src = None
             if hdr is None or hdr.kind != DATA:
                 if hdr is not None:
                     if out is None:
@@ -82,7 +104,8 @@ class StateTransfer(JoinerRole):
                 self._hold(src, seq, msg)
                 continue
             if seq == delivered.get(src, 0) + 1:
-                delivered[src] = seq
+                run_src = src
+                run_next = seq + 1
                 if out is not None:
                     if covered:
                         self._pass_up([], covered)
@@ -107,6 +130,8 @@ class StateTransfer(JoinerRole):
                     self.above.up(out)
                     out = []
                 covered.append(msg)
+        if run_src is not None:
+            delivered[run_src] = run_next - 1
         # At most one of the two is not empty here: each one went up when the other kind followed it.
         self._pass_up(batch if out is None else out, covered)
         if self.waiting:

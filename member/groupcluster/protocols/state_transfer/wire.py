@@ -3,28 +3,32 @@ the codecs of its vectors and cuts, and what a cut covers."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from ...core import protocol_ids
 from ...core.address import Address
 from ...core.errors import WireError
-from ...core.message import Header, register_header
+from ...core.message import NATIVE, Header, register_header
 from ...core.validate import MAX_INT, as_address, as_int, as_list, as_str
 
-_PID = protocol_ids.STATE
-DATA, REQ, CHUNK, ACK, REFUSE = 0, 1, 2, 3, 4
+_PID: Final = protocol_ids.STATE
+DATA: Final = 0
+REQ: Final = 1
+CHUNK: Final = 2
+ACK: Final = 3
+REFUSE: Final = 4
 KIND_NAMES = ("DATA", "REQ", "CHUNK", "ACK", "REFUSE")
 # Most chunks one transfer may announce, and most entries in a cut vector or a floor list.
-MAX_CHUNKS = 1 << 24
-MAX_VECTOR = 4096
-MAX_REASON = 256
+MAX_CHUNKS: Final = 1 << 24
+MAX_VECTOR: Final = 4096
+MAX_REASON: Final = 256
 
 Vector = dict[Address, int]
 # A cut: per sender, the highest number applied and the ranges below it that were never applied (a sender's
 # multicasts made while it was apart from us: per-sender streams have holes across partitions and merges).
 Gaps = tuple[tuple[int, int], ...]
 Cut = dict[Address, tuple[int, Gaps]]
-MAX_GAPS = 64  # holes remembered per sender; older ones are forgotten (counted as applied)
+MAX_GAPS: Final = 64  # holes remembered per sender; older ones are forgotten (counted as applied)
 TransferId = tuple[Address, int]  # (joiner, joiner's request counter)
 # A refusal's reason that tells the joiner the donor waits for a state itself.
 NO_STATE_YET = "I have no state yet"
@@ -182,6 +186,27 @@ class StateHeader(Header):
             return cls(ACK, tid=tid, index=as_int(items[2], "state.next_index", 0, MAX_CHUNKS))
         return cls(REFUSE, tid=tid, reason=as_str(items[2], "state.reason", MAX_REASON))
 
+    @classmethod
+    def from_wire_many(cls, wires: list[Any]) -> list[Header]:
+        """:meth:`from_wire` of each, the DATA headers of the run checked and built in one loop."""
+        out: list[Header] = []
+        native = NATIVE and cls is StateHeader
+        for data in wires:
+            if type(data) is list and len(data) == 2:
+                kind = data[0]
+                seq = data[1]
+                if type(kind) is int and kind == DATA and type(seq) is int and 1 <= seq <= MAX_INT:
+                    if native:
+                        out.append(StateHeader(DATA, seq))
+                        continue
+                    hdr = _new_header(cls)
+                    hdr.kind = DATA
+                    hdr.seq = seq
+                    out.append(hdr)
+                    continue
+            out.append(cls.from_wire(data))
+        return out
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, StateHeader) and other.to_wire() == self.to_wire()
 
@@ -196,4 +221,4 @@ class StateHeader(Header):
 
 register_header(StateHeader)
 # mypyc cannot compile ``cls.__new__(cls)`` inside the class; a Header compiled with it refuses object.__new__.
-_new_header = StateHeader.__new__
+_new_header: Final = StateHeader.__new__
