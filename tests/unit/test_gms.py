@@ -268,6 +268,23 @@ def test_early_unicasts_from_a_member_outside_our_first_view_are_delivered_once_
     assert [m.payload for m in h.take_delivered()] == [b"from P2"]
 
 
+def test_messages_kept_while_joining_are_bounded_by_max_early_messages() -> None:
+    """A joiner keeps what arrives before its view up to ``max_early_messages``; beyond it they are dropped and
+    counted, so a peer cannot make a joining member hold unbounded memory."""
+    h = LayerHarness([*SPEC[:-1], {**SPEC[-1], "max_early_messages": 2}])
+    h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P1, P1, None, True),)))
+    h.stack._end_step()
+    h._collect()
+    for seqno in (1, 2, 3):
+        payload = b"early %d" % seqno
+        h.receive(P1, [Message(ME, payload, headers={protocol_ids.UNICAST: UnicastHeader(DATA, 5, seqno, 1)})])
+    assert h.take_delivered() == []
+    assert h.metric("gms.early_dropped") == 1
+    view = View(ViewId(3, P1), (P1, ME))
+    h.receive(P1, [unicast_to(4, GmsHeader(JOIN_RSP, view=view, digest=Digest({P1: (0, 0), ME: (0, 0)})))])
+    assert [m.payload for m in h.take_delivered()] == [b"early 1", b"early 2"]
+
+
 FLUSHING = [*SPEC[:-1], {**SPEC[-1], "use_flush": True}]
 
 
