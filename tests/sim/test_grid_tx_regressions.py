@@ -243,6 +243,8 @@ OPEN_CONSERVED_TOTAL = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=f"open bug, grid-tx seed 760155000251: {OPEN_CONSERVED_TOTAL}")
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason=f"open bug, grid-tx seed 760155000251: {OPEN_CONSERVED_TOTAL}"
+)
 def test_open_grid_tx_seed_conserved_total() -> None:
     seedruns.replay_regressions([(760155000251, GRID_TX_DEADLINES_STARTUP, OPEN_CONSERVED_TOTAL)])

@@ -150,12 +150,18 @@ def test_suspected_member_is_removed_by_the_coordinator() -> None:
     assert views and views[-1].members == (ME, P1)
 
 
-def participant(view_members: tuple, spec: list | None = None) -> LayerHarness:
-    """A member that joined a group whose coordinator is view_members[0]."""
+def joining(spec: list | None = None) -> LayerHarness:
+    """A member that found P1 as coordinator and sent its JOIN_REQ; it has no view yet."""
     h = LayerHarness(spec or SPEC)
     h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P1, P1, None, True),)))
     h.stack._end_step()
     h._collect()
+    return h
+
+
+def participant(view_members: tuple, spec: list | None = None) -> LayerHarness:
+    """A member that joined a group whose coordinator is view_members[0]."""
+    h = joining(spec)
     reqs = [(ep, hdr) for ep, hdr in gms_sent(h) if hdr.kind == JOIN_REQ]
     assert reqs and reqs[0][0] == P1.endpoint
     view = View(ViewId(3, P1), view_members)
@@ -240,10 +246,7 @@ def test_gms_header_round_trip() -> None:
 
 def test_messages_that_arrive_before_our_join_response_are_delivered_once_joined() -> None:
     """Seed 22 of the simulator: the coordinator unicast to a joiner that had not yet installed the view."""
-    h = LayerHarness(SPEC)
-    h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P1, P1, None, True),)))
-    h.stack._end_step()
-    h._collect()
+    h = joining()
     early = Message(ME, b"early", headers={protocol_ids.UNICAST: UnicastHeader(DATA, 5, 1, 1)})
     h.receive(P1, [early])
     assert h.take_delivered() == []
@@ -255,10 +258,7 @@ def test_messages_that_arrive_before_our_join_response_are_delivered_once_joined
 def test_early_unicasts_from_a_member_outside_our_first_view_are_delivered_once_joined() -> None:
     """Fifo seed 962349000201: our JOIN_RSP came late, with a view older than the merge view that added P2, and
     P2 had already sent to us in the merge view; UNICAST acknowledged those, so dropping them loses them."""
-    h = LayerHarness(SPEC)
-    h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P1, P1, None, True),)))
-    h.stack._end_step()
-    h._collect()
+    h = joining()
     h.receive(P2, [Message(ME, b"from P2", headers={protocol_ids.UNICAST: UnicastHeader(DATA, 7, 1, 1)})])
     assert h.take_delivered() == []
     acks = [hdr for ep, hdr in sent_with(h.take_sent(), protocol_ids.UNICAST) if ep == P2.endpoint]
@@ -271,10 +271,7 @@ def test_early_unicasts_from_a_member_outside_our_first_view_are_delivered_once_
 def test_messages_kept_while_joining_are_bounded_by_max_early_messages() -> None:
     """A joiner keeps what arrives before its view up to ``max_early_messages``; beyond it they are dropped and
     counted, so a peer cannot make a joining member hold unbounded memory."""
-    h = LayerHarness([*SPEC[:-1], {**SPEC[-1], "max_early_messages": 2}])
-    h.probe().inject_up_event(MembersFound("join", (DiscoveryResponse(P1, P1, None, True),)))
-    h.stack._end_step()
-    h._collect()
+    h = joining([*SPEC[:-1], {**SPEC[-1], "max_early_messages": 2}])
     for seqno in (1, 2, 3):
         payload = b"early %d" % seqno
         h.receive(P1, [Message(ME, payload, headers={protocol_ids.UNICAST: UnicastHeader(DATA, 5, seqno, 1)})])
