@@ -8,7 +8,6 @@ wrong.
 
 from __future__ import annotations
 
-import pytest
 from groupcluster.sim.scenario import Scenario
 
 from . import seedruns
@@ -195,6 +194,13 @@ DEMOTED_PRIMARY_KEPT_LOCK = (
     "u7 write whose version the resolver knew, left u15 held for its missing version, for good (now an old primary "
     "that stays an owner turns its locks into backup locks after the push; LockTable.demote, TxTable.demote)"
 )
+LATE_STAMP_OVER_LATER_WRITE = (
+    "the originator, primary of c3 and c5, applied its transfer and crashed before its backup got the commit; a "
+    "later transfer that read the new c5 committed on the backup; the backup, new primary, then stamped the "
+    "orphaned write of c5 afresh, above the later one, and the counters summed to -4 (now the prepare gives a "
+    "backup the version the transaction read of each key, and a late stamp lands just above it: "
+    "TxTable.late_version)"
+)
 
 # (seed, scenario, what the seed found). Seeds 104 and 143 found TWO_GRIDS on the first sweep; the fault choice
 # changed since (crashes and pauses prefer originators in the middle of a commit), so their runs are not the
@@ -228,23 +234,9 @@ REGRESSIONS: list[tuple[int, Scenario, str]] = [
     (499392000289, GRID_TX_CAPACITY_STARTUP, STALE_ATTEMPT_PUSHED),
     (681165000353, GRID_TX_DEADLINES_STARTUP, OWN_MEMBER_APPLIED_FIRST),
     (959994000140, GRID_TX_CAPACITY_STARTUP, DEMOTED_PRIMARY_KEPT_LOCK),
+    (760155000251, GRID_TX_DEADLINES_STARTUP, LATE_STAMP_OVER_LATER_WRITE),
 ]
 
 
 def test_grid_tx_regression_seeds_pass() -> None:
     seedruns.replay_regressions(REGRESSIONS)
-
-
-# An open bug, found by a fresh sweep and not fixed yet: pinned so it replays in every run of the test command and
-# the test turns red (strict) the day a fix makes it pass, so it moves into REGRESSIONS above.
-OPEN_CONSERVED_TOTAL = (
-    "deadlines, startup faults (crash, clog, update-hosts): 13 transfers committed, yet after convergence the "
-    "counters sum to -4, not 0: half of a transfer (or one transfer twice) is applied; cause not yet found"
-)
-
-
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason=f"open bug, grid-tx seed 760155000251: {OPEN_CONSERVED_TOTAL}"
-)
-def test_open_grid_tx_seed_conserved_total() -> None:
-    seedruns.replay_regressions([(760155000251, GRID_TX_DEADLINES_STARTUP, OPEN_CONSERVED_TOTAL)])

@@ -60,6 +60,19 @@ class TestCoordinator:
         assert out == [TxOutcome(tx, True, "", 1)]
         assert co.pending() == []
 
+    def test_a_backup_is_told_the_version_read_of_each_key_it_backs_up(self) -> None:
+        # The floor of a late stamp (TxTable.late_version): the read version of the backed-up keys, not of the
+        # keys the recipient locks (it validates those), and none for a key read absent.
+        co = TxCoordinator(O1, StaticRouter([A, B]))
+        tx = co.begin(0.0)
+        v0, v2 = make_version(1, 7), make_version(1, 9)
+        out = co.commit(tx, {b"k0": b"x", b"k1": b"y", b"k2": b"z"}, 0.0, reads={b"k0": v0, b"k1": 0, b"k2": v2})
+        preps = {o.dest: o.message for o in out if isinstance(o, TxSend)}
+        pa, pb = preps[A], preps[B]
+        assert isinstance(pa, TxPrepare) and isinstance(pb, TxPrepare)
+        assert pa.lock_keys == (b"k0", b"k2") and pa.floors == ()  # A is the primary of k0 and k2
+        assert pb.lock_keys == (b"k1",) and pb.floors == ((b"k0", v0), (b"k2", v2))
+
     def test_a_commit_whose_owners_all_left_is_reported_only_once_new_owners_have_it(self) -> None:
         # Simulation seed 1171: the originator was cut off from both owners after their YES; completing on the
         # view change reported a commit nobody had applied, and the owners, in doubt, were later rolled back.

@@ -6,7 +6,16 @@ from __future__ import annotations
 from groupcluster.core.address import Address
 from groupcluster.grid.store import make_version
 from groupcluster.grid.tx.config import TxConfig
-from groupcluster.grid.tx.messages import ACK_OK, TxAck, TxCommit, TxId, TxReportAnswer, TxReportInfo, TxReportRequest
+from groupcluster.grid.tx.messages import (
+    ACK_OK,
+    TxAck,
+    TxCommit,
+    TxId,
+    TxPrepare,
+    TxReportAnswer,
+    TxReportInfo,
+    TxReportRequest,
+)
 from groupcluster.grid.tx.outputs import TxSend
 from groupcluster.grid.tx.records import TxState
 from groupcluster.grid.tx.resolution import TxDecided, TxResolver, report_info, resolution, termination_decision
@@ -169,6 +178,34 @@ class TestAutomaticResolution:
         assert stamped == [(tx, 1, ((b"k1", v, b"vk1"),))] and store.data[b"k1"] == (v, b"vk1")
         assert t.locks.empty() and t.report(tx).versions == ((b"k1", v),)
         assert t.stamp_committed(lambda k: True, 4.0) == ([], [])  # once
+
+    def test_a_late_stamp_lands_just_above_the_floor_under_a_later_transactions_write(self) -> None:
+        # Seed 760155000251's state: the originator, k1's primary, applied tx (read k1 at version F, so stamped
+        # above it), released k1, and a later tx2 that read tx's value committed k1 at V2 on this backup too; the
+        # originator died before this backup got tx's commit. Stamped afresh (topology 2 > V2's 1), tx's write
+        # overwrote tx2's: the counter went back. Stamped at F + 1 it stays under V2, and tx2's write stands.
+        t, store = table(B, topology_id=2)
+        tx, tx2 = tid(1), tid(2, O2)
+        floor, v2 = make_version(1, 100), make_version(1, 200)
+        t.on_message(O1, TxPrepare(tx, 1, 2, (), ((b"k1", b"tx"),), (), True, ((b"k1", floor),)), 0.0)
+        t.on_message(O2, TxPrepare(tx2, 1, 2, (), ((b"k1", b"tx2"),)), 0.1)
+        t.on_message(O2, TxCommit(tx2, 1, 2, ((b"k1", v2, b"tx2"),)), 0.2)
+        t.promote([seg(b"k1")])
+        t.on_view([A, B, O2], 1.0)
+        t.on_message(RESOLVER, TxCommit(tx, 1, 2, (), True), 2.0)
+        _, stamped = t.stamp_committed(lambda k: True, 3.0)
+        assert stamped == [(tx, 1, ((b"k1", floor + 1, b"tx"),))]  # the owners it goes to store the same
+        assert store.data[b"k1"] == (v2, b"tx2") and t.locks.empty()
+
+    def test_a_late_stamp_without_a_floor_is_a_fresh_one(self) -> None:
+        t, store = table(B, topology_id=2)
+        tx = tid(1)
+        t.on_message(O1, TxPrepare(tx, 1, 2, (), ((b"k1", b"tx"),), (), True), 0.0)
+        t.promote([seg(b"k1")])
+        t.on_view([A, B], 1.0)
+        t.on_message(RESOLVER, TxCommit(tx, 1, 2, (), True), 2.0)
+        _, stamped = t.stamp_committed(lambda k: True, 3.0)
+        assert stamped == [(tx, 1, ((b"k1", make_version(2, 1), b"tx"),))] and store.data[b"k1"][1] == b"tx"
 
     def test_an_in_doubt_participant_takes_a_resolvers_decision_even_from_the_originators_address(self) -> None:
         t, store = table()

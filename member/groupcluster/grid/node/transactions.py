@@ -226,7 +226,7 @@ class Transactions:
                 r = self.node._routes(t)
                 for k in missing:
                     if r.primary[segment_of(k, t.num_segments)]:
-                        vs[k] = self.tx_stamp(k)
+                        vs[k] = self.node.tx.late_version(tx, k)
             # A written key whose segment we hold no more is not written here: its owners have it, and its
             # version may have left with the members that knew it (the originator's decision reached us only
             # after we were in doubt, and was ignored then, while the key moved on by state transfer).

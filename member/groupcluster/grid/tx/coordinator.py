@@ -30,7 +30,7 @@ from .messages import (
     Write,
 )
 from .outputs import TxLocked, TxOutcome, TxOutput, TxSend
-from .records import TxReport, TxState
+from .records import ABSENT, TxReport, TxState
 
 # (keys) -> (topology id, key -> owners, primary first): the originator's current routing.
 Router = Callable[[Sequence[bytes]], tuple[int, Mapping[bytes, Sequence[Address]]]]
@@ -414,7 +414,11 @@ class TxCoordinator:
         for dest in sorted(set(lock_keys) | set(writes)):
             lk = tuple(lock_keys.get(dest, ()))
             reads = tuple((k, c.reads[k]) for k in lk if k in c.reads)
-            msg = TxPrepare(c.tx, c.attempt, tid, lk, tuple(writes.get(dest, ())), reads, wait)
+            ws = tuple(writes.get(dest, ()))
+            # A read of an absent key (0) separates nothing: the primary may have purged a tombstone the backup
+            # still holds, so a write stamped above 0 could lose to it. Those keys keep the fresh late stamp.
+            floors = tuple((k, c.reads[k]) for k, _ in ws if k not in lk and c.reads.get(k, ABSENT) != ABSENT)
+            msg = TxPrepare(c.tx, c.attempt, tid, lk, ws, reads, wait, floors)
             self._send(c, dest, msg, now, out)
 
     def _on_prepare_vote(self, c: _CTx, src: Address, vote: TxVote, now: float, out: list[TxOutput]) -> None:

@@ -88,8 +88,9 @@ class LockTransfer:
             ks = set(keys)
             writes = tuple(sorted((k, v) for k, v in rec.writes.items() if k in ks)) if prepared else ()
             versions = tuple(sorted((k, v) for k, v in rec.versions.items() if k in ks)) if prepared else ()
+            floors = tuple(sorted((k, v) for k, v in rec.floors.items() if k in ks)) if prepared else ()
             state = INFO_PREPARED if prepared else INFO_ACTIVE
-            records.append(TxRecordInfo(tx, rec.attempt, state, rec.in_doubt, keys, writes, versions))
+            records.append(TxRecordInfo(tx, rec.attempt, state, rec.in_doubt, keys, writes, versions, floors))
         return TxLockInfo(self.topology_id, tuple(sorted(segs)), tuple(records))
 
     def import_lock_info(self, info: TxLockInfo, now: float, out: list[TxOutput] | None = None) -> list[TxOutput]:
@@ -146,6 +147,7 @@ class LockTransfer:
             rec.lock_keys = tuple(sorted(set(rec.lock_keys) | set(hold)))
             rec.writes.update(r.writes)
             rec.versions.update(r.versions)
+            rec.floors.update(r.floors)
             self.locks.force_hold(r.tx, hold)
         self._granted(self.locks.unblock_segments(info.segments), now, out)
         self._pass_on(info, now, out)
@@ -169,6 +171,7 @@ class LockTransfer:
         waiting = [k for k, _ in r.writes if k not in rec.versions]
         if waiting:
             rec.writes.update((k, v) for k, v in r.writes if k in waiting)
+            rec.floors.update((k, v) for k, v in r.floors if k in waiting)
             self.locks.force_hold(r.tx, waiting)
         if missing:
             self._release_applied(rec, now, out)  # keys held for an earlier push have their write now

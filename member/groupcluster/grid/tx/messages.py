@@ -144,6 +144,11 @@ class TxPrepare:
     ``wait``: whether the recipient may queue for a lock another transaction holds. False for optimistic
     transactions: a held key makes it vote NO at once (a conflict), so they never wait for each other and
     cannot deadlock. Absent on the wire (an older sender): True.
+    ``floors``: key -> version the transaction read, for written keys the recipient backs up (not its
+    lock keys). The primary validated that read under the lock and stamps above it, so every write it orders
+    before this transaction has a version at most the floor and every write after it a greater one than this
+    transaction's: a backup that must stamp the write itself, because the primary died with the version,
+    stamps ``floor + 1`` and lands between them (TxTable.late_version). Absent on the wire: none.
     """
 
     tx: TxId
@@ -153,6 +158,7 @@ class TxPrepare:
     writes: tuple[Write, ...]
     reads: tuple[tuple[bytes, int], ...] = ()
     wait: bool = True
+    floors: tuple[tuple[bytes, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +217,8 @@ class TxRecordInfo:
     """One transaction's lock information for some segments (state transfer; see tx.TxTable.export_segments).
 
     ``lock_keys`` are the keys it holds or waits for (as primary, or as backup locks); ``writes`` and
-    ``versions`` what its prepare carried and what the primary stamped, so the new owner can commit it."""
+    ``versions`` what its prepare carried and what the primary stamped, so the new owner can commit it;
+    ``floors`` the prepare's floors of the pushed backup keys (see TxPrepare; absent on the wire: none)."""
 
     tx: TxId
     attempt: int
@@ -220,6 +227,7 @@ class TxRecordInfo:
     lock_keys: tuple[bytes, ...]
     writes: tuple[Write, ...]
     versions: tuple[tuple[bytes, int], ...]
+    floors: tuple[tuple[bytes, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +307,7 @@ def _record_wire(r: TxRecordInfo) -> list[Any]:
         list(r.lock_keys),
         [list(w) for w in r.writes],
         [list(v) for v in r.versions],
+        *([[list(f) for f in r.floors]] if r.floors else []),
     ]
 
 
@@ -326,6 +335,7 @@ def _wire(msg: TxMessage) -> list[Any]:
             [list(w) for w in msg.writes],
             [list(r) for r in msg.reads],
             msg.wait,
+            *([[list(f) for f in msg.floors]] if msg.floors else []),
         ]
     if isinstance(msg, TxVote):
         vs = [list(v) for v in msg.versions]
@@ -458,10 +468,13 @@ def _segments(value: Any, field: str) -> tuple[int, ...]:
 
 
 def _record(raw: Any, f: str, lim: TxLimits) -> TxRecordInfo:
-    items = as_list(raw, f, 7, exact=7)
+    items = as_list(raw, f, 8)
+    if len(items) < 7:
+        raise WireError(f"{f}: expected 7 or 8 items, got {len(items)}")
     lock_keys = _keys(items[4], f"{f}.lock_keys", lim)
     writes = _writes(items[5], f"{f}.writes", lim)
     versions = _key_versions(items[6], f"{f}.versions", lim, 1)
+    floors = _floors(items[7], f"{f}.floors", lim, writes) if len(items) == 8 else ()
     state = as_int(items[2], f"{f}.state", INFO_ACTIVE, INFO_PREPARED)
     if state == INFO_ACTIVE and (writes or versions):
         raise WireError(f"{f}.writes: an active (unprepared) transaction carries no writes or versions")
@@ -473,7 +486,17 @@ def _record(raw: Any, f: str, lim: TxLimits) -> TxRecordInfo:
         lock_keys,
         writes,
         versions,
+        floors,
     )
+
+
+def _floors(value: Any, field: str, lim: TxLimits, writes: tuple[Write, ...]) -> tuple[tuple[bytes, int], ...]:
+    out = _key_versions(value, field, lim, 0)
+    written = {k for k, _ in writes}
+    for i, (key, _) in enumerate(out):
+        if key not in written:
+            raise WireError(f"{field}[{i}].key: a floor is only for a key the message writes")
+    return out
 
 
 def _report(raw: Any, f: str, lim: TxLimits) -> TxReportInfo:
@@ -499,31 +522,40 @@ def _report(raw: Any, f: str, lim: TxLimits) -> TxReportInfo:
     )
 
 
+def _decode_prepare(raw: list[Any], f: str, lim: TxLimits) -> TxPrepare:
+    as_list(raw, f, 9)
+    if len(raw) < 7:
+        raise WireError(f"{f}: expected 7 to 9 items, got {len(raw)}")
+    lock_keys = _keys(raw[4], f"{f}.lock_keys", lim)
+    writes = _writes(raw[5], f"{f}.writes", lim)
+    reads = _key_versions(raw[6], f"{f}.reads", lim, 0)
+    locked = set(lock_keys)
+    for i, (key, _) in enumerate(reads):
+        # Only a primary validates reads, and only of the keys it locks (it cannot check the others).
+        if key not in locked:
+            raise WireError(f"{f}.reads[{i}].key: a read is validated only on a key the recipient locks")
+    floors = _floors(raw[8], f"{f}.floors", lim, writes) if len(raw) == 9 else ()
+    for i, (key, _) in enumerate(floors):
+        if key in locked:
+            raise WireError(f"{f}.floors[{i}].key: a floor is only for a key the recipient backs up")
+    return TxPrepare(
+        TxId.from_wire(raw[1], f"{f}.tx"),
+        as_int(raw[2], f"{f}.attempt"),
+        as_int(raw[3], f"{f}.topology_id"),
+        lock_keys,
+        writes,
+        reads,
+        as_bool(raw[7], f"{f}.wait") if len(raw) >= 8 else True,
+        floors,
+    )
+
+
 def _decode_one(raw: Any, f: str, lim: TxLimits) -> TxMessage:  # noqa: C901  the wire format's table: one case per message kind
     if type(raw) is not list or not raw:
         raise WireError(f"{f}: expected a non-empty list")
     kind = raw[0]
     if kind == TX_PREPARE:
-        as_list(raw, f, 8)
-        if len(raw) < 7:
-            raise WireError(f"{f}: expected 7 or 8 items, got {len(raw)}")
-        lock_keys = _keys(raw[4], f"{f}.lock_keys", lim)
-        writes = _writes(raw[5], f"{f}.writes", lim)
-        reads = _key_versions(raw[6], f"{f}.reads", lim, 0)
-        locked = set(lock_keys)
-        for i, (key, _) in enumerate(reads):
-            # Only a primary validates reads, and only of the keys it locks (it cannot check the others).
-            if key not in locked:
-                raise WireError(f"{f}.reads[{i}].key: a read is validated only on a key the recipient locks")
-        return TxPrepare(
-            TxId.from_wire(raw[1], f"{f}.tx"),
-            as_int(raw[2], f"{f}.attempt"),
-            as_int(raw[3], f"{f}.topology_id"),
-            lock_keys,
-            writes,
-            reads,
-            as_bool(raw[7], f"{f}.wait") if len(raw) == 8 else True,
-        )
+        return _decode_prepare(raw, f, lim)
     if kind == TX_VOTE:
         as_list(raw, f, 8, exact=8)
         return TxVote(

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 
 from ...core.address import Address
+from ..store import MAX_SEQ, version_seq
 from .config import TxConfig
 from .lock_transfer import LockTransfer
 from .locks import LockTable
@@ -35,7 +36,7 @@ from .messages import (
     VersionedWrite,
 )
 from .outputs import TxOutput, TxSend
-from .records import TERMINAL, InDoubt, TxRecord, TxReport, TxState
+from .records import ABSENT, TERMINAL, InDoubt, TxRecord, TxReport, TxState
 
 # Messages held until their topology is installed here.
 Held = TxPrepare | TxLock | TxCommit
@@ -290,12 +291,26 @@ class TxTable(LockTransfer):
             )
             if not keys:
                 continue
-            writes = tuple((k, self._stamp(k), rec.writes[k]) for k in keys)
+            writes = tuple((k, self.late_version(tx, k), rec.writes[k]) for k in keys)
             rec.versions.update((k, v) for k, v, _ in writes)
             self._apply(tx, writes)
             self._release_applied(rec, now, out)
             stamped.append((tx, rec.attempt, writes))
         return out, stamped
+
+    def late_version(self, tx: TxId, key: bytes) -> int:
+        """The version this member, now ``key``'s primary, gives a committed write of ``tx`` whose stamping
+        primary died with the version. Just above the transaction's floor for the key where the prepare named
+        one: the dead primary ordered every other write of the key before the transaction (at most the floor)
+        or after it (above its own version, so at least floor + 2), and a fresh stamp would have put this
+        write after all of them, over writes of transactions that read it (simulation seed 760155000251: a
+        transfer's counter went back to its value before a later committed transfer). Without a floor (a blind
+        write, a key read absent) a fresh stamp, as for any write."""
+        rec = self._txs.get(tx)
+        floor = rec.floors.get(key) if rec is not None else None
+        if floor is not None and floor != ABSENT and version_seq(floor) < MAX_SEQ:
+            return floor + 1
+        return self._stamp(key)
 
     def settle_own(self, tx: TxId, now: float) -> list[TxOutput]:
         """This member is ``tx``'s originator and completed its commit: every owner of its keys in the newest
@@ -394,6 +409,7 @@ class TxTable(LockTransfer):
         rec.stamp_keys = frozenset(locked)
         rec.lock_keys = tuple(sorted(locked | set(rec.lock_keys)))
         rec.backup_keys = tuple(sorted(k for k in rec.writes if k not in locked))
+        rec.floors = dict(msg.floors)
         self.locks.add_backup_locks(rec.tx, rec.backup_keys)
         if self.locks.acquire(rec.tx, rec.lock_keys, now + self.config.lock_timeout, msg.wait):
             self._prepared(rec, now, out)

@@ -56,6 +56,7 @@ class TxRecord:
         "backup_keys",
         "decided",
         "expires",
+        "floors",
         "imported",
         "in_doubt",
         "lock_keys",
@@ -86,6 +87,9 @@ class TxRecord:
         self.stamp_keys: frozenset[bytes] = frozenset()
         self.writes: dict[bytes, bytes | None] = {}
         self.reads: dict[bytes, int] = {}
+        # Backed-up keys -> the version the transaction read there (TxPrepare.floors): where the late stamp of
+        # a committed write goes when its stamping primary died with the version.
+        self.floors: dict[bytes, int] = {}
         self.versions: dict[bytes, int] = {}
         self.in_doubt = False
         self.reason = ""
