@@ -516,3 +516,28 @@ def test_a_superseding_round_delivers_old_view_multicasts_of_a_sender_with_nothi
     assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
     h.install_view([P1, ME, P2, P3], seq=3)
     assert [(m.src, m.payload) for m in h.take_delivered()] == [(P2, b"m1")]
+
+
+def test_held_multicasts_that_a_superseding_round_puts_in_the_old_view_are_delivered_in_it() -> None:
+    """Sim seed 702210000638 (vsync): we completed a round and held the coordinator's multicasts as next-view
+    ones, but its own round had timed out and it unblocked in the old view and sent them there (it delivered
+    them there itself). Its next round of the same view reported them in its digest; we completed that round
+    at once (NAKACK counts them delivered) and delivered them only after the next view."""
+    h = member()
+    start(h)
+    h.take_sent()
+    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0)})
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h.receive(P1, [mcast(1), mcast(2), mcast(3)])  # P1 unblocked in the old view by its timeout
+    assert h.take_delivered() == []
+    h.receive(P1, [control(P1, FlushHeader(START_FLUSH, (P1, 2), participants=(P1, ME, P2), view_id=VID))])
+    oks = [hdr for _, hdr in flush_sent(h) if hdr.kind == FLUSH_OK]
+    assert len(oks) == 1 and oks[0].digest.delivered(P1) == 0
+    target = Digest({P1: (2, 2), ME: (0, 0), P2: (0, 0)})  # P1 delivered m1 and m2 in this view
+    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, (P1, 2), participants=(P1, ME, P2), digest=target))])
+    assert [m.payload for m in h.take_delivered()] == [b"m1", b"m2"]  # in the old view, before completing
+    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    assert h.metric("flush.held_delivered_in_view") == 2
+    h.install_view([P1, ME, P2], seq=3)
+    assert [m.payload for m in h.take_delivered()] == [b"m3"]

@@ -300,6 +300,7 @@ class Flush(Layer):
             r = self.round
             if r is not None and r.flush_id == hdr.flush_id and hdr.digest is not None and not r.completed:
                 r.target = hdr.digest
+                self._deliver_covered(hdr.digest)
                 self.below.down_event(FlushTarget(hdr.digest, hdr.holders))
         elif kind == FLUSH_COMPLETED:
             c = self.coordinating
@@ -448,6 +449,39 @@ class Flush(Layer):
                 delivered, received = entries[sender]
                 entries[sender] = (min(delivered, seqno - 1), received)
         return Digest(entries)
+
+    def _deliver_covered(self, target: Digest) -> None:
+        """Deliver, in this view, the held multicasts that ``target`` puts in it.
+
+        We held them as next-view multicasts after completing an earlier round, but a participant of this
+        round of the same view reported them delivered in it: their sender unblocked in this view without a
+        new one (its own round timed out) and sent them here. Every other participant delivers them before
+        this view ends, so must we; holding them until the next view would deliver them in another view.
+        """
+        if not self.held:
+            return
+        out: list[Message] = []
+        kept: list[Message] = []
+        stopped: set[Address | None] = set()  # a sender's messages after its first uncovered one stay held (FIFO)
+        for msg in self.held:
+            hdr = msg.headers.get(protocol_ids.NAKACK)
+            seqno = getattr(hdr, "seqno", None)
+            src = msg.src
+            if (
+                src not in stopped
+                and src is not None
+                and isinstance(seqno, int)
+                and src in target
+                and seqno <= target.delivered(src)
+            ):
+                out.append(msg)
+            else:
+                stopped.add(src)
+                kept.append(msg)
+        if out:
+            self.held = kept
+            self.count("held_delivered_in_view", len(out))
+            self.above.up(out)
 
     def end_of_step(self) -> bool:
         # Completion is checked at the end of the step, never in the middle of a batch: layers between NAKACK
