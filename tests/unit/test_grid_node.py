@@ -883,6 +883,42 @@ def test_member_that_took_over_the_data_of_a_cut_off_member_does_not_leave_alone
     assert store is not None and (b"k", b"only-on-a") in {(k, v) for _s, k, _ver, v in store.items()}
 
 
+def test_last_owner_cut_off_from_joiners_its_grid_never_took_in_does_not_leave_with_the_only_copy() -> None:
+    # Simulation seed 536141000099 (grid, deny_read_writes, heavy message loss): a's co-owners had left
+    # gracefully and a held every segment. Two joiners were in a's group view, but none of their statuses reached
+    # a, so no topology of a's named them; they then dropped out of a's view (the group split under message loss)
+    # and ran on behind it. Asked to leave, a was alone: no owner of its topology had vanished (the joiners owned
+    # nothing), so it left at once with the only copy of every acknowledged write, and the grid the joiners went
+    # on with (merged with restarted members) had lost them all. A view member our topology does not list that
+    # drops out of the view without a handoff may come back and take our segments: it counts as vanished too.
+    net = FakeNet(random.Random(17))
+    (a,) = net.add(1)
+    net.run_until(2.0)
+    w = net.nodes[a].put(b"k", b"only-on-a", net.now)
+    net.collect(a)
+    net.run_until(3.0)
+    assert {x.op_id: x for x in net.results[a]}[w].ok
+    b = member(net.next_id)  # a joiner that never reaches a: a's view holds it, nothing of it arrives
+    net.next_id += 1
+    net.nodes[b] = GridNode(b, CONFIG)
+    node = net.nodes[a]
+    node.on_view((a, b), net.now)
+    node.take_outbox()  # nothing a sends reaches b either
+    net.run_until(4.0)
+    t = node.topology
+    assert t is not None and b not in t.members and owner_set(t.current) == (a,)
+    node.on_view((a,), net.now)  # b drops out of a's view (split by the group), alive behind it
+    net.collect(a)
+    net.run_until(5.0)
+    node.leave(net.now)
+    net.collect(a)
+    net.run_until(6.0)
+    assert not node.ready_to_leave
+    assert node.metrics["grid.left_without_taker"] == 0
+    # The split heals: b is back in a merge view, takes the segments, then a is ready.
+    heal_and_check_handoff(net, a, b, 12.0)
+
+
 def test_member_that_joined_a_group_never_starts_an_empty_grid_alone() -> None:
     # Seed 590: a joiner that never received the grid's topology was cut off and, coordinator of its own view,
     # started an empty grid whose reads answered "absent" for keys the grid held.

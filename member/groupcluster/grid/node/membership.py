@@ -54,7 +54,8 @@ class Membership:
         self._joined_overflow = False
         # Owners of our topology that left our view without handing their segments off (crashed, or cut off
         # behind a partition): until they are back, leaving "because nobody can take our segments" could
-        # drop the only copy of writes they never saw (seed 591). See _no_taker.
+        # drop the only copy of writes they never saw (seed 591). Also view members our topology never listed that
+        # left the view (they could take our segments once back, seed 536141000099; see on_view). See _no_taker.
         self._vanished_owners: set[Address] = set()
         self._confirmed_id = 0
         self.statuses_in: dict[Address, MemberStatus] = {}
@@ -86,7 +87,14 @@ class Membership:
         t = self.node.topology
         if t is not None:
             owners = set(owner_set(t.current)) | (set(owner_set(t.pending)) if t.pending is not None else set())
-            self._vanished_owners |= {m for m in old_view - set(members) if m in owners and m != self.node.address}
+            # Also members our topology does not list at all (joiners whose status never reached the coordinator):
+            # gone from the view, they may be alive behind a partition and take our segments once back (seed
+            # 536141000099: the last owner, split from two such joiners under message loss, was asked to leave
+            # and left at once with the only copy). A member listed without segments has handed them off
+            # (a graceful leave) or has no capacity, and does not count.
+            self._vanished_owners |= {
+                m for m in old_view - set(members) if (m in owners or m not in t.members) and m != self.node.address
+            }
             if self.node.merging:
                 # Our entries have not all reached the merged group: whoever left our view meanwhile may be
                 # behind a partition, without them, and would take our segments once it is back, though our
