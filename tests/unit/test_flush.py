@@ -256,14 +256,20 @@ def test_view_change_event_reaches_the_application() -> None:
     assert View(ViewId(3, P1), (P1, ME)).coordinator == P1
 
 
-def test_next_view_multicasts_arriving_before_our_view_are_delivered_after_it() -> None:
-    """Real-process run: a member that installed the new view first multicast before ours arrived."""
+def completed_member() -> LayerHarness:
+    """A member that completed a round of P1's (P1, ME and P2 flushed, nothing to fetch): it holds what comes next."""
     h = member()
     start(h)
     h.take_sent()
     target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0)})
     h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
     assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    return h
+
+
+def test_next_view_multicasts_arriving_before_our_view_are_delivered_after_it() -> None:
+    """Real-process run: a member that installed the new view first multicast before ours arrived."""
+    h = completed_member()
     h.receive(P2, [mcast(1)])  # P2 is already in the next view
     assert h.take_delivered() == []
     h.take_events()
@@ -277,12 +283,7 @@ def test_held_next_view_multicasts_of_a_sender_outside_the_view_we_install_are_d
     """Sim seed 200000958 (vsync): P2 installed the view after our completed flush, which never reached us;
     we held its multicasts, later installed another view without P2 and delivered them there (the members of
     that view never had them)."""
-    h = member()
-    start(h)
-    h.take_sent()
-    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0)})
-    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
-    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h = completed_member()
     h.receive(P2, [mcast(1)])  # sent in the next view
     h.receive(P1, [mcast(1)])
     assert h.take_delivered() == []
@@ -523,12 +524,7 @@ def test_held_multicasts_that_a_superseding_round_puts_in_the_old_view_are_deliv
     ones, but its own round had timed out and it unblocked in the old view and sent them there (it delivered
     them there itself). Its next round of the same view reported them in its digest; we completed that round
     at once (NAKACK counts them delivered) and delivered them only after the next view."""
-    h = member()
-    start(h)
-    h.take_sent()
-    target = Digest({P1: (0, 0), ME: (0, 0), P2: (0, 0)})
-    h.receive(P1, [control(P1, FlushHeader(FLUSH_TARGET, FID, participants=(P1, ME, P2), digest=target))])
-    assert [hdr.kind for _, hdr in flush_sent(h)] == [FLUSH_COMPLETED]
+    h = completed_member()
     h.receive(P1, [mcast(1), mcast(2), mcast(3)])  # P1 unblocked in the old view by its timeout
     assert h.take_delivered() == []
     h.receive(P1, [control(P1, FlushHeader(START_FLUSH, (P1, 2), participants=(P1, ME, P2), view_id=VID))])
